@@ -1,0 +1,1 @@
+"""Operations: the embedded Redis launcher, the demo, benchmarks, and deployment config."""

@@ -1,0 +1,1 @@
+"""toolloop's orchestrator: owns each turn's loop; never imports tool code."""

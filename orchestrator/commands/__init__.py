@@ -1,0 +1,1 @@
+"""The `toolloop` subcommands, one module per area; each exposes `register(app)`."""

@@ -1,0 +1,247 @@
+"""The canonical, provider-neutral conversation model (SPEC §1) and the shapes of a turn (SPEC §5.6).
+
+Messages are a pydantic union keyed on `role`. Provider continuation data (response ids, reasoning items,
+thinking signatures) rides along in `provider_data`, opaque to everything but the provider module that wrote
+it, and is re-sent only to that same provider.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.contract import FailureKind
+
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "unknown"]
+
+
+class ToolCall(BaseModel):
+    """One tool call asked for by a model. `arguments` is always a dict (SPEC §1.2, §2.2)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    # The provider's own string, when it sent one; kept so a broken one can be shown back verbatim.
+    raw_arguments: str | None = None
+    # Set when `raw_arguments` was not a JSON object: the call is answered by a `validation` failure.
+    arguments_error: str | None = None
+
+
+class Usage(BaseModel):
+    """Token counts of one LLM call, or summed over a turn (SPEC §1.5)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        def add_optional(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            reasoning_tokens=add_optional(self.reasoning_tokens, other.reasoning_tokens),
+            cache_read_tokens=add_optional(self.cache_read_tokens, other.cache_read_tokens),
+            cache_write_tokens=add_optional(self.cache_write_tokens, other.cache_write_tokens),
+        )
+
+
+class Turn(BaseModel):
+    """One normalised LLM response (SPEC §1.3). `type` is `tool_calls` exactly when a tool call is present."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["tool_calls", "final_answer"]
+    text: str | None = None
+    thinking: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    model: str | None = None
+    finish_reason: FinishReason | None = None
+    provider: str | None = None
+    provider_data: dict[str, Any] = Field(default_factory=dict)
+
+
+class SystemMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AssistantMessage(BaseModel):
+    """An assistant reply: text, optional thinking, optional tool calls, and opaque continuation data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    thinking: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    provider: str | None = None
+    model: str | None = None
+    provider_data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolMessage(BaseModel):
+    """The answer to one tool call: exactly one per call, in the order of the calls (SPEC §5.1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    failure_kind: FailureKind | None = None
+    synthetic: bool = False
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage,
+    Field(discriminator="role"),
+]
+
+
+def assistant_message_from_turn(turn: Turn) -> AssistantMessage:
+    """The history entry for a model response."""
+    return AssistantMessage(
+        content=turn.text,
+        thinking=turn.thinking,
+        tool_calls=list(turn.tool_calls),
+        provider=turn.provider,
+        model=turn.model,
+        provider_data=dict(turn.provider_data),
+    )
+
+
+class ProviderError(BaseModel):
+    """A provider's error response or a transport failure, as a value (SPEC §2.4)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    status: int | None = None
+    type: str | None = None
+    code: str | None = None
+    message: str
+    request_id: str | None = None
+    retryable: bool = False
+    retry_after_s: float | None = None
+
+
+class TurnStatus(StrEnum):
+    """Persisted status of a turn (SPEC §5.6, §5.8)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in {TurnStatus.COMPLETED, TurnStatus.STOPPED, TurnStatus.FAILED, TurnStatus.CANCELLED}
+
+
+StopReason = Literal[
+    "max_llm_calls",
+    "max_tool_executions",
+    "max_tool_rounds",
+    "deadline",
+    "tool_failure",
+    "confirmation_denied",
+    "policy_denied",
+    "repeated_failure",
+    "repeat_guard",
+    "cancelled",
+    "provider_error",
+    "empty_answer",
+]
+
+LIMIT_STOP_REASONS: frozenset[str] = frozenset(
+    {"max_llm_calls", "max_tool_executions", "max_tool_rounds", "deadline"}
+)
+
+
+class Limits(BaseModel):
+    """Per-turn limits (SPEC §5.3) and stop policies (SPEC §5.4), each with its default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_llm_calls: int = Field(default=10, ge=1)
+    max_tool_executions: int = Field(default=50, ge=0)
+    max_tool_rounds: int | None = Field(default=None, ge=1)
+    deadline_s: float = Field(default=300.0, gt=0)
+    stop_on_confirmation_denied: bool = True
+    stop_on_policy_denied: bool = True
+    stop_on_tool_failure: bool = False
+    stop_on_repeated_failure: bool = True
+    repeat_guard_rounds: int | None = Field(default=3, ge=2)
+    max_empty_answer_retries: int = Field(default=2, ge=0)
+    max_model_retries: int = Field(default=3, ge=0)
+
+
+class TurnRequest(BaseModel):
+    """What a web app submits (SPEC §7.1). Durable in Redis before `submit` returns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[str] | None = None
+    model: str | None = None
+    limits: Limits = Field(default_factory=Limits)
+    context: dict[str, Any] = Field(default_factory=dict)
+    conversation_id: str | None = None
+    tool_choice: str | None = None  # "auto" | "required" | "none" | a tool name (SPEC §5.10)
+
+
+class LLMCallRecord(BaseModel):
+    """One model call of a turn: kept per call, summed into the turn's usage (SPEC §1.5)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str | None = None
+    provider: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    duration_ms: float = 0.0
+    finish_reason: FinishReason | None = None
+    error: ProviderError | None = None
+
+
+class TurnOutcome(BaseModel):
+    """The terminal shape of a turn (SPEC §5.6): always the same fields."""
+
+    turn_id: str
+    status: Literal["completed", "stopped", "failed", "cancelled"]
+    stop_reason: StopReason | None = None
+    limit_reached: bool = False
+    text: str | None = None
+    messages: list[Message] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    llm_calls: int = 0
+    tool_executions: int = 0
+    model: str | None = None
+    error: ProviderError | None = None
+    llm_call_records: list[LLMCallRecord] = Field(default_factory=list)

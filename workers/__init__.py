@@ -1,0 +1,1 @@
+"""toolloop's tool runtime: a leaf package that imports nothing from `orchestrator`."""

@@ -1,0 +1,189 @@
+"""What crosses the wire between the orchestrator and the workers.
+
+The orchestrator never imports tool code: it knows tools through the catalogue of `ToolSpec`s that workers
+publish to Redis, sends `ToolCallRequest`s as Celery task kwargs, and reads `ToolOutcome` envelopes back from
+Redis. Everything here is plain JSON through pydantic; no pickled exception ever crosses.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TASK_NAME_PREFIX = "tool."
+CONTEXT_PARAM_NAMES = ("ctx", "context")
+
+
+class FailureKind(StrEnum):
+    """Why a tool call did not succeed; stable, machine-readable (SPEC §4.4)."""
+
+    VALIDATION = "validation"
+    NOT_FOUND = "not_found"
+    NOT_ALLOWED = "not_allowed"
+    POLICY_DENIED = "policy_denied"
+    CONFIRMATION_DENIED = "confirmation_denied"
+    PAYLOAD_LIMIT = "payload_limit"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    EXECUTION_ERROR = "execution_error"
+    TIMEOUT = "timeout"
+    WORKER_LOST = "worker_lost"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+    INVALID_RESULT = "invalid_result"
+
+
+# Failures that another attempt could fix (SPEC §4.6); the others are final at once.
+RETRYABLE_KINDS = frozenset({FailureKind.WORKER_LOST})
+NEVER_RETRIED_KINDS = frozenset(
+    {
+        FailureKind.VALIDATION,
+        FailureKind.PAYLOAD_LIMIT,
+        FailureKind.IDEMPOTENCY_CONFLICT,
+        FailureKind.NOT_FOUND,
+        FailureKind.NOT_ALLOWED,
+        FailureKind.POLICY_DENIED,
+        FailureKind.CONFIRMATION_DENIED,
+    }
+)
+
+
+class ToolSpec(BaseModel):
+    """Public metadata and guardrails of one tool, as published in the catalogue.
+
+    `parameters` is the JSON Schema the model sees (the context parameter is never part of it).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    queue: str = "tools"
+    soft_time_limit_s: float = 30.0
+    time_limit_s: float = 60.0
+    retries: int = 0
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 30.0
+    max_args_bytes: int = 64 * 1024
+    max_result_bytes: int = 64 * 1024
+    idempotency: str | None = None  # None | "args" | "key:<fixed key>"
+    sensitive: bool = False
+    requires_confirmation: bool = False
+
+    @property
+    def task_name(self) -> str:
+        return build_task_name(self.name)
+
+
+class ToolCallRequest(BaseModel):
+    """The kwargs of one tool task: everything a worker needs to run the call and report it."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    turn_id: str | None = None
+    context: dict[str, Any] = Field(default_factory=dict)
+    attempt: int = 1
+    # Epoch seconds after which the call must not start (the turn's deadline); None = no deadline.
+    deadline_at: float | None = None
+    dispatched_at: float | None = None
+    # A Redis list the outcome id is pushed to, for waiters that are not an orchestrator (direct calls).
+    reply_key: str | None = None
+
+
+class ToolOutcome(BaseModel):
+    """The one outcome of one tool call (SPEC §4.3): a success with its result, or a failure with its kind."""
+
+    call_id: str
+    tool: str
+    turn_id: str | None = None
+    ok: bool
+    result: Any = None
+    # What the model is shown: a string result as is, others as JSON, errors as "Error: ...".
+    content: str
+    failure_kind: FailureKind | None = None
+    error: str | None = None
+    retryable: bool = False
+    attempts: int = 1
+    duration_ms: float = 0.0
+    worker: str | None = None
+    synthetic: bool = False
+    idempotent_replay: bool = False
+    truncated: bool = False
+    result_bytes: int | None = None
+    full_result_key: str | None = None
+    finished_at: float | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return not self.ok
+
+
+def build_task_name(tool_name: str) -> str:
+    """The Celery task name of a tool: what Flower lists (SPEC §7.3)."""
+    return f"{TASK_NAME_PREFIX}{tool_name}"
+
+
+def build_failure(
+    request_or_ids: ToolCallRequest | tuple[str, str, str | None],
+    kind: FailureKind,
+    message: str,
+    *,
+    attempts: int = 1,
+    retryable: bool = False,
+    synthetic: bool = False,
+    duration_ms: float = 0.0,
+    worker: str | None = None,
+    finished_at: float | None = None,
+) -> ToolOutcome:
+    """A failure outcome whose content a model can act on ("Error: timed out after 5 s")."""
+    if isinstance(request_or_ids, ToolCallRequest):
+        call_id, tool, turn_id = request_or_ids.call_id, request_or_ids.tool, request_or_ids.turn_id
+    else:
+        call_id, tool, turn_id = request_or_ids
+    return ToolOutcome(
+        call_id=call_id,
+        tool=tool,
+        turn_id=turn_id,
+        ok=False,
+        content=f"Error: {message}",
+        failure_kind=kind,
+        error=message,
+        retryable=retryable,
+        attempts=attempts,
+        synthetic=synthetic,
+        duration_ms=duration_ms,
+        worker=worker,
+        finished_at=finished_at,
+    )
+
+
+# --- redaction (SPEC §7.4): shared by Flower's argsrepr, events and logs --------------------------------
+
+REDACTED = "***"
+_SENSITIVE_KEY = re.compile(
+    r"^(password|passwd|token|secret|api_key|apikey|authorization|cookie)$"
+    r"|(_key|_token|_secret|_password)$",
+    re.IGNORECASE,
+)
+
+
+def is_sensitive_key(key: str) -> bool:
+    """True for argument keys whose values are never shown (password, token, *_key, authorization…)."""
+    return bool(_SENSITIVE_KEY.search(key))
+
+
+def redact(value: Any) -> Any:
+    """A copy of a JSON-like value with the values of sensitive keys replaced, at any depth."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if is_sensitive_key(str(k)) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+IdempotencyMode = Literal["args", "key"]

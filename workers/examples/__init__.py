@@ -1,0 +1,1 @@
+"""Real example tools used by the demo and the docs."""
