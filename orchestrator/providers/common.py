@@ -1,4 +1,4 @@
-"""Rules every provider module shares (SPEC §1–§2): arguments, finish reasons, usage, ids, names, SSE.
+"""Rules every provider module shares (SPEC §1, §2): arguments, finish reasons, usage, ids, names, SSE.
 
 Provider modules call these from their pure `from_wire` / `to_wire` functions; nothing here does I/O.
 """
@@ -134,7 +134,7 @@ def parse_arguments(raw: object) -> ParsedArguments:
             return ParsedArguments({}, raw, None)
         try:
             value = json.loads(text)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             return ParsedArguments({}, raw, f"arguments are not valid JSON ({exc.msg} at position {exc.pos})")
         if value is None:
             return ParsedArguments({}, raw, None)
@@ -235,7 +235,9 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def transport_error(provider: str, message: str) -> ProviderError:
     """A ProviderError for a failure with no HTTP response (connect error, timeout): always retryable."""
-    return ProviderError(provider=provider, status=None, type="transport_error", message=message, retryable=True)
+    return ProviderError(
+        provider=provider, status=None, type="transport_error", message=message, retryable=True
+    )
 
 
 @dataclass(frozen=True)
