@@ -1,0 +1,67 @@
+"""The one settings object (SPEC §8.1): environment variables with the prefix `TOOLLOOP_`.
+
+It lives in the leaf package so that workers and orchestrator read the same settings without the workers
+importing orchestrator code. Provider keys keep their vendors' usual names (OPENAI_API_KEY, …).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class Settings(BaseSettings):
+    """Configuration of every toolloop process. Unknown `TOOLLOOP_*` variables are ignored."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOLLOOP_", extra="ignore", populate_by_name=True)
+
+    redis_url: str = DEFAULT_REDIS_URL
+    # For rediss:// URLs: "required" (default), "optional" or "none" — never silently unchecked.
+    redis_ssl_cert_reqs: str = "required"
+    # Broker URL when it is not the state Redis (e.g. RabbitMQ); default: the same Redis.
+    broker_url: str | None = None
+    tool_modules: str = "workers.examples"
+    default_queue: str = "tools"
+    model: str = "scripted:demo"
+    # Model tiers (SPEC §6.3): a turn may name "fast", "default" or "smart" instead of a model.
+    model_fast: str | None = None
+    model_default: str | None = None
+    model_smart: str | None = None
+    api_token: SecretStr | None = None
+    # Broker redelivery of an unacked message; above the longest hard limit plus queue wait (ARCHITECTURE).
+    visibility_timeout_s: int = 3 * 3600
+    # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
+    lost_call_grace_s: float = 5.0
+    lease_ttl_s: float = 15.0
+    orchestrator_max_turns: int = 10_000
+
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "TOOLLOOP_OPENAI_BASE_URL")
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "TOOLLOOP_ANTHROPIC_API_KEY")
+    )
+    anthropic_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "TOOLLOOP_ANTHROPIC_BASE_URL")
+    )
+
+    @property
+    def tool_module_list(self) -> list[str]:
+        return [m.strip() for m in self.tool_modules.split(",") if m.strip()]
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings read once per process from the environment."""
+    return Settings()
