@@ -1,0 +1,107 @@
+"""Pre-dispatch validation of one tool call (SPEC §4.1): pure, no I/O.
+
+The state machine and direct execution call `validate_call` before anything is sent to a worker: an unknown
+tool, a tool the turn does not offer, arguments that are too large or that fail the tool's JSON Schema all
+become a `Rejection` — a value the caller turns into a failure outcome — and are never dispatched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from workers.contract import FailureKind, ToolSpec
+
+# Order of jsonschema messages shown to the model: what is missing first, then what is unexpected, then
+# wrong types; anything else after. A model fixes its call fastest in that order.
+_MESSAGE_ORDER = {"required": 0, "additionalProperties": 1, "type": 2}
+_MAX_MESSAGES = 10
+
+
+class Rejection(NamedTuple):
+    """Why a call is refused before dispatch: the failure kind and a message a model can act on."""
+
+    kind: FailureKind
+    message: str
+
+
+def offered_tools(catalogue: Mapping[str, ToolSpec], requested: Sequence[str] | None) -> dict[str, ToolSpec]:
+    """The tools a turn offers (SPEC §3.3).
+
+    `requested` None → every non-sensitive tool of the catalogue; otherwise exactly the named tools that
+    exist — a sensitive tool only because it is named.
+    """
+    if requested is None:
+        return {name: spec for name, spec in catalogue.items() if not spec.sensitive}
+    return {name: catalogue[name] for name in requested if name in catalogue}
+
+
+def validate_call(
+    name: str,
+    arguments: Mapping[str, Any],
+    arguments_error: str | None,
+    catalogue: Mapping[str, ToolSpec],
+    offered: Mapping[str, ToolSpec],
+) -> Rejection | None:
+    """None when the call may be dispatched, else the reason it may not (SPEC §4.1).
+
+    Only the names of the offered tools are ever listed, so a hidden sensitive tool is never revealed.
+    """
+    if name not in catalogue:
+        available = ", ".join(sorted(offered)) or "none"
+        return Rejection(FailureKind.NOT_FOUND, f"unknown tool '{name}'; available: {available}")
+    if name not in offered:
+        return Rejection(FailureKind.NOT_ALLOWED, f"tool '{name}' is not allowed in this turn")
+    if arguments_error is not None:
+        return Rejection(FailureKind.VALIDATION, f"invalid arguments for '{name}': {arguments_error}")
+    spec = offered[name]
+    size_rejection = _check_size(name, arguments, spec.max_args_bytes)
+    if size_rejection is not None:
+        return size_rejection
+    messages = build_schema_messages(name, spec.parameters, arguments)
+    if messages:
+        return Rejection(FailureKind.VALIDATION, f"invalid arguments for '{name}': " + "; ".join(messages))
+    return None
+
+
+def _check_size(name: str, arguments: Mapping[str, Any], max_args_bytes: int) -> Rejection | None:
+    try:
+        encoded = json.dumps(arguments, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        return Rejection(FailureKind.VALIDATION, f"arguments for '{name}' are not JSON: {exc}")
+    if len(encoded) > max_args_bytes:
+        return Rejection(
+            FailureKind.PAYLOAD_LIMIT,
+            f"arguments for '{name}' are {len(encoded)} bytes; the limit is {max_args_bytes}",
+        )
+    return None
+
+
+def build_schema_messages(name: str, schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> list[str]:
+    """The JSON Schema errors of `arguments`, most actionable first (missing, unknown, type, others)."""
+    validator = _compiled_validator(name, json.dumps(schema, sort_keys=True))
+    errors = sorted(validator.iter_errors(dict(arguments)), key=_error_rank)
+    return [_describe(error) for error in errors[:_MAX_MESSAGES]]
+
+
+def _error_rank(error: ValidationError) -> tuple[int, str, str]:
+    validator = str(error.validator)
+    return (_MESSAGE_ORDER.get(validator, 3), error.json_path, error.message)
+
+
+def _describe(error: ValidationError) -> str:
+    if error.json_path == "$":
+        return error.message
+    return f"{error.json_path.removeprefix('$.')}: {error.message}"
+
+
+@lru_cache(maxsize=1024)
+def _compiled_validator(name: str, schema_json: str) -> Draft202012Validator:
+    # Keyed on the schema text as well as the name: a worker may republish a tool with a new schema.
+    del name  # part of the cache key only
+    return Draft202012Validator(json.loads(schema_json))
