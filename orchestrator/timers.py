@@ -89,8 +89,10 @@ class TimerHeap:
             if self._heap:
                 delay = min(max(self._heap[0].at - self._clock(), 0.0), MAX_SLEEP_S)
             self._changed.clear()
+            # asyncio.timeout rather than wait_for: wait_for wraps the wait in a second task.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._changed.wait()
 
     def _fire_due(self) -> None:
         now = self._clock()
