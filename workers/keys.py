@@ -96,6 +96,20 @@ def conversation_head(conversation_id: str) -> str:
     return f"{PREFIX}conversation:{conversation_id}:head"
 
 
+TURNS_ACTIVE = PREFIX + "turns:active"  # zset: non-terminal turn id -> submitted at (epoch); orphans come from here
+TURNS_CLAIMING = PREFIX + "turns:claiming"  # list: ids moved out of TURN_QUEUE (BLMOVE) until their lease is set
+
+
+def turn_status(turn_id: str) -> str:
+    """The turn's `TurnStatus` value (queued, running, waiting, or terminal)."""
+    return f"{PREFIX}turn:{turn_id}:status"
+
+
+def conversation_waiting(conversation_id: str) -> str:
+    """List of a conversation's turns submitted while another of its turns was not yet terminal (FIFO)."""
+    return f"{PREFIX}conversation:{conversation_id}:waiting"
+
+
 def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
     return f"{PREFIX}conversation:{conversation_id}:lock"
