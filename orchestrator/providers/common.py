@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.model import FinishReason, ProviderError, ToolCall, Usage
+from orchestrator.model import FinishReason, ProviderError, ToolCall, Turn, Usage
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 529})
 
@@ -41,6 +41,9 @@ _FINISH_REASONS: dict[str, FinishReason] = {
     "spii": "content_filter",
     "guardrail_intervened": "content_filter",
     "content_filtered": "content_filter",
+    "image_safety": "content_filter",
+    "language": "content_filter",
+    "model_context_window_exceeded": "length",
 }
 
 
@@ -180,13 +183,21 @@ class IdSource:
     def __init__(self, prefix: str | None = None) -> None:
         self._prefix = prefix or f"call_{uuid.uuid4().hex[:12]}"
         self._counter = itertools.count(1)
+        self._seen: set[str] = set()
 
     def next_id(self) -> str:
-        return f"{self._prefix}_{next(self._counter)}"
+        """A fresh synthetic id, never handed out before by this source."""
+        new_id = f"{self._prefix}_{next(self._counter)}"
+        self._seen.add(new_id)
+        return new_id
 
     def ensure(self, provider_id: object) -> str:
-        """The provider's id when it gave a non-empty string, else a fresh synthetic one."""
-        if isinstance(provider_id, str) and provider_id.strip():
+        """The provider's id when it gave a non-empty string not seen before in this turn, else a fresh one.
+
+        A repeated id would make two calls share one answer (SPEC §4.9), so the second gets a new id.
+        """
+        if isinstance(provider_id, str) and provider_id.strip() and provider_id not in self._seen:
+            self._seen.add(provider_id)
             return provider_id
         return self.next_id()
 
@@ -200,6 +211,31 @@ def build_tool_call(ids: IdSource, provider_id: object, name: object, raw_argume
         arguments=parsed.arguments,
         raw_arguments=parsed.raw,
         arguments_error=parsed.error,
+    )
+
+
+def build_turn(
+    provider: str,
+    *,
+    text: str | None,
+    thinking: str | None,
+    tool_calls: list[ToolCall],
+    usage: Usage,
+    model: str | None,
+    finish_reason: FinishReason | None,
+    provider_data: dict[str, Any] | None = None,
+) -> Turn:
+    """A Turn whose `type` comes from the presence of tool calls, never from finish_reason (SPEC §1.3)."""
+    return Turn(
+        type="tool_calls" if tool_calls else "final_answer",
+        text=text or None,
+        thinking=thinking or None,
+        tool_calls=tool_calls,
+        usage=usage,
+        model=model or None,
+        finish_reason=finish_reason,
+        provider=provider,
+        provider_data=provider_data or {},
     )
 
 
