@@ -1,0 +1,197 @@
+"""What goes into the state machine (events) and what comes out of it (commands) (SPEC §5.2).
+
+The runtime performs each command and feeds back what happened as events; the machine never does I/O.
+Both are frozen pydantic models keyed on `kind`, so they can be logged and stored as JSON.
+
+Time enters only through events (`at`, epoch seconds). A synthetic outcome is written by the runtime through
+the first-writer-wins store call (`WriteOutcomes`), and whichever outcome won is fed back as `ToolFinished`:
+the machine treats its own outcomes as asked for, not final, until they come back.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.model import Message, ProviderError, Turn, TurnOutcome
+from workers.contract import ToolOutcome, ToolSpec
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- events ----------------------------------------------------------------------------------------------
+
+
+class ModelResponded(_Frozen):
+    """The model answered the call `llm_call_index` (None: the call in flight, whichever it is)."""
+
+    kind: Literal["model_responded"] = "model_responded"
+    turn: Turn
+    duration_ms: float = 0.0
+    at: float
+    llm_call_index: int | None = None
+
+
+class ModelFailed(_Frozen):
+    """The model call `llm_call_index` failed with a provider or transport error."""
+
+    kind: Literal["model_failed"] = "model_failed"
+    error: ProviderError
+    duration_ms: float = 0.0
+    at: float
+    llm_call_index: int | None = None
+
+
+class ToolStarted(_Frozen):
+    """A worker started attempt `attempt` of a call."""
+
+    kind: Literal["tool_started"] = "tool_started"
+    call_id: str
+    attempt: int = 1
+    worker: str | None = None
+    at: float
+
+
+class ToolFinished(_Frozen):
+    """The outcome that won the first-writer-wins write for a call (real or synthetic)."""
+
+    kind: Literal["tool_finished"] = "tool_finished"
+    outcome: ToolOutcome
+    at: float
+
+
+class TimerFired(_Frozen):
+    """A timer armed by `ArmTimer` is due."""
+
+    kind: Literal["timer_fired"] = "timer_fired"
+    timer_id: str
+    at: float
+
+
+class ApprovalGiven(_Frozen):
+    """Someone approved or denied a call waiting for confirmation (SPEC §5.8)."""
+
+    kind: Literal["approval_given"] = "approval_given"
+    call_id: str
+    approved: bool
+    at: float
+    reason: str | None = None
+
+
+class CancelRequested(_Frozen):
+    """Someone cancelled the turn (SPEC §5.9)."""
+
+    kind: Literal["cancel_requested"] = "cancel_requested"
+    at: float
+    reason: str | None = None
+
+
+Event = Annotated[
+    ModelResponded | ModelFailed | ToolStarted | ToolFinished | TimerFired | ApprovalGiven | CancelRequested,
+    Field(discriminator="kind"),
+]
+
+
+# --- commands --------------------------------------------------------------------------------------------
+
+
+class CallModel(_Frozen):
+    """Call `model` (`provider:model`) with the request-time view and the offered tools.
+
+    Tool-call ids the provider omits are synthesised as `<id_prefix>_<n>`, unique across the turn.
+    """
+
+    kind: Literal["call_model"] = "call_model"
+    model: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    tool_choice: str | None = None
+    id_prefix: str
+    llm_call_index: int
+
+
+class Dispatch(_Frozen):
+    """One Celery task for one call: the runtime builds the `ToolCallRequest` from this."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    attempt: int = 1
+    task_id: str
+    deadline_at: float | None = None
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class DispatchTools(_Frozen):
+    """Send these calls to the workers, in parallel."""
+
+    kind: Literal["dispatch_tools"] = "dispatch_tools"
+    calls: list[Dispatch]
+
+
+class WriteOutcomes(_Frozen):
+    """Write these outcomes first-writer-wins, then feed back `ToolFinished` with each winner."""
+
+    kind: Literal["write_outcomes"] = "write_outcomes"
+    outcomes: list[ToolOutcome]
+
+
+class ArmTimer(_Frozen):
+    """Feed `TimerFired(timer_id)` at epoch `at`; arming an armed id again replaces it."""
+
+    kind: Literal["arm_timer"] = "arm_timer"
+    timer_id: str
+    at: float
+
+
+class CancelTimer(_Frozen):
+    """Forget a timer armed earlier (a no-op when it already fired)."""
+
+    kind: Literal["cancel_timer"] = "cancel_timer"
+    timer_id: str
+
+
+class Revoke(_Frozen):
+    """Revoke (and terminate) these Celery tasks."""
+
+    kind: Literal["revoke"] = "revoke"
+    task_ids: list[str]
+
+
+class AwaitApproval(_Frozen):
+    """These calls wait for a person's approval; the turn's status is `waiting` meanwhile."""
+
+    kind: Literal["await_approval"] = "await_approval"
+    call_ids: list[str]
+
+
+class Emit(_Frozen):
+    """Publish one turn event (SPEC §7.4); `data` is JSON-ready and already redacted."""
+
+    kind: Literal["emit"] = "emit"
+    event_name: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Finish(_Frozen):
+    """The turn is over: store its outcome, publish it, release the lease."""
+
+    kind: Literal["finish"] = "finish"
+    outcome: TurnOutcome
+
+
+Command = Annotated[
+    CallModel
+    | DispatchTools
+    | WriteOutcomes
+    | ArmTimer
+    | CancelTimer
+    | Revoke
+    | AwaitApproval
+    | Emit
+    | Finish,
+    Field(discriminator="kind"),
+]

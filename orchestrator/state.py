@@ -1,0 +1,211 @@
+"""The persisted state of one turn: frozen, versioned, JSON-serialisable (SPEC §5.2).
+
+The state machine (`orchestrator.machine`) is the only writer: every step takes a `TurnState` and returns a
+new one. The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn
+from `load_state(text)`. A state written by a newer or older layout is refused with `StateVersionError`
+rather than misread.
+
+Error tree:
+
+    ValueError
+    └── StateVersionError      a stored state of a version this code does not read
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.model import (
+    AssistantMessage,
+    Limits,
+    LLMCallRecord,
+    Message,
+    ProviderError,
+    StopReason,
+    TurnOutcome,
+    TurnStatus,
+    Usage,
+)
+from workers.contract import FailureKind, ToolOutcome, ToolSpec
+
+STATE_VERSION = 1
+SUPPORTED_STATE_VERSIONS = frozenset({STATE_VERSION})
+
+# Timer ids the machine arms; the runtime treats them as opaque strings.
+DEADLINE_TIMER = "deadline"
+MODEL_RETRY_TIMER_PREFIX = "model_retry:"
+LOST_TIMER_PREFIX = "lost:"
+
+
+class StateVersionError(ValueError):
+    """A stored turn state has a version this code does not read."""
+
+    def __init__(self, found: object) -> None:
+        supported = ", ".join(str(v) for v in sorted(SUPPORTED_STATE_VERSIONS))
+        super().__init__(
+            f"turn state version {found!r} is not supported (this code reads version {supported})"
+        )
+        self.found = found
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CallState(_Frozen):
+    """One tool call of the current round, from the model's request to its one outcome.
+
+    `requested` is the kind of an outcome the orchestrator asked the runtime to write (validation,
+    synthetic, denial): it is not final until it comes back as `ToolFinished`, because a real outcome may
+    have won the first-writer-wins race.
+    """
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    index: int
+    attempt: int = 0  # 0 while never dispatched
+    task_id: str | None = None
+    dispatched_at: float | None = None
+    started_at: float | None = None
+    worker: str | None = None
+    waiting_approval: bool = False
+    requested: FailureKind | None = None
+    outcome: ToolOutcome | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the call's one outcome is known."""
+        return self.outcome is not None
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a dispatched task may still write a real outcome."""
+        return self.attempt > 0 and self.outcome is None
+
+
+class RoundState(_Frozen):
+    """The assistant message of the current round and its calls.
+
+    The assistant message enters the history only together with all its tool messages, so the stored
+    history never holds an unanswered tool call, even between steps.
+    """
+
+    index: int
+    assistant: AssistantMessage
+    calls: list[CallState]
+
+    @property
+    def complete(self) -> bool:
+        """True when every call of the round has its outcome."""
+        return all(call.finished for call in self.calls)
+
+
+class PendingStop(_Frozen):
+    """A decided end of the turn, waiting for the outcomes of the round to come back before finishing."""
+
+    status: Literal["stopped", "failed", "cancelled"]
+    reason: StopReason
+    message: str
+    error: ProviderError | None = None
+
+
+class ViewDiagnostic(_Frozen):
+    """One thing the request-time view did to the history for a model call (SPEC §6.1)."""
+
+    kind: Literal[
+        "flattened_tool_calls",
+        "flattened_tool_result",
+        "remapped_tool_call_id",
+        "dropped_thinking",
+        "dropped_provider_data",
+    ]
+    message_index: int
+    detail: str
+
+
+class ViewRecord(_Frozen):
+    """The view diagnostics of one model call, stored with the turn's step."""
+
+    llm_call_index: int
+    target_provider: str
+    diagnostics: list[ViewDiagnostic] = Field(default_factory=list)
+
+
+class LateOutcome(_Frozen):
+    """An outcome that arrived for a call already answered: kept for audit, never shown to a model."""
+
+    outcome: ToolOutcome
+    at: float
+
+
+class TurnState(_Frozen):
+    """Everything the machine needs to continue a turn on any orchestrator (SPEC §5.2)."""
+
+    version: int = STATE_VERSION
+    turn_id: str
+    # The request's essentials.
+    model: str
+    limits: Limits = Field(default_factory=Limits)
+    context: dict[str, Any] = Field(default_factory=dict)
+    tools_allowed: list[str] | None = None
+    tool_choice: str | None = None
+    # Tools offered to the model, snapshotted from the catalogue at start, and the names of every catalogued
+    # tool (so an unknown tool and a tool not offered are told apart without storing all specs).
+    offered: dict[str, ToolSpec] = Field(default_factory=dict)
+    catalogue_names: list[str] = Field(default_factory=list)
+    # Append-only conversation.
+    history: list[Message] = Field(default_factory=list)
+    status: TurnStatus = TurnStatus.RUNNING
+    # Counters.
+    llm_calls: int = 0
+    responses: int = 0
+    tool_executions: int = 0
+    rounds: int = 0
+    empty_answer_retries: int = 0
+    model_retries: int = 0
+    # The llm call index of the model call in flight, if any.
+    awaiting_model: int | None = None
+    current: RoundState | None = None
+    # Policy memory (SPEC §5.4): "tool\0error" signatures of failures seen, and how many rounds in a row
+    # each "tool\0canonical arguments" signature was asked for.
+    failure_signatures: list[str] = Field(default_factory=list)
+    repeat_streaks: dict[str, int] = Field(default_factory=dict)
+    # Usage per model call and summed.
+    llm_call_records: list[LLMCallRecord] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    # Time, as epoch seconds taken from events.
+    started_at: float
+    deadline_at: float
+    lost_grace_s: float = 5.0
+    model_retry_base_s: float = 1.0
+    model_retry_cap_s: float = 30.0
+    timers: dict[str, float] = Field(default_factory=dict)
+    # Audit.
+    view_diagnostics: list[ViewRecord] = Field(default_factory=list)
+    late_outcomes: list[LateOutcome] = Field(default_factory=list)
+    # The end.
+    stop: PendingStop | None = None
+    outcome: TurnOutcome | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the turn has its outcome; further events change nothing but the audit record."""
+        return self.outcome is not None
+
+
+def dump_state(state: TurnState) -> str:
+    """The state as JSON, for Redis."""
+    return state.model_dump_json()
+
+
+def load_state(text: str | bytes) -> TurnState:
+    """A state from `dump_state`'s JSON; a version this code does not read raises `StateVersionError`."""
+    data = json.loads(text)
+    version = data.get("version") if isinstance(data, dict) else None
+    if version not in SUPPORTED_STATE_VERSIONS:
+        raise StateVersionError(version)
+    return TurnState.model_validate(data)
