@@ -1,0 +1,445 @@
+"""The scripted model's brain: an OpenAI Chat Completions request body in, a response body out (pure).
+
+`scripted:<name>` is a deterministic local model served over the OpenAI-compatible wire format by
+`orchestrator.scripted_server`, so the demo and the tests exercise the same HTTP path as a real provider.
+Models:
+
+- `demo` — when the last message is the user's, calls the offered demo tools in parallel (numbers in the
+  prompt become their arguments); once tool results are present, a final answer that states them.
+- `plan` — the first user message holds `{"plan": [round, ...]}`; the round used is the number of assistant
+  messages after that message. A round is `{"calls": [{"name", "arguments" | "arguments_raw"}, ...]}`,
+  `{"text": "..."}` or `{"error": {"status", "message", "retry_after"?, "times"?}}`; `{"repeat": true}` on
+  the last round repeats it forever; past the last round comes a final answer summarising the tool results.
+  An error round is answered with that HTTP error on every attempt, or only on the first `times` attempts
+  of an identical request, after which the plan goes on with the next round as if the error were not there.
+- `echo` — a final answer repeating the last user message.
+
+Tool-call ids are derived from the round number, so they are deterministic and unique across a turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MODELS = ("demo", "plan", "echo")
+OWNER = "toolloop"
+
+# The demo tools (workers/examples). The brain only calls the ones a request offers, and reads argument
+# names from each offered tool's schema, so a renamed parameter does not break it.
+DEMO_ADD = "add"
+DEMO_MULTIPLY = "multiply"
+DEMO_WEATHER = "weather"
+DEMO_DEFAULT_NUMBERS = (6.0, 7.0)
+DEMO_DEFAULT_CITY = "Paris"
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_CITY = re.compile(r"\b(?:in|for|at)\s+([A-Z][\w\-]*(?:\s+[A-Z][\w\-]*)*)")
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """What the server sends: a 200 completion body, or an HTTP error with OpenAI's error body."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    name: str
+    arguments: dict[str, Any] | None = None
+    arguments_raw: str | None = None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The brain's decision before it is put into the wire format."""
+
+    text: str | None = None
+    calls: tuple[PlannedCall, ...] = ()
+    error: ScriptedReply | None = None
+
+
+def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> ScriptedReply:
+    """The reply to one `POST /v1/chat/completions` body.
+
+    `attempt` counts earlier identical requests (the server keeps that count), so that a plan's error round
+    with `times` can fail a fixed number of times and then let a retry through.
+    """
+    if not isinstance(body, Mapping):
+        return build_error_reply(400, "request body must be a JSON object", "invalid_request_error")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return build_error_reply(400, "'messages' must be a non-empty array", "invalid_request_error")
+    model = str(body.get("model", ""))
+    name = model.removeprefix("scripted:")
+    wire_messages = [m for m in messages if isinstance(m, Mapping)]
+    if name == "demo":
+        answer = _demo(wire_messages, _offered_tools(body.get("tools")))
+    elif name == "plan":
+        answer = _plan(wire_messages, attempt)
+    elif name == "echo":
+        answer = _Answer(text=_content_text(_last_user(wire_messages)) or "(empty)")
+    else:
+        return build_error_reply(
+            404,
+            f"The model `{model}` does not exist. Known: {', '.join(MODELS)}",
+            "invalid_request_error",
+            code="model_not_found",
+        )
+    if answer.error is not None:
+        return answer.error
+    round_number = _assistant_count_after_first_user(wire_messages)
+    return ScriptedReply(200, build_completion(model, wire_messages, answer, round_number, created))
+
+
+def build_error_reply(
+    status: int,
+    message: str,
+    error_type: str | None = None,
+    *,
+    code: str | None = None,
+    retry_after_s: float | None = None,
+) -> ScriptedReply:
+    """An HTTP error in OpenAI's error format, with `Retry-After` when asked for."""
+    kind = error_type or ("server_error" if status >= 500 else "invalid_request_error")
+    headers = {"retry-after": _format_seconds(retry_after_s)} if retry_after_s is not None else {}
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return ScriptedReply(status, body, headers)
+
+
+def build_completion(
+    model: str, messages: Sequence[Mapping[str, Any]], answer: _Answer, round_number: int, created: int
+) -> dict[str, Any]:
+    """A CreateChatCompletionResponse body for the brain's answer."""
+    tool_calls = [
+        {
+            "id": f"call_r{round_number}_{index}",
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": call.arguments_raw
+                if call.arguments_raw is not None
+                else json.dumps(call.arguments or {}, separators=(",", ":")),
+            },
+        }
+        for index, call in enumerate(answer.calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    prompt_tokens = _estimate_tokens(json.dumps(list(messages), sort_keys=True, default=str))
+    completion_tokens = _estimate_tokens((answer.text or "") + json.dumps(tool_calls))
+    digest = hashlib.sha256(json.dumps([model, list(messages)], sort_keys=True, default=str).encode())
+    return {
+        "id": f"chatcmpl-scripted-{digest.hexdigest()[:20]}",
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def build_stream_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects that stream `completion`: text, then tool calls by index."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        entry = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return base | {"choices": [entry]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    text = message.get("content") or ""
+    # Two pieces per text show that a client really accumulates deltas.
+    for piece in _split_in_two(text):
+        chunks.append(chunk({"content": piece}))
+    for index, call in enumerate(message.get("tool_calls", [])):
+        head = {"index": index, "id": call["id"], "type": "function"}
+        chunks.append(
+            chunk({"tool_calls": [head | {"function": {"name": call["function"]["name"], "arguments": ""}}]})
+        )
+        for piece in _split_in_two(call["function"]["arguments"]):
+            chunks.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append(base | {"choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def build_models_list() -> dict[str, Any]:
+    """The `GET /v1/models` body."""
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": 0, "owned_by": OWNER} for name in MODELS],
+    }
+
+
+def request_fingerprint(body: object) -> str:
+    """Identifies identical requests, for the server's attempt count."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- demo ------------------------------------------------------------------------------------------------
+
+
+def _demo(messages: Sequence[Mapping[str, Any]], tools: Mapping[str, Mapping[str, Any]]) -> _Answer:
+    results = _tool_results_after_last_user(messages)
+    if results:
+        return _Answer(text=_summarise(results))
+    prompt = _content_text(_last_user(messages)) or ""
+    calls = _demo_calls(prompt, tools)
+    if not calls:
+        return _Answer(text=f"No demo tool fits this request. You said: {prompt}")
+    return _Answer(calls=tuple(calls))
+
+
+def _demo_calls(prompt: str, tools: Mapping[str, Mapping[str, Any]]) -> list[PlannedCall]:
+    numbers = [float(n) for n in _NUMBER.findall(prompt)] or list(DEMO_DEFAULT_NUMBERS)
+    if len(numbers) == 1:
+        numbers.append(1.0)
+    calls: list[PlannedCall] = []
+    for name in (DEMO_ADD, DEMO_MULTIPLY):
+        if name in tools:
+            calls.append(PlannedCall(name, _number_arguments(tools[name], numbers[0], numbers[1])))
+    wants_weather = "weather" in prompt.lower() or not _NUMBER.search(prompt)
+    if DEMO_WEATHER in tools and wants_weather:
+        match = _CITY.search(prompt)
+        city = match.group(1) if match else DEMO_DEFAULT_CITY
+        calls.append(PlannedCall(DEMO_WEATHER, _string_arguments(tools[DEMO_WEATHER], city)))
+    return calls
+
+
+def _number_arguments(schema: Mapping[str, Any], a: float, b: float) -> dict[str, Any]:
+    properties = _properties(schema)
+    names = [n for n, p in properties.items() if _json_type(p) in ("number", "integer")] or ["a", "b"]
+    integer = all(_json_type(properties.get(n, {})) == "integer" for n in names[:2])
+    values = [int(v) if integer or v.is_integer() else v for v in (a, b)]
+    return dict(zip(names[:2], values, strict=False))
+
+
+def _string_arguments(schema: Mapping[str, Any], value: str) -> dict[str, Any]:
+    names = [n for n, p in _properties(schema).items() if _json_type(p) == "string"] or ["city"]
+    return {names[0]: value}
+
+
+def _properties(schema: Mapping[str, Any]) -> dict[str, Any]:
+    properties = schema.get("properties")
+    return dict(properties) if isinstance(properties, Mapping) else {}
+
+
+def _json_type(prop: object) -> str | None:
+    if not isinstance(prop, Mapping):
+        return None
+    kind = prop.get("type")
+    if isinstance(kind, str):
+        return kind
+    # pydantic writes Optional fields as anyOf [{type}, {type: null}].
+    for option in prop.get("anyOf", []):
+        if isinstance(option, Mapping) and option.get("type") not in (None, "null"):
+            return str(option["type"])
+    return None
+
+
+def _offered_tools(raw: object) -> dict[str, Mapping[str, Any]]:
+    offered: dict[str, Mapping[str, Any]] = {}
+    for entry in raw if isinstance(raw, list) else []:
+        function = entry.get("function") if isinstance(entry, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            offered[function["name"]] = parameters if isinstance(parameters, Mapping) else {}
+    return offered
+
+
+# --- plan ------------------------------------------------------------------------------------------------
+
+
+def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> _Answer:
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first_user is None:
+        return _Answer(error=build_error_reply(400, "plan: no user message", "invalid_request_error"))
+    plan = find_plan(_content_text(messages[first_user]) or "")
+    if plan is None:
+        return _Answer(error=build_error_reply(400, 'plan: the first user message has no {"plan": [...]}'))
+    steps = _group_steps(plan)
+    round_number = _assistant_count_after_first_user(messages)
+    if round_number >= len(steps):
+        if steps and steps[-1].repeat:
+            round_number = len(steps) - 1
+        else:
+            return _Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+    return _play_step(steps[round_number], attempt, messages)
+
+
+@dataclass(frozen=True)
+class _Step:
+    errors: tuple[Mapping[str, Any], ...]
+    entry: Mapping[str, Any] | None
+    repeat: bool
+
+
+def find_plan(text: str) -> list[Mapping[str, Any]] | None:
+    """The `{"plan": [...]}` object in a message, possibly after other text; None when there is none."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("plan"), list):
+            return [r for r in value["plan"] if isinstance(r, Mapping)]
+    return None
+
+
+def _group_steps(plan: Sequence[Mapping[str, Any]]) -> list[_Step]:
+    # Error rounds produce no assistant message, so they attach to the next answering round.
+    steps: list[_Step] = []
+    errors: list[Mapping[str, Any]] = []
+    for entry in plan:
+        if "error" in entry:
+            errors.append(entry)
+            continue
+        steps.append(_Step(tuple(errors), entry, bool(entry.get("repeat"))))
+        errors = []
+    if errors:
+        steps.append(_Step(tuple(errors), None, bool(errors[-1].get("repeat"))))
+    return steps
+
+
+def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]]) -> _Answer:
+    used = 0
+    for entry in step.errors:
+        error = entry["error"] if isinstance(entry["error"], Mapping) else {}
+        times = error.get("times", entry.get("times"))
+        if not isinstance(times, int) or attempt < used + times:
+            return _Answer(error=_error_round(error))
+        used += times
+    if step.entry is None:
+        return _Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+    if "calls" in step.entry:
+        return _Answer(calls=tuple(_planned_call(c) for c in step.entry["calls"] if isinstance(c, Mapping)))
+    return _Answer(text=str(step.entry.get("text", "")))
+
+
+def _error_round(error: Mapping[str, Any]) -> ScriptedReply:
+    status = error.get("status", 500)
+    retry_after = error.get("retry_after")
+    return build_error_reply(
+        status if isinstance(status, int) else 500,
+        str(error.get("message", "scripted error")),
+        error.get("type") if isinstance(error.get("type"), str) else None,
+        code=error.get("code") if isinstance(error.get("code"), str) else None,
+        retry_after_s=float(retry_after) if isinstance(retry_after, int | float) else None,
+    )
+
+
+def _planned_call(raw: Mapping[str, Any]) -> PlannedCall:
+    arguments = raw.get("arguments")
+    arguments_raw = raw.get("arguments_raw")
+    return PlannedCall(
+        name=str(raw.get("name", "")),
+        arguments=dict(arguments) if isinstance(arguments, Mapping) else None,
+        arguments_raw=arguments_raw if isinstance(arguments_raw, str) else None,
+    )
+
+
+# --- reading the conversation ------------------------------------------------------------------------------
+
+
+def _content_text(message: Mapping[str, Any] | None) -> str | None:
+    if message is None:
+        return None
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping)]
+        return "".join(p for p in parts if isinstance(p, str))
+    return None
+
+
+def _last_user(messages: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    return next((m for m in reversed(messages) if m.get("role") == "user"), None)
+
+
+def _assistant_count_after_first_user(messages: Sequence[Mapping[str, Any]]) -> int:
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages))
+    return sum(1 for m in messages[first_user + 1 :] if m.get("role") == "assistant")
+
+
+@dataclass(frozen=True)
+class _Result:
+    name: str
+    arguments: str
+    content: str
+
+
+def _all_tool_results(messages: Sequence[Mapping[str, Any]]) -> list[_Result]:
+    calls: dict[str, tuple[str, str]] = {}
+    results: list[_Result] = []
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, Mapping) else {}
+            if isinstance(call, Mapping) and isinstance(function, Mapping):
+                calls[str(call.get("id"))] = (str(function.get("name")), str(function.get("arguments", "")))
+        if message.get("role") == "tool":
+            name, arguments = calls.get(str(message.get("tool_call_id")), (str(message.get("name")), ""))
+            results.append(_Result(name, arguments, _content_text(message) or ""))
+    return results
+
+
+def _tool_results_after_last_user(messages: Sequence[Mapping[str, Any]]) -> list[_Result]:
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    return _all_tool_results(messages[last_user + 1 :]) if last_user >= 0 else _all_tool_results(messages)
+
+
+def _summarise(results: Sequence[_Result]) -> str:
+    if not results:
+        return ""
+    lines = [f"- {r.name}({_compact(r.arguments)}) → {r.content}" for r in results]
+    return "Here are the tool results:\n" + "\n".join(lines)
+
+
+def _compact(arguments: str) -> str:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return arguments
+    if not isinstance(value, dict):
+        return arguments
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in value.items())
+
+
+def _estimate_tokens(text: str) -> int:
+    # About four characters a token, as a rough real tokenizer would count; never zero.
+    return max(1, len(text) // 4)
+
+
+def _split_in_two(text: str) -> list[str]:
+    if len(text) < 2:
+        return [text] if text else []
+    middle = len(text) // 2
+    return [text[:middle], text[middle:]]
+
+
+def _format_seconds(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else str(seconds)
