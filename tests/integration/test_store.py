@@ -1,0 +1,327 @@
+"""The turn store on a real redis-server: submit, claim, leases, orphans, outcomes, inbox, control."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.store import TurnStore, UnknownTurnError
+from tests.integration.store_support import store_db_url
+from workers import keys
+from workers.contract import FailureKind, ToolOutcome, build_failure
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[TurnStore]:
+    url = store_db_url(redis_url)
+    turn_store = TurnStore.from_url(url)
+    await turn_store.redis.flushdb()
+    yield turn_store
+    await turn_store.aclose()
+
+
+def finished(turn_id: str, text: str = "done") -> TurnOutcome:
+    return TurnOutcome(
+        turn_id=turn_id,
+        status="completed",
+        text=text,
+        messages=[UserMessage(content="hi"), AssistantMessage(content=text)],
+    )
+
+
+def ok_outcome(call_id: str, turn_id: str | None, result: str) -> ToolOutcome:
+    return ToolOutcome(call_id=call_id, tool="add", turn_id=turn_id, ok=True, result=result, content=result)
+
+
+async def test_submit_is_durable_before_it_returns(store: TurnStore, redis_url: str) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="hello"))
+    assert turn_id.startswith("turn_") and len(turn_id) == len("turn_") + 32
+    # A separate connection (another process, in effect) sees everything at once.
+    other = redis.Redis.from_url(store_db_url(redis_url), decode_responses=True)
+    try:
+        assert other.get(keys.turn_status(turn_id)) == "queued"
+        assert TurnRequest.model_validate_json(other.get(keys.turn_request(turn_id)) or "").prompt == "hello"
+        assert other.lrange(keys.TURN_QUEUE, 0, -1) == [turn_id]
+        assert other.zscore(keys.TURNS_ACTIVE, turn_id) is not None
+    finally:
+        other.close()
+    events = await store.read_events(turn_id)
+    assert [e.name for e in events] == ["turn_queued"]
+
+
+async def test_submit_with_the_same_id_twice_stores_one_turn(store: TurnStore) -> None:
+    first = await store.submit(TurnRequest(prompt="a"), turn_id="turn_fixed")
+    second = await store.submit(TurnRequest(prompt="b"), turn_id="turn_fixed")
+    assert first == second == "turn_fixed"
+    assert await store.redis.llen(keys.TURN_QUEUE) == 1
+    request = await store.load_request("turn_fixed")
+    assert request is not None and request.prompt == "a"
+
+
+async def test_submit_refuses_a_turn_with_nothing_to_answer(store: TurnStore) -> None:
+    with pytest.raises(ValueError, match="prompt"):
+        await store.submit(TurnRequest(prompt="  "))
+    with pytest.raises(ValueError, match="invalid turn id"):
+        await store.submit(TurnRequest(prompt="x"), turn_id="has space")
+    assert await store.redis.llen(keys.TURN_QUEUE) == 0
+
+
+async def test_claim_leases_the_turn_and_times_out_when_empty(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="hello"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    assert await store.lease_owner(turn_id) == "orch-a"
+    assert await store.get_status(turn_id) == TurnStatus.RUNNING
+    assert await store.redis.llen(keys.TURNS_CLAIMING) == 0
+    started = time.monotonic()
+    assert await store.claim("orch-a", timeout_s=0.3) is None
+    assert 0.25 <= time.monotonic() - started < 2.0
+
+
+async def test_a_blocked_claimer_wakes_up_on_submit(store: TurnStore, redis_url: str) -> None:
+    submitter = TurnStore.from_url(store_db_url(redis_url))
+    try:
+        claiming = asyncio.create_task(store.claim("orch-a", timeout_s=5.0))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        turn_id = await submitter.submit(TurnRequest(prompt="wake"))
+        assert await claiming == turn_id
+        assert time.monotonic() - started < 0.5
+    finally:
+        await submitter.aclose()
+
+
+async def test_renew_reports_lost_leases_and_release_is_owner_only(store: TurnStore) -> None:
+    mine = await store.submit(TurnRequest(prompt="1"))
+    theirs = await store.submit(TurnRequest(prompt="2"))
+    assert await store.claim("orch-a", timeout_s=1.0) == mine
+    assert await store.claim("orch-b", timeout_s=1.0) == theirs
+    assert await store.renew_leases("orch-a", [mine, theirs], ttl_s=30) == {theirs}
+    assert 25_000 < await store.redis.pttl(keys.turn_lease(mine)) <= 30_000
+    await store.release("orch-a", theirs)  # not the owner: nothing happens
+    assert await store.lease_owner(theirs) == "orch-b"
+    await store.release("orch-a", mine)
+    assert await store.lease_owner(mine) is None
+    assert await store.renew_leases("orch-a", [mine], ttl_s=30) == {mine}
+
+
+async def test_expired_lease_makes_an_orphan_that_one_orchestrator_takes_over(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    queued = await store.submit(TurnRequest(prompt="still queued"))
+    assert await store.claim("orch-dead", timeout_s=1.0, lease_ttl_s=0.2) == turn_id
+    assert await store.find_orphans() == []
+    await asyncio.sleep(0.35)
+    assert await store.find_orphans() == [turn_id]  # the queued one is not an orphan
+    results = await asyncio.gather(
+        store.take_over("orch-b", turn_id, 10), store.take_over("orch-c", turn_id, 10)
+    )
+    assert sorted(results) == [False, True]
+    assert await store.lease_owner(turn_id) in {"orch-b", "orch-c"}
+    assert await store.find_orphans() == []
+    assert not await store.take_over("orch-b", queued, 10)  # belongs to whoever pops it from the queue
+
+
+async def test_a_claimer_dying_between_pop_and_lease_leaves_an_orphan(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    # What claim does first, without its second step: the process died in between.
+    await store.redis.lmove(keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT")
+    assert await store.find_orphans() == [turn_id]
+    assert await store.take_over("orch-b", turn_id, 10)
+    assert await store.get_status(turn_id) == TurnStatus.RUNNING
+    assert await store.redis.llen(keys.TURNS_CLAIMING) == 0
+
+
+async def test_terminal_turns_are_neither_claimed_nor_orphans(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.save_outcome(turn_id, finished(turn_id))
+    assert await store.claim("orch-a", timeout_s=0.2) is None
+    assert await store.find_orphans() == []
+    assert not await store.take_over("orch-a", turn_id, 10)
+    assert await store.redis.zscore(keys.TURNS_ACTIVE, turn_id) is None
+    assert 0 < await store.redis.ttl(keys.turn_request(turn_id)) <= keys.TURN_TTL_S
+    # The first terminal write wins; a second is refused.
+    assert not await store.save_outcome(turn_id, finished(turn_id, "other"))
+    outcome = await store.get_outcome(turn_id)
+    assert outcome is not None and outcome.text == "done"
+
+
+async def test_save_state_is_fenced_by_the_lease_and_by_the_end(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    assert await store.save_state(turn_id, '{"v": 1}', TurnStatus.WAITING, orchestrator_id="orch-a")
+    assert await store.load_state(turn_id) == '{"v": 1}'
+    assert await store.get_status(turn_id) == TurnStatus.WAITING
+    assert not await store.save_state(turn_id, '{"v": 2}', TurnStatus.RUNNING, orchestrator_id="orch-b")
+    await store.save_outcome(turn_id, finished(turn_id))
+    assert not await store.save_state(turn_id, '{"v": 3}', TurnStatus.RUNNING, orchestrator_id="orch-a")
+    assert await store.load_state(turn_id) == '{"v": 1}'
+    assert await store.get_status(turn_id) == TurnStatus.COMPLETED
+
+
+async def test_first_writer_wins_and_notifies_the_owner_once(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    real = ok_outcome("call-1", turn_id, "3")
+    synthetic = build_failure(("call-1", "add", turn_id), FailureKind.TIMEOUT, "timed out", synthetic=True)
+    assert await store.write_outcome(real) == real
+    winner = await store.write_outcome(synthetic)
+    assert winner.ok and winner.result == "3"
+    assert await store.read_outcomes(["call-1", "call-missing"]) == {"call-1": real}
+    late = await store.redis.lrange(keys.late_outcomes("call-1"), 0, -1)
+    assert [ToolOutcome.model_validate_json(x).failure_kind for x in late] == [FailureKind.TIMEOUT]
+    inbox = await store.read_inbox("orch-a", "0", block_ms=100)
+    assert [fields for _, fields in inbox] == [{"kind": "outcome", "turn": turn_id, "call": "call-1"}]
+    await store.ack_inbox("orch-a", inbox[-1][0])
+    assert await store.read_inbox("orch-a", "0", block_ms=50) == []
+
+
+async def test_read_inbox_blocks_until_a_notification_arrives(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    reading = asyncio.create_task(store.read_inbox("orch-a", "$", block_ms=5000))
+    await asyncio.sleep(0.2)
+    await store.write_outcome(ok_outcome("call-2", turn_id, "ok"))
+    entries = await asyncio.wait_for(reading, 2.0)
+    assert entries[0][1]["call"] == "call-2"
+
+
+async def test_cancel_and_approval_reach_the_control_stream_and_the_owner(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.request_cancel(turn_id)  # queued, no owner yet: kept for whoever claims it
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    assert await store.request_approval(turn_id, "call-9", approved=False)
+    control = await store.read_control(turn_id)
+    assert [(c.kind, c.call_id, c.approved) for c in control] == [
+        ("cancel", None, None),
+        ("approval", "call-9", False),
+    ]
+    inbox = await store.read_inbox("orch-a", "0", block_ms=100)
+    assert [f["kind"] for _, f in inbox] == ["control"]
+    assert inbox[0][1]["control"] == "approval" and inbox[0][1]["id"] == control[1].id
+    assert await store.read_control(turn_id, after=control[0].id) == [control[1]]
+    with pytest.raises(UnknownTurnError):
+        await store.request_cancel("turn_unknown")
+    await store.save_outcome(turn_id, finished(turn_id))
+    assert not await store.request_cancel(turn_id)
+
+
+async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> None:
+    first = await store.submit(TurnRequest(prompt="one", conversation_id="conv-1"))
+    second = await store.submit(TurnRequest(prompt="two", conversation_id="conv-1"))
+    other = await store.submit(TurnRequest(prompt="elsewhere", conversation_id="conv-2"))
+    assert await store.claim("orch-a", timeout_s=1.0) == first
+    assert await store.claim("orch-a", timeout_s=1.0) == other
+    assert await store.claim("orch-a", timeout_s=0.2) is None  # the second waits for the first
+    assert await store.get_status(second) == TurnStatus.QUEUED
+    waiting = asyncio.create_task(store.claim("orch-b", timeout_s=5.0))
+    await asyncio.sleep(0.1)
+    await store.save_outcome(first, finished(first, "answer one"))
+    assert await asyncio.wait_for(waiting, 2.0) == second
+    request = await store.load_request(second, with_history=True)
+    assert request is not None
+    assert [m.content for m in request.messages] == ["hi", "answer one"]
+    assert request.prompt == "two"
+    history = await store.conversation_history("conv-1")
+    assert [m.role for m in history] == ["user", "assistant"]
+    await store.save_outcome(second, finished(second))
+    assert await store.redis.get(keys.conversation_lock("conv-1")) is None
+    assert await store.redis.get(keys.conversation_head("conv-1")) == second
+
+
+async def test_events_are_redacted_streamed_and_end_with_turn_finished(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    await store.append_event(
+        turn_id, "tool_dispatched", {"call_id": "c1", "arguments": {"api_key": "s3cret"}}
+    )
+    assert await store.append_event(turn_id, "turn_finished", {"ignored": True}) is None
+    seen: list[str] = []
+
+    async def collect() -> None:
+        async for event in store.iter_events(turn_id, block_ms=200):
+            seen.append(event.name)
+
+    collecting = asyncio.create_task(collect())
+    await asyncio.sleep(0.3)
+    await store.save_outcome(turn_id, finished(turn_id))
+    await asyncio.wait_for(collecting, 3.0)
+    assert seen == ["turn_queued", "tool_dispatched", "turn_finished"]
+    events = await store.read_events(turn_id)
+    assert events[1].data == {"call_id": "c1", "arguments": {"api_key": "***"}}
+    assert events[2].data["status"] == "completed"
+
+
+async def test_wait_outcome_wakes_on_the_outcome_and_times_out(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    with pytest.raises(TimeoutError):
+        await store.wait_outcome(turn_id, 0.3)
+
+    async def finish_later() -> None:
+        await asyncio.sleep(0.3)
+        await store.save_outcome(turn_id, finished(turn_id))
+
+    finisher = asyncio.create_task(finish_later())
+    started = time.monotonic()
+    outcome = await store.wait_outcome(turn_id, 5.0)
+    await finisher
+    assert outcome.status == "completed"
+    assert time.monotonic() - started < 1.5
+    with pytest.raises(UnknownTurnError):
+        await store.wait_outcome("turn_nope", 0.1)
+
+
+async def test_view_shows_the_transcript_so_far(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(messages=[UserMessage(content="from messages")], prompt="p"))
+    view = await store.get_view(turn_id)
+    assert view is not None and view.status == TurnStatus.QUEUED
+    assert [m.content for m in view.messages] == ["from messages", "p"]
+    state = (
+        '{"version": 1, "history": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "…"}]}'
+    )
+    await store.save_state(turn_id, state, TurnStatus.RUNNING)
+    view = await store.get_view(turn_id)
+    assert view is not None and [m.role for m in view.messages] == ["user", "assistant"]
+    await store.save_outcome(turn_id, finished(turn_id))
+    view = await store.get_view(turn_id)
+    assert view is not None and view.outcome is not None and view.status == TurnStatus.COMPLETED
+    assert await store.get_view("turn_unknown") is None
+
+
+async def test_orchestrator_registry(store: TurnStore) -> None:
+    await store.register_orchestrator("orch-a")
+    await store.register_orchestrator("orch-b")
+    await store.redis.zadd(keys.ORCHESTRATORS, {"orch-b": time.time() - 120})
+    assert await store.live_orchestrators(max_age_s=30) == ["orch-a"]
+    await store.unregister("orch-a")
+    assert await store.live_orchestrators(max_age_s=30) == []
+    assert await store.ping()
+
+
+async def test_store_works_on_a_client_that_does_not_decode(redis_url: str) -> None:
+    raw = aioredis.Redis.from_url(store_db_url(redis_url))
+    turn_store = TurnStore(raw)
+    try:
+        await raw.flushdb()
+        turn_id = await turn_store.submit(TurnRequest(prompt="bytes"))
+        assert await turn_store.claim("orch-a", timeout_s=1.0) == turn_id
+        assert await turn_store.get_status(turn_id) == TurnStatus.RUNNING
+        assert [e.name for e in await turn_store.read_events(turn_id)] == ["turn_queued"]
+        await turn_store.write_outcome(ok_outcome("c", turn_id, "1"))
+        assert (await turn_store.read_inbox("orch-a", "0", 100))[0][1]["kind"] == "outcome"
+    finally:
+        await raw.aclose()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """Until the session-wide fixture lands: one real redis-server for this module."""
+    from ops.redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server.url
