@@ -1,0 +1,99 @@
+"""Prometheus metrics of turns, model calls and tool calls (served at `/metrics`).
+
+The runtime calls the `record_*` functions; the API renders `render_latest()`; an orchestrator exposes its
+own with `serve_metrics(port)` (`TOOLLOOP_METRICS_PORT`). Metrics live in prometheus-client's default
+registry, one per process, which is how Prometheus scrapes a fleet of processes.
+Label values stay bounded: statuses, stop reasons, provider names, tool names and failure kinds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest, start_http_server
+
+from orchestrator.model import TurnOutcome
+from workers.contract import ToolOutcome
+
+# Model calls take seconds and tools from milliseconds to minutes: buckets cover both ends.
+_DURATION_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+
+TURNS_SUBMITTED = Counter("toolloop_turns_submitted", "Turns submitted (client or HTTP API).")
+TURNS_FINISHED = Counter(
+    "toolloop_turns_finished", "Turns that reached a terminal status.", ["status", "stop_reason"]
+)
+TURN_DURATION = Histogram(
+    "toolloop_turn_duration_seconds",
+    "Wall time of a turn, first claim to outcome.",
+    ["status"],
+    buckets=_DURATION_BUCKETS_S,
+)
+TURN_LLM_CALLS = Histogram(
+    "toolloop_turn_llm_calls", "Model calls per finished turn.", buckets=(1, 2, 3, 5, 8, 13, 21, 50)
+)
+MODEL_CALLS = Counter("toolloop_model_calls", "Model calls by provider and outcome.", ["provider", "outcome"])
+MODEL_CALL_DURATION = Histogram(
+    "toolloop_model_call_duration_seconds",
+    "Duration of one model call.",
+    ["provider", "outcome"],
+    buckets=_DURATION_BUCKETS_S,
+)
+MODEL_TOKENS = Counter(
+    "toolloop_model_tokens", "Tokens used, by provider and direction.", ["provider", "kind"]
+)
+TOOL_CALLS = Counter(
+    "toolloop_tool_calls", "Tool call outcomes by tool and kind (ok or failure kind).", ["tool", "kind"]
+)
+TOOL_CALL_DURATION = Histogram(
+    "toolloop_tool_call_duration_seconds",
+    "Duration of one tool call, by tool and outcome kind.",
+    ["tool", "kind"],
+    buckets=_DURATION_BUCKETS_S,
+)
+
+
+def build_tool_kind(outcome: ToolOutcome) -> str:
+    """The `kind` label of a tool outcome: `ok`, or its failure kind."""
+    if outcome.ok:
+        return "ok"
+    return outcome.failure_kind.value if outcome.failure_kind else "error"
+
+
+def record_turn_submitted() -> None:
+    """Count one submitted turn."""
+    TURNS_SUBMITTED.inc()
+
+
+def record_turn_finished(outcome: TurnOutcome, duration_s: float | None = None) -> None:
+    """Count a terminal turn by status and stop reason (and its duration when known)."""
+    TURNS_FINISHED.labels(status=outcome.status, stop_reason=outcome.stop_reason or "none").inc()
+    TURN_LLM_CALLS.observe(outcome.llm_calls)
+    if duration_s is not None:
+        TURN_DURATION.labels(status=outcome.status).observe(duration_s)
+
+
+def record_model_call(
+    provider: str, outcome: str, duration_s: float, *, input_tokens: int = 0, output_tokens: int = 0
+) -> None:
+    """Count one model call; `outcome` is e.g. `ok`, `error`, `retryable_error` (keep it a small set)."""
+    MODEL_CALLS.labels(provider=provider, outcome=outcome).inc()
+    MODEL_CALL_DURATION.labels(provider=provider, outcome=outcome).observe(duration_s)
+    if input_tokens:
+        MODEL_TOKENS.labels(provider=provider, kind="input").inc(input_tokens)
+    if output_tokens:
+        MODEL_TOKENS.labels(provider=provider, kind="output").inc(output_tokens)
+
+
+def record_tool_outcome(outcome: ToolOutcome) -> None:
+    """Count one tool call's outcome (the one that won) by tool and kind, with its duration."""
+    kind = build_tool_kind(outcome)
+    TOOL_CALLS.labels(tool=outcome.tool, kind=kind).inc()
+    TOOL_CALL_DURATION.labels(tool=outcome.tool, kind=kind).observe(outcome.duration_ms / 1000.0)
+
+
+def render_latest() -> tuple[bytes, str]:
+    """The exposition text of this process's metrics and its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve `/metrics` on `port` from a background thread (for the orchestrator process)."""
+    start_http_server(port, addr=addr)
