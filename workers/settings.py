@@ -52,6 +52,9 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "TOOLLOOP_ANTHROPIC_BASE_URL")
     )
 
+    # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
+    scripted_base_url: str | None = None
+
     @property
     def tool_module_list(self) -> list[str]:
         return [m.strip() for m in self.tool_modules.split(",") if m.strip()]

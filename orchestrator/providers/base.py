@@ -1,0 +1,223 @@
+"""The model-client interface and the one shared HTTP path every provider adapter takes.
+
+A provider module is pure: `to_wire(ModelRequest) -> dict` builds the request body, `from_wire(body)`
+normalises the response, `error_from_wire(status, body, headers)` maps an error body. `HttpModelClient`
+glues one such module to an injected `httpx.AsyncClient` through `post_json`, which is the only place where
+HTTP happens. Failures never leave this layer as exceptions::
+
+    httpx.TimeoutException   -> ProviderError(type="timeout", status=None, retryable=True)
+    httpx.TransportError     -> ProviderError(type="transport_error", status=None, retryable=True)
+    HTTP 4xx/5xx             -> the module's error_from_wire(status, body, headers)
+    2xx with a broken body   -> ProviderError(type="invalid_response")
+
+Retryable errors are retried here up to `max_retries` times, with capped exponential backoff and jitter,
+waiting what `Retry-After` / `retry-after-ms` say when they say it. The orchestrator runtime builds its
+clients with `max_retries=0`: its state machine owns model retries and counts them against the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from orchestrator.model import Message, ProviderError, Turn
+from orchestrator.providers.body import decode_json, decode_text
+from orchestrator.providers.common import IdSource, transport_error
+from workers.contract import ToolSpec
+
+PROVIDERS = ("openai", "openai_responses", "anthropic", "scripted")
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+DEFAULT_MAX_RETRIES = 2
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model named as `provider:model`, e.g. `openai:gpt-4.1-mini` or `scripted:demo`."""
+
+    provider: str
+    model: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+
+def parse_model_ref(name: str) -> ModelRef:
+    """`"openai:gpt-4.1-mini"` → `ModelRef("openai", "gpt-4.1-mini")`; ValueError names what is wrong.
+
+    Only the first colon separates: model names may hold colons themselves (`ollama` tags such as
+    `qwen3:8b` behind `openai:`).
+    """
+    provider, sep, model = name.strip().partition(":")
+    provider = provider.strip().lower()
+    if not sep or not model.strip():
+        raise ValueError(f"model {name!r} is not `provider:model` (providers: {', '.join(PROVIDERS)})")
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r} in {name!r} (providers: {', '.join(PROVIDERS)})")
+    return ModelRef(provider, model.strip())
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One LLM call: the request-time view of the history, the offered tools and the call's options."""
+
+    model: str
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    tool_choice: str | None = None  # "auto" | "required" | "none" | a tool name
+    # Seed for synthetic tool-call ids, unique per LLM call of a turn, so that ids stay unique turn-wide.
+    id_prefix: str | None = None
+    max_output_tokens: int | None = None
+
+
+class ModelClient(Protocol):
+    """What the runtime calls: one request in, a normalised Turn or a ProviderError out; never raises."""
+
+    provider: str
+
+    async def complete(self, request: ModelRequest) -> Turn | ProviderError: ...
+
+
+class WireFormat(Protocol):
+    """The pure functions of a provider module (`openai_chat`, `openai_responses`, `anthropic`)."""
+
+    PROVIDER: str
+
+    def to_wire(self, request: ModelRequest) -> dict[str, Any]: ...
+
+    def from_wire(self, body: object, *, ids: IdSource | None = None) -> Turn | ProviderError: ...
+
+    def error_from_wire(
+        self, status: int | None, body: object, headers: Mapping[str, str] | None = None
+    ) -> ProviderError: ...
+
+
+ErrorMapper = Callable[[int | None, object, Mapping[str, str] | None], ProviderError]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How `post_json` retries: attempts after the first, and the capped exponential backoff."""
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    backoff_base_s: float = BACKOFF_BASE_S
+    backoff_max_s: float = BACKOFF_MAX_S
+
+    def delay_s(self, retry_number: int, error: ProviderError) -> float | None:
+        """Seconds to wait before retry `retry_number` (1-based); None when the error must not be retried."""
+        if not error.retryable or retry_number > self.max_retries:
+            return None
+        if error.retry_after_s is not None:
+            # A server asking for longer than we would ever wait is answered at once, with its hint.
+            return error.retry_after_s if error.retry_after_s <= self.backoff_max_s else None
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** (retry_number - 1))
+        # "Equal jitter": at least half the backoff, so that retries never bunch at zero.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+async def post_json(
+    http: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    provider: str,
+    error_from_wire: ErrorMapper,
+    headers: Mapping[str, str] | None = None,
+    http_timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    retry: RetryPolicy | None = None,
+    sleep: Sleep = asyncio.sleep,
+) -> object | ProviderError:
+    """POST `body` as JSON; the decoded 2xx response body, or a ProviderError. Never raises for I/O."""
+    policy = retry or RetryPolicy()
+    retry_number = 0
+    while True:
+        result = await _post_once(
+            http,
+            url,
+            body,
+            provider=provider,
+            error_from_wire=error_from_wire,
+            headers=headers,
+            http_timeout=http_timeout,
+        )
+        if not isinstance(result, ProviderError):
+            return result
+        retry_number += 1
+        delay = policy.delay_s(retry_number, result)
+        if delay is None:
+            return result
+        await sleep(delay)
+
+
+async def _post_once(
+    http: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    provider: str,
+    error_from_wire: ErrorMapper,
+    headers: Mapping[str, str] | None,
+    http_timeout: httpx.Timeout,
+) -> object | ProviderError:
+    try:
+        response = await http.post(url, json=body, headers=dict(headers or {}), timeout=http_timeout)
+    except httpx.TimeoutException as exc:
+        error = transport_error(provider, f"request to {url} timed out ({type(exc).__name__})")
+        return error.model_copy(update={"type": "timeout"})
+    except httpx.TransportError as exc:
+        return transport_error(provider, f"request to {url} failed: {type(exc).__name__}: {exc}")
+    if response.status_code >= 400:
+        return error_from_wire(response.status_code, _error_body(response), response.headers)
+    text = decode_text(response.content, provider)
+    if isinstance(text, ProviderError):
+        return text
+    return decode_json(text, provider)
+
+
+def _error_body(response: httpx.Response) -> object:
+    try:
+        return json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return response.text
+
+
+@dataclass
+class HttpModelClient:
+    """A ModelClient for one provider module over HTTP: to_wire → post_json → from_wire."""
+
+    provider: str
+    wire: WireFormat
+    http: httpx.AsyncClient
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: httpx.Timeout = field(default_factory=lambda: DEFAULT_TIMEOUT)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    sleep: Sleep = asyncio.sleep
+
+    async def complete(self, request: ModelRequest) -> Turn | ProviderError:
+        """One LLM call, normalised; errors as values."""
+        body = self.wire.to_wire(request)
+        result = await post_json(
+            self.http,
+            self.url,
+            body,
+            provider=self.provider,
+            error_from_wire=self.wire.error_from_wire,
+            headers=self.headers,
+            http_timeout=self.timeout,
+            retry=self.retry,
+            sleep=self.sleep,
+        )
+        if isinstance(result, ProviderError):
+            return result.model_copy(update={"provider": self.provider})
+        ids = IdSource(request.id_prefix) if request.id_prefix else None
+        turn = self.wire.from_wire(result, ids=ids)
+        return turn.model_copy(update={"provider": self.provider})
