@@ -113,16 +113,19 @@ class PendingStop(_Frozen):
     error: ProviderError | None = None
 
 
+ViewDiagnosticKind = Literal[
+    "flattened_tool_calls",
+    "flattened_tool_result",
+    "remapped_tool_call_id",
+    "dropped_thinking",
+    "dropped_provider_data",
+]
+
+
 class ViewDiagnostic(_Frozen):
     """One thing the request-time view did to the history for a model call (SPEC §6.1)."""
 
-    kind: Literal[
-        "flattened_tool_calls",
-        "flattened_tool_result",
-        "remapped_tool_call_id",
-        "dropped_thinking",
-        "dropped_provider_data",
-    ]
+    kind: ViewDiagnosticKind
     message_index: int
     detail: str
 

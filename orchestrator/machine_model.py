@@ -1,0 +1,174 @@
+"""The model half of the loop: each model call with its view (SPEC §5.1, §6), tool choice (§5.10), model
+errors with capped backoff and empty answers (§5.7)."""
+
+from __future__ import annotations
+
+from orchestrator.events import CallModel, ModelFailed, ModelResponded
+from orchestrator.machine_common import Policy, Step
+from orchestrator.machine_stop import begin_stop, finish_turn
+from orchestrator.machine_tools import plan_round
+from orchestrator.model import LLMCallRecord, ProviderError, Turn, assistant_message_from_turn
+from orchestrator.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewRecord
+from orchestrator.view import build_view
+
+_BLANK_FINISH_REASONS = {"length": "its output token limit", "content_filter": "a content filter"}
+
+
+def provider_of(model: str) -> str:
+    """The provider part of a `provider:model` name."""
+    return model.split(":", 1)[0]
+
+
+def build_tool_choice(state: TurnState) -> str | None:
+    """The tool choice of the next model call: a forced one applies until the model first answers."""
+    choice = state.tool_choice
+    if choice is None or choice in ("auto", "none") or state.responses == 0:
+        return choice
+    return "auto"
+
+
+def call_model_or_stop(step: Step, at: float) -> None:
+    """Call the model with the view of the history, unless the deadline or max_llm_calls forbids it."""
+    state = step.state
+    if at >= state.deadline_at:
+        begin_stop(step, "deadline", at)
+        return
+    if state.llm_calls >= state.limits.max_llm_calls:
+        begin_stop(step, "max_llm_calls", at)
+        return
+    index = state.llm_calls
+    provider = provider_of(state.model)
+    view = build_view(state.history, provider)
+    records = state.view_diagnostics
+    if view.diagnostics:
+        records = [
+            *records,
+            ViewRecord(llm_call_index=index, target_provider=provider, diagnostics=view.diagnostics),
+        ]
+    step.update(llm_calls=index + 1, awaiting_model=index, view_diagnostics=records)
+    step.commands.append(
+        CallModel(
+            model=state.model,
+            messages=view.messages,
+            tools=list(state.offered.values()),
+            tool_choice=build_tool_choice(state),
+            id_prefix=f"{state.turn_id}-m{index}",
+            llm_call_index=index,
+        )
+    )
+    step.emit(
+        "model_called",
+        llm_call_index=index,
+        model=state.model,
+        messages=len(view.messages),
+        view_diagnostics=[d.kind for d in view.diagnostics],
+    )
+
+
+def _is_current(state: TurnState, llm_call_index: int | None) -> bool:
+    awaiting = state.awaiting_model
+    return awaiting is not None and (llm_call_index is None or llm_call_index == awaiting)
+
+
+def on_model_responded(step: Step, event: ModelResponded, policy: Policy | None) -> None:
+    """A model response: start a round of tool calls, retry a blank answer, or complete the turn."""
+    state = step.state
+    if not _is_current(state, event.llm_call_index):
+        return  # a duplicate, or the answer to a call the turn gave up on
+    turn = event.turn
+    record = LLMCallRecord(
+        model=turn.model,
+        provider=turn.provider,
+        usage=turn.usage,
+        duration_ms=event.duration_ms,
+        finish_reason=turn.finish_reason,
+    )
+    step.update(
+        awaiting_model=None,
+        responses=state.responses + 1,
+        model_retries=0,
+        usage=state.usage + turn.usage,
+        llm_call_records=[*state.llm_call_records, record],
+    )
+    step.emit(
+        "model_responded",
+        llm_call_index=state.awaiting_model,
+        type=turn.type,
+        tool_calls=len(turn.tool_calls),
+        finish_reason=turn.finish_reason,
+        duration_ms=event.duration_ms,
+        usage=turn.usage.model_dump(exclude_none=True),
+    )
+    if turn.tool_calls:
+        plan_round(step, turn, event.at, policy)
+    elif not (turn.text or "").strip():
+        _on_blank_answer(step, turn, event.at)
+    else:
+        step.update(history=[*step.state.history, assistant_message_from_turn(turn)])
+        finish_turn(step, event.at)
+
+
+def _on_blank_answer(step: Step, turn: Turn, at: float) -> None:
+    state = step.state
+    why = _BLANK_FINISH_REASONS.get(turn.finish_reason or "")
+    if why is not None:
+        # Retrying would hit the same wall; say what happened instead of reporting success (SPEC §5.7).
+        error = ProviderError(
+            provider=turn.provider or provider_of(state.model),
+            type=turn.finish_reason,
+            message=f"the model stopped at {why} before writing any text",
+        )
+        begin_stop(step, "empty_answer", at, detail=f"finish_reason {turn.finish_reason}", error=error)
+        return
+    if state.empty_answer_retries < state.limits.max_empty_answer_retries:
+        step.update(empty_answer_retries=state.empty_answer_retries + 1)
+        step.emit("model_empty_answer", retrying=True, retries=state.empty_answer_retries + 1)
+        return
+    begin_stop(step, "empty_answer", at, detail=f"blank text {state.empty_answer_retries + 1} times")
+
+
+def on_model_failed(step: Step, event: ModelFailed) -> None:
+    """A failed model call: back off and retry a transient error while limits allow, else fail the turn."""
+    state = step.state
+    if not _is_current(state, event.llm_call_index):
+        return
+    error = event.error
+    record = LLMCallRecord(
+        model=state.model, provider=error.provider, duration_ms=event.duration_ms, error=error
+    )
+    step.update(awaiting_model=None, llm_call_records=[*state.llm_call_records, record])
+    delay_s = build_retry_delay_s(state, error, event.at)
+    if delay_s is not None:
+        step.update(model_retries=state.model_retries + 1)
+        step.arm(f"{MODEL_RETRY_TIMER_PREFIX}{state.llm_calls}", event.at + delay_s)
+    step.emit(
+        "model_failed",
+        status=error.status,
+        error_type=error.type,
+        message=error.message,
+        retryable=error.retryable,
+        retry_in_s=delay_s,
+        duration_ms=event.duration_ms,
+    )
+    if delay_s is None:
+        status = f" {error.status}" if error.status is not None else ""
+        begin_stop(
+            step, "provider_error", event.at, detail=f"{error.provider}{status}: {error.message}", error=error
+        )
+
+
+def build_retry_delay_s(state: TurnState, error: ProviderError, at: float) -> float | None:
+    """Seconds to wait before retrying a failed model call, or None when it must not be retried.
+
+    Capped exponential backoff; a provider's Retry-After is honoured even above the cap. No retry when the
+    error is permanent, the retries or the model calls are used up, or it would start past the deadline.
+    """
+    limits = state.limits
+    if not error.retryable or state.model_retries >= limits.max_model_retries:
+        return None
+    if state.llm_calls >= limits.max_llm_calls:
+        return None
+    delay_s = min(state.model_retry_cap_s, state.model_retry_base_s * 2**state.model_retries)
+    if error.retry_after_s is not None:
+        delay_s = max(delay_s, error.retry_after_s)
+    return None if at + delay_s >= state.deadline_at else delay_s

@@ -1,0 +1,161 @@
+"""The one stop path of a turn (SPEC §5.5) and its terminal shapes (§5.6).
+
+Every stop — a limit, a stop policy, the deadline, a cancel, a provider error — goes through `begin_stop`:
+calls that have no outcome get one asked for (synthetic when the call did not get to finish), in-flight
+tasks are revoked on a hard stop (deadline, cancel), and the turn finishes once every call of the round is
+answered. `finish_turn` builds the `TurnOutcome`; a stopped turn's last assistant message never carries
+tool calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from orchestrator.events import Finish
+from orchestrator.machine_common import Step, build_call_failure
+from orchestrator.model import (
+    LIMIT_STOP_REASONS,
+    AssistantMessage,
+    Message,
+    ProviderError,
+    StopReason,
+    ToolMessage,
+    TurnOutcome,
+    TurnStatus,
+)
+from orchestrator.state import PendingStop
+from workers.contract import FailureKind
+
+# Stops that cannot wait for work in flight: its tasks are revoked and its calls answered at once.
+HARD_STOPS: frozenset[str] = frozenset({"deadline", "cancelled"})
+_HARD_KINDS = {"deadline": FailureKind.DEADLINE_EXCEEDED, "cancelled": FailureKind.CANCELLED}
+
+
+def describe_stop(step: Step, reason: StopReason, detail: str | None = None) -> str:
+    """The closing text of a turn that ended for `reason`."""
+    limits = step.state.limits
+    texts: dict[str, str] = {
+        "max_llm_calls": f"the limit of {limits.max_llm_calls} model calls was reached",
+        "max_tool_executions": f"the limit of {limits.max_tool_executions} tool executions was reached",
+        "max_tool_rounds": f"the limit of {limits.max_tool_rounds} tool rounds was reached",
+        "deadline": f"the turn's deadline of {limits.deadline_s:g} s passed",
+        "tool_failure": "a tool call failed",
+        "confirmation_denied": "a tool call was denied by a person",
+        "policy_denied": "a tool call was denied by policy",
+        "repeated_failure": "the same tool failure happened twice",
+        "repeat_guard": f"the same tool call was asked for {limits.repeat_guard_rounds} rounds in a row",
+        "cancelled": "the turn was cancelled",
+        "provider_error": "the model provider returned an error",
+        "empty_answer": "the model gave no answer",
+    }
+    text = texts[reason]
+    return f"{text}: {detail}" if detail else text
+
+
+def begin_stop(
+    step: Step,
+    reason: StopReason,
+    at: float,
+    *,
+    detail: str | None = None,
+    error: ProviderError | None = None,
+) -> None:
+    """Decide that the turn ends; answer what can be answered now. `step` finishes it once nothing is pending.
+
+    A hard stop (deadline, cancel) replaces a soft one already decided; otherwise the first stop wins.
+    """
+    existing = step.state.stop
+    hard = reason in HARD_STOPS
+    if existing is not None and (existing.reason in HARD_STOPS or not hard):
+        return
+    message = describe_stop(step, reason, detail)
+    step.update(
+        stop=PendingStop(status=_status_for(reason), reason=reason, message=message, error=error),
+        awaiting_model=None,
+    )
+    for timer_id in [t for t in step.state.timers if t.startswith("model_retry:")]:
+        step.disarm(timer_id)
+    _answer_pending_calls(step, reason, at, hard=hard)
+    step.emit("turn_stopping", reason=reason, message=message)
+
+
+def _status_for(reason: StopReason) -> Literal["stopped", "failed", "cancelled"]:
+    if reason == "cancelled":
+        return "cancelled"
+    if reason in ("provider_error", "empty_answer"):
+        return "failed"
+    return "stopped"
+
+
+def _answer_pending_calls(step: Step, reason: StopReason, at: float, *, hard: bool) -> None:
+    current = step.state.current
+    if current is None:
+        return
+    kind = _HARD_KINDS.get(reason, FailureKind.SKIPPED)
+    for call in current.calls:
+        if call.finished or call.requested is not None:
+            continue
+        if call.in_flight and not hard:
+            continue  # a soft stop lets running calls finish: they are bounded by their hard limits
+        if call.in_flight and call.task_id is not None:
+            step.revokes.append(call.task_id)
+        message = _call_stop_message(step, reason, ran=call.in_flight)
+        outcome = build_call_failure(step.state, call, kind, message, at, synthetic=True)
+        step.request_outcome(call, outcome)
+        step.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind=kind.value)
+
+
+def _call_stop_message(step: Step, reason: StopReason, *, ran: bool) -> str:
+    if reason == "deadline":
+        verb = "did not finish" if ran else "did not run"
+        return f"the call {verb} before the turn's deadline of {step.state.limits.deadline_s:g} s"
+    if reason == "cancelled":
+        return "the turn was cancelled" + (" while the call was running" if ran else " before the call ran")
+    return f"not run: the turn stopped ({describe_stop(step, reason)})"
+
+
+def finish_turn(step: Step, at: float) -> None:
+    """End the turn with its pending stop, or as completed when none: build the outcome, emit Finish."""
+    state = step.state
+    stop = state.stop
+    history = list(state.history)
+    if stop is not None and history and isinstance(history[-1], ToolMessage):
+        # The conversation must not end on an assistant message that asks for tools (SPEC §5.5).
+        history.append(AssistantMessage(content=f"{_STATUS_WORD[stop.status]}: {stop.message}."))
+    text = _final_text(history) if stop is None else f"{_STATUS_WORD[stop.status]}: {stop.message}."
+    outcome = TurnOutcome(
+        turn_id=state.turn_id,
+        status="completed" if stop is None else stop.status,
+        stop_reason=None if stop is None else stop.reason,
+        limit_reached=stop is not None and stop.reason in LIMIT_STOP_REASONS,
+        text=text,
+        messages=history,
+        usage=state.usage,
+        llm_calls=state.llm_calls,
+        tool_executions=state.tool_executions,
+        model=state.model,
+        error=None if stop is None else stop.error,
+        llm_call_records=list(state.llm_call_records),
+    )
+    for timer_id in list(state.timers):
+        step.disarm(timer_id)
+    step.flush()
+    step.update(history=history, status=TurnStatus(outcome.status), outcome=outcome, awaiting_model=None)
+    step.emit(
+        "turn_finished",
+        status=outcome.status,
+        stop_reason=outcome.stop_reason,
+        llm_calls=outcome.llm_calls,
+        tool_executions=outcome.tool_executions,
+        duration_ms=round((at - state.started_at) * 1000.0, 3),
+    )
+    step.commands.append(Finish(outcome=outcome))
+
+
+_STATUS_WORD = {"stopped": "Stopped", "failed": "Failed", "cancelled": "Cancelled"}
+
+
+def _final_text(history: Sequence[Message]) -> str | None:
+    last = history[-1] if history else None
+    return last.content if isinstance(last, AssistantMessage) else None

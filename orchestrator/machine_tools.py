@@ -1,0 +1,341 @@
+"""The tool half of the loop (SPEC §5.1, §5.3, §5.4, §5.8): one round of calls from request to answers.
+
+`plan_round` sorts a model response's calls: rejected before dispatch (validation, policy hook), refused by
+a limit or the repeat guard, waiting for a person, or dispatched in parallel. The other handlers take the
+events of a round (started, finished, approval, lost-call timer); `complete_round` appends the assistant
+message and one tool message per call, in call order, once every call is answered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from orchestrator.events import ApprovalGiven, AwaitApproval, Dispatch, ToolFinished, ToolStarted
+from orchestrator.machine_common import (
+    Policy,
+    Step,
+    build_call_failure,
+    build_task_id,
+    find_call,
+    lost_timer_id,
+    round_of,
+)
+from orchestrator.machine_stop import begin_stop
+from orchestrator.model import (
+    AssistantMessage,
+    StopReason,
+    ToolCall,
+    ToolMessage,
+    Turn,
+    TurnStatus,
+    assistant_message_from_turn,
+)
+from orchestrator.state import LOST_TIMER_PREFIX, CallState, LateOutcome, RoundState, TurnState
+from orchestrator.validation import validate_call
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, redact
+
+# Outcomes that say the turn (or an operator) stopped a call, not that the tool failed: no stop policy
+# counts them (a call revoked from Flower is just an outcome, SPEC §5.9).
+_NOT_TOOL_FAILURES = frozenset({FailureKind.CANCELLED, FailureKind.SKIPPED, FailureKind.DEADLINE_EXCEEDED})
+_DEFAULT_TIME_LIMIT_S = 60.0
+
+
+def plan_round(step: Step, turn: Turn, at: float, policy: Policy | None) -> None:
+    """Start a round for a response with tool calls: answer, refuse, park or dispatch each call."""
+    state = step.state
+    tool_calls = _unique_ids(state, turn.tool_calls)
+    assistant = assistant_message_from_turn(turn).model_copy(update={"tool_calls": tool_calls})
+    calls = [
+        CallState(call_id=c.id, tool=c.name, arguments=c.arguments, index=i) for i, c in enumerate(tool_calls)
+    ]
+    streaks = _next_streaks(state, tool_calls)
+    step.update(
+        current=RoundState(index=state.rounds + 1, assistant=assistant, calls=calls),
+        rounds=state.rounds + 1,
+        repeat_streaks=streaks,
+    )
+    valid = _reject_invalid(step, tool_calls, at, policy)
+    stop = _round_stop(step, state, [tool_calls[i] for i in valid], streaks, at)
+    if stop is not None:
+        begin_stop(step, stop[0], at, detail=stop[1])
+        return
+    slots = state.limits.max_tool_executions - state.tool_executions
+    parked: list[str] = []
+    for index in valid[: max(slots, 0)]:
+        call = round_of(step.state).calls[index]
+        if state.offered[call.tool].requires_confirmation:
+            step.replace_call(call.model_copy(update={"waiting_approval": True}))
+            parked.append(call.call_id)
+        else:
+            dispatch_call(step, call, 1, at)
+    if len(valid) > slots:
+        # No overshoot (SPEC §5.3): the calls past the limit are answered `skipped` and the turn stops.
+        begin_stop(step, "max_tool_executions", at)
+    if parked and step.state.stop is None:
+        step.commands.append(AwaitApproval(call_ids=parked))
+        step.emit("approval_requested", call_ids=parked)
+
+
+def _unique_ids(state: TurnState, calls: Sequence[ToolCall]) -> list[ToolCall]:
+    # Outcomes are keyed by call id: a provider that repeats an id within a turn would get one outcome for
+    # two calls. The history is ours, so a repeated id is replaced by one derived from the turn.
+    seen = {c.id for m in state.history if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    unique: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        kept = call
+        if call.id in seen:
+            kept = call.model_copy(update={"id": f"{state.turn_id}-r{state.rounds + 1}-c{index}"})
+        seen.add(kept.id)
+        unique.append(kept)
+    return unique
+
+
+def _signature(call: ToolCall) -> str:
+    arguments = call.raw_arguments if call.arguments_error else json.dumps(call.arguments, sort_keys=True)
+    return f"{call.name}\0{arguments}"
+
+
+def _next_streaks(state: TurnState, calls: Sequence[ToolCall]) -> dict[str, int]:
+    return {sig: state.repeat_streaks.get(sig, 0) + 1 for sig in {_signature(c) for c in calls}}
+
+
+def _reject_invalid(
+    step: Step, tool_calls: Sequence[ToolCall], at: float, policy: Policy | None
+) -> list[int]:
+    """Ask for the outcome of every call refused before dispatch; the indices of the others."""
+    state = step.state
+    catalogue = {name: state.offered.get(name) or ToolSpec(name=name) for name in state.catalogue_names}
+    valid: list[int] = []
+    for index, tool_call in enumerate(tool_calls):
+        rejection = validate_call(
+            tool_call.name, tool_call.arguments, tool_call.arguments_error, catalogue, state.offered
+        )
+        if rejection is None and policy is not None:
+            reason = policy(tool_call, step.state)
+            if reason is not None:
+                rejection_kind, message = FailureKind.POLICY_DENIED, f"denied by policy: {reason}"
+            else:
+                valid.append(index)
+                continue
+        elif rejection is None:
+            valid.append(index)
+            continue
+        else:
+            rejection_kind, message = rejection.kind, rejection.message
+        call = round_of(step.state).calls[index]
+        step.request_outcome(
+            call, build_call_failure(step.state, call, rejection_kind, message, at, synthetic=False)
+        )
+    return valid
+
+
+def _round_stop(
+    step: Step, before: TurnState, valid: Sequence[ToolCall], streaks: dict[str, int], at: float
+) -> tuple[StopReason, str | None] | None:
+    """A stop that refuses every valid call of the round, checked before any dispatch (SPEC §5.3, §5.4)."""
+    limits = before.limits
+    if at >= before.deadline_at:
+        return "deadline", None
+    denied = [o for o in step.writes if o.failure_kind is FailureKind.POLICY_DENIED]
+    if denied and limits.stop_on_policy_denied:
+        return "policy_denied", f"'{denied[0].tool}': {denied[0].error}"
+    if valid and limits.max_tool_rounds is not None and before.rounds >= limits.max_tool_rounds:
+        return "max_tool_rounds", None
+    guard = limits.repeat_guard_rounds
+    if guard is not None:
+        repeated = [c for c in valid if streaks.get(_signature(c), 0) >= guard]
+        if repeated:
+            return "repeat_guard", f"'{repeated[0].name}'"
+    return None
+
+
+def dispatch_call(step: Step, call: CallState, attempt: int, at: float) -> None:
+    """Send attempt `attempt` of a call to the workers (batched into the step's DispatchTools)."""
+    state = step.state
+    task_id = build_task_id(state, call, attempt)
+    updated = call.model_copy(
+        update={
+            "attempt": attempt,
+            "task_id": task_id,
+            "dispatched_at": at,
+            "started_at": None,
+            "worker": None,
+            "waiting_approval": False,
+        }
+    )
+    step.replace_call(updated)
+    if attempt == 1:
+        step.update(tool_executions=state.tool_executions + 1)
+    step.dispatches.append(
+        Dispatch(
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=call.arguments,
+            attempt=attempt,
+            task_id=task_id,
+            deadline_at=state.deadline_at,
+            context=state.context,
+        )
+    )
+    step.emit(
+        "tool_dispatched",
+        call_id=call.call_id,
+        tool=call.tool,
+        attempt=attempt,
+        task_id=task_id,
+        arguments=redact(call.arguments),
+    )
+
+
+def on_tool_started(step: Step, event: ToolStarted) -> None:
+    """A worker started a call: arm the lost-work timer at its hard limit plus grace."""
+    call = find_call(step.state, event.call_id)
+    if call is None or not call.in_flight or call.requested is not None or event.attempt < call.attempt:
+        return
+    if event.attempt == call.attempt and call.started_at is not None:
+        return  # a duplicate notification
+    _disarm_lost_timers(step, call.call_id)
+    step.replace_call(
+        call.model_copy(update={"attempt": event.attempt, "started_at": event.at, "worker": event.worker})
+    )
+    spec = step.state.offered.get(call.tool)
+    limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
+    step.arm(lost_timer_id(call.call_id, event.attempt), event.at + limit_s + step.state.lost_grace_s)
+    step.emit(
+        "tool_started", call_id=call.call_id, tool=call.tool, attempt=event.attempt, worker=event.worker
+    )
+
+
+def _disarm_lost_timers(step: Step, call_id: str) -> None:
+    prefix = f"{LOST_TIMER_PREFIX}{call_id}:"
+    for timer_id in [t for t in step.state.timers if t.startswith(prefix)]:
+        step.disarm(timer_id)
+
+
+def on_lost_timer(step: Step, call_id: str, attempt: int, at: float) -> None:
+    """No outcome by hard limit + grace: the worker was lost. Retry if attempts remain, else `worker_lost`."""
+    call = find_call(step.state, call_id)
+    if call is None or not call.in_flight or call.requested is not None or call.attempt != attempt:
+        return
+    spec = step.state.offered.get(call.tool)
+    max_attempts = 1 + (spec.retries if spec is not None else 0)
+    if attempt < max_attempts and at < step.state.deadline_at and step.state.stop is None:
+        if call.task_id is not None:
+            step.revokes.append(call.task_id)
+        dispatch_call(step, call, attempt + 1, at)
+        step.emit(
+            "tool_redispatched", call_id=call_id, tool=call.tool, attempt=attempt + 1, reason="worker_lost"
+        )
+        return
+    limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
+    message = (
+        f"the worker running '{call.tool}' was lost: no outcome {limit_s + step.state.lost_grace_s:g} s "
+        f"after it started (attempt {attempt} of {max_attempts})"
+    )
+    step.request_outcome(
+        call, build_call_failure(step.state, call, FailureKind.WORKER_LOST, message, at, synthetic=True)
+    )
+    step.emit("tool_synthesis_requested", call_id=call_id, tool=call.tool, failure_kind="worker_lost")
+
+
+def on_approval(step: Step, event: ApprovalGiven) -> None:
+    """A person approved (dispatch now) or denied (`confirmation_denied`) a parked call."""
+    call = find_call(step.state, event.call_id)
+    if call is None or not call.waiting_approval or call.requested is not None or call.finished:
+        return
+    step.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved)
+    if event.approved:
+        dispatch_call(step, call, 1, event.at)
+        return
+    message = "the call was denied by a person" + (f": {event.reason}" if event.reason else "")
+    outcome = build_call_failure(
+        step.state, call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False
+    )
+    step.request_outcome(call, outcome)
+
+
+def on_tool_finished(step: Step, event: ToolFinished) -> None:
+    """The winning outcome of a call: record it, apply the stop policies. Others are late or duplicates."""
+    outcome = event.outcome
+    call = find_call(step.state, outcome.call_id)
+    if call is None or call.finished:
+        record_late(step, outcome, event.at)
+        return
+    step.replace_call(call.model_copy(update={"outcome": outcome, "waiting_approval": False}))
+    _disarm_lost_timers(step, call.call_id)
+    step.emit(
+        "tool_synthesized" if outcome.synthetic else "tool_finished",
+        call_id=call.call_id,
+        tool=call.tool,
+        ok=outcome.ok,
+        failure_kind=outcome.failure_kind.value if outcome.failure_kind else None,
+        attempts=outcome.attempts,
+        duration_ms=outcome.duration_ms,
+        worker=outcome.worker,
+    )
+    if not outcome.ok:
+        _apply_failure_policies(step, call.tool, outcome, event.at)
+
+
+def _apply_failure_policies(step: Step, tool: str, outcome: ToolOutcome, at: float) -> None:
+    kind = outcome.failure_kind
+    if kind in _NOT_TOOL_FAILURES:
+        return
+    signature = f"{tool}\0{(outcome.error or outcome.content).strip().lower()}"
+    seen = signature in step.state.failure_signatures
+    if not seen:
+        step.update(failure_signatures=[*step.state.failure_signatures, signature])
+    limits = step.state.limits
+    reason: StopReason | None = None
+    if kind is FailureKind.CONFIRMATION_DENIED:
+        reason = "confirmation_denied" if limits.stop_on_confirmation_denied else None
+    elif kind is FailureKind.POLICY_DENIED:
+        reason = "policy_denied" if limits.stop_on_policy_denied else None
+    if reason is None and seen and limits.stop_on_repeated_failure:
+        reason = "repeated_failure"
+    if reason is None and limits.stop_on_tool_failure:
+        reason = "tool_failure"
+    if reason is not None:
+        begin_stop(step, reason, at, detail=f"'{tool}': {outcome.error or outcome.content}")
+
+
+def record_late(step: Step, outcome: ToolOutcome, at: float) -> None:
+    """Keep an outcome that lost the race (or came after the turn moved on) for audit (SPEC §4.9)."""
+    if _same_as_answer(step.state, outcome) or any(
+        late.outcome == outcome for late in step.state.late_outcomes
+    ):
+        return  # a duplicate delivery of what is already recorded
+    step.update(late_outcomes=[*step.state.late_outcomes, LateOutcome(outcome=outcome, at=at)])
+    step.emit(
+        "late_outcome", call_id=outcome.call_id, tool=outcome.tool, ok=outcome.ok, synthetic=outcome.synthetic
+    )
+
+
+def _same_as_answer(state: TurnState, outcome: ToolOutcome) -> bool:
+    call = find_call(state, outcome.call_id)
+    if call is not None and call.outcome is not None:
+        return call.outcome == outcome
+    for message in reversed(state.history):
+        if isinstance(message, ToolMessage) and message.tool_call_id == outcome.call_id:
+            return message.content == outcome.content and message.synthetic == outcome.synthetic
+    return False
+
+
+def complete_round(step: Step) -> None:
+    """Append the round's assistant message, then one tool message per call in call order."""
+    current = round_of(step.state)
+    messages: list[AssistantMessage | ToolMessage] = [current.assistant]
+    for call in current.calls:
+        assert call.outcome is not None
+        messages.append(
+            ToolMessage(
+                tool_call_id=call.call_id,
+                name=call.tool,
+                content=call.outcome.content,
+                is_error=not call.outcome.ok,
+                failure_kind=call.outcome.failure_kind,
+                synthetic=call.outcome.synthetic,
+            )
+        )
+    step.update(history=[*step.state.history, *messages], current=None, status=TurnStatus.RUNNING)

@@ -1,0 +1,192 @@
+"""The request-time view of a turn's history (SPEC §6), and model selection by name or tier (§6.3).
+
+The stored history is append-only and never changed. Just before each model call, `build_view` projects it
+for the target provider and reports every change it made as a `ViewDiagnostic`, stored with the step:
+
+- tool calls produced by another provider are flattened: the assistant's calls become text describing them,
+  each tool message becomes assistant text "[Tool result: name] …";
+- tool-call ids the target would reject are remapped, consistently for a call and its result;
+- thinking and provider continuation data from another provider are never sent (dropped, reported).
+
+Pure: no I/O, deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage
+from orchestrator.state import ViewDiagnostic, ViewDiagnosticKind
+
+# Providers that speak one wire format share their tool calls and continuation data.
+_WIRE_FAMILIES: dict[str, str] = {
+    "openai": "openai_chat",
+    "openai_chat": "openai_chat",
+    "scripted": "openai_chat",
+    "openai_responses": "openai_responses",
+    "anthropic": "anthropic",
+}
+
+
+@dataclass(frozen=True)
+class _IdRule:
+    pattern: re.Pattern[str]
+    max_chars: int
+
+
+_SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+# Anthropic rejects ids outside ^[a-zA-Z0-9_-]+$; OpenAI Chat rejects ids over 40 characters.
+_ID_RULES: dict[str, _IdRule] = {
+    "anthropic": _IdRule(_SAFE_ID, 64),
+    "openai_chat": _IdRule(_SAFE_ID, 40),
+    "openai_responses": _IdRule(_SAFE_ID, 64),
+}
+_DEFAULT_ID_RULE = _IdRule(_SAFE_ID, 40)
+
+TIERS = ("fast", "default", "smart")
+
+
+@dataclass(frozen=True)
+class View:
+    """The messages to send for one model call, and what the projection did to get them."""
+
+    messages: list[Message]
+    diagnostics: list[ViewDiagnostic] = field(default_factory=list)
+
+
+def wire_family(provider: str | None) -> str | None:
+    """The wire format a provider name speaks (`openai`, `scripted` → `openai_chat`); None stays None."""
+    if provider is None:
+        return None
+    name = provider.split(":", 1)[0].strip().lower()
+    return _WIRE_FAMILIES.get(name, name)
+
+
+def build_view(history: Sequence[Message], target_provider: str) -> View:
+    """The projection of `history` to send to `target_provider` (a provider name or `provider:model`)."""
+    target = wire_family(target_provider) or ""
+    builder = _ViewBuilder(target, _ID_RULES.get(target, _DEFAULT_ID_RULE))
+    for index, message in enumerate(history):
+        builder.add(index, message)
+    return View(builder.messages, builder.diagnostics)
+
+
+class _ViewBuilder:
+    def __init__(self, target: str, rule: _IdRule) -> None:
+        self.target = target
+        self.rule = rule
+        self.messages: list[Message] = []
+        self.diagnostics: list[ViewDiagnostic] = []
+        self.id_map: dict[str, str] = {}
+        # Ids of calls that were flattened: their tool messages are flattened too.
+        self.flattened_ids: set[str] = set()
+
+    def note(self, kind: ViewDiagnosticKind, index: int, detail: str) -> None:
+        self.diagnostics.append(ViewDiagnostic(kind=kind, message_index=index, detail=detail))
+
+    def add(self, index: int, message: Message) -> None:
+        if isinstance(message, AssistantMessage):
+            self.add_assistant(index, message)
+        elif isinstance(message, ToolMessage):
+            self.add_tool(index, message)
+        else:
+            self.messages.append(message)
+
+    def is_foreign(self, message: AssistantMessage) -> bool:
+        family = wire_family(message.provider)
+        return family is not None and family != self.target
+
+    def add_assistant(self, index: int, message: AssistantMessage) -> None:
+        foreign = self.is_foreign(message)
+        update: dict[str, object] = {}
+        if foreign and message.thinking:
+            update["thinking"] = None
+            self.note("dropped_thinking", index, f"thinking from provider '{message.provider}' not sent")
+        if foreign and message.provider_data:
+            update["provider_data"] = {}
+            keys = ", ".join(sorted(message.provider_data))
+            self.note(
+                "dropped_provider_data", index, f"provider data of '{message.provider}' not sent: {keys}"
+            )
+        if foreign and message.tool_calls:
+            self.flattened_ids.update(call.id for call in message.tool_calls)
+            update["content"] = _describe_calls(message.content, message.tool_calls)
+            update["tool_calls"] = []
+            names = ", ".join(call.name for call in message.tool_calls)
+            self.note(
+                "flattened_tool_calls",
+                index,
+                f"{len(message.tool_calls)} call(s) of '{message.provider}' as text: {names}",
+            )
+        elif message.tool_calls:
+            calls = [self.remap_call(index, call) for call in message.tool_calls]
+            if calls != message.tool_calls:
+                update["tool_calls"] = calls
+        self.messages.append(message.model_copy(update=update) if update else message)
+
+    def add_tool(self, index: int, message: ToolMessage) -> None:
+        if message.tool_call_id in self.flattened_ids:
+            self.messages.append(AssistantMessage(content=f"[Tool result: {message.name}] {message.content}"))
+            self.note(
+                "flattened_tool_result", index, f"result of '{message.name}' ({message.tool_call_id}) as text"
+            )
+            return
+        new_id = self.id_map.get(message.tool_call_id)
+        if new_id is None:
+            new_id = self.remap_id(index, message.tool_call_id)
+        if new_id != message.tool_call_id:
+            message = message.model_copy(update={"tool_call_id": new_id})
+        self.messages.append(message)
+
+    def remap_call(self, index: int, call: ToolCall) -> ToolCall:
+        new_id = self.remap_id(index, call.id)
+        return call if new_id == call.id else call.model_copy(update={"id": new_id})
+
+    def remap_id(self, index: int, call_id: str) -> str:
+        if call_id in self.id_map:
+            return self.id_map[call_id]
+        new_id = call_id
+        if len(call_id) > self.rule.max_chars or not self.rule.pattern.match(call_id):
+            new_id = build_safe_id(call_id)
+            self.note("remapped_tool_call_id", index, f"id {call_id!r} → {new_id!r} for '{self.target}'")
+        self.id_map[call_id] = new_id
+        return new_id
+
+
+def build_safe_id(call_id: str) -> str:
+    """A deterministic id every provider accepts (29 characters of [a-z0-9_]), derived from `call_id`."""
+    return "call_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:24]
+
+
+def _describe_calls(text: str | None, calls: Sequence[ToolCall]) -> str:
+    lines = [text] if text else []
+    for call in calls:
+        arguments = call.raw_arguments if call.arguments_error else json.dumps(call.arguments, sort_keys=True)
+        lines.append(f"[Tool call: {call.name}] {arguments}")
+    return "\n".join(lines)
+
+
+def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str, str]) -> str:
+    """The `provider:model` to use: a `provider:model` name as is, a tier (fast/default/smart) from `tiers`.
+
+    None means the `default` tier when configured, else `default`. An unknown tier is a ValueError naming the
+    configured ones.
+    """
+    if name_or_tier is None or not name_or_tier.strip():
+        return tiers.get("default", default)
+    name = name_or_tier.strip()
+    if ":" in name:
+        provider, _, model = name.partition(":")
+        if not provider or not model:
+            raise ValueError(f"model {name!r} must be 'provider:model'")
+        return name
+    if name in tiers:
+        return tiers[name]
+    if name == "default":
+        return default
+    known = ", ".join(sorted({*tiers, "default"}))
+    raise ValueError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")
