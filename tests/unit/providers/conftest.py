@@ -1,4 +1,4 @@
-"""Fixtures of the provider tests: the recorded bodies of ../shared/provider_responses and their expectations."""
+"""Provider test fixtures: the recorded bodies in ../shared/provider_responses and their expectations."""
 
 from __future__ import annotations
 
