@@ -1,0 +1,235 @@
+"""The HTTP API (`toolloop api`): turns in, state and events out, over the async client (SPEC §7.1).
+
+Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (SSE, ends after
+`turn_finished`), `POST /v1/turns/{id}/cancel`, `POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`,
+`GET /healthz`, `GET /metrics`. With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
+`Authorization: Bearer <token>` (401 otherwise). Bodies over `max_body_bytes` get 413, malformed ones 422
+with pydantic's messages; unknown turns 404; requests for a turn that has already ended 409.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, model_validator
+from redis.exceptions import RedisError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestrator import metrics
+from orchestrator import store_codec as codec
+from orchestrator.client import AsyncClient
+from orchestrator.model import TurnRequest
+from orchestrator.store_codec import TurnEvent, UnknownTurnError
+from workers.settings import Settings, get_settings
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+class TurnBody(TurnRequest):
+    """The body of `POST /v1/turns`: a `TurnRequest` (unknown fields refused) that has something to answer."""
+
+    @model_validator(mode="after")
+    def _needs_prompt_or_messages(self) -> TurnBody:
+        codec.check_turn_request(self)
+        return self
+
+
+class ApprovalBody(BaseModel):
+    """The body of `POST /v1/turns/{id}/approvals/{call_id}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approved: bool
+
+
+class SubmitReply(BaseModel):
+    """What `POST /v1/turns` answers."""
+
+    id: str
+
+
+class ControlReply(BaseModel):
+    """What the cancel and approval routes answer."""
+
+    id: str
+    accepted: bool
+
+
+class BodyTooLarge(Exception):
+    """A request body passed the limit while it was being read."""
+
+
+class BodyLimitMiddleware:
+    """Answers 413 to a body over `max_bytes`, by its Content-Length or, when chunked, while reading it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except BodyTooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"request body over {self.max_bytes} bytes"
+        await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+
+
+def _client(request: Request) -> AsyncClient:
+    client: AsyncClient = request.app.state.client
+    return client
+
+
+def build_auth_dependency(settings: Settings) -> Any:
+    """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set."""
+    token = settings.api_token.get_secret_value().encode() if settings.api_token else None
+
+    async def check_token(authorization: Annotated[str | None, Header()] = None) -> None:
+        if token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    return check_token
+
+
+def _not_found(turn_id: str) -> HTTPException:
+    return HTTPException(404, f"unknown turn {turn_id!r}")
+
+
+def build_sse(event: TurnEvent) -> ServerSentEvent:
+    """One SSE message: `event` = the event's name, `id` = its stream id, `data` = the event as JSON."""
+    return ServerSentEvent(data=event.model_dump_json(), event=event.name, id=event.id)
+
+
+turns_router = APIRouter(prefix="/v1/turns")
+
+
+@turns_router.post("", status_code=202, response_model=SubmitReply)
+async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
+    """Store and queue a turn; 202 with its id once it is durable in Redis."""
+    turn_request = TurnRequest.model_validate(body.model_dump())
+    return SubmitReply(id=await _client(request).submit_request(turn_request))
+
+
+@turns_router.get("/{turn_id}")
+async def get_turn(turn_id: str, request: Request) -> Response:
+    """The turn's status, request, transcript so far and outcome once terminal."""
+    try:
+        view = await _client(request).get(turn_id)
+    except UnknownTurnError:
+        raise _not_found(turn_id) from None
+    return Response(view.model_dump_json(), media_type="application/json")
+
+
+@turns_router.get("/{turn_id}/events")
+async def turn_events(
+    turn_id: str,
+    request: Request,
+    after: Annotated[str, Query(pattern=r"^\d+(-\d+)?$")] = "0",
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Server-sent events of the turn from `after` (or `Last-Event-ID`) on, ending after `turn_finished`."""
+    client = _client(request)
+    if await client.store.get_status(turn_id) is None:
+        raise _not_found(turn_id)
+    start = last_event_id or after
+
+    async def stream() -> AsyncIterator[ServerSentEvent]:
+        async for event in client.events(turn_id, start):
+            yield build_sse(event)
+
+    return EventSourceResponse(stream())
+
+
+@turns_router.post("/{turn_id}/cancel", status_code=202, response_model=ControlReply)
+async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
+    """Ask the turn's orchestrator to cancel it."""
+    return await _control_reply(turn_id, _client(request).cancel(turn_id))
+
+
+@turns_router.post("/{turn_id}/approvals/{call_id}", status_code=202, response_model=ControlReply)
+async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
+    """Approve or deny a call that waits for confirmation."""
+    return await _control_reply(turn_id, _client(request).approve(turn_id, call_id, body.approved))
+
+
+async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply:
+    try:
+        accepted = await sending
+    except UnknownTurnError:
+        raise _not_found(turn_id) from None
+    if not accepted:
+        raise HTTPException(409, f"turn {turn_id!r} has already ended")
+    return ControlReply(id=turn_id, accepted=True)
+
+
+def build_ops_router() -> APIRouter:
+    """`/v1/tools` and `/metrics` (behind the token when one is set)."""
+    router = APIRouter()
+
+    @router.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.render_latest()
+        return Response(body, media_type=content_type)
+
+    return router
+
+
+def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app; one `AsyncClient` (one Redis pool) for its lifetime."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.client = AsyncClient(settings=settings)
+        try:
+            yield
+        finally:
+            await app.state.client.aclose()
+
+    app = FastAPI(title="toolloop", version="0.1.0", lifespan=lifespan)
+    auth = Depends(build_auth_dependency(settings))
+    app.include_router(turns_router, dependencies=[auth])
+    app.include_router(build_ops_router(), dependencies=[auth])
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> JSONResponse:
+        try:
+            await _client(request).ping()
+        except (RedisError, OSError) as exc:
+            return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok", "redis": "ok"})
+
+    @app.exception_handler(RedisError)
+    async def redis_unavailable(request: Request, exc: RedisError) -> JSONResponse:
+        return JSONResponse({"detail": f"redis unavailable: {exc}"}, status_code=503)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    return app

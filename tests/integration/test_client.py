@@ -1,0 +1,159 @@
+"""`Client` (sync, no event loop needed) and `AsyncClient` against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator import AsyncClient, Client, UnknownTurnError
+from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
+from orchestrator.store import TurnStore
+from tests.integration.store_support import store_db_url
+from workers import keys
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """Until the session-wide fixture lands: one real redis-server for this module."""
+    from ops.redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Client]:
+    with Client(store_db_url(redis_url)) as sync_client:
+        sync_client.redis.flushdb()
+        yield sync_client
+
+
+@pytest.fixture
+async def aclient(redis_url: str) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(store_db_url(redis_url)) as async_client:
+        await async_client.store.redis.flushdb()
+        yield async_client
+
+
+def finish_in_thread(
+    redis_url: str, turn_id: str, delay_s: float, events: tuple[str, ...] = ()
+) -> threading.Thread:
+    """What an orchestrator does at the end of a turn, from another thread after `delay_s`."""
+
+    async def finish() -> None:
+        await asyncio.sleep(delay_s)
+        store = TurnStore.from_url(store_db_url(redis_url))
+        try:
+            for name in events:
+                await store.append_event(turn_id, name, {"turn_id": turn_id})
+            outcome = TurnOutcome(
+                turn_id=turn_id,
+                status="completed",
+                text="4",
+                messages=[UserMessage(content="2+2?"), AssistantMessage(content="4")],
+                llm_calls=1,
+            )
+            await store.save_outcome(turn_id, outcome)
+        finally:
+            await store.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(finish()))
+    thread.start()
+    return thread
+
+
+def test_submit_get_and_wait_without_an_event_loop(client: Client, redis_url: str) -> None:
+    turn_id = client.submit(prompt="2+2?", tools=["add"], model="scripted:demo", limits={"max_llm_calls": 3})
+    view = client.get(turn_id)
+    assert view.status == TurnStatus.QUEUED and view.outcome is None
+    assert view.request.tools == ["add"] and view.request.limits.max_llm_calls == 3
+    assert [m.content for m in view.messages] == ["2+2?"]
+    thread = finish_in_thread(redis_url, turn_id, 0.3)
+    started = time.monotonic()
+    outcome = client.wait(turn_id, timeout=5)
+    thread.join()
+    assert outcome.status == "completed" and outcome.text == "4"
+    assert time.monotonic() - started < 2.0
+    assert client.get(turn_id).outcome == outcome
+    assert client.redis.llen(keys.TURN_QUEUE) == 1  # durable and queued; nothing claimed it in this test
+
+
+def test_wait_times_out_and_unknown_turns_are_errors(client: Client) -> None:
+    turn_id = client.submit(prompt="never answered")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=turn_id):
+        client.wait(turn_id, timeout=0.4)
+    assert 0.35 <= time.monotonic() - started < 1.5
+    for call in (
+        lambda: client.get("turn_nope"),
+        lambda: client.wait("turn_nope", 0.1),
+        lambda: client.cancel("turn_nope"),
+        lambda: list(client.events("turn_nope")),
+    ):
+        with pytest.raises(UnknownTurnError, match="turn_nope"):
+            call()
+
+
+def test_bad_input_gets_a_clear_error(client: Client) -> None:
+    with pytest.raises(ValueError, match="'prompt' or at least one message"):
+        client.submit()
+    with pytest.raises(ValidationError, match="max_llm_calls"):
+        client.submit(prompt="x", limits={"max_llm_calls": 0})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        client.submit(prompt="x", limits={"max_llm_callz": 3})
+    with pytest.raises(ValueError, match="list of tool names"):
+        client.submit(prompt="x", tools="add")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="role"):
+        client.submit(messages=[{"role": "robot", "content": "x"}])
+    assert client.redis.llen(keys.TURN_QUEUE) == 0
+
+
+def test_events_stream_until_turn_finished(client: Client, redis_url: str) -> None:
+    turn_id = client.submit(messages=[UserMessage(content="hi")])
+    thread = finish_in_thread(redis_url, turn_id, 0.3, events=("turn_started", "model_called"))
+    names = [event.name for event in client.events(turn_id, block_ms=200)]
+    thread.join()
+    assert names == ["turn_queued", "turn_started", "model_called", "turn_finished"]
+
+
+def test_cancel_and_approve_are_recorded_for_the_owner(client: Client) -> None:
+    turn_id = client.submit(prompt="x")
+    assert client.cancel(turn_id)
+    assert client.approve(turn_id, "call_1", approved=True)
+    entries = client.redis.xrange(keys.turn_control(turn_id))
+    assert [fields["kind"] for _, fields in entries] == ["cancel", "approval"]
+    assert entries[1][1]["call"] == "call_1" and entries[1][1]["approved"] == "1"
+    with pytest.raises(ValueError, match="call_id"):
+        client.approve(turn_id, "", approved=True)
+
+
+def test_a_retried_submit_with_the_same_id_is_one_turn(client: Client) -> None:
+    assert client.submit(prompt="x", turn_id="turn_web_42") == "turn_web_42"
+    assert client.submit(prompt="x", turn_id="turn_web_42") == "turn_web_42"
+    assert client.redis.llen(keys.TURN_QUEUE) == 1
+
+
+async def test_async_client_has_the_same_methods(aclient: AsyncClient, redis_url: str) -> None:
+    turn_id = await aclient.submit(prompt="2+2?", conversation_id="conv-a")
+    assert (await aclient.get(turn_id)).status == TurnStatus.QUEUED
+    with pytest.raises(TimeoutError):
+        await aclient.wait(turn_id, 0.2)
+    thread = finish_in_thread(redis_url, turn_id, 0.2, events=("turn_started",))
+    names = [event.name async for event in aclient.events(turn_id, block_ms=200)]
+    outcome = await aclient.wait(turn_id, 5)
+    await asyncio.to_thread(thread.join)
+    assert names == ["turn_queued", "turn_started", "turn_finished"]
+    assert outcome.text == "4"
+    assert not await aclient.cancel(turn_id)  # already ended
+    assert not await aclient.approve(turn_id, "c", approved=False)
+    with pytest.raises(UnknownTurnError):
+        await aclient.get("turn_nope")
+    with pytest.raises(ValueError, match="prompt"):
+        await aclient.submit(prompt="")
