@@ -7,6 +7,7 @@ Redis. Everything here is plain JSON through pydantic; no pickled exception ever
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Any, Literal
@@ -184,6 +185,24 @@ def redact(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value
+
+
+TASK_REPR_MAX_CHARS = 2048
+
+
+def build_task_reprs(request: ToolCallRequest) -> tuple[str, str]:
+    """Flower's `argsrepr`/`kwargsrepr` of a tool task: ids and redacted arguments and context (§7.3)."""
+    shown = {
+        "turn_id": request.turn_id,
+        "call_id": request.call_id,
+        "attempt": request.attempt,
+        "arguments": redact(request.arguments),
+        "context": redact(request.context),
+    }
+    text = json.dumps(shown, ensure_ascii=False, default=str)
+    if len(text) > TASK_REPR_MAX_CHARS:
+        text = text[: TASK_REPR_MAX_CHARS - 1] + "…"
+    return "()", text
 
 
 IdempotencyMode = Literal["args", "key"]

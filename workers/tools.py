@@ -17,7 +17,8 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
+from types import UnionType
+from typing import Any, Generic, ParamSpec, TypeVar, Union, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -370,7 +371,7 @@ def _build_arguments_model(
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
         annotation = hints.get(param.name, Any)
-        if param.name in CONTEXT_PARAM_NAMES and annotation is ToolContext:
+        if param.name in CONTEXT_PARAM_NAMES and _is_context_annotation(annotation):
             context_param = param.name
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -389,6 +390,14 @@ def _build_arguments_model(
         **fields,
     )
     return model, context_param, None
+
+
+def _is_context_annotation(annotation: Any) -> bool:
+    """`ToolContext`, or `ToolContext | None` (a tool that also runs without one)."""
+    if annotation is ToolContext:
+        return True
+    args = set(get_args(annotation))
+    return get_origin(annotation) in (Union, UnionType) and args == {ToolContext, type(None)}
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:

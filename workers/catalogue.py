@@ -1,0 +1,114 @@
+"""Workers publish the catalogue of the tools they serve to Redis (SPEC §3.4).
+
+Each worker keeps one field of the `keys.CATALOGUE` hash — its id → `{"seen_at": epoch, "tools": [spec…]}` —
+written when it is ready, refreshed every `keys.CATALOGUE_REFRESH_S` (so tools registered later appear),
+and removed on a clean shutdown. Readers ignore entries older than `keys.CATALOGUE_STALE_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from workers import keys
+from workers.contract import ToolSpec
+from workers.tools import ToolRegistry, registry
+
+logger = logging.getLogger(__name__)
+
+
+def build_catalogue_entry(specs: Iterable[ToolSpec], now: float) -> str:
+    """The JSON a worker stores under its id in the catalogue hash."""
+    tools = [spec.model_dump(mode="json") for spec in sorted(specs, key=lambda s: s.name)]
+    return json.dumps({"seen_at": now, "tools": tools}, ensure_ascii=False)
+
+
+def build_served_specs(tools: ToolRegistry, queues: Collection[str] | None) -> list[ToolSpec]:
+    """Specs of the tools a worker consuming `queues` serves (None: every tool)."""
+    return [spec for spec in tools.specs() if queues is None or spec.queue in queues]
+
+
+def publish_catalogue(client: redis.Redis, worker_id: str, specs: Iterable[ToolSpec]) -> None:
+    """Write (or refresh) this worker's catalogue entry."""
+    client.hset(keys.CATALOGUE, worker_id, build_catalogue_entry(specs, time.time()))
+
+
+def remove_catalogue(client: redis.Redis, worker_id: str) -> None:
+    """Remove this worker's entry: its tools are no longer served by it."""
+    client.hdel(keys.CATALOGUE, worker_id)
+
+
+class CataloguePublisher:
+    """A daemon thread that republishes a worker's catalogue every `interval_s` until stopped."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        worker_id: str,
+        specs: Callable[[], list[ToolSpec]],
+        interval_s: float = keys.CATALOGUE_REFRESH_S,
+    ) -> None:
+        self.client = client
+        self.worker_id = worker_id
+        self.specs = specs
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="toolloop-catalogue", daemon=True)
+
+    def start(self) -> None:
+        """Publish once now (raising if Redis is unreachable), then keep refreshing in the background."""
+        publish_catalogue(self.client, self.worker_id, self.specs())
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                publish_catalogue(self.client, self.worker_id, self.specs())
+            except redis.RedisError:
+                # Redis briefly away: the next refresh republishes; readers tolerate a late entry.
+                logger.warning("could not refresh the tool catalogue", exc_info=True)
+
+    def stop(self, *, remove: bool = True) -> None:
+        """Stop refreshing and (on a clean shutdown) remove the entry."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        if remove:
+            try:
+                remove_catalogue(self.client, self.worker_id)
+            except redis.RedisError:
+                logger.warning("could not remove the tool catalogue entry", exc_info=True)
+
+
+def connect_catalogue_publisher(app: Celery, tools: ToolRegistry = registry) -> None:
+    """Publish the worker's catalogue when it is ready and remove it when it shuts down cleanly."""
+    publishers: list[CataloguePublisher] = []
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        consumer_app = getattr(sender, "app", None)
+        if consumer_app is not app:
+            return
+        queues = set(app.amqp.queues.consume_from or app.amqp.queues)
+        settings = getattr(app, "settings", None)
+        url = settings.redis_url if settings is not None else app.conf.broker_url
+        publisher = CataloguePublisher(
+            redis.Redis.from_url(url),
+            str(sender.hostname),
+            lambda: build_served_specs(tools, queues),
+        )
+        publisher.start()
+        publishers.append(publisher)
+
+    def on_shutdown(**_: Any) -> None:
+        while publishers:
+            publishers.pop().stop()
+
+    signals.worker_ready.connect(on_ready, weak=False)
+    signals.worker_shutdown.connect(on_shutdown, weak=False)

@@ -1,0 +1,178 @@
+"""The one thin Celery task that executes a tool call, and the worker-parent hooks around it.
+
+The task body builds the `ToolCallRequest` from its kwargs and hands it to `workers.execution`; everything
+Celery-specific stays here:
+
+- in the pool child: soft time limit (`SoftTimeLimitExceeded`), retries (`Task.retry` with backoff);
+- in the worker's parent (`ToolRequest`): the hard time limit (the parent killed the child), a lost child
+  (retried with backoff or answered `worker_lost`), and revocation (`cancelled` / `deadline_exceeded`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+from billiard.exceptions import SoftTimeLimitExceeded, WorkerLostError
+from celery import Celery, Task, signals
+from celery.worker.request import Request
+from celery.worker.state import task_ready
+
+from workers.contract import ToolCallRequest, build_task_name, build_task_reprs
+from workers.execution import (
+    Finished,
+    RetryLater,
+    Skipped,
+    execute_call,
+    get_store,
+    handle_hard_timeout,
+    handle_revoked,
+    handle_worker_lost,
+)
+from workers.tools import Tool, registry
+
+logger = logging.getLogger(__name__)
+
+
+def _redis_url(task: Task[Any, Any]) -> str:
+    settings = getattr(task.app, "settings", None)
+    if settings is None:
+        from workers.settings import get_settings
+
+        settings = get_settings()
+    url: str = settings.redis_url
+    return url
+
+
+def _parse_request(kwargs: dict[str, Any]) -> ToolCallRequest | None:
+    try:
+        return ToolCallRequest.model_validate(kwargs)
+    except Exception:  # a foreign message on our queue must not crash the parent's handlers
+        logger.exception("tool task with kwargs that are not a ToolCallRequest")
+        return None
+
+
+class ToolRequest(Request):
+    """The worker parent's view of one tool task: answers for a child that can no longer answer."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """After the hard limit killed the child, write the call's `timeout` outcome (first writer wins)."""
+        super().on_timeout(soft, timeout)
+        if soft:
+            return
+        request = _parse_request(dict(self.kwargs))
+        if request is not None:
+            store = get_store(_redis_url(self.task))
+            handle_hard_timeout(store, request, limit_s=float(timeout), worker=self.hostname)
+
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        """A lost child: retry after a backoff (our own delayed message), or answer `worker_lost`."""
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc, WorkerLostError) and self._retry_lost(exc_info):
+            return
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _retry_lost(self, exc_info: ExceptionInfo) -> bool:
+        request = _parse_request(dict(self.kwargs))
+        tool = registry.get(request.tool) if request is not None else None
+        if request is None or tool is None:
+            return False
+        delay = handle_worker_lost(get_store(_redis_url(self.task)), tool, request, worker=self.hostname)
+        if delay is None:
+            return False  # answered worker_lost; Celery requeues and the redelivery is skipped
+        argsrepr, kwargsrepr = build_task_reprs(request)
+        # Celery's own Context of this delivery, as its `retry_on_worker_lost` uses it (headers, expires,
+        # limits and routing carried over to the retry).
+        context: Any = self._context  # type: ignore[attr-defined]  # a cached_property of Request
+        try:
+            self.task.signature_from_request(
+                context,
+                countdown=delay,
+                retries=context.retries + 1,
+                argsrepr=argsrepr,
+                kwargsrepr=kwargsrepr,
+            ).apply_async()
+        except Exception:
+            logger.exception("could not publish the retry of %s; requeueing it instead", self.id)
+            return False
+        task_ready(self)
+        if self.task.acks_late:
+            self.acknowledge()
+        self.send_event("task-retried", exception=repr(exc_info.exception), traceback=exc_info.traceback)
+        return True
+
+
+class ToolTask(Task):  # type: ignore[type-arg]  # the body's signature is **kwargs: Any -> None
+    """Base class of every `tool.<name>` task."""
+
+    Request = "workers.tasks:ToolRequest"
+    acks_late = True
+    reject_on_worker_lost = True
+    ignore_result = True
+    # Attempts are counted in Redis against the tool's own `retries`; Celery must not cap them too.
+    max_retries = None
+    typing = False
+
+
+def _build_body(tool: Tool[Any, Any]) -> Any:
+    def run_tool_call(self: ToolTask, **kwargs: Any) -> None:
+        request = ToolCallRequest.model_validate(kwargs)
+        spec = tool.spec
+        hard, soft = self.request.timelimit or (None, None)
+        token = f"{self.request.hostname}:{os.getpid()}"
+        decision = execute_call(
+            get_store(_redis_url(self)),
+            tool,
+            request,
+            worker=self.request.hostname or "",
+            token=token,
+            soft_limit_s=float(soft or spec.soft_time_limit_s),
+            hard_limit_s=float(hard or spec.time_limit_s),
+            timeout_errors=(SoftTimeLimitExceeded,),
+        )
+        match decision:
+            case RetryLater(countdown_s=countdown):
+                argsrepr, kwargsrepr = build_task_reprs(request)
+                reprs: dict[str, Any] = {"argsrepr": argsrepr, "kwargsrepr": kwargsrepr}
+                raise self.retry(countdown=countdown, **reprs)
+            case Finished() | Skipped():
+                return None
+
+    run_tool_call.__name__ = f"tool_{tool.name}".replace(".", "_").replace("-", "_")
+    run_tool_call.__doc__ = tool.spec.description
+    return run_tool_call
+
+
+def register_tool_task(app: Celery, tool: Tool[Any, Any]) -> Task[Any, Any]:
+    """Register the `tool.<name>` task of `tool` on `app` with the tool's queue and default time limits."""
+    spec = tool.spec
+    options: dict[str, Any] = {
+        "name": build_task_name(spec.name),
+        "bind": True,
+        "base": ToolTask,
+        "queue": spec.queue,
+        # Defaults for a message that carries none; dispatch sends the per-call limits (§4.2).
+        "soft_time_limit": spec.soft_time_limit_s,
+        "time_limit": spec.time_limit_s,
+    }
+    task: Task[Any, Any] = app.task(**options)(_build_body(tool))
+    return task
+
+
+def register_worker_signals(app: Celery) -> None:
+    """Answer revoked tool tasks: `cancelled`, or `deadline_exceeded` when they expired unstarted."""
+
+    def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+        name = getattr(sender, "name", "") or ""
+        if not name.startswith("tool.") or request is None:
+            return
+        call = _parse_request(dict(getattr(request, "kwargs", None) or {}))
+        if call is not None:
+            store = get_store(_redis_url(sender))
+            handle_revoked(store, call, expired=bool(expired), worker=getattr(request, "hostname", "") or "")
+
+    signals.task_revoked.connect(on_revoked, weak=False)
