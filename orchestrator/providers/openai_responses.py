@@ -1,0 +1,335 @@
+"""The OpenAI Responses API (`POST /v1/responses`), both ways.
+
+A response is a list of output items: `message` (output_text and refusal parts → text), `reasoning`
+(`summary[].text` → thinking; the item itself, with its id and any `encrypted_content`, is kept opaque in
+`provider_data["reasoning_items"]`), `function_call` (its `call_id` is the tool-call id, not the `fc_` item
+id). `status` and `incomplete_details.reason` give the finish reason; a `failed` response is a ProviderError.
+Streams are accumulated from `response.output_item.added` / `.done`, the text, refusal, reasoning-summary and
+`function_call_arguments` deltas, and the terminal `response.completed` / `.incomplete` / `.failed` event.
+
+`to_wire` sends the whole canonical history as input items (function_call + function_call_output pairs),
+statelessly: no `previous_response_id`, so a request never depends on server-side state that may have expired
+or be disabled (`store: false`). The response id stays in `provider_data["response_id"]` for reference; the
+reasoning items of an assistant message are re-sent before its calls, and only when that message came from
+this provider.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.model import (
+    AssistantMessage,
+    Message,
+    ProviderError,
+    SystemMessage,
+    ToolMessage,
+    Turn,
+    UserMessage,
+)
+from orchestrator.providers.body import (
+    MalformedBody,
+    build_error,
+    decode_json,
+    invalid_response,
+    is_error_body,
+    opt_list,
+    opt_map,
+    opt_str,
+    req_map,
+)
+from orchestrator.providers.common import (
+    IdSource,
+    build_tool_call,
+    build_turn,
+    join_text,
+    join_thinking,
+    parse_finish_reason,
+    parse_sse,
+    parse_usage,
+)
+from workers.contract import ToolSpec
+
+if TYPE_CHECKING:
+    from orchestrator.providers.base import ModelRequest
+
+PROVIDER = "openai_responses"
+RESPONSES_PATH = "/responses"
+_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+# --- response -> Turn ------------------------------------------------------------------------------------
+
+
+def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderError:
+    """A Turn from one Responses API response body; a ProviderError for an error, failed or malformed body."""
+    if isinstance(body, str | bytes):
+        decoded = decode_json(body.decode("utf-8", "replace") if isinstance(body, bytes) else body, PROVIDER)
+        if isinstance(decoded, ProviderError):
+            return decoded
+        body = decoded
+    if is_error_body(body):
+        return error_from_wire(None, body)
+    try:
+        return _read_response(req_map(body, "response"), ids or IdSource())
+    except MalformedBody as exc:
+        return invalid_response(PROVIDER, f"malformed Responses API response: {exc}")
+
+
+def _read_response(response: dict[str, Any], ids: IdSource) -> Turn | ProviderError:
+    status = opt_str(response.get("status"), "status")
+    if status == "failed" or (status is None and isinstance(response.get("error"), dict)):
+        return error_from_wire(None, {"error": opt_map(response.get("error"), "error")})
+    text: list[str] = []
+    thinking: list[str] = []
+    reasoning_items: list[dict[str, Any]] = []
+    calls = []
+    for i, raw in enumerate(opt_list(response.get("output"), "output")):
+        item = req_map(raw, f"output[{i}]")
+        kind = item.get("type")
+        if kind == "message":
+            text.extend(_message_text(item, f"output[{i}]"))
+        elif kind == "reasoning":
+            thinking.extend(_summary_text(item, f"output[{i}]"))
+            reasoning_items.append(item)
+        elif kind == "function_call":
+            calls.append(build_tool_call(ids, item.get("call_id"), item.get("name"), item.get("arguments")))
+    provider_data: dict[str, Any] = {}
+    if isinstance(response.get("id"), str):
+        provider_data["response_id"] = response["id"]
+    if reasoning_items:
+        provider_data["reasoning_items"] = reasoning_items
+    return build_turn(
+        PROVIDER,
+        text=join_text(text),
+        thinking=join_thinking(thinking),
+        tool_calls=calls,
+        usage=_read_usage(response.get("usage")),
+        model=opt_str(response.get("model"), "model"),
+        finish_reason=_finish_reason(status, response.get("incomplete_details")),
+        provider_data=provider_data,
+    )
+
+
+def _message_text(item: Mapping[str, Any], where: str) -> list[str]:
+    parts: list[str] = []
+    for j, raw in enumerate(opt_list(item.get("content"), f"{where}.content")):
+        part = req_map(raw, f"{where}.content[{j}]")
+        if part.get("type") in ("output_text", "text"):
+            parts.append(opt_str(part.get("text"), f"{where}.content[{j}].text") or "")
+        elif part.get("type") == "refusal":
+            parts.append(opt_str(part.get("refusal"), f"{where}.content[{j}].refusal") or "")
+    return parts
+
+
+def _summary_text(item: Mapping[str, Any], where: str) -> list[str]:
+    parts: list[str] = []
+    for j, raw in enumerate(opt_list(item.get("summary"), f"{where}.summary")):
+        parts.append(
+            opt_str(req_map(raw, f"{where}.summary[{j}]").get("text"), f"{where}.summary[{j}]") or ""
+        )
+    return parts
+
+
+def _finish_reason(status: str | None, incomplete: object) -> Any:
+    if status == "incomplete" and isinstance(incomplete, dict) and incomplete.get("reason"):
+        return parse_finish_reason(incomplete["reason"])
+    return parse_finish_reason(status)
+
+
+def _read_usage(raw: object) -> Any:
+    usage = raw if isinstance(raw, dict) else {}
+    output = usage.get("output_tokens_details")
+    cached = usage.get("input_tokens_details")
+    return parse_usage(
+        usage,
+        reasoning_tokens=output.get("reasoning_tokens") if isinstance(output, dict) else None,
+        cache_read_tokens=cached.get("cached_tokens") if isinstance(cached, dict) else None,
+    )
+
+
+# --- stream -> Turn --------------------------------------------------------------------------------------
+
+
+class _Accumulator:
+    """Output items by `output_index`, built from `added`, the deltas, and replaced by `done`."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, dict[str, Any]] = {}
+        self.response: dict[str, Any] = {}
+        self.finished = False
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict):
+            self.response = event["response"]
+            self.finished = self.finished or kind in _TERMINAL_EVENTS
+        index = event.get("output_index")
+        if not isinstance(index, int):
+            return
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            self.items[index] = copy.deepcopy(req_map(event.get("item"), f"{kind}.item"))
+            return
+        item = self.items.setdefault(index, {})
+        delta = opt_str(event.get("delta"), f"{kind}.delta") or ""
+        if kind == "response.function_call_arguments.delta":
+            item["arguments"] = str(item.get("arguments") or "") + delta
+        elif kind == "response.function_call_arguments.done" and isinstance(event.get("arguments"), str):
+            item["arguments"] = event["arguments"]
+        elif kind in ("response.output_text.delta", "response.refusal.delta"):
+            self._append_part(item, event.get("content_index"), kind, delta)
+        elif kind == "response.reasoning_summary_text.delta":
+            self._append_summary(item, event.get("summary_index"), delta)
+
+    @staticmethod
+    def _append_part(item: dict[str, Any], content_index: object, kind: object, delta: str) -> None:
+        item.setdefault("type", "message")
+        parts = item.setdefault("content", [])
+        position = content_index if isinstance(content_index, int) else len(parts)
+        while len(parts) <= position:
+            parts.append({})
+        field = "refusal" if kind == "response.refusal.delta" else "text"
+        parts[position].setdefault("type", "refusal" if field == "refusal" else "output_text")
+        parts[position][field] = str(parts[position].get(field) or "") + delta
+
+    @staticmethod
+    def _append_summary(item: dict[str, Any], summary_index: object, delta: str) -> None:
+        item.setdefault("type", "reasoning")
+        summary = item.setdefault("summary", [])
+        position = summary_index if isinstance(summary_index, int) else len(summary)
+        while len(summary) <= position:
+            summary.append({"type": "summary_text", "text": ""})
+        summary[position]["text"] = str(summary[position].get("text") or "") + delta
+
+    def body(self) -> dict[str, Any]:
+        response = dict(self.response)
+        # The terminal event normally repeats the whole output; the accumulated items stand in when not.
+        if not response.get("output"):
+            response["output"] = [self.items[i] for i in sorted(self.items)]
+        return response
+
+
+def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
+    """A Turn from a whole Responses API event stream (LF or CRLF), accumulated."""
+    accumulator = _Accumulator()
+    try:
+        for event in parse_sse(text):
+            data = event.data.strip()
+            if not data or data == "[DONE]":
+                continue
+            decoded = decode_json(data, PROVIDER)
+            if isinstance(decoded, ProviderError):
+                return decoded
+            payload = req_map(decoded, "stream event")
+            if payload.get("type") == "error" or event.event == "error":
+                return error_from_wire(None, {"error": payload.get("error", payload)})
+            accumulator.add(payload)
+        if not accumulator.finished:
+            return invalid_response(
+                PROVIDER, "Responses stream ended before its terminal event", retryable=True
+            )
+        return _read_response(accumulator.body(), ids or IdSource())
+    except MalformedBody as exc:
+        return invalid_response(PROVIDER, f"malformed Responses API stream: {exc}")
+
+
+def error_from_wire(
+    status: int | None, body: object, headers: Mapping[str, str] | None = None
+) -> ProviderError:
+    """A ProviderError from an OpenAI error body, or a failed response's `error` object."""
+    return build_error(PROVIDER, status, body, headers)
+
+
+# --- request ---------------------------------------------------------------------------------------------
+
+
+def build_tool_param(spec: ToolSpec) -> dict[str, Any]:
+    """A tool spec as a Responses API function tool (SPEC §3.2): flat, not nested under `function`."""
+    tool: dict[str, Any] = {
+        "type": "function",
+        "name": spec.name,
+        "parameters": dict(spec.parameters),
+        # Strict mode demands every property be required and no extra ones: not what pydantic schemas say.
+        "strict": False,
+    }
+    if spec.description:
+        tool["description"] = spec.description
+    return tool
+
+
+def build_tool_choice(choice: str | None) -> str | dict[str, Any] | None:
+    """`auto`, `required`, `none` as they are; any other value names the one function to call."""
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "name": choice}
+
+
+def to_wire(request: ModelRequest) -> dict[str, Any]:
+    """The Responses API request body for `request` (pure, stateless: the whole history as input items)."""
+    body: dict[str, Any] = {"model": request.model, "input": build_input(request.messages)}
+    if request.tools:
+        body["tools"] = [build_tool_param(t) for t in request.tools]
+        choice = build_tool_choice(request.tool_choice)
+        if choice is not None:
+            body["tool_choice"] = choice
+    if request.max_output_tokens is not None:
+        body["max_output_tokens"] = request.max_output_tokens
+    return body
+
+
+def build_input(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The input items for a canonical history, in order."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        items.extend(_build_items(message))
+    return items
+
+
+def _build_items(message: Message) -> list[dict[str, Any]]:
+    match message:
+        case SystemMessage(content=content):
+            return [{"type": "message", "role": "system", "content": content}]
+        case UserMessage(content=content):
+            return [{"type": "message", "role": "user", "content": content}]
+        case AssistantMessage():
+            return _build_assistant(message)
+        case ToolMessage(tool_call_id=call_id, content=content):
+            return [{"type": "function_call_output", "call_id": call_id, "output": content}]
+    raise TypeError(f"not a message: {message!r}")
+
+
+def _build_assistant(message: AssistantMessage) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if message.provider == PROVIDER:
+        # Reasoning items must precede the calls they led to; foreign thinking is never sent at all.
+        items.extend(_resendable_reasoning(message.provider_data.get("reasoning_items")))
+    if message.content:
+        items.append({"type": "message", "role": "assistant", "content": message.content})
+    for call in message.tool_calls:
+        arguments = call.raw_arguments if call.arguments_error and call.raw_arguments is not None else None
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": arguments
+                if arguments is not None
+                else json.dumps(call.arguments, ensure_ascii=False),
+            }
+        )
+    return items
+
+
+def _resendable_reasoning(raw: object) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            kept = {
+                k: item[k] for k in ("type", "id", "summary", "encrypted_content") if item.get(k) is not None
+            }
+            kept.setdefault("summary", [])
+            items.append(kept)
+    return items

@@ -1,0 +1,67 @@
+"""Model clients by name: `provider:model` → an HttpModelClient for that provider's wire format.
+
+Providers: `openai` (Chat Completions at OPENAI_BASE_URL, which includes `/v1` as in the OpenAI SDK; any
+OpenAI-compatible server), `openai_responses` (the Responses API at the same base URL), `anthropic`
+(Messages at ANTHROPIC_BASE_URL, which does not include `/v1`, as in the Anthropic SDK) and `scripted` (the
+project's own deterministic model: the Chat Completions adapter pointed at a scripted server's base URL).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from orchestrator.providers import anthropic, openai_chat, openai_responses
+from orchestrator.providers.base import (
+    DEFAULT_TIMEOUT,
+    HttpModelClient,
+    ModelClient,
+    ModelRef,
+    RetryPolicy,
+    WireFormat,
+)
+from workers.settings import Settings
+
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
+
+
+def build_model_client(
+    ref: ModelRef,
+    settings: Settings,
+    http: httpx.AsyncClient,
+    *,
+    max_retries: int = 2,
+    scripted_base_url: str | None = None,
+    timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+) -> ModelClient:
+    """A client for `ref`. The runtime passes `max_retries=0`: its state machine counts model retries.
+
+    Raises ValueError for an unknown provider, or a scripted model with no server URL (neither the
+    argument nor `TOOLLOOP_SCRIPTED_BASE_URL`).
+    """
+    retry = RetryPolicy(max_retries=max_retries)
+    if ref.provider in ("openai", "openai_responses"):
+        base_url = (settings.openai_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/")
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        wire: WireFormat = openai_chat if ref.provider == "openai" else openai_responses
+        path = openai_chat.CHAT_PATH if ref.provider == "openai" else openai_responses.RESPONSES_PATH
+        url = f"{base_url}{path}"
+        return HttpModelClient(ref.provider, wire, http, url, headers, timeout, retry)
+    if ref.provider == "anthropic":
+        base_url = (settings.anthropic_base_url or ANTHROPIC_DEFAULT_BASE_URL).rstrip("/")
+        headers = {"anthropic-version": anthropic.API_VERSION}
+        if settings.anthropic_api_key:
+            headers["x-api-key"] = settings.anthropic_api_key.get_secret_value()
+        url = f"{base_url}{anthropic.MESSAGES_PATH}"
+        return HttpModelClient(ref.provider, anthropic, http, url, headers, timeout, retry)
+    if ref.provider == "scripted":
+        scripted_url = scripted_base_url or settings.scripted_base_url
+        if not scripted_url:
+            raise ValueError(
+                f"model {ref} needs a scripted server: start one (orchestrator.scripted_server) and set "
+                "TOOLLOOP_SCRIPTED_BASE_URL to its base URL"
+            )
+        url = f"{scripted_url.rstrip('/')}{openai_chat.CHAT_PATH}"
+        return HttpModelClient(ref.provider, openai_chat, http, url, {}, timeout, retry)
+    raise ValueError(f"unknown provider {ref.provider!r}")
