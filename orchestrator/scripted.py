@@ -33,7 +33,7 @@ OWNER = "toolloop"
 # names from each offered tool's schema, so a renamed parameter does not break it.
 DEMO_ADD = "add"
 DEMO_MULTIPLY = "multiply"
-DEMO_WEATHER = "weather"
+DEMO_WEATHER = "get_weather"
 DEMO_DEFAULT_NUMBERS = (6.0, 7.0)
 DEMO_DEFAULT_CITY = "Paris"
 

@@ -27,7 +27,7 @@ def tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
 
-DEMO_TOOLS = [tool("add", ADD), tool("multiply", ADD), tool("weather", WEATHER)]
+DEMO_TOOLS = [tool("add", ADD), tool("multiply", ADD), tool("get_weather", WEATHER)]
 
 
 @lru_cache(maxsize=1)
@@ -105,13 +105,13 @@ def test_demo_without_numbers_calls_a_fixed_set_and_reads_argument_names_from_th
     tools = [
         tool("add", {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}})
     ]
-    tools.append(tool("weather", {"type": "object", "properties": {"location": {"type": "string"}}}))
+    tools.append(tool("get_weather", {"type": "object", "properties": {"location": {"type": "string"}}}))
     reply = build_reply(
         {"model": "scripted:demo", "messages": [user("Tell me the weather in Oslo")], "tools": tools}
     )
     assert arguments_of(message_of(reply.body)) == [
         ("add", {"x": 6, "y": 7}),
-        ("weather", {"location": "Oslo"}),
+        ("get_weather", {"location": "Oslo"}),
     ]
 
 
@@ -303,3 +303,17 @@ def test_server_runs_as_its_own_process() -> None:
         process.wait(timeout=10)
         if process.stdout is not None:
             process.stdout.close()
+
+
+def test_demo_calls_the_real_example_tools_with_arguments_their_schemas_accept() -> None:
+    from orchestrator.providers.openai_chat import build_tool_param
+    from workers.examples import arithmetic, demo
+
+    specs = {t.spec.name: t.spec for t in (arithmetic.add, arithmetic.multiply, demo.get_weather)}
+    tools = [build_tool_param(spec) for spec in specs.values()]
+    for prompt in ("What is 4 times 2.5?", "How is the weather in Lisbon?"):
+        reply = build_reply({"model": "demo", "messages": [user(prompt)], "tools": tools})
+        calls = arguments_of(message_of(reply.body))
+        assert calls
+        for name, arguments in calls:
+            jsonschema.Draft202012Validator(specs[name].parameters).validate(arguments)
