@@ -1,0 +1,55 @@
+"""Reading the live tool catalogue that workers publish to Redis (SPEC §3.4), sync and async.
+
+The orchestrator never imports tool code: this merged view (name → ToolSpec) is all it knows of tools.
+Entries of workers not seen for `keys.CATALOGUE_STALE_S` are ignored; when several live workers serve a
+tool, the most recently published spec wins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+
+import redis
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+
+from workers import keys
+from workers.contract import ToolSpec
+
+logger = logging.getLogger(__name__)
+
+
+def build_catalogue(
+    entries: Mapping[bytes | str, bytes | str], now: float, stale_s: float = keys.CATALOGUE_STALE_S
+) -> dict[str, ToolSpec]:
+    """Merge the raw catalogue hash into name → ToolSpec, skipping stale and malformed entries."""
+    newest: dict[str, tuple[float, ToolSpec]] = {}
+    for worker, raw in entries.items():
+        try:
+            entry = json.loads(raw)
+            seen_at = float(entry["seen_at"])
+            specs = [ToolSpec.model_validate(item) for item in entry["tools"]]
+        except (ValueError, KeyError, TypeError, ValidationError):
+            logger.warning("ignoring a malformed catalogue entry of worker %r", worker)
+            continue
+        if now - seen_at > stale_s:
+            continue
+        for spec in specs:
+            if spec.name not in newest or newest[spec.name][0] < seen_at:
+                newest[spec.name] = (seen_at, spec)
+    return {name: newest[name][1] for name in sorted(newest)}
+
+
+def read_catalogue(client: redis.Redis) -> dict[str, ToolSpec]:
+    """The live catalogue, read with a sync client."""
+    entries: Mapping[bytes | str, bytes | str] = client.hgetall(keys.CATALOGUE)
+    return build_catalogue(entries, time.time())
+
+
+async def aread_catalogue(client: aioredis.Redis) -> dict[str, ToolSpec]:
+    """The live catalogue, read with an asyncio client."""
+    entries: Mapping[bytes | str, bytes | str] = await client.hgetall(keys.CATALOGUE)
+    return build_catalogue(entries, time.time())
