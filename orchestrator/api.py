@@ -61,12 +61,9 @@ class ControlReply(BaseModel):
     accepted: bool
 
 
-class BodyTooLarge(Exception):
-    """A request body passed the limit while it was being read."""
-
-
 class BodyLimitMiddleware:
-    """Answers 413 to a body over `max_bytes`, by its Content-Length or, when chunked, while reading it."""
+    """Answers 413 to a body over `max_bytes`: by its Content-Length, or, for a chunked body, after reading at
+    most `max_bytes` + 1 bytes of it (then replayed to the app, so the app sees the whole body as usual)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -77,23 +74,33 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more and len(body) <= self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)  # a disconnect: let the app see it
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if len(body) > self.max_bytes:
             await self._reject(scope, receive, send)
             return
-        seen = 0
+        replayed = False
 
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise BodyTooLarge
-            return message
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except BodyTooLarge:
-            await self._reject(scope, receive, send)
+        await self.app(scope, replay, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = f"request body over {self.max_bytes} bytes"

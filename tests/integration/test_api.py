@@ -1,0 +1,190 @@
+"""The HTTP API over a real redis-server: status codes, token, SSE, health, metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from pydantic import SecretStr
+
+from orchestrator.api import create_app
+from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.test_client import finish_in_thread
+from workers import keys
+from workers.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """Until the session-wide fixture lands: one real redis-server for this module."""
+    from ops.redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def db_url(redis_url: str) -> Iterator[str]:
+    url = store_db_url(redis_url)
+    flusher = redis.Redis.from_url(url)
+    flusher.flushdb()
+    flusher.close()
+    yield url
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[httpx.Client]:
+    with (
+        serve_app(create_app(Settings(redis_url=db_url))) as base_url,
+        httpx.Client(base_url=base_url) as http,
+    ):
+        yield http
+
+
+@pytest.fixture
+def secured(db_url: str) -> Iterator[httpx.Client]:
+    settings = Settings(redis_url=db_url, api_token=SecretStr(TOKEN))
+    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+        yield http
+
+
+def test_submit_answers_202_with_an_id_and_the_turn_is_stored(api: httpx.Client) -> None:
+    reply = api.post("/v1/turns", json={"prompt": "2+2?", "tools": ["add"], "limits": {"max_llm_calls": 2}})
+    assert reply.status_code == 202
+    turn_id = reply.json()["id"]
+    state = api.get(f"/v1/turns/{turn_id}")
+    assert state.status_code == 200
+    body = state.json()
+    assert body["status"] == "queued" and body["outcome"] is None
+    assert body["request"]["limits"]["max_llm_calls"] == 2
+    assert body["messages"] == [{"role": "user", "content": "2+2?"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({}, "'prompt' or at least one message"),
+        ({"prompt": "x", "colour": "red"}, "colour"),
+        ({"prompt": 42}, "prompt"),
+        ({"prompt": "x", "limits": {"max_llm_calls": "many"}}, "max_llm_calls"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ],
+)
+def test_bad_bodies_get_422_with_a_clear_message(
+    api: httpx.Client, body: dict[str, object], needle: str
+) -> None:
+    reply = api.post("/v1/turns", json=body)
+    assert reply.status_code == 422
+    assert needle in json.dumps(reply.json())
+
+
+def test_malformed_json_and_oversized_bodies(api: httpx.Client, db_url: str) -> None:
+    reply = api.post("/v1/turns", content=b"{not json", headers={"content-type": "application/json"})
+    assert reply.status_code == 422
+    huge = {"prompt": "x" * (1024 * 1024 + 10)}
+    reply = api.post("/v1/turns", json=huge)
+    assert reply.status_code == 413
+    assert "over 1048576 bytes" in reply.json()["detail"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while reading
+        yield b'{"prompt": "'
+        for _ in range(20):
+            yield b"y" * 65536
+        yield b'"}'
+
+    reply = api.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+    assert redis.Redis.from_url(db_url).llen(keys.TURN_QUEUE) == 0
+
+
+def test_unknown_turns_are_404(api: httpx.Client) -> None:
+    for method, path in [
+        ("GET", "/v1/turns/turn_nope"),
+        ("GET", "/v1/turns/turn_nope/events"),
+        ("POST", "/v1/turns/turn_nope/cancel"),
+    ]:
+        reply = api.request(method, path)
+        assert reply.status_code == 404, path
+        assert "turn_nope" in reply.json()["detail"]
+    reply = api.post("/v1/turns/turn_nope/approvals/call_1", json={"approved": True})
+    assert reply.status_code == 404
+
+
+def test_cancel_and_approvals(api: httpx.Client, redis_url: str) -> None:
+    turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
+    assert api.post(f"/v1/turns/{turn_id}/cancel").status_code == 202
+    reply = api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={"approved": False})
+    assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
+    assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={"approved": "maybe"}).status_code == 422
+    assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={}).status_code == 422
+    finish_in_thread(redis_url, turn_id, 0).join()
+    assert api.post(f"/v1/turns/{turn_id}/cancel").status_code == 409
+
+
+def test_events_stream_as_sse_until_turn_finished(api: httpx.Client, redis_url: str) -> None:
+    turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
+    thread = finish_in_thread(redis_url, turn_id, 0.3, events=("turn_started", "tool_dispatched"))
+    names: list[str] = []
+    ids: list[str] = []
+    with api.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            if line.startswith("event:"):
+                names.append(line.split(":", 1)[1].strip())
+            elif line.startswith("id:"):
+                ids.append(line.split(":", 1)[1].strip())
+            elif line.startswith("data:"):
+                assert json.loads(line.split(":", 1)[1])["turn_id"] == turn_id
+    thread.join()
+    assert names == ["turn_queued", "turn_started", "tool_dispatched", "turn_finished"]
+    # Resuming after an id gives only what came after it.
+    with api.stream("GET", f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": ids[1]}) as reply:
+        later = [line for line in reply.iter_lines() if line.startswith("event:")]
+    assert later == ["event: tool_dispatched", "event: turn_finished"]
+    assert api.get(f"/v1/turns/{turn_id}").json()["outcome"]["text"] == "4"
+
+
+def test_bearer_token_guards_every_route_but_healthz(secured: httpx.Client) -> None:
+    assert secured.get("/healthz").status_code == 200
+    for method, path in [
+        ("POST", "/v1/turns"),
+        ("GET", "/v1/turns/turn_x"),
+        ("GET", "/v1/turns/turn_x/events"),
+        ("POST", "/v1/turns/turn_x/cancel"),
+        ("POST", "/v1/turns/turn_x/approvals/c"),
+        ("GET", "/metrics"),
+    ]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            reply = secured.request(method, path, headers=headers, json={"prompt": "x"})
+            assert reply.status_code == 401, (method, path, headers)
+            assert reply.headers["www-authenticate"] == "Bearer"
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    assert secured.post("/v1/turns", json={"prompt": "x"}, headers=good).status_code == 202
+    assert secured.get("/metrics", headers=good).status_code == 200
+
+
+def test_healthz_and_metrics(api: httpx.Client) -> None:
+    assert api.get("/healthz").json() == {"status": "ok", "redis": "ok"}
+    api.post("/v1/turns", json={"prompt": "count me"})
+    metrics = api.get("/metrics")
+    assert metrics.status_code == 200
+    assert "toolloop_turns_submitted_total" in metrics.text
+
+
+def test_healthz_is_503_when_redis_is_down() -> None:
+    from ops.redis_server import find_free_port
+
+    settings = Settings(redis_url=f"redis://127.0.0.1:{find_free_port()}/0")
+    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as test_client:
+        reply = test_client.get("/healthz")
+        assert reply.status_code == 503
+        assert reply.json()["status"] == "unavailable"
+        assert test_client.post("/v1/turns", json={"prompt": "x"}).status_code == 503
