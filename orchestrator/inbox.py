@@ -1,0 +1,84 @@
+"""Reading an orchestrator's inbox: notifications from workers and clients, turned into machine events (pure).
+
+Every orchestrator blocks on one Redis stream (`keys.inbox(id)`) for all the turns it owns. Three kinds of
+entry arrive there:
+
+- `outcome` (turn, call): the first-writer-wins outcome write of a call succeeded; the outcome itself is read
+  from its key (one MGET per batch), so the stream stays small and a lost notification loses nothing.
+- `started` (turn, call, attempt, worker, at): a worker began an attempt of a call.
+- `control` (turn, control=cancel|approval, call, approved, id): a client asked to cancel or approve; the
+  request itself is read from the turn's control stream, which is the record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.events import ApprovalGiven, CancelRequested, ToolStarted
+from orchestrator.store_codec import ControlRequest
+
+
+@dataclass
+class InboxBatch:
+    """One read of the inbox, sorted by what it takes to turn each entry into events."""
+
+    # turn id -> call ids whose outcome was written
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    started: dict[str, list[ToolStarted]] = field(default_factory=dict)
+    # turns with new control requests to read from their control stream
+    control: set[str] = field(default_factory=set)
+
+    @property
+    def turns(self) -> set[str]:
+        """Every turn this batch concerns."""
+        return set(self.outcomes) | set(self.started) | self.control
+
+
+def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float | None = None) -> InboxBatch:
+    """Sort inbox entries by kind; malformed ones (no turn, unknown kind) are skipped, never fatal."""
+    batch = InboxBatch()
+    at_default = time.time() if now is None else now
+    for _entry_id, fields in entries:
+        turn_id = fields.get("turn") or ""
+        kind = fields.get("kind")
+        if not turn_id:
+            continue
+        call_id = fields.get("call") or ""
+        if kind == "outcome" and call_id:
+            batch.outcomes.setdefault(turn_id, []).append(call_id)
+        elif kind == "started" and call_id:
+            started = ToolStarted(
+                call_id=call_id,
+                attempt=_as_int(fields.get("attempt"), 1),
+                worker=fields.get("worker") or None,
+                at=_as_float(fields.get("at"), at_default),
+            )
+            batch.started.setdefault(turn_id, []).append(started)
+        elif kind == "control":
+            batch.control.add(turn_id)
+    return batch
+
+
+def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGiven | None:
+    """The machine event of one control request; None for an approval that names no call."""
+    if request.kind == "cancel":
+        return CancelRequested(at=request.at)
+    if not request.call_id:
+        return None
+    return ApprovalGiven(call_id=request.call_id, approved=bool(request.approved), at=request.at)
+
+
+def _as_int(raw: str | None, default: int) -> int:
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def _as_float(raw: str | None, default: float) -> float:
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        return default

@@ -1,0 +1,433 @@
+"""The orchestrator process: drives many turns at once in one asyncio event loop (SPEC §5, §7.2).
+
+The state machine decides; this module only performs what it decides and feeds back what happened:
+
+    claim / take over a turn ──► load or start its state ──► machine.step(state, event) ──► commands
+          ▲                                                        │
+          │                         persist the state (save_state) ◄┘ then execute each command:
+          │   CallModel → a task: ModelClient.complete → ModelResponded / ModelFailed
+          │   DispatchTools → publish through Celery off the loop (asyncio.to_thread)
+          │   WriteOutcomes → first-writer-wins write → ToolFinished(the winner)
+          │   ArmTimer / CancelTimer → the one timer heap → TimerFired
+          │   Revoke → Celery revoke off the loop; Emit → the turn's events; Finish → outcome, lease released
+          │
+    one blocking read of the inbox stream for all turns: outcome / started / control notifications
+
+Steps of one turn are serialised by a per-turn lock; different turns interleave freely. No task or thread
+exists per parked turn: a turn waiting for a tool or a person is a state object, a lock and heap entries.
+Outcomes never come through `AsyncResult.get`; they are read from their Redis keys when the inbox says so,
+and once more for every pending call whenever a turn is claimed or taken over (an outcome written while
+nobody owned the turn notified nobody).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import httpx
+import redis.exceptions
+from celery import Celery
+
+from orchestrator import metrics
+from orchestrator.catalogue import aread_catalogue
+from orchestrator.dispatch import get_producer_app
+from orchestrator.events import Command, Event, TimerFired, ToolFinished
+from orchestrator.inbox import build_control_event, parse_inbox
+from orchestrator.runtime_exec import CommandExecutor
+from orchestrator.runtime_turns import TurnFactory
+from orchestrator.state import StateVersionError, TurnState, dump_state
+from orchestrator.store import TurnStore
+from orchestrator.timers import TimerHeap
+from workers.settings import Settings
+
+log = logging.getLogger("toolloop.orchestrator")
+
+# How long one blocking Redis read waits: bounds how fast a stopping orchestrator notices.
+BLOCK_S = 1.0
+# Pause after a Redis error before a loop tries again (Redis briefly unavailable must not kill the process).
+REDIS_RETRY_S = 0.5
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def build_orchestrator_id() -> str:
+    """A unique, readable id: host, pid and a random suffix (a restarted process never reuses one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(eq=False)
+class TurnHandle:
+    """One turn owned by this orchestrator: its latest state and what serialises its steps."""
+
+    turn_id: str
+    state: TurnState
+    claimed_at: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    control_after: str = "0"
+    dropped: bool = False
+    # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
+    # cancelled when the turn moves away.
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass
+class RuntimeOptions:
+    """Tuning of one orchestrator process; the defaults come from `Settings`."""
+
+    lease_ttl_s: float = 15.0
+    max_turns: int = 10_000
+    orphan_scan_s: float = 5.0
+    lost_call_grace_s: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RuntimeOptions:
+        """Options as configured through `TOOLLOOP_*` variables."""
+        return cls(
+            lease_ttl_s=settings.lease_ttl_s,
+            max_turns=settings.orchestrator_max_turns,
+            # Scanning a few times per lease period bounds how long an orphan waits.
+            orphan_scan_s=max(0.5, settings.lease_ttl_s / 3),
+            lost_call_grace_s=settings.lost_call_grace_s,
+        )
+
+
+class Runtime:
+    """One orchestrator: `await run()` until `request_stop()` (or SIGTERM/SIGINT with `install_signals`)."""
+
+    def __init__(
+        self,
+        *,
+        store: TurnStore,
+        celery_app: Celery,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        options: RuntimeOptions | None = None,
+        orchestrator_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.options = options or RuntimeOptions.from_settings(settings)
+        self.orchestrator_id = orchestrator_id or build_orchestrator_id()
+        self.turns: dict[str, TurnHandle] = {}
+        self.timers = TimerHeap(self._on_timer)
+        self._stopping = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._factory = TurnFactory(
+            store=store,
+            settings=settings,
+            read_catalogue=lambda: aread_catalogue(store.redis),
+            lost_grace_s=self.options.lost_call_grace_s,
+            clock=time.time,
+        )
+        self._exec = CommandExecutor(
+            store=store,
+            celery_app=celery_app,
+            http=http,
+            settings=settings,
+            timers=self.timers,
+            spawn=self._spawn,
+            feed=self.feed,
+            finish=self._finished,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming, persist and release every turn, and return from `run()`."""
+        self._stopping.set()
+
+    def install_signals(self) -> None:
+        """SIGTERM and SIGINT stop the process gracefully (call from inside the running loop)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    async def run(self) -> None:
+        """Serve until stopped: claim, take over, read the inbox, renew leases, fire timers."""
+        await self._retrying(lambda: self.store.register_orchestrator(self.orchestrator_id))
+        log.info("orchestrator %s started", self.orchestrator_id)
+        loops = [
+            asyncio.create_task(self._claim_loop(), name="claim"),
+            asyncio.create_task(self._inbox_loop(), name="inbox"),
+            asyncio.create_task(self._lease_loop(), name="leases"),
+            asyncio.create_task(self._orphan_loop(), name="orphans"),
+            asyncio.create_task(self.timers.run(), name="timers"),
+        ]
+        try:
+            stop = asyncio.create_task(self._stopping.wait())
+            done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stop}:
+                task.result()  # a loop that ended on its own is a bug: surface it
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        # Every step persists its state before acting, so stopping is: wait for steps in progress, drop the
+        # in-flight work (the next owner redoes or re-reads it), release the leases.
+        for handle in list(self.turns.values()):
+            async with handle.lock:
+                await self._drop(handle, release=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._exec.aclose()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.store.unregister(self.orchestrator_id)
+        log.info("orchestrator %s stopped", self.orchestrator_id)
+
+    # --- the loops -------------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            if len(self.turns) >= self.options.max_turns:
+                await asyncio.sleep(BLOCK_S)
+                continue
+            try:
+                turn_id = await self.store.claim(
+                    self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("claim failed: %s", exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            if turn_id is not None:
+                await self._adopt(turn_id, how="claimed")
+
+    async def _orphan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.orphan_scan_s)
+            try:
+                orphans = await self.store.find_orphans()
+                for turn_id in orphans:
+                    if self._stopping.is_set() or len(self.turns) >= self.options.max_turns:
+                        break
+                    if turn_id not in self.turns and await self.store.take_over(
+                        self.orchestrator_id, turn_id, self.options.lease_ttl_s
+                    ):
+                        await self._adopt(turn_id, how="taken_over")
+            except REDIS_ERRORS as exc:
+                log.warning("orphan scan failed: %s", exc)
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.lease_ttl_s / 3)
+            try:
+                await self.store.heartbeat(self.orchestrator_id)
+                lost = await self.store.renew_leases(
+                    self.orchestrator_id, list(self.turns), self.options.lease_ttl_s
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("lease renewal failed: %s", exc)
+                continue
+            for turn_id in lost:
+                handle = self.turns.get(turn_id)
+                if handle is not None:
+                    log.warning("lease of %s lost: dropping the turn", turn_id)
+                    async with handle.lock:
+                        await self._drop(handle, release=False)
+
+    async def _inbox_loop(self) -> None:
+        after = "0"
+        while True:
+            try:
+                entries = await self.store.read_inbox(
+                    self.orchestrator_id, after, block_ms=int(BLOCK_S * 1000)
+                )
+                if not entries:
+                    continue
+                await self._handle_inbox(entries)
+                after = entries[-1][0]
+                await self.store.ack_inbox(self.orchestrator_id, after)
+            except REDIS_ERRORS as exc:
+                log.warning("inbox read failed: %s", exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+
+    async def _handle_inbox(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        batch = parse_inbox(entries)
+        call_ids = [c for t, calls in batch.outcomes.items() if t in self.turns for c in calls]
+        outcomes = await self.store.read_outcomes(call_ids)
+        now = time.time()
+        for turn_id in batch.turns:
+            handle = self.turns.get(turn_id)
+            if handle is None:
+                continue  # not ours (any more): its new owner re-reads outcomes on take-over
+            events: list[Event] = list(batch.started.get(turn_id, []))
+            events += [
+                ToolFinished(outcome=outcomes[c], at=now)
+                for c in batch.outcomes.get(turn_id, [])
+                if c in outcomes
+            ]
+            self._spawn_feed(handle, events, read_control=turn_id in batch.control)
+
+    # --- turns -----------------------------------------------------------------------------------------
+
+    async def _adopt(self, turn_id: str, *, how: str) -> None:
+        """Load or start a claimed turn, then catch up on what happened while nobody owned it."""
+        try:
+            adopted = await self._factory.adopt(turn_id)
+        except StateVersionError as exc:
+            # A newer (or older) orchestrator wrote this state: leave the turn to one that reads it.
+            log.error("turn %s: %s; releasing it", turn_id, exc)
+            await self.store.release(self.orchestrator_id, turn_id)
+            return
+        except REDIS_ERRORS as exc:
+            log.warning("turn %s: could not load (%s); releasing it", turn_id, exc)
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.store.release(self.orchestrator_id, turn_id)
+            return
+        if adopted is None:
+            await self.store.release(self.orchestrator_id, turn_id)
+            return
+        handle = TurnHandle(turn_id=turn_id, state=adopted.state)
+        self.turns[turn_id] = handle
+        log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
+        async with handle.lock:
+            if not await self._persist(handle, handle.state):
+                return
+            # Timers live in this process only: re-arm what the persisted state says is armed.
+            for timer_id, at in handle.state.timers.items():
+                self.timers.arm(turn_id, timer_id, at)
+            await self._run_commands_and_events(handle, adopted.commands, [])
+            if handle.dropped:
+                return
+            catch_up = await self._factory.catch_up_events(handle.state)
+            await self._run_commands_and_events(handle, [], catch_up)
+            if not handle.dropped:
+                await self._read_control(handle)
+
+    async def feed(self, handle: TurnHandle, events: Iterable[Event]) -> None:
+        """Step a turn through `events`, in order, under its lock (and every event the steps lead to)."""
+        async with handle.lock:
+            await self._run_commands_and_events(handle, [], list(events))
+
+    def _spawn_feed(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
+        async def run() -> None:
+            async with handle.lock:
+                await self._run_commands_and_events(handle, [], events)
+                if read_control and not handle.dropped:
+                    await self._read_control(handle)
+
+        self._spawn(run(), handle)
+
+    async def _read_control(self, handle: TurnHandle) -> None:
+        requests = await self.store.read_control(handle.turn_id, handle.control_after)
+        if not requests:
+            return
+        handle.control_after = requests[-1].id
+        events = [e for e in (build_control_event(r) for r in requests) if e is not None]
+        await self._run_commands_and_events(handle, [], list(events))
+
+    async def _run_commands_and_events(
+        self, handle: TurnHandle, commands: list[Command], events: list[Event]
+    ) -> None:
+        # Holding the turn's lock. Writing a synthetic outcome yields the winner as a new event, which is
+        # stepped here too rather than re-entering the lock.
+        pending: deque[Event] = deque(events)
+        follow_ups = await self._exec.execute(handle, commands)
+        pending.extend(follow_ups)
+        while pending and not handle.dropped:
+            event = pending.popleft()
+            state, commands = self._factory.step(handle.state, event)
+            if not await self._persist(handle, state):
+                return
+            pending.extend(await self._exec.execute(handle, commands))
+
+    async def _persist(self, handle: TurnHandle, state: TurnState) -> bool:
+        saved = await self.store.save_state(
+            handle.turn_id, dump_state(state), state.status, orchestrator_id=self.orchestrator_id
+        )
+        if not saved:
+            # Terminal already, or another orchestrator holds the lease now: this copy is stale.
+            log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
+            await self._drop(handle, release=False)
+            return False
+        handle.state = state
+        return True
+
+    async def _finished(self, handle: TurnHandle) -> None:
+        """Called by the executor once a turn's outcome is stored."""
+        outcome = handle.state.outcome
+        if outcome is not None:
+            metrics.record_turn_finished(outcome, time.monotonic() - handle.claimed_at)
+        await self._drop(handle, release=True)
+
+    async def _drop(self, handle: TurnHandle, *, release: bool) -> None:
+        """Forget a turn locally (finished, lost, or stopping); the caller holds its lock."""
+        if handle.dropped:
+            return
+        handle.dropped = True
+        self.turns.pop(handle.turn_id, None)
+        self.timers.cancel_turn(handle.turn_id)
+        current = asyncio.current_task()
+        for task in handle.tasks:
+            if task is not current:
+                task.cancel()
+        if release:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.store.release(self.orchestrator_id, handle.turn_id)
+
+    # --- plumbing --------------------------------------------------------------------------------------
+
+    def _on_timer(self, turn_id: str, timer_id: str) -> None:
+        handle = self.turns.get(turn_id)
+        if handle is not None:
+            self._spawn_feed(handle, [TimerFired(timer_id=timer_id, at=time.time())])
+
+    def _spawn(self, coro: Awaitable[None], handle: TurnHandle | None = None) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except REDIS_ERRORS as exc:
+                log.warning("turn %s: Redis error (%s); the turn resumes from its last state", turn_id, exc)
+                if handle is not None and not handle.dropped:
+                    # Give the turn up so that it is taken over and resumed from what was persisted.
+                    await self._drop(handle, release=True)
+            except Exception:
+                log.exception("turn %s: unexpected error", turn_id)
+
+        turn_id = handle.turn_id if handle else "-"
+        task = asyncio.create_task(guarded())
+        owner = handle.tasks if handle is not None else self._background
+        owner.add(task)
+        task.add_done_callback(owner.discard)
+
+    async def _retrying(self, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await action()
+                return
+            except REDIS_ERRORS as exc:
+                log.warning("Redis unavailable (%s); retrying", exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+
+
+async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:
+    """Run one orchestrator process until SIGTERM/SIGINT: the body of `toolloop orchestrator`."""
+    store = TurnStore.from_url(
+        settings.redis_url, ssl_cert_reqs=settings.redis_ssl_cert_reqs, lease_ttl_s=settings.lease_ttl_s
+    )
+    celery_app = get_producer_app(settings)
+    # One HTTP client (one connection pool) for every model call of every turn.
+    async with httpx.AsyncClient() as http:
+        runtime = Runtime(
+            store=store, celery_app=celery_app, http=http, settings=settings, orchestrator_id=orchestrator_id
+        )
+        runtime.install_signals()
+        try:
+            await runtime.run()
+        finally:
+            await store.aclose()

@@ -1,0 +1,259 @@
+"""Performing the state machine's commands: the I/O half of the orchestrator runtime.
+
+`CommandExecutor.execute(handle, commands)` runs under the turn's lock and returns the events that follow at
+once (the winners of synthetic outcome writes). Slow work — model calls, publishing to Celery, revoking —
+runs as tasks that feed their result back as an event later, so one turn never holds up another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, assert_never
+
+import httpx
+from celery import Celery
+
+from orchestrator import metrics
+from orchestrator.dispatch import build_send_options, revoke_call
+from orchestrator.events import (
+    ArmTimer,
+    AwaitApproval,
+    CallModel,
+    CancelTimer,
+    Command,
+    Dispatch,
+    DispatchTools,
+    Emit,
+    Event,
+    Finish,
+    ModelFailed,
+    ModelResponded,
+    Revoke,
+    ToolFinished,
+    WriteOutcomes,
+)
+from orchestrator.model import ProviderError, Turn
+from orchestrator.providers.base import ModelClient, ModelRequest, parse_model_ref
+from orchestrator.providers.registry import build_model_client
+from orchestrator.scripted_server import ScriptedServer
+from orchestrator.store import TurnStore
+from orchestrator.timers import TimerHeap
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
+from workers.settings import Settings
+
+if TYPE_CHECKING:
+    from orchestrator.runtime import TurnHandle
+
+log = logging.getLogger("toolloop.orchestrator")
+
+# Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
+PUBLISH_ATTEMPTS = 4
+PUBLISH_BACKOFF_S = 0.5
+
+Spawn = Callable[[Awaitable[None], "TurnHandle"], None]
+Feed = Callable[["TurnHandle", Iterable[Event]], Awaitable[None]]
+Finished = Callable[["TurnHandle"], Awaitable[None]]
+
+
+class CommandExecutor:
+    """Executes commands for the runtime; owns the shared model clients and the in-process scripted model."""
+
+    def __init__(
+        self,
+        *,
+        store: TurnStore,
+        celery_app: Celery,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        timers: TimerHeap,
+        spawn: Spawn,
+        feed: Feed,
+        finish: Finished,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._app = celery_app
+        self._http = http
+        self._settings = settings
+        self._timers = timers
+        self._spawn = spawn
+        self._feed = feed
+        self._finish = finish
+        self._clock = clock
+        self._clients: dict[str, ModelClient] = {}
+        self._scripted: ScriptedServer | None = None
+        self._scripted_lock = asyncio.Lock()
+
+    async def execute(self, handle: TurnHandle, commands: Iterable[Command]) -> list[Event]:
+        """Perform `commands` in order; the events they produce at once, to step next."""
+        follow_ups: list[Event] = []
+        finishing = False
+        for command in commands:
+            if isinstance(command, Finish):
+                await self._store.save_outcome(handle.turn_id, command.outcome)
+                finishing = True
+            else:
+                follow_ups += await self._execute_one(handle, command)
+        if finishing:
+            # After the whole list: the machine may put revocations after its Finish.
+            await self._finish(handle)
+        return follow_ups
+
+    async def _execute_one(self, handle: TurnHandle, command: Command) -> list[Event]:
+        match command:
+            case CallModel():
+                self._spawn(self._call_model(handle, command), handle)
+            case DispatchTools():
+                self._spawn(self._dispatch(handle, command.calls), handle)
+            case WriteOutcomes():
+                return [await self._write(outcome) for outcome in command.outcomes]
+            case ArmTimer():
+                self._timers.arm(handle.turn_id, command.timer_id, command.at)
+            case CancelTimer():
+                self._timers.cancel(handle.turn_id, command.timer_id)
+            case Revoke():
+                self._spawn(self._revoke(command.task_ids), handle)
+            case AwaitApproval():
+                log.info("turn %s waits for approval of %s", handle.turn_id, ", ".join(command.call_ids))
+            case Emit():
+                await self._store.append_event(handle.turn_id, command.event_name, command.data)
+            case Finish():
+                raise AssertionError("Finish is handled by execute()")
+            case _:
+                assert_never(command)
+        return []
+
+    async def _write(self, outcome: ToolOutcome) -> Event:
+        winner = await self._store.write_outcome(outcome)
+        return ToolFinished(outcome=winner, at=self._clock())
+
+    async def aclose(self) -> None:
+        """Stop the in-process scripted model, if this executor started one."""
+        if self._scripted is not None:
+            await self._scripted.__aexit__(None, None, None)
+            self._scripted = None
+
+    # --- model calls -----------------------------------------------------------------------------------
+
+    async def _call_model(self, handle: TurnHandle, command: CallModel) -> None:
+        started = time.monotonic()
+        result = await self._complete(command)
+        duration_s = time.monotonic() - started
+        at = self._clock()
+        event: Event
+        if isinstance(result, ProviderError):
+            outcome = "retryable_error" if result.retryable else "error"
+            metrics.record_model_call(result.provider, outcome, duration_s)
+            event = ModelFailed(
+                error=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
+            )
+        else:
+            metrics.record_model_call(
+                result.provider or "unknown",
+                "ok",
+                duration_s,
+                input_tokens=result.usage.input_tokens,
+                output_tokens=result.usage.output_tokens,
+            )
+            event = ModelResponded(
+                turn=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
+            )
+        await self._feed(handle, [event])
+
+    async def _complete(self, command: CallModel) -> Turn | ProviderError:
+        try:
+            client = await self._client_for(command.model)
+        except ValueError as exc:
+            return ProviderError(
+                provider=command.model.partition(":")[0], type="invalid_model", message=str(exc)
+            )
+        request = ModelRequest(
+            model=parse_model_ref(command.model).model,
+            messages=command.messages,
+            tools=command.tools,
+            tool_choice=command.tool_choice,
+            id_prefix=command.id_prefix,
+        )
+        try:
+            return await client.complete(request)
+        except Exception as exc:
+            # A client promises errors as values; a bug in one must still end as a model failure, not a
+            # turn that waits forever for a response.
+            log.exception("model client for %s raised", command.model)
+            return ProviderError(provider=client.provider, type="client_error", message=repr(exc))
+
+    async def _client_for(self, model: str) -> ModelClient:
+        client = self._clients.get(model)
+        if client is None:
+            ref = parse_model_ref(model)
+            scripted_url = None
+            if ref.provider == "scripted" and not self._settings.scripted_base_url:
+                scripted_url = await self._scripted_url()
+            client = build_model_client(
+                ref, self._settings, self._http, max_retries=0, scripted_base_url=scripted_url
+            )
+            self._clients[model] = client
+        return client
+
+    async def _scripted_url(self) -> str:
+        # Started once, inside this event loop, the first time a turn names a scripted model.
+        async with self._scripted_lock:
+            if self._scripted is None:
+                server = ScriptedServer()
+                await server.__aenter__()
+                self._scripted = server
+                log.info("scripted model serving at %s", server.base_url)
+            return self._scripted.base_url
+
+    # --- tools -----------------------------------------------------------------------------------------
+
+    async def _dispatch(self, handle: TurnHandle, calls: list[Dispatch]) -> None:
+        await asyncio.gather(*(self._publish(handle, call) for call in calls))
+
+    async def _publish(self, handle: TurnHandle, call: Dispatch) -> None:
+        spec = handle.state.offered.get(call.tool)
+        request = ToolCallRequest(
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=call.arguments,
+            turn_id=handle.turn_id,
+            context=call.context,
+            attempt=call.attempt,
+            deadline_at=call.deadline_at,
+            dispatched_at=self._clock(),
+        )
+        error: Exception | None = None
+        if spec is not None:
+            for attempt in range(PUBLISH_ATTEMPTS):
+                try:
+                    # Publishing blocks (kombu); off the loop so that other turns keep moving.
+                    await asyncio.to_thread(_send, self._app, spec, request, call.task_id)
+                    return
+                except Exception as exc:
+                    error = exc
+                    log.warning("publishing %s failed (%s); attempt %d", call.call_id, exc, attempt + 1)
+                    await asyncio.sleep(PUBLISH_BACKOFF_S * 2**attempt)
+        message = f"could not send '{call.tool}' to the workers: {error or 'tool not in the turn catalogue'}"
+        outcome = build_failure(
+            request, FailureKind.WORKER_LOST, message, attempts=call.attempt, synthetic=True
+        )
+        await self._feed(handle, [await self._write(outcome)])
+
+    async def _revoke(self, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            try:
+                # terminate: a running tool is killed, not left to finish work nobody will read.
+                await asyncio.to_thread(revoke_call, self._app, task_id, terminate=True)
+            except Exception as exc:
+                # Best effort: the call's outcome is already decided by first-writer-wins.
+                log.warning("revoking %s failed: %s", task_id, exc)
+
+
+def _send(app: Celery, spec: ToolSpec, request: ToolCallRequest, task_id: str) -> None:
+    # The machine names each task (turn, round, call, attempt) so that it can revoke it later by that id.
+    options = build_send_options(spec, request, time.time())
+    options["task_id"] = task_id
+    app.send_task(**options)

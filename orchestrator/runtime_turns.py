@@ -1,0 +1,123 @@
+"""Bringing a turn into an orchestrator: start it from its request, or resume it from its persisted state.
+
+Resuming is where durability is earned. The previous owner may have died at any point after a persisted
+step, so after loading the state the runtime catches up on everything that happened while nobody owned the
+turn: outcomes written to Redis (their notifications went to nobody), and a model call whose response died
+with its process (it is failed as retryable, so the machine calls the model again under its own limits).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from orchestrator import machine
+from orchestrator.events import Command, Event, ModelFailed, ToolFinished
+from orchestrator.machine_model import provider_of
+from orchestrator.model import ProviderError
+from orchestrator.state import TurnState, load_state
+from orchestrator.store import TurnStore
+from orchestrator.view import resolve_model
+from workers.contract import ToolSpec
+from workers.settings import Settings
+
+log = logging.getLogger("toolloop.orchestrator")
+
+CatalogueReader = Callable[[], Awaitable[Mapping[str, ToolSpec]]]
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A turn ready to drive: its state and the commands still to perform for it."""
+
+    state: TurnState
+    commands: list[Command]
+    resumed: bool
+
+
+class TurnFactory:
+    """Starts and resumes turns for one orchestrator; `step` is the one place the machine is stepped."""
+
+    def __init__(
+        self,
+        *,
+        store: TurnStore,
+        settings: Settings,
+        read_catalogue: CatalogueReader,
+        lost_grace_s: float,
+        clock: Callable[[], float],
+        policy: machine.Policy | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._read_catalogue = read_catalogue
+        self._lost_grace_s = lost_grace_s
+        self._clock = clock
+        self._policy = policy
+
+    def step(self, state: TurnState, event: Event) -> tuple[TurnState, list[Command]]:
+        """One machine step, with this orchestrator's stop-policy hook."""
+        return machine.step(state, event, policy=self._policy)
+
+    async def adopt(self, turn_id: str) -> Adopted | None:
+        """The turn's persisted state, or a new one started from its request; None for an unknown turn."""
+        raw = await self._store.load_state(turn_id)
+        if raw is not None:
+            return Adopted(load_state(raw), [], resumed=True)
+        request = await self._store.load_request(turn_id)
+        if request is None:
+            log.error("turn %s has no request: nothing to run", turn_id)
+            return None
+        prior = []
+        if request.conversation_id:
+            prior = await self._store.conversation_history(request.conversation_id)
+        catalogue = await self._read_catalogue()
+        state, commands = machine.start(
+            turn_id,
+            request,
+            model=self._resolve_model(request.model),
+            catalogue=catalogue,
+            at=self._clock(),
+            lost_grace_s=self._lost_grace_s,
+            prior_history=prior,
+        )
+        return Adopted(state, commands, resumed=False)
+
+    async def catch_up_events(self, state: TurnState) -> list[Event]:
+        """Events a resumed turn missed: stored outcomes of its pending calls, a model call that died."""
+        if state.terminal:
+            return []
+        events: list[Event] = []
+        now = self._clock()
+        if state.current is not None:
+            pending = [c.call_id for c in state.current.calls if not c.finished]
+            outcomes = await self._store.read_outcomes(pending)
+            events += [ToolFinished(outcome=outcomes[c], at=now) for c in pending if c in outcomes]
+        if state.awaiting_model is not None:
+            error = ProviderError(
+                provider=provider_of(state.model),
+                type="orchestrator_restart",
+                message="the orchestrator waiting for this model response stopped; calling the model again",
+                retryable=True,
+                retry_after_s=0.0,
+            )
+            events.append(ModelFailed(error=error, at=now, llm_call_index=state.awaiting_model))
+        return events
+
+    def _resolve_model(self, requested: str | None) -> str:
+        tiers = {
+            tier: name
+            for tier, name in (
+                ("fast", self._settings.model_fast),
+                ("default", self._settings.model_default),
+                ("smart", self._settings.model_smart),
+            )
+            if name
+        }
+        try:
+            return resolve_model(requested, default=self._settings.model, tiers=tiers)
+        except ValueError:
+            # Kept as given: the model call then fails with a provider error that names the problem, so a
+            # bad model ends the turn through the one stop path instead of crashing here.
+            return requested or self._settings.model
