@@ -10,7 +10,7 @@ with pydantic's messages; unknown turns 404; requests for a turn that has alread
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -23,9 +23,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
 from orchestrator import store_codec as codec
+from orchestrator.catalogue import aread_catalogue
 from orchestrator.client import AsyncClient
 from orchestrator.model import TurnRequest
 from orchestrator.store_codec import TurnEvent, UnknownTurnError
+from workers.contract import ToolSpec
 from workers.settings import Settings, get_settings
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -59,6 +61,28 @@ class ControlReply(BaseModel):
 
     id: str
     accepted: bool
+
+
+class ToolInfo(BaseModel):
+    """The public metadata of one tool, as `GET /v1/tools` lists it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    sensitive: bool
+    requires_confirmation: bool
+    soft_time_limit_s: float
+    time_limit_s: float
+
+
+def build_tool_listing(specs: Iterable[ToolSpec], *, include_sensitive: bool) -> list[ToolInfo]:
+    """Tools sorted by name; sensitive ones only when asked for (SPEC §3.3)."""
+    fields = set(ToolInfo.model_fields)
+    visible = (spec for spec in specs if include_sensitive or not spec.sensitive)
+    return [
+        ToolInfo.model_validate(spec.model_dump(include=fields))
+        for spec in sorted(visible, key=lambda s: s.name)
+    ]
 
 
 class BodyLimitMiddleware:
@@ -200,6 +224,11 @@ async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply
 def build_ops_router() -> APIRouter:
     """`/v1/tools` and `/metrics` (behind the token when one is set)."""
     router = APIRouter()
+
+    @router.get("/v1/tools")
+    async def list_tools(request: Request, include_sensitive: bool = False) -> list[ToolInfo]:
+        catalogue = await aread_catalogue(_client(request).store.redis)
+        return build_tool_listing(catalogue.values(), include_sensitive=include_sensitive)
 
     @router.get("/metrics")
     async def prometheus_metrics() -> Response:

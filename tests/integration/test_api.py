@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +15,7 @@ from orchestrator.api import create_app
 from tests.integration.store_support import serve_app, store_db_url
 from tests.integration.test_client import finish_in_thread
 from workers import keys
+from workers.contract import ToolSpec
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -188,3 +190,22 @@ def test_healthz_is_503_when_redis_is_down() -> None:
         assert reply.status_code == 503
         assert reply.json()["status"] == "unavailable"
         assert test_client.post("/v1/turns", json={"prompt": "x"}).status_code == 503
+
+
+def test_tools_listing_hides_sensitive_tools_unless_asked(api: httpx.Client, db_url: str) -> None:
+    specs = [
+        ToolSpec(name="add", description="Add two numbers.", parameters={"type": "object", "properties": {}}),
+        ToolSpec(name="reset_password", sensitive=True, requires_confirmation=True),
+    ]
+    entry = {"seen_at": time.time(), "tools": [s.model_dump(mode="json") for s in specs]}
+    publisher = redis.Redis.from_url(db_url)
+    publisher.hset(keys.CATALOGUE, "worker-1", json.dumps(entry))
+    publisher.close()
+    public = api.get("/v1/tools").json()
+    assert [t["name"] for t in public] == ["add"]
+    assert public[0]["description"] == "Add two numbers." and "queue" not in public[0]
+    everything = api.get("/v1/tools", params={"include_sensitive": "true"}).json()
+    assert [(t["name"], t["requires_confirmation"]) for t in everything] == [
+        ("add", False),
+        ("reset_password", True),
+    ]
