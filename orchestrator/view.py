@@ -114,8 +114,13 @@ class _ViewBuilder:
             )
         if foreign and message.tool_calls:
             self.flattened_ids.update(call.id for call in message.tool_calls)
-            update["content"] = _describe_calls(message.content, message.tool_calls)
-            update["tool_calls"] = []
+            # Text now, and no longer tied to the provider that wrote it.
+            update.update(
+                content=_describe_calls(message.content, message.tool_calls),
+                tool_calls=[],
+                provider=None,
+                model=None,
+            )
             names = ", ".join(call.name for call in message.tool_calls)
             self.note(
                 "flattened_tool_calls",

@@ -1,4 +1,4 @@
-"""A driver for machine tests: applies events, checks the invariants and the persistence round trip each step."""
+"""A driver for machine tests: applies events, checks invariants and the persistence round trip each step."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from orchestrator.events import (
 )
 from orchestrator.machine import Policy, start, step
 from orchestrator.model import Limits, Message, ToolCall, Turn, TurnOutcome, TurnRequest, Usage
-from orchestrator.state import TurnState, dump_state, load_state
+from orchestrator.state import dump_state, load_state
 from tests.unit.machine.invariants import check_state
 from workers.contract import ToolOutcome, ToolSpec
 
@@ -100,7 +100,11 @@ class Driver:
         at: float = 1000.0,
     ) -> None:
         request = TurnRequest(
-            prompt=prompt, limits=limits or Limits(), tools=tools, tool_choice=tool_choice, context=context or {}
+            prompt=prompt,
+            limits=limits or Limits(),
+            tools=tools,
+            tool_choice=tool_choice,
+            context=context or {},
         )
         self.policy = policy
         self.state, commands = start(
@@ -142,10 +146,14 @@ class Driver:
         return self.state.started_at + 1.0 if at is None else at
 
     def dispatched(self, commands: Sequence[Command] | None = None) -> list[Dispatch]:
-        return [d for c in of_type(self.last if commands is None else commands, DispatchTools) for d in c.calls]
+        return [
+            d for c in of_type(self.last if commands is None else commands, DispatchTools) for d in c.calls
+        ]
 
     def writes(self, commands: Sequence[Command] | None = None) -> list[ToolOutcome]:
-        return [o for c in of_type(self.last if commands is None else commands, WriteOutcomes) for o in c.outcomes]
+        return [
+            o for c in of_type(self.last if commands is None else commands, WriteOutcomes) for o in c.outcomes
+        ]
 
     def echo_writes(self, at: float | None = None) -> None:
         """Act as the runtime: the requested outcomes won their writes and come back."""
@@ -164,5 +172,3 @@ class Driver:
         finishes = of_type(self.log, Finish)
         assert len(finishes) == 1
         return self.state.outcome
-
-

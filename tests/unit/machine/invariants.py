@@ -62,7 +62,9 @@ def check_state(state: TurnState, commands: Sequence[Command]) -> None:
         )
         if outcome.status != "completed":
             final = last_assistant(state.history)
-            assert final is None or not final.tool_calls, "a stopped turn's last assistant message asks for tools"
+            assert final is None or not final.tool_calls, (
+                "a stopped turn's last assistant message asks for tools"
+            )
             assert outcome.stop_reason is not None
         else:
             assert outcome.stop_reason is None

@@ -59,7 +59,13 @@ def test_a_round_of_parallel_calls_then_a_final_answer() -> None:
 
 
 REJECTIONS: list[tuple[str, dict[str, Any], str | None, FailureKind, str]] = [
-    ("nope", {}, None, FailureKind.NOT_FOUND, "unknown tool 'nope'; available: add, delete, fetch, slow, tiny"),
+    (
+        "nope",
+        {},
+        None,
+        FailureKind.NOT_FOUND,
+        "unknown tool 'nope'; available: add, delete, fetch, slow, tiny",
+    ),
     ("secret", {}, None, FailureKind.NOT_ALLOWED, "not allowed"),
     ("add", {"a": 1}, None, FailureKind.VALIDATION, "'b' is a required property"),
     ("add", {}, "arguments are not valid JSON", FailureKind.VALIDATION, "not valid JSON"),
@@ -72,7 +78,9 @@ def test_invalid_calls_are_answered_without_dispatch(
     tool: str, arguments: dict[str, Any], arguments_error: str | None, kind: FailureKind, message: str
 ) -> None:
     driver = Driver()
-    bad = ToolCall(id="bad", name=tool, arguments=arguments, arguments_error=arguments_error, raw_arguments="{")
+    bad = ToolCall(
+        id="bad", name=tool, arguments=arguments, arguments_error=arguments_error, raw_arguments="{"
+    )
     driver.respond(calls(bad, ("add", {"a": 1, "b": 1})))
     assert [d.call_id for d in driver.dispatched()] == ["call_1"]
     [written] = driver.writes()
@@ -91,7 +99,9 @@ def test_invalid_calls_are_answered_without_dispatch(
 def test_a_requested_outcome_is_not_final_until_it_comes_back() -> None:
     driver = Driver()
     driver.respond(calls(("nope", {})))
-    assert driver.state.current is not None and driver.state.current.calls[0].requested is FailureKind.NOT_FOUND
+    assert (
+        driver.state.current is not None and driver.state.current.calls[0].requested is FailureKind.NOT_FOUND
+    )
     assert not of_type(driver.last, CallModel)
     driver.echo_writes()
     assert of_type(driver.last, CallModel)

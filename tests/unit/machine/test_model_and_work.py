@@ -15,7 +15,11 @@ pytestmark = pytest.mark.timeout(30)
 
 def error(status: int | None, *, retryable: bool, retry_after_s: float | None = None) -> ProviderError:
     return ProviderError(
-        provider="openai_chat", status=status, message="overloaded", retryable=retryable, retry_after_s=retry_after_s
+        provider="openai_chat",
+        status=status,
+        message="overloaded",
+        retryable=retryable,
+        retry_after_s=retry_after_s,
     )
 
 
@@ -23,7 +27,9 @@ def error(status: int | None, *, retryable: bool, retry_after_s: float | None = 
     ("retry_after_s", "expected_delays"),
     [(None, [1.0, 2.0, 4.0]), (3.0, [3.0, 3.0, 4.0])],
 )
-def test_transient_errors_back_off_then_retry(retry_after_s: float | None, expected_delays: list[float]) -> None:
+def test_transient_errors_back_off_then_retry(
+    retry_after_s: float | None, expected_delays: list[float]
+) -> None:
     driver = Driver(limits=Limits(max_model_retries=3))
     now = 1000.0
     delays = []

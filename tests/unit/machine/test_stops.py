@@ -25,7 +25,9 @@ def tool_messages(driver: Driver) -> list[ToolMessage]:
     return [m for m in driver.state.history if isinstance(m, ToolMessage)]
 
 
-def fail(call_id: str, tool: str, message: str, kind: FailureKind = FailureKind.EXECUTION_ERROR) -> ToolFinished:
+def fail(
+    call_id: str, tool: str, message: str, kind: FailureKind = FailureKind.EXECUTION_ERROR
+) -> ToolFinished:
     return ToolFinished(outcome=build_failure((call_id, tool, "turn1"), kind, message), at=1001.0)
 
 
@@ -59,8 +61,17 @@ def test_max_tool_executions_is_never_overshot() -> None:
     assert driver.state.outcome is None  # a soft stop waits for the calls in flight
     driver.finish(ok("call_0", "slow"))
     outcome = driver.outcome
-    assert (outcome.stop_reason, outcome.limit_reached, outcome.tool_executions) == ("max_tool_executions", True, 2)
-    assert [m.failure_kind for m in tool_messages(driver)] == [None, FailureKind.NOT_FOUND, None, FailureKind.SKIPPED]
+    assert (outcome.stop_reason, outcome.limit_reached, outcome.tool_executions) == (
+        "max_tool_executions",
+        True,
+        2,
+    )
+    assert [m.failure_kind for m in tool_messages(driver)] == [
+        None,
+        FailureKind.NOT_FOUND,
+        None,
+        FailureKind.SKIPPED,
+    ]
 
 
 def test_reaching_max_tool_executions_exactly_lets_the_model_answer() -> None:
@@ -222,7 +233,9 @@ def test_repeat_guard_stops_the_third_identical_round() -> None:
 
 def test_repeat_guard_counts_rounds_in_a_row_only() -> None:
     driver = Driver()
-    for index, arguments in enumerate([{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 5, "b": 5}, {"a": 1, "b": 2}]):
+    for index, arguments in enumerate(
+        [{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 5, "b": 5}, {"a": 1, "b": 2}]
+    ):
         driver.respond(calls(("add", arguments), prefix=f"r{index}"))
         assert driver.dispatched()
         driver.finish(ok(f"r{index}_0", "add"))
