@@ -5,19 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import pytest
-import yaml
 
 from orchestrator.scripted import build_reply, build_stream_chunks, find_plan
 from orchestrator.scripted_server import ScriptedServer
-from tests.conftest import find_shared_dir
+from tests.openapi_schemas import assert_valid
 
 ADD = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -28,39 +25,6 @@ def tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 DEMO_TOOLS = [tool("add", ADD), tool("multiply", ADD), tool("get_weather", WEATHER)]
-
-
-@lru_cache(maxsize=1)
-def openapi_document() -> dict[str, Any]:
-    path = find_shared_dir().parent / "shared" / "specs" / "openai-openapi.yaml"
-    with path.open() as f:
-        return dict(yaml.load(f, Loader=yaml.CSafeLoader))
-
-
-def _allow_null(keyword: str) -> Any:
-    checker = jsonschema.Draft202012Validator.VALIDATORS[keyword]
-
-    def check(
-        validator: jsonschema.protocols.Validator, value: object, instance: object, schema: dict[str, Any]
-    ) -> Iterator[jsonschema.ValidationError]:
-        # The document is OpenAPI 3.1 but still marks some fields with 3.0's `nullable: true`
-        # (finish_reason and logprobs in stream chunks, which the real API sends as null).
-        if instance is None and schema.get("nullable") is True:
-            return
-        yield from checker(validator, value, instance, schema)
-
-    return check
-
-
-OpenAPIValidator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator, {k: _allow_null(k) for k in ("type", "enum")}
-)
-
-
-def assert_valid(instance: object, schema_name: str) -> None:
-    # The whole document is the root so that `#/components/schemas/...` refs resolve inside it.
-    schema = {**openapi_document(), "$ref": f"#/components/schemas/{schema_name}"}
-    OpenAPIValidator(schema).validate(instance)
 
 
 def user(text: str) -> dict[str, Any]:
