@@ -268,3 +268,31 @@ def test_round_trip_of_a_response_through_to_wire_keeps_ids_names_and_arguments(
     wire = openai_chat.build_message(message)
     assert wire["tool_calls"][0]["id"] == "c9"
     assert json.loads(wire["tool_calls"][0]["function"]["arguments"]) == {"a": 2}
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "required", "none", "add"])
+def test_every_request_shape_matches_openais_published_schema(tool_choice: str | None) -> None:
+    from tests.openapi_schemas import assert_valid
+
+    calls = [
+        ToolCall(id="c1", name="add", arguments={"a": 1}),
+        ToolCall(id="c2", name="add", raw_arguments="{oops", arguments_error="not JSON"),
+    ]
+    messages = [
+        SystemMessage(content="sys"),
+        UserMessage(content="hi"),
+        AssistantMessage(content="Let me add.", tool_calls=calls),
+        ToolMessage(tool_call_id="c1", name="add", content="1"),
+        ToolMessage(tool_call_id="c2", name="add", content="Error: bad", is_error=True),
+        AssistantMessage(content=None),
+        UserMessage(content="again"),
+    ]
+    for tools in ([], [SPEC, ToolSpec(name="bare")]):
+        request = ModelRequest(
+            model="gpt-4.1-mini",
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            max_output_tokens=64,
+        )
+        assert_valid(openai_chat.to_wire(request), "CreateChatCompletionRequest")

@@ -256,3 +256,28 @@ def test_to_wire_tool_choice_and_max_output_tokens() -> None:
     body = openai_responses.to_wire(request)
     assert body["tool_choice"] == {"type": "function", "name": "add"}
     assert body["max_output_tokens"] == 50
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "required", "none", "add"])
+def test_every_request_shape_matches_openais_published_schema(tool_choice: str | None) -> None:
+    from orchestrator.model import SystemMessage
+    from tests.openapi_schemas import assert_valid
+
+    broken = ToolCall(id="call_b", name="add", raw_arguments="{oops", arguments_error="not JSON")
+    messages = [
+        SystemMessage(content="sys"),
+        *history("openai_responses"),
+        AssistantMessage(
+            tool_calls=[broken],
+            provider="openai_responses",
+            provider_data={"reasoning_items": [{"type": "reasoning", "id": "rs_2", "summary": []}]},
+        ),
+        ToolMessage(tool_call_id="call_b", name="add", content="Error: bad", is_error=True),
+        AssistantMessage(content="done"),
+        UserMessage(content="again"),
+    ]
+    for tools in ([], [SPEC, ToolSpec(name="bare")]):
+        request = ModelRequest(
+            model="gpt-5", messages=messages, tools=tools, tool_choice=tool_choice, max_output_tokens=64
+        )
+        assert_valid(openai_responses.to_wire(request), "CreateResponse")
