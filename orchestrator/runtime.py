@@ -41,8 +41,9 @@ from celery import Celery
 from orchestrator import metrics
 from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
-from orchestrator.events import Command, Event, TimerFired, ToolFinished
+from orchestrator.events import Command, Event, Finish, TimerFired, ToolFinished
 from orchestrator.inbox import build_control_event, parse_inbox
+from orchestrator.model import TurnStatus
 from orchestrator.runtime_exec import CommandExecutor
 from orchestrator.runtime_turns import TurnFactory
 from orchestrator.state import StateVersionError, TurnState, dump_state
@@ -294,16 +295,17 @@ class Runtime:
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
+            if adopted.state.outcome is not None:
+                # The previous owner died between persisting the end and storing the outcome.
+                await self._exec.execute(handle, [Finish(outcome=adopted.state.outcome)])
+                return
+            catch_up = await self._factory.catch_up_events(adopted.state) if adopted.resumed else []
             if not await self._persist(handle, handle.state):
                 return
             # Timers live in this process only: re-arm what the persisted state says is armed.
             for timer_id, at in handle.state.timers.items():
                 self.timers.arm(turn_id, timer_id, at)
-            await self._run_commands_and_events(handle, adopted.commands, [])
-            if handle.dropped:
-                return
-            catch_up = await self._factory.catch_up_events(handle.state)
-            await self._run_commands_and_events(handle, [], catch_up)
+            await self._run_commands_and_events(handle, adopted.commands, catch_up)
             if not handle.dropped:
                 await self._read_control(handle)
 
@@ -345,8 +347,11 @@ class Runtime:
             pending.extend(await self._exec.execute(handle, commands))
 
     async def _persist(self, handle: TurnHandle, state: TurnState) -> bool:
+        # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
+        # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
+        status = TurnStatus.RUNNING if state.terminal else state.status
         saved = await self.store.save_state(
-            handle.turn_id, dump_state(state), state.status, orchestrator_id=self.orchestrator_id
+            handle.turn_id, dump_state(state), status, orchestrator_id=self.orchestrator_id
         )
         if not saved:
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.
