@@ -23,15 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """Until the session-wide fixture lands: one real redis-server for this module."""
-    from ops.redis_server import RedisServer
-
-    with RedisServer() as server:
-        yield server.url
-
-
 @pytest.fixture
 def db_url(redis_url: str) -> Iterator[str]:
     url = store_db_url(redis_url)

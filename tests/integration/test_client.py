@@ -14,18 +14,10 @@ from orchestrator import AsyncClient, Client, UnknownTurnError
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
 from orchestrator.store import TurnStore
 from tests.integration.store_support import store_db_url
+from tests.support.processes import WorkerHandle
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """Until the session-wide fixture lands: one real redis-server for this module."""
-    from ops.redis_server import RedisServer
-
-    with RedisServer() as server:
-        yield server.url
 
 
 @pytest.fixture
@@ -157,3 +149,18 @@ async def test_async_client_has_the_same_methods(aclient: AsyncClient, redis_url
         await aclient.get("turn_nope")
     with pytest.raises(ValueError, match="prompt"):
         await aclient.submit(prompt="")
+
+
+def test_call_tool_runs_one_tool_through_a_real_worker(redis_url: str, worker: WorkerHandle) -> None:
+    with Client(redis_url) as direct:  # the workers' database: their catalogue is there
+        outcome = direct.call_tool("echo", {"text": "hi", "times": 2}, timeout_s=20)
+        assert outcome.ok, outcome
+        assert outcome.result == "hihi" and outcome.worker
+        refused = direct.call_tool("echo", {"times": "x"}, timeout_s=20)
+        assert not refused.ok and refused.failure_kind == "validation"
+
+
+async def test_async_call_tool(redis_url: str, worker: WorkerHandle) -> None:
+    async with AsyncClient(redis_url) as direct:
+        outcome = await direct.call_tool("echo", {"text": "yo"}, timeout_s=20)
+        assert outcome.ok and outcome.tool == "echo"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -316,12 +316,3 @@ async def test_store_works_on_a_client_that_does_not_decode(redis_url: str) -> N
         assert (await turn_store.read_inbox("orch-a", "0", 100))[0][1]["kind"] == "outcome"
     finally:
         await raw.aclose()
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """Until the session-wide fixture lands: one real redis-server for this module."""
-    from ops.redis_server import RedisServer
-
-    with RedisServer() as server:
-        yield server.url
