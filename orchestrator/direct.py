@@ -89,7 +89,8 @@ def call_tool(
     context: Mapping[str, Any] | None = None,
 ) -> ToolOutcome:
     """Run one tool call through the workers and return its outcome (blocking)."""
-    client = redis.Redis.from_url(redis_url)
+    # The socket must outlast the BLPOP (redis-py's default read timeout is shorter than a tool's).
+    client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s + REPLY_GRACE_S + 5)
     try:
         rejected, spec = build_rejection_outcome(name, arguments, read_catalogue(client))
         if rejected is not None or spec is None:
@@ -121,7 +122,7 @@ async def acall_tool(
     context: Mapping[str, Any] | None = None,
 ) -> ToolOutcome:
     """`call_tool` for asyncio: the publish runs in a thread, the wait on the reply list is async."""
-    client = aioredis.Redis.from_url(redis_url)
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s + REPLY_GRACE_S + 5)
     try:
         rejected, spec = build_rejection_outcome(name, arguments, await aread_catalogue(client))
         if rejected is not None or spec is None:

@@ -1,11 +1,23 @@
-"""Session-wide fixtures: the shared test data beside the checkout, a real Redis, real workers."""
+"""Session-wide fixtures: the shared test data beside the checkout, a real Redis, real workers.
+
+- `redis_server` / `redis_url`: one real `redis-server` per test session on a free port (ops.redis_server).
+- `redis_client`: a client of it (decode_responses off). Tests use unique ids instead of flushing, because
+  the session's workers keep their catalogue entries in the same Redis.
+- `worker`: one real prefork worker per session (`toolloop worker`, concurrency 2) serving
+  `tests.support.tools`; for other modules or queues call `tests.support.processes.start_worker` yourself.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+
+from ops.redis_server import RedisServer
+from tests.support.processes import WorkerHandle, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,3 +34,30 @@ def find_shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     return find_shared_dir()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the whole session, stopped (and its temp dir removed) at the end."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def worker(redis_url: str) -> Iterator[WorkerHandle]:
+    """A real prefork worker serving tests.support.tools; its process group is killed at teardown."""
+    handle = start_worker(redis_url, ["tests.support.tools"], concurrency=2)
+    yield handle
+    handle.stop()

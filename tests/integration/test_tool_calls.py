@@ -1,0 +1,255 @@
+"""Tool calls through a real redis-server and a real prefork worker (issue 2, "Done when")."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator.direct import build_direct_request, call_tool
+from orchestrator.dispatch import build_task_id, dispatch_call, get_producer_app, revoke_call
+from tests.support.processes import WorkerHandle
+from tests.support.tools import COUNT_PREFIX
+from workers import keys
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
+from workers.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex
+
+
+def _runs(client: redis.Redis, tag: str) -> int:
+    return int(client.get(COUNT_PREFIX + tag) or 0)
+
+
+@pytest.fixture
+def call(redis_url: str, worker: WorkerHandle) -> Any:
+    def run(name: str, arguments: dict[str, Any], timeout_s: float = 15.0, **kw: Any) -> ToolOutcome:
+        return call_tool(redis_url, name, arguments, timeout_s=timeout_s, **kw)
+
+    return run
+
+
+def test_result(call: Any, worker: WorkerHandle) -> None:
+    outcome = call("echo", {"text": "ab", "times": 2})
+    assert outcome.ok and outcome.result == "abab" and outcome.content == "abab"
+    assert outcome.attempts == 1 and outcome.worker == worker.hostname and outcome.failure_kind is None
+
+
+def test_execution_error(call: Any) -> None:
+    outcome = call("boom", {"message": "disk on fire"})
+    assert not outcome.ok and outcome.failure_kind is FailureKind.EXECUTION_ERROR
+    assert outcome.content == "Error: ValueError: disk on fire" and not outcome.retryable
+
+
+def test_validation_failure(call: Any) -> None:
+    outcome = call("echo", {"times": "x", "extra": 1})
+    assert outcome.failure_kind is FailureKind.VALIDATION
+    assert outcome.content.startswith("Error: invalid arguments for 'echo': 'text' is a required property")
+    assert outcome.worker is None  # never dispatched
+
+
+def test_unknown_tool_lists_available_public_tools(call: Any) -> None:
+    outcome = call("nope", {})
+    assert outcome.failure_kind is FailureKind.NOT_FOUND
+    assert outcome.content.startswith("Error: unknown tool 'nope'; available: big, boom, counted,")
+    assert "secret_tool" not in outcome.content
+
+
+def test_sensitive_tool_callable_when_named(call: Any) -> None:
+    assert call("secret_tool", {}).result == "hidden"
+
+
+def test_context_reaches_the_tool(call: Any) -> None:
+    outcome = call("whoami", {}, context={"user": "ann"})
+    assert outcome.result["user"] == "ann" and outcome.result["attempt"] == 1
+
+
+def test_soft_limit_is_timeout_within_a_second(call: Any) -> None:
+    started = time.monotonic()
+    outcome = call("sleepy", {"seconds": 5})
+    elapsed = time.monotonic() - started
+    assert outcome.failure_kind is FailureKind.TIMEOUT
+    assert outcome.content == "Error: timed out after 1 s"
+    assert elapsed < 2.0
+
+
+def test_hard_limit_kills_a_deaf_cpu_bound_tool_and_worker_serves_next(
+    call: Any, worker: WorkerHandle, redis_client: redis.Redis
+) -> None:
+    before = set(worker.child_pids())
+    tag = _tag()
+    started = time.monotonic()
+    outcome = call("spin", {"tag": tag})
+    assert outcome.failure_kind is FailureKind.TIMEOUT
+    assert "timed out after 1.5 s (hard limit" in outcome.content
+    assert time.monotonic() - started < 3.5
+    assert _runs(redis_client, tag) == 1
+    assert call("echo", {"text": "next"}).result == "next"
+    deadline = time.monotonic() + 5
+    while set(worker.child_pids()) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(worker.child_pids()) != before  # the killed child was replaced
+
+
+def test_sigkilled_child_is_retried(call: Any, redis_client: redis.Redis) -> None:
+    tag = _tag()
+    outcome = call("die_once", {"tag": tag}, timeout_s=20)
+    assert outcome.ok and outcome.result == "survived" and outcome.attempts == 2
+    assert _runs(redis_client, tag) == 2
+
+
+def test_sigkilled_child_without_retries_is_worker_lost(call: Any, redis_client: redis.Redis) -> None:
+    tag = _tag()
+    outcome = call("die_always", {"tag": tag}, timeout_s=20)
+    assert outcome.failure_kind is FailureKind.WORKER_LOST and outcome.retryable
+    assert outcome.attempts == 1
+    time.sleep(0.5)  # the requeued copy must not run it again
+    assert _runs(redis_client, tag) == 1
+
+
+def test_oversized_arguments_refused_before_dispatch(call: Any) -> None:
+    outcome = call("small_args", {"text": "y" * 200})
+    assert outcome.failure_kind is FailureKind.PAYLOAD_LIMIT
+    assert "the limit is 100" in outcome.content and outcome.worker is None
+
+
+def test_oversized_result_truncated_with_marker_and_full_result_kept(
+    call: Any, redis_client: redis.Redis
+) -> None:
+    outcome = call("big", {"size": 5000})
+    assert outcome.ok and outcome.truncated and outcome.result_bytes == 5000
+    assert outcome.content.startswith("x" * 1000)
+    key = keys.full_result(outcome.call_id)
+    assert outcome.full_result_key == key
+    assert f"[truncated: result was 5000 bytes, showing the first 1000; full result stored at key {key}]" in (
+        outcome.content
+    )
+    assert json.loads(redis_client.get(key) or b"") == "x" * 5000
+    assert 0 < redis_client.ttl(key) <= keys.FULL_RESULT_TTL_S
+
+
+def test_invalid_result(call: Any) -> None:
+    outcome = call("not_json", {})
+    assert outcome.failure_kind is FailureKind.INVALID_RESULT
+    assert "not JSON-serialisable" in outcome.content
+
+
+def test_idempotent_tool_runs_once(call: Any, redis_client: redis.Redis) -> None:
+    tag = _tag()
+    first = call("idem", {"tag": tag, "value": 7})
+    second = call("idem", {"tag": tag, "value": 7})
+    assert first.ok and not first.idempotent_replay
+    assert second.ok and second.idempotent_replay and second.result == first.result
+    assert _runs(redis_client, tag) == 1
+    assert call("idem", {"tag": tag, "value": 8}).result == {"value": 8, "runs": 2}
+
+
+def test_fixed_key_with_other_arguments_conflicts(call: Any, redis_client: redis.Redis) -> None:
+    tag = _tag()
+    redis_client.delete(
+        keys.idempotency("fixed_key", __import__("hashlib").sha256(b"fixed-report").hexdigest())
+    )
+    assert call("fixed_key", {"tag": tag, "value": 1}).ok
+    assert call("fixed_key", {"tag": tag, "value": 1}).idempotent_replay
+    conflict = call("fixed_key", {"tag": tag, "value": 2})
+    assert conflict.failure_kind is FailureKind.IDEMPOTENCY_CONFLICT
+    assert _runs(redis_client, tag) == 1
+
+
+def test_transient_failures_retried_with_backoff(call: Any, redis_client: redis.Redis) -> None:
+    tag = _tag()
+    started = time.monotonic()
+    outcome = call("flaky", {"tag": tag, "failures": 2})
+    assert outcome.ok and outcome.attempts == 3 and outcome.result["attempt"] == 3
+    # Backoff 0.1 then 0.2 s, each with jitter over [half, full].
+    assert time.monotonic() - started >= 0.15
+    # The idempotency key given to the tool is stable across retries (the call id).
+    assert outcome.result["key"] == outcome.call_id
+
+
+def test_transient_failures_exhausted(call: Any) -> None:
+    outcome = call("flaky", {"tag": _tag(), "failures": 10})
+    assert outcome.failure_kind is FailureKind.EXECUTION_ERROR and outcome.retryable
+    assert outcome.attempts == 4 and "after 4 attempts" in outcome.content
+
+
+def _spec(redis_client: redis.Redis, name: str) -> ToolSpec:
+    from orchestrator.catalogue import read_catalogue
+
+    return read_catalogue(redis_client)[name]
+
+
+def _wait_outcome(client: redis.Redis, call_id: str, timeout_s: float = 10.0) -> ToolOutcome:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        raw = client.get(keys.outcome(call_id))
+        if raw is not None:
+            return ToolOutcome.model_validate_json(raw)
+        time.sleep(0.02)
+    raise AssertionError(f"no outcome for {call_id}")
+
+
+def test_redelivered_message_does_not_run_a_finished_tool_again(
+    redis_url: str, worker: WorkerHandle, redis_client: redis.Redis
+) -> None:
+    tag = _tag()
+    app = get_producer_app(Settings(redis_url=redis_url))
+    spec = _spec(redis_client, "counted")
+    request = build_direct_request("counted", {"tag": tag}, None, 10.0, time.time())
+    dispatch_call(app, spec, request)
+    outcome = _wait_outcome(redis_client, request.call_id)
+    dispatch_call(app, spec, request)  # the same message again, as a redelivery would bring it
+    dispatch_call(app, spec, request)
+    time.sleep(1.0)
+    assert outcome.ok and outcome.result == 1
+    assert _runs(redis_client, tag) == 1
+    assert redis_client.llen(keys.late_outcomes(request.call_id)) == 0
+
+
+def test_concurrent_writers_leave_exactly_one_outcome(redis_client: redis.Redis) -> None:
+    call_id = f"race-{_tag()}"
+    script = redis_client.register_script(keys.WRITE_OUTCOME_LUA)
+    barrier = threading.Barrier(8)
+    wins: list[int] = []
+
+    def write(i: int) -> None:
+        outcome = build_failure((call_id, "echo", None), FailureKind.TIMEOUT, f"writer {i}")
+        script_keys, args = keys.build_write_outcome_call(call_id, None, outcome.model_dump_json())
+        client = redis.Redis(connection_pool=redis_client.connection_pool)
+        barrier.wait()
+        wins.append(int(script(keys=script_keys, args=args, client=client)))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(wins) == [0] * 7 + [1]
+    winner = ToolOutcome.model_validate_json(redis_client.get(keys.outcome(call_id)) or b"")
+    late = [
+        ToolOutcome.model_validate_json(raw)
+        for raw in redis_client.lrange(keys.late_outcomes(call_id), 0, -1)
+    ]
+    assert len(late) == 7 and winner.error not in {o.error for o in late}
+
+
+def test_revoked_task_is_cancelled(redis_url: str, worker: WorkerHandle, redis_client: redis.Redis) -> None:
+    app = get_producer_app(Settings(redis_url=redis_url))
+    request = build_direct_request("sleepy", {"seconds": 0.9}, None, 10.0, time.time())
+    dispatch_call(app, _spec(redis_client, "sleepy"), request)
+    deadline = time.monotonic() + 5
+    while not redis_client.get(keys.attempts(request.call_id)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    revoke_call(app, build_task_id(request), terminate=True)
+    outcome = _wait_outcome(redis_client, request.call_id)
+    assert outcome.failure_kind is FailureKind.CANCELLED
+    assert outcome.content == "Error: the call was cancelled (task revoked)"

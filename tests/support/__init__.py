@@ -1,0 +1,1 @@
+"""Reusable test support: real processes (Redis, Celery workers) and the tools the tests call."""

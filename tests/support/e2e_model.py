@@ -1,0 +1,101 @@
+"""The scripted model server for end-to-end tests, in a thread of the test process, counting requests.
+
+The orchestrator under test is a separate process that reaches this server over HTTP exactly as it would a
+real provider; the test reads `requests_with(marker)` to count the model calls a turn really made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestrator.scripted_server import build_app
+
+
+class _Recorder:
+    """ASGI middleware keeping every request body, before the scripted app answers it."""
+
+    def __init__(self, app: ASGIApp, bodies: list[str], lock: threading.Lock) -> None:
+        self.app = app
+        self.bodies = bodies
+        self.lock = lock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        with self.lock:
+            self.bodies.append(body.decode("utf-8", errors="replace"))
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+class RecordingModelServer:
+    """`with RecordingModelServer() as server:` — `server.base_url` ends in `/v1` like OPENAI_BASE_URL."""
+
+    def __init__(self) -> None:
+        self._bodies: list[str] = []
+        self._lock = threading.Lock()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        port = self._socket.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        config = uvicorn.Config(
+            _Recorder(build_app(), self._bodies, self._lock),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        # Not the main thread: uvicorn leaves the test process's signal handlers alone.
+        self._thread = threading.Thread(target=self._serve, name="model-server", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
+
+    def __enter__(self) -> RecordingModelServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the scripted model server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request body received so far, decoded."""
+        with self._lock:
+            bodies = list(self._bodies)
+        return [json.loads(b) for b in bodies]
+
+    def requests_with(self, marker: str) -> int:
+        """How many requests carried `marker` (a string unique to one test's prompt)."""
+        with self._lock:
+            return sum(1 for body in self._bodies if marker in body)

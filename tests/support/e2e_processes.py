@@ -1,0 +1,108 @@
+"""Orchestrator processes for end-to-end tests: `toolloop orchestrator` as an operator runs it.
+
+Each runs in its own session (process group) so that `stop()` and `kill()` leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+
+from tests.support.processes import ROOT, TOOLLOOP_BIN
+from workers import keys
+
+
+class OrchestratorHandle:
+    """A running `toolloop orchestrator` subprocess."""
+
+    def __init__(self, process: subprocess.Popen[bytes], orchestrator_id: str, log_path: Path) -> None:
+        self.process = process
+        self.orchestrator_id = orchestrator_id
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_text(self) -> str:
+        """What the orchestrator logged so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_registered(self, redis_url: str, timeout_s: float = 20.0) -> None:
+        """Block until the process announced itself in Redis (it is claiming turns then)."""
+        client = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"orchestrator exited with {self.process.returncode}:\n{self.log_text()}")
+                if client.zscore(keys.ORCHESTRATORS, self.orchestrator_id) is not None:
+                    return
+                time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        raise TimeoutError(f"orchestrator not registered in {timeout_s} s:\n{self.log_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no lease released, nothing persisted beyond the last step."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (graceful), then SIGKILL of the group; returns the exit code of the graceful stop."""
+        code = self.process.poll()
+        if code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.process.wait(timeout=timeout_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(timeout=5)
+        return code
+
+
+def start_orchestrator(
+    redis_url: str,
+    *,
+    model_base_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    orchestrator_id: str | None = None,
+    wait: bool = True,
+) -> OrchestratorHandle:
+    """Start `toolloop orchestrator` against `redis_url` with short leases, for fast take-over in tests."""
+    oid = orchestrator_id or f"e2e-orch-{os.urandom(4).hex()}"
+    full_env = {
+        **os.environ,
+        "TOOLLOOP_REDIS_URL": redis_url,
+        "TOOLLOOP_LEASE_TTL_S": "3",
+        "TOOLLOOP_LOST_CALL_GRACE_S": "1",
+        "PYTHONPATH": str(ROOT),
+        **({"TOOLLOOP_SCRIPTED_BASE_URL": model_base_url} if model_base_url else {}),
+        **(env or {}),
+    }
+    log = Path(tempfile.mkstemp(prefix="toolloop-orchestrator-", suffix=".log")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(TOOLLOOP_BIN), "orchestrator", "--id", oid],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    handle = OrchestratorHandle(process, oid, log)
+    if wait:
+        handle.wait_registered(redis_url)
+    return handle

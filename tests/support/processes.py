@@ -1,0 +1,135 @@
+"""Starting real processes for integration and e2e tests: a Celery prefork worker, as users run it.
+
+    handle = start_worker(redis_url, ["tests.support.tools"])   # returns once its catalogue is published
+    handle.child_pids()                                         # the prefork pool's children
+    handle.stop()                                               # SIGTERM, then SIGKILL, whole process group
+
+Each worker runs `toolloop worker` in its own session (process group), so `stop()` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import redis
+
+from workers import keys
+
+TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerHandle:
+    """A running `toolloop worker` subprocess."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], hostname: str, redis_url: str, log_path: Path
+    ) -> None:
+        self.process = process
+        self.hostname = hostname
+        self.redis_url = redis_url
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        """The worker's main (parent) process id."""
+        return self.process.pid
+
+    def child_pids(self) -> list[int]:
+        """Process ids of the pool's children (direct children of the main process)."""
+        children: list[int] = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.pid:
+                children.append(int(stat.parent.name))
+        return sorted(children)
+
+    def log_text(self) -> str:
+        """What the worker wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the worker has published its catalogue entry (it is consuming then)."""
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_text()}")
+                raw = client.hget(keys.CATALOGUE, self.hostname)
+                if raw is not None and json.loads(raw)["tools"]:
+                    return
+                time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        raise TimeoutError(f"worker {self.hostname} not ready in {timeout_s} s:\n{self.log_text()}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL of the whole process group; idempotent."""
+        if self.process.poll() is None:
+            # The main process only: it stops its pool children itself (a warm shutdown).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout_s)
+        _signal_group(self.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(timeout=5)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+def start_worker(
+    redis_url: str,
+    modules: Iterable[str],
+    *,
+    queues: Iterable[str] | None = None,
+    concurrency: int = 2,
+    hostname: str | None = None,
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
+) -> WorkerHandle:
+    """Start `toolloop worker` serving `modules` on `redis_url`; by default wait until it is ready."""
+    name = hostname or f"test-{uuid.uuid4().hex[:8]}@localhost"
+    command = [
+        str(TOOLLOOP_BIN),
+        "worker",
+        f"--concurrency={concurrency}",
+        f"--hostname={name}",
+        "--loglevel=INFO",
+    ]
+    if queues is not None:
+        command.append(f"--queues={','.join(queues)}")
+    full_env = {
+        **os.environ,
+        "TOOLLOOP_REDIS_URL": redis_url,
+        "TOOLLOOP_TOOL_MODULES": ",".join(modules),
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    log = Path(tempfile.mkstemp(prefix="toolloop-worker-", suffix=".log")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=True
+        )
+    handle = WorkerHandle(process, name, redis_url, log)
+    if wait:
+        handle.wait_ready()
+    return handle
