@@ -187,22 +187,16 @@ class _Accumulator:
     @staticmethod
     def _append_part(item: dict[str, Any], content_index: object, kind: object, delta: str) -> None:
         item.setdefault("type", "message")
-        parts = item.setdefault("content", [])
-        position = content_index if isinstance(content_index, int) else len(parts)
-        while len(parts) <= position:
-            parts.append({})
+        parts = _slot_list(item, "content")
         field = "refusal" if kind == "response.refusal.delta" else "text"
-        parts[position].setdefault("type", "refusal" if field == "refusal" else "output_text")
-        parts[position][field] = str(parts[position].get(field) or "") + delta
+        part = _slot(parts, content_index, {"type": "refusal" if field == "refusal" else "output_text"})
+        part[field] = str(part.get(field) or "") + delta
 
     @staticmethod
     def _append_summary(item: dict[str, Any], summary_index: object, delta: str) -> None:
         item.setdefault("type", "reasoning")
-        summary = item.setdefault("summary", [])
-        position = summary_index if isinstance(summary_index, int) else len(summary)
-        while len(summary) <= position:
-            summary.append({"type": "summary_text", "text": ""})
-        summary[position]["text"] = str(summary[position].get("text") or "") + delta
+        part = _slot(_slot_list(item, "summary"), summary_index, {"type": "summary_text", "text": ""})
+        part["text"] = str(part.get("text") or "") + delta
 
     def body(self) -> dict[str, Any]:
         response = dict(self.response)
@@ -210,6 +204,29 @@ class _Accumulator:
         if not response.get("output"):
             response["output"] = [self.items[i] for i in sorted(self.items)]
         return response
+
+
+# An index past this many parts is a corrupt stream, not a reason to allocate a huge list.
+_MAX_PARTS = 1000
+
+
+def _slot_list(item: dict[str, Any], key: str) -> list[Any]:
+    value = item.setdefault(key, [])
+    if not isinstance(value, list):
+        raise MalformedBody(key, "expected an array")
+    return value
+
+
+def _slot(parts: list[Any], index: object, empty: dict[str, Any]) -> dict[str, Any]:
+    position = index if isinstance(index, int) and not isinstance(index, bool) else len(parts)
+    if not 0 <= position < _MAX_PARTS:
+        raise MalformedBody("stream event index", f"{position} is out of range")
+    while len(parts) <= position:
+        parts.append(dict(empty))
+    part = parts[position]
+    if not isinstance(part, dict):
+        raise MalformedBody("stream part", "expected an object")
+    return part
 
 
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
