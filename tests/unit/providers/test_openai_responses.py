@@ -281,3 +281,18 @@ def test_every_request_shape_matches_openais_published_schema(tool_choice: str |
             model="gpt-5", messages=messages, tools=tools, tool_choice=tool_choice, max_output_tokens=64
         )
         assert_valid(openai_responses.to_wire(request), "CreateResponse")
+
+
+@pytest.mark.parametrize("index", [10**9, -1, "x"])
+def test_stream_part_indexes_out_of_range_or_odd_are_errors_not_crashes(index: object) -> None:
+    text = sse(
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {"type": "message", "content": "oops"},
+        },
+        {"type": "response.output_text.delta", "output_index": 1, "content_index": index, "delta": "x"},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "x"},
+        {"type": "response.completed", "response": {"status": "completed", "output": []}},
+    )
+    assert isinstance(openai_responses.from_stream(text), ProviderError)
