@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 from orchestrator.events import ApprovalGiven, CancelRequested, ToolStarted
 from orchestrator.store_codec import ControlRequest
+from workers.contract import ToolOutcome
 
 
 @dataclass
 class InboxBatch:
     """One read of the inbox, sorted by what it takes to turn each entry into events."""
 
-    # turn id -> call ids whose outcome was written
+    # turn id -> wire call ids whose outcome was written
     outcomes: dict[str, list[str]] = field(default_factory=dict)
     started: dict[str, list[ToolStarted]] = field(default_factory=dict)
     # turns with new control requests to read from their control stream
@@ -50,7 +51,7 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
             batch.outcomes.setdefault(turn_id, []).append(call_id)
         elif kind == "started" and call_id:
             started = ToolStarted(
-                call_id=call_id,
+                call_id=parse_wire_call_id(turn_id, call_id),
                 attempt=_as_int(fields.get("attempt"), 1),
                 worker=fields.get("worker") or None,
                 at=_as_float(fields.get("at"), at_default),
@@ -82,3 +83,34 @@ def _as_float(raw: str | None, default: float) -> float:
         return float(raw) if raw else default
     except ValueError:
         return default
+
+
+# Models number their tool calls per response ("call_r0_0", "toolu_…", or ids we synthesise per turn), so a
+# call id is unique within its turn but not across turns. Redis keys (outcome, attempts, running guard) and
+# Celery see the call under a turn-scoped id; the machine and the history keep the model's id.
+WIRE_CALL_ID_SEPARATOR = "/"
+
+
+def build_wire_call_id(turn_id: str, call_id: str) -> str:
+    """The id a call has in Redis and Celery: unique across turns."""
+    return f"{turn_id}{WIRE_CALL_ID_SEPARATOR}{call_id}"
+
+
+def parse_wire_call_id(turn_id: str, wire_id: str) -> str:
+    """The model's call id back from a wire id of `turn_id` (an id without the turn's prefix as is)."""
+    prefix = f"{turn_id}{WIRE_CALL_ID_SEPARATOR}"
+    return wire_id[len(prefix) :] if wire_id.startswith(prefix) else wire_id
+
+
+def to_wire_outcome(outcome: ToolOutcome) -> ToolOutcome:
+    """An outcome the machine asked for, under its call's wire id (the machine always sets its turn id)."""
+    if outcome.turn_id is None:
+        return outcome
+    return outcome.model_copy(update={"call_id": build_wire_call_id(outcome.turn_id, outcome.call_id)})
+
+
+def to_local_outcome(outcome: ToolOutcome) -> ToolOutcome:
+    """An outcome read from Redis, under the model's call id, as the machine knows the call."""
+    if outcome.turn_id is None:
+        return outcome
+    return outcome.model_copy(update={"call_id": parse_wire_call_id(outcome.turn_id, outcome.call_id)})

@@ -42,7 +42,7 @@ from orchestrator import metrics
 from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
 from orchestrator.events import Command, Event, Finish, TimerFired, ToolFinished
-from orchestrator.inbox import build_control_event, parse_inbox
+from orchestrator.inbox import build_control_event, parse_inbox, to_local_outcome
 from orchestrator.model import TurnStatus
 from orchestrator.runtime_exec import CommandExecutor
 from orchestrator.runtime_turns import TurnFactory
@@ -266,7 +266,7 @@ class Runtime:
                 continue  # not ours (any more): its new owner re-reads outcomes on take-over
             events: list[Event] = list(batch.started.get(turn_id, []))
             events += [
-                ToolFinished(outcome=outcomes[c], at=now)
+                ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now)
                 for c in batch.outcomes.get(turn_id, [])
                 if c in outcomes
             ]

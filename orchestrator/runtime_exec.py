@@ -35,6 +35,7 @@ from orchestrator.events import (
     ToolFinished,
     WriteOutcomes,
 )
+from orchestrator.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.base import ModelClient, ModelRequest, parse_model_ref
 from orchestrator.providers.registry import build_model_client
@@ -127,8 +128,8 @@ class CommandExecutor:
         return []
 
     async def _write(self, outcome: ToolOutcome) -> Event:
-        winner = await self._store.write_outcome(outcome)
-        return ToolFinished(outcome=winner, at=self._clock())
+        winner = await self._store.write_outcome(to_wire_outcome(outcome))
+        return ToolFinished(outcome=to_local_outcome(winner), at=self._clock())
 
     async def aclose(self) -> None:
         """Stop the in-process scripted model, if this executor started one."""
@@ -216,7 +217,7 @@ class CommandExecutor:
     async def _publish(self, handle: TurnHandle, call: Dispatch) -> None:
         spec = handle.state.offered.get(call.tool)
         request = ToolCallRequest(
-            call_id=call.call_id,
+            call_id=build_wire_call_id(handle.turn_id, call.call_id),
             tool=call.tool,
             arguments=call.arguments,
             turn_id=handle.turn_id,

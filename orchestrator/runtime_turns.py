@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator import machine
 from orchestrator.events import Command, Event, ModelFailed, ToolFinished
+from orchestrator.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.machine_model import provider_of
 from orchestrator.model import ProviderError
 from orchestrator.state import TurnState, load_state
@@ -91,9 +92,13 @@ class TurnFactory:
         events: list[Event] = []
         now = self._clock()
         if state.current is not None:
-            pending = [c.call_id for c in state.current.calls if not c.finished]
+            pending = [
+                build_wire_call_id(state.turn_id, c.call_id) for c in state.current.calls if not c.finished
+            ]
             outcomes = await self._store.read_outcomes(pending)
-            events += [ToolFinished(outcome=outcomes[c], at=now) for c in pending if c in outcomes]
+            events += [
+                ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now) for c in pending if c in outcomes
+            ]
         if state.awaiting_model is not None:
             error = ProviderError(
                 provider=provider_of(state.model),

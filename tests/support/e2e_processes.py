@@ -43,7 +43,9 @@ class OrchestratorHandle:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"orchestrator exited with {self.process.returncode}:\n{self.log_text()}")
+                    raise RuntimeError(
+                        f"orchestrator exited with {self.process.returncode}:\n{self.log_text()}"
+                    )
                 if client.zscore(keys.ORCHESTRATORS, self.orchestrator_id) is not None:
                     return
                 time.sleep(0.05)
