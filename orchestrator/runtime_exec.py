@@ -53,6 +53,8 @@ log = logging.getLogger("toolloop.orchestrator")
 # Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
 PUBLISH_ATTEMPTS = 4
 PUBLISH_BACKOFF_S = 0.5
+# How far past the turn's deadline a worker's capped time limits reach (see `_send`).
+DEADLINE_MARGIN_S = 1.0
 
 Spawn = Callable[[Awaitable[None], "TurnHandle"], None]
 Feed = Callable[["TurnHandle", Iterable[Event]], Awaitable[None]]
@@ -254,7 +256,10 @@ class CommandExecutor:
 
 
 def _send(app: Celery, spec: ToolSpec, request: ToolCallRequest, task_id: str) -> None:
+    # Limits are capped by the time left before the deadline, measured from a moment DEADLINE_MARGIN_S
+    # earlier: the worker's own (soft) limit then comes after the deadline, so that the orchestrator's
+    # deadline timer answers the call `deadline_exceeded` (SPEC §5.3) instead of racing a `timeout`.
+    options = build_send_options(spec, request, time.time() - DEADLINE_MARGIN_S)
     # The machine names each task (turn, round, call, attempt) so that it can revoke it later by that id.
-    options = build_send_options(spec, request, time.time())
     options["task_id"] = task_id
     app.send_task(**options)
