@@ -1,0 +1,318 @@
+"""`toolloop demo` / `make demo`: the whole system once, on this machine, and nothing left running after.
+
+It starts an embedded Redis (unless TOOLLOOP_REDIS_URL is set), a prefork worker serving the example tools
+(`toolloop worker`) and an orchestrator (`toolloop orchestrator`, which serves the scripted model itself
+when the model is `scripted:*`), submits one multi-tool turn through `orchestrator.Client`, shows its
+progress and transcript, and stops every process it started — on success, on error, on Ctrl-C and on
+SIGTERM. Each child runs in its own session, so stopping one stops its whole process group.
+
+With `--model`, TOOLLOOP_MODEL, OPENAI_BASE_URL/OPENAI_API_KEY or ANTHROPIC_API_KEY the same turn runs
+against that model instead of the scripted one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+import redis
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from ops.redis_server import RedisServer
+from orchestrator.catalogue import read_catalogue
+from orchestrator.client import Client
+from orchestrator.model import AssistantMessage, Message, SystemMessage, ToolMessage, TurnOutcome, UserMessage
+from workers import keys
+
+DEFAULT_PROMPT = "What is 6 plus 7, what is 6 times 7, and what is the weather in Paris?"
+DEMO_TOOLS = ("add", "multiply", "get_weather")
+SCRIPTED_MODEL = "scripted:demo"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
+
+
+class DemoError(RuntimeError):
+    """A part of the demo did not start or the turn did not finish; the message says which and why."""
+
+
+class Processes:
+    """The child processes the demo started; `stop_all` stops each one's whole process group (idempotent)."""
+
+    def __init__(self) -> None:
+        self.children: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self.redis: RedisServer | None = None
+
+    def start(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """Start `toolloop <args>` in a new session, its output in a temp log file."""
+        log = Path(tempfile.mkstemp(prefix=f"toolloop-demo-{name}-", suffix=".log")[1])
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(TOOLLOOP_BIN), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
+        self.children.append((name, process, log))
+        return process
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        """The end of a child's log, for error messages."""
+        for child, _process, log in self.children:
+            if child == name and log.exists():
+                return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def check_alive(self) -> None:
+        """DemoError when a child has exited."""
+        for name, process, _log in self.children:
+            if process.poll() is not None:
+                raise DemoError(f"the {name} exited with {process.returncode}:\n{self.log_tail(name)}")
+
+    def stop_all(self) -> None:
+        """SIGTERM every child (newest first, so the orchestrator stops before the worker), then SIGKILL."""
+        for _name, process, _log in reversed(self.children):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for _name, process, _log in reversed(self.children):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            # Whatever is left of the group (a pool child, a stuck process) goes now.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        for _name, _process, log in self.children:
+            log.unlink(missing_ok=True)
+        self.children.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+
+def choose_model(explicit: str | None, env: Mapping[str, str]) -> str:
+    """The demo's model: --model, TOOLLOOP_MODEL, a configured OpenAI or Anthropic one, else scripted."""
+    if explicit:
+        return explicit
+    if env.get("TOOLLOOP_MODEL"):
+        return env["TOOLLOOP_MODEL"]
+    if env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"):
+        return "openai:" + env.get("OPENAI_MODEL", "gpt-4.1-mini")
+    if env.get("ANTHROPIC_API_KEY"):
+        return "anthropic:claude-sonnet-4-5"
+    return SCRIPTED_MODEL
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    # SIGTERM (and SIGHUP) become KeyboardInterrupt like Ctrl-C, so every exit path runs the cleanup.
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_demo(
+    *,
+    prompt: str | None = None,
+    model: str | None = None,
+    timeout_s: float = 60.0,
+    console: Console | None = None,
+) -> int:
+    """Run the demo: 0 when the turn completed, 1 when it ended otherwise or failed, 130 on Ctrl-C."""
+    out = console or Console()
+    processes = Processes()
+    atexit.register(processes.stop_all)
+    started = time.monotonic()
+    try:
+        with _interruptible():
+            outcome = _run(
+                processes, out, prompt or DEFAULT_PROMPT, choose_model(model, os.environ), timeout_s
+            )
+            out.print(f"[dim]demo took {time.monotonic() - started:.1f} s[/dim]")
+            return 0 if outcome.status == "completed" else 1
+    except KeyboardInterrupt:
+        out.print("[yellow]interrupted: stopping everything the demo started[/yellow]")
+        return 130
+    except (DemoError, redis.RedisError, TimeoutError) as exc:
+        out.print(f"[red]demo failed:[/red] {exc}")
+        return 1
+    finally:
+        processes.stop_all()
+        atexit.unregister(processes.stop_all)
+        out.print("[dim]stopped every process the demo started[/dim]")
+
+
+def _run(processes: Processes, out: Console, prompt: str, model: str, timeout_s: float) -> TurnOutcome:
+    redis_url = os.environ.get("TOOLLOOP_REDIS_URL")
+    if not redis_url:
+        processes.redis = RedisServer().start()
+        redis_url = processes.redis.url
+        out.print(f"[green]✓[/green] embedded Redis at {redis_url} (pid {processes.redis.pid})")
+    else:
+        out.print(f"[green]✓[/green] using Redis at {redis_url}")
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": redis_url}
+    env.setdefault("TOOLLOOP_TOOL_MODULES", "workers.examples")
+    hostname = f"demo-{uuid.uuid4().hex[:8]}@localhost"
+    worker = processes.start(
+        "worker", ["worker", "--concurrency=2", f"--hostname={hostname}", "--loglevel=WARNING"], env
+    )
+    orchestrator = processes.start("orchestrator", ["orchestrator", "--log-level=WARNING"], env)
+    out.print(f"[green]✓[/green] worker {hostname} (pid {worker.pid}), orchestrator (pid {orchestrator.pid})")
+    _wait_ready(processes, redis_url, hostname)
+    out.print(f"[green]✓[/green] worker ready; model [bold]{model}[/bold]")
+    client = Client(redis_url)
+    try:
+        turn_id = client.submit(prompt=prompt, model=model, tools=list(DEMO_TOOLS))
+        out.print(f"[green]✓[/green] submitted turn [bold]{turn_id}[/bold]\n")
+        outcome, events = _follow(client, processes, out, turn_id, timeout_s)
+    finally:
+        client.redis.close()
+    _print_transcript(out, outcome, events)
+    _print_summary(out, outcome, turn_id, redis_url)
+    return outcome
+
+
+def _wait_ready(processes: Processes, redis_url: str, hostname: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            processes.check_alive()
+            if client.hexists(keys.CATALOGUE, hostname) and set(DEMO_TOOLS) <= set(read_catalogue(client)):
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise DemoError(
+        f"the worker did not publish its tools in {READY_TIMEOUT_S:g} s:\n{processes.log_tail('worker')}"
+    )
+
+
+def _follow(
+    client: Client, processes: Processes, out: Console, turn_id: str, timeout_s: float
+) -> tuple[TurnOutcome, list[dict[str, Any]]]:
+    """Print the turn's events as they come until it ends; its outcome and every event."""
+    deadline = time.monotonic() + timeout_s
+    after = "0"
+    events: list[dict[str, Any]] = []
+    stream = keys.turn_events(turn_id)
+    while time.monotonic() < deadline:
+        processes.check_alive()
+        entries = cast(list[tuple[str, dict[str, str]]], client.redis.xrange(stream, min=f"({after}"))
+        for entry_id, fields in entries:
+            after = entry_id
+            data = json.loads(fields.get("data", "{}"))
+            event = {"name": fields.get("name", ""), "at": float(fields.get("at", 0)), **data}
+            events.append(event)
+            _print_event(out, event, events[0]["at"])
+        outcome = client.outcome(turn_id)
+        if outcome is not None:
+            return outcome, events
+        time.sleep(0.05)
+    raise DemoError(
+        f"the turn did not finish in {timeout_s:g} s; orchestrator log:\n{processes.log_tail('orchestrator')}"
+    )
+
+
+_EVENT_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "turn_started": lambda e: f"turn started on {e.get('model')}",
+    "model_called": lambda e: f"model call #{int(e.get('llm_call_index', 0)) + 1}",
+    "model_responded": lambda e: f"model answered: {e.get('type')} in {e.get('duration_ms', 0):.0f} ms",
+    "model_failed": lambda e: f"[red]model failed[/red]: {e.get('message')}",
+    "tool_dispatched": lambda e: f"→ {e.get('tool')}({_args(e.get('arguments'))}) sent to the workers",
+    "tool_started": lambda e: f"  {e.get('tool')} started on {e.get('worker')}",
+    "tool_finished": lambda e: (
+        f"← {e.get('tool')} {'ok' if e.get('ok') else e.get('failure_kind')}"
+        f" in {e.get('duration_ms', 0):.0f} ms"
+    ),
+    "turn_finished": lambda e: f"turn {e.get('status')}",
+}
+
+
+def _print_event(out: Console, event: dict[str, Any], t0: float) -> None:
+    render = _EVENT_LINES.get(event["name"])
+    if render is not None:
+        out.print(f"[dim]{event['at'] - t0:6.2f} s[/dim]  {render(event)}")
+
+
+def _args(arguments: object) -> str:
+    if not isinstance(arguments, dict):
+        return ""
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+
+
+def _print_transcript(out: Console, outcome: TurnOutcome, events: list[dict[str, Any]]) -> None:
+    durations = {e.get("call_id"): e.get("duration_ms", 0.0) for e in events if e["name"] == "tool_finished"}
+    out.print()
+    for message in outcome.messages:
+        out.print(_render_message(message, durations))
+
+
+def _render_message(message: Message, durations: Mapping[object, float]) -> Panel:
+    if isinstance(message, UserMessage | SystemMessage):
+        return Panel(message.content, title=message.role, title_align="left", border_style="cyan")
+    if isinstance(message, AssistantMessage):
+        lines = [message.content] if message.content else []
+        lines += [
+            f"calls [bold]{c.name}[/bold]({_args(c.arguments)})  [dim]{c.id}[/dim]"
+            for c in message.tool_calls
+        ]
+        return Panel(
+            "\n".join(lines) or "(empty)", title="assistant", title_align="left", border_style="green"
+        )
+    assert isinstance(message, ToolMessage)
+    style = "red" if message.is_error else "magenta"
+    kind = f" · {message.failure_kind.value}" if message.failure_kind else ""
+    took = durations.get(message.tool_call_id)
+    timing = f" · {took:.1f} ms" if took is not None else ""
+    title = f"tool {message.name}{kind}{timing}{' · synthetic' if message.synthetic else ''}"
+    return Panel(message.content, title=title, title_align="left", border_style=style)
+
+
+def _print_summary(out: Console, outcome: TurnOutcome, turn_id: str, redis_url: str) -> None:
+    table = Table(title="usage per model call", title_justify="left")
+    for column in ("#", "model", "input", "output", "total", "ms"):
+        table.add_column(column)
+    for index, record in enumerate(outcome.llm_call_records, start=1):
+        u = record.usage
+        table.add_row(
+            str(index),
+            str(record.model),
+            str(u.input_tokens),
+            str(u.output_tokens),
+            str(u.total_tokens),
+            f"{record.duration_ms:.0f}",
+        )
+    out.print(table)
+    summary = outcome.model_dump(mode="json", exclude={"messages", "llm_call_records"})
+    out.print(Panel(json.dumps(summary, indent=2, ensure_ascii=False), title="outcome", title_align="left"))
+    out.print(
+        "[bold]Where to look next[/bold]\n"
+        f"  • the whole turn as JSON:   TOOLLOOP_REDIS_URL={redis_url} toolloop show {turn_id}\n"
+        "    (the demo's embedded Redis stops with it: set TOOLLOOP_REDIS_URL to a Redis you keep)\n"
+        f"  • tool tasks in Flower:     celery --broker={redis_url} flower --port=5555\n"
+        "  • your own turn:            toolloop submit --prompt '…' --wait"
+    )
