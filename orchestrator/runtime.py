@@ -43,6 +43,7 @@ from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
 from orchestrator.events import Command, Event, Finish, TimerFired, ToolFinished
 from orchestrator.inbox import build_control_event, parse_inbox, to_local_outcome
+from orchestrator.machine_common import find_call
 from orchestrator.model import TurnStatus
 from orchestrator.runtime_exec import CommandExecutor
 from orchestrator.runtime_turns import TurnFactory
@@ -341,9 +342,12 @@ class Runtime:
         pending.extend(follow_ups)
         while pending and not handle.dropped:
             event = pending.popleft()
-            state, commands = self._factory.step(handle.state, event)
+            before = handle.state
+            state, commands = self._factory.step(before, event)
             if not await self._persist(handle, state):
                 return
+            if isinstance(event, ToolFinished):
+                _record_answer(before, state, event)
             pending.extend(await self._exec.execute(handle, commands))
 
     async def _persist(self, handle: TurnHandle, state: TurnState) -> bool:
@@ -418,6 +422,13 @@ class Runtime:
             except REDIS_ERRORS as exc:
                 log.warning("Redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(REDIS_RETRY_S)
+
+
+def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:
+    # Count an outcome once, when it became its call's answer; a duplicate or late one is only audited.
+    call = find_call(before, event.outcome.call_id)
+    if call is not None and call.outcome is None and len(after.late_outcomes) == len(before.late_outcomes):
+        metrics.record_tool_outcome(event.outcome)
 
 
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:

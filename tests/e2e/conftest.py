@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
+from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
 from orchestrator.model import Message, ToolMessage, TurnOutcome
 from tests.support.e2e_model import RecordingModelServer
@@ -46,7 +46,11 @@ def e2e_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
 def orchestrator_process(
     e2e_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
-    handle = start_orchestrator(e2e_redis.url, model_base_url=model_server.base_url)
+    handle = start_orchestrator(
+        e2e_redis.url,
+        model_base_url=model_server.base_url,
+        env={"TOOLLOOP_METRICS_PORT": str(find_free_port())},
+    )
     yield handle
     handle.stop()
 

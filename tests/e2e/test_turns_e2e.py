@@ -7,9 +7,11 @@ so a test says exactly which tool calls the model makes. Turns go in and come ou
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -145,6 +147,36 @@ def test_one_confirmation_approved_and_another_denied(client: Client, e2e_redis_
     assert int(e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{alice}") or 0) == 1
     assert e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{bob}") is None
     assert_every_call_answered_once(outcome.messages)
+
+
+def test_one_orchestrator_drives_many_turns_at_once(client: Client) -> None:
+    # Each turn holds a 1 s tool; with two worker processes, 8 turns one after another would take 8 s.
+    sleep = {"name": "e2e_sleep", "arguments": {"seconds": 1}}
+    turn_ids = [
+        client.submit(prompt=plan_prompt([{"calls": [sleep]}])[0], model="scripted:plan") for _ in range(8)
+    ]
+    outcomes = [wait_outcome(client, turn_id, 30) for turn_id in turn_ids]
+    assert [o.status for o in outcomes] == ["completed"] * 8
+    started = [float(f["at"]) for t in turn_ids for f in _events(client, t, "tool_started")]
+    finished = [float(f["at"]) for t in turn_ids for f in _events(client, t, "turn_finished")]
+    assert max(finished) - min(started) < 7, "turns ran one after another"
+
+
+def _events(client: Client, turn_id: str, name: str) -> list[dict[str, str]]:
+    return [
+        fields
+        for _id, fields in client.redis.xrange(f"toolloop:turn:{turn_id}:events")
+        if fields["name"] == name
+    ]
+
+
+def test_the_orchestrator_exposes_prometheus_metrics(orchestrator_process: OrchestratorHandle) -> None:
+    port = orchestrator_process.env["TOOLLOOP_METRICS_PORT"]
+    body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert re.search(r'toolloop_tool_calls_total\{kind="ok",tool="e2e_add"\} [1-9]', body), body
+    assert re.search(r'toolloop_tool_calls_total\{kind="not_found",tool="no_such_tool"\} 1\.0', body)
+    assert re.search(r'toolloop_turns_finished_total\{status="completed",stop_reason="none"\} [1-9]', body)
+    assert re.search(r'toolloop_model_calls_total\{outcome="ok",provider="scripted"\} [1-9]', body)
 
 
 def test_the_orchestrator_stops_gracefully_on_sigterm(orchestrator_process: OrchestratorHandle) -> None:

@@ -23,7 +23,10 @@ from workers import keys
 class OrchestratorHandle:
     """A running `toolloop orchestrator` subprocess."""
 
-    def __init__(self, process: subprocess.Popen[bytes], orchestrator_id: str, log_path: Path) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], orchestrator_id: str, log_path: Path, env: Mapping[str, str]
+    ) -> None:
+        self.env = dict(env)
         self.process = process
         self.orchestrator_id = orchestrator_id
         self.log_path = log_path
@@ -104,7 +107,7 @@ def start_orchestrator(
             cwd=ROOT,
             start_new_session=True,
         )
-    handle = OrchestratorHandle(process, oid, log)
+    handle = OrchestratorHandle(process, oid, log, env or {})
     if wait:
         handle.wait_registered(redis_url)
     return handle
