@@ -1,0 +1,6 @@
+"""`python -m ops.bench` (`make bench`): toolloop measured against plain Celery on the same Redis and workers.
+
+Modules: `tools` (what the workers serve: no-op and parking tools, and a plain Celery no-op task),
+`instant` (a zero-latency in-process model and the orchestrator process that uses it), `procs` (starting
+and measuring processes), `scenarios` (the measurements), `report` (JSON lines and the table).
+"""

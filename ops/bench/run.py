@@ -1,0 +1,161 @@
+"""One benchmark run: its own Redis, workers and orchestrators, every scenario, every figure.
+
+Order matters: the scenarios that need an orchestrator free of other turns come first; the 10,000 parked
+turns come last, in an orchestrator of their own, so that its RSS and idle CPU are theirs alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from celery import Celery
+
+from ops.bench import scenarios
+from ops.bench.procs import Proc, measure_idle_cpu_pct, read_rss_mb, start_orchestrator, start_worker
+from ops.bench.report import Metric, compared, with_goal
+from ops.bench.scenarios import Sizes, summarise
+from ops.bench.tools import NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
+from ops.redis_server import RedisServer
+from orchestrator import Client
+from workers.app import create_app
+from workers.settings import Settings
+
+# The round trips are measured with as many worker processes as this machine has cores (at least 2).
+ROUNDTRIP_WORKERS = 2
+ROUNDTRIP_RATIO_GOAL = 1.1
+THROUGHPUT_RATIO_GOAL = 0.9
+PARKED_RSS_GOAL_MB = 150.0
+PARKED_CPU_GOAL_PCT = 5.0
+DEADLINE_LAG_GOAL_MS = 100.0
+
+Progress = Callable[[str], None]
+Emit = Callable[[Metric], None]
+
+
+def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
+    """Run every scenario, passing each figure to `emit` as soon as it is known."""
+    with RedisServer() as server:
+        url = server.url
+        settings = Settings(redis_url=url)
+        app = create_app(settings, main="toolloop-bench")
+        # redis-py 8 defaults socket_timeout to 5 s, which a 5 s blocking read of Client.wait hits exactly.
+        client = Client(f"{url}?socket_timeout=60", settings=settings)
+        procs: list[Proc] = []
+        try:
+            progress("starting the slow-tool worker and an orchestrator")
+            procs.append(start_worker(url, queues=[SLOW_QUEUE], concurrency=1))
+            orchestrator = start_orchestrator(url)
+            procs.append(orchestrator)
+            for workers in sizes.worker_counts:
+                progress(f"{workers} worker process(es)")
+                worker = start_worker(url, queues=["tools"], concurrency=workers)
+                procs.append(worker)
+                _warm_up(client, app, sizes)
+                if workers == ROUNDTRIP_WORKERS:
+                    _roundtrips(client, app, sizes, emit)
+                _throughput(client, app, sizes, workers, emit)
+                worker.stop()
+                procs.remove(worker)
+            progress("deadline lag")
+            lags = summarise(scenarios.measure_deadline_lags(client, sizes))
+            emit(with_goal("deadline_lag_p99_ms", lags["p99"], "ms", limit=DEADLINE_LAG_GOAL_MS))
+            emit(Metric("deadline_lag_p50_ms", lags["p50"], "ms"))
+            orchestrator.stop()
+            procs.remove(orchestrator)
+            progress(f"parking {sizes.parked} turns in a fresh orchestrator")
+            _parked(client, url, sizes, procs, emit)
+        finally:
+            for proc in reversed(procs):
+                proc.stop(timeout_s=30)
+            client.close()
+            app.close()
+
+
+def _warm_up(client: Client, app: Celery, sizes: Sizes) -> None:
+    for _ in range(max(1, sizes.warmup // 4)):
+        app.send_task(PLAIN_TASK, queue="tools").get(timeout=30)
+        scenarios.wait_completed(client, scenarios.submit_turn(client, NOOP_TOOL, 1))
+
+
+def _roundtrips(client: Client, app: Celery, sizes: Sizes, emit: Emit) -> None:
+    samples = scenarios.measure_roundtrips(client, app, sizes)
+    tool, celery = summarise(samples.toolloop_ms), summarise(samples.celery_ms)
+    workers = {"workers": ROUNDTRIP_WORKERS, "samples": len(samples.toolloop_ms)}
+    for pct in ("p50", "p99"):
+        metric = compared(
+            f"tool_roundtrip_{pct}_ms",
+            tool[pct],
+            celery[pct],
+            "ms",
+            goal_ratio=ROUNDTRIP_RATIO_GOAL,
+            lower_is_better=True,
+        )
+        emit(Metric(**{**metric.__dict__, "extra": workers}))
+    for pct in ("p50", "p99"):
+        emit(Metric(f"celery_roundtrip_{pct}_ms", celery[pct], "ms", extra=workers))
+    overhead = summarise(samples.overhead_ms)
+    emit(
+        Metric("turn_overhead_ms", overhead["p50"], "ms", extra={**workers, "p99": round(overhead["p99"], 3)})
+    )
+
+
+def _throughput(client: Client, app: Celery, sizes: Sizes, workers: int, emit: Emit) -> None:
+    calls = sizes.turns * sizes.calls_per_turn
+    celery_rate = scenarios.measure_celery_throughput(app, calls)
+    tool_rate = scenarios.measure_tool_throughput(client, sizes)
+    extra = {"workers": workers, "calls": calls, "turns": sizes.turns}
+    metric = compared(
+        f"tool_calls_per_s_w{workers}",
+        tool_rate,
+        celery_rate,
+        "calls/s",
+        goal_ratio=THROUGHPUT_RATIO_GOAL,
+        lower_is_better=False,
+    )
+    emit(Metric(**{**metric.__dict__, "extra": extra}))
+    emit(Metric(f"celery_tasks_per_s_w{workers}", celery_rate, "tasks/s", extra=extra))
+    if workers == ROUNDTRIP_WORKERS:
+        emit(Metric(**{**metric.__dict__, "metric": "tool_calls_per_s", "extra": extra}))
+        emit(Metric("celery_tasks_per_s", celery_rate, "tasks/s", extra=extra))
+
+
+def _parked(client: Client, url: str, sizes: Sizes, procs: list[Proc], emit: Emit) -> None:
+    env = {"TOOLLOOP_ORCHESTRATOR_MAX_TURNS": str(sizes.parked + 100)}
+    orchestrator = start_orchestrator(url, env)
+    procs.append(orchestrator)
+    empty_rss = read_rss_mb(orchestrator.pid)
+    setup_s = scenarios.park_turns(client, sizes.parked, timeout_s=max(60.0, sizes.parked / 20))
+    # Let the last steps and event writes drain before calling the process idle.
+    time.sleep(2.0)
+    rss = read_rss_mb(orchestrator.pid)
+    cpu = measure_idle_cpu_pct(orchestrator.pid, sizes.idle_s)
+    extra = {"turns": sizes.parked, "empty_rss_mb": round(empty_rss, 1), "park_s": round(setup_s, 1)}
+    emit(with_goal("parked_turns_rss_mb", rss, "MiB", limit=PARKED_RSS_GOAL_MB, extra=extra))
+    emit(
+        with_goal(
+            "parked_idle_cpu_pct",
+            cpu,
+            "% of a core",
+            limit=PARKED_CPU_GOAL_PCT,
+            extra={"turns": sizes.parked, "window_s": sizes.idle_s},
+        )
+    )
+
+
+def machine_facts() -> dict[str, str]:
+    """What the figures came from: cores, CPU model, memory."""
+    facts = {"nproc": str(os.cpu_count())}
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):  # noqa: SIM115
+            if line.startswith("model name"):
+                facts["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in open("/proc/meminfo", encoding="utf-8"):  # noqa: SIM115
+            if line.startswith("MemTotal"):
+                facts["memory_mib"] = str(int(line.split()[1]) // 1024)
+                break
+    except OSError:
+        pass
+    return facts

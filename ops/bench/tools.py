@@ -1,0 +1,40 @@
+"""What the benchmark's workers serve (`TOOLLOOP_TOOL_MODULES=ops.bench.tools`).
+
+- `bench_noop`: a tool that does nothing, on the default `tools` queue: one round trip through toolloop.
+- `bench.noop`: a plain Celery task that does nothing, on the same queue and workers: the baseline.
+- `bench_park`: a slow tool on its own queue, served by one single-process worker, so that the calls of
+  thousands of turns wait for it (parked turns) or outlast their deadline (deadline lag).
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from workers import tool
+
+SLOW_QUEUE = "bench-slow"
+NOOP_TOOL = "bench_noop"
+PARK_TOOL = "bench_park"
+PLAIN_TASK = "bench.noop"
+
+
+@tool(soft_time_limit=5, time_limit=10)
+def bench_noop() -> str:
+    """Do nothing and say so."""
+    return "ok"
+
+
+@tool(soft_time_limit=590, time_limit=600, queue=SLOW_QUEUE)
+def bench_park(seconds: float = 600.0) -> str:
+    """Sleep for `seconds`: a tool slow enough that a turn calling it stays parked."""
+    time.sleep(seconds)
+    return "parked"
+
+
+# shared_task: registered on the worker's app when it is finalised, whatever app imported this module.
+@shared_task(name=PLAIN_TASK, ignore_result=False)
+def plain_noop() -> str:
+    """The baseline: a plain Celery no-op task whose result is read with `AsyncResult.get`."""
+    return "ok"
