@@ -118,9 +118,14 @@ def wait_catalogue(redis_url: str, hostname: str, proc: Proc, timeout_s: float) 
     raise TimeoutError(f"worker {hostname} not ready after {timeout_s} s:\n{proc.log_text()}")
 
 
-def start_orchestrator(redis_url: str, env: Mapping[str, str] | None = None) -> Proc:
-    """The benchmark's orchestrator (instant model) as a subprocess; registered in Redis on return."""
-    command = [sys.executable, "-m", "ops.bench.instant"]
+def start_orchestrator(
+    redis_url: str, env: Mapping[str, str] | None = None, *, command: list[str] | None = None
+) -> Proc:
+    """An orchestrator subprocess (default: the benchmark's, instant model); registered in Redis on return.
+
+    `command` runs another one, e.g. `[toolloop, "orchestrator"]`.
+    """
+    command = command or [sys.executable, "-m", "ops.bench.instant"]
     full_env = {"TOOLLOOP_REDIS_URL": redis_url, **(env or {})}
     proc = Proc(command, full_env, "orchestrator")
     client = redis.Redis.from_url(redis_url)

@@ -1,0 +1,140 @@
+"""Hypothesis over the HTTP API's bodies: huge, deeply nested, wrong types, invalid UTF-8, unknown fields.
+
+Every answer is a clear 4xx (or 202 for a body that happens to be a valid turn), never a 5xx, and the
+server keeps answering. A real uvicorn over a real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.api import create_app
+from tests.integration.store_support import serve_app, store_db_url
+from workers.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+HOSTILE_DB = 5
+JSON = {"content-type": "application/json"}
+# 307: a trailing slash (an encoded "/" in an id) is redirected by the router, which is no error.
+ACCEPTED = {202, 307, 400, 404, 405, 409, 413, 415, 422}
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+turn_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt": json_values,
+        "messages": json_values,
+        "tools": json_values,
+        "model": json_values,
+        "limits": json_values
+        | st.dictionaries(st.sampled_from(["deadline_s", "max_llm_calls", "x"]), json_values),
+        "context": json_values,
+        "conversation_id": json_values,
+        "tool_choice": json_values,
+        "unknown_field": json_values,
+    },
+)
+raw_bodies = st.one_of(
+    turn_fields.map(lambda d: json.dumps(d).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=200),  # mostly invalid UTF-8 and invalid JSON
+    st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n),
+    st.integers(1, 5000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
+    st.text(max_size=50).map(lambda t: json.dumps({"prompt": t}).encode()[:-2] + b"\xff\xfe}"),
+)
+
+
+@pytest.fixture(scope="module")
+def api(redis_url: str) -> Iterator[httpx.Client]:
+    with (
+        serve_app(create_app(Settings(redis_url=store_db_url(redis_url, HOSTILE_DB)))) as base_url,
+        httpx.Client(base_url=base_url, timeout=30) as http,
+    ):
+        yield http
+
+
+def _assert_clear_4xx(reply: httpx.Response) -> None:
+    assert reply.status_code in ACCEPTED, (reply.status_code, reply.text[:500])
+    if reply.status_code >= 400:
+        detail: Any = reply.json().get("detail")
+        assert detail, reply.text[:500]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=raw_bodies)
+def test_turn_bodies_never_5xx(api: httpx.Client, body: bytes) -> None:
+    reply = api.post("/v1/turns", content=body, headers={"content-type": "application/json"})
+    _assert_clear_4xx(reply)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=raw_bodies, turn_id=st.text(min_size=1, max_size=40), call_id=st.text(min_size=1, max_size=40))
+def test_control_bodies_and_ids_never_5xx(api: httpx.Client, body: bytes, turn_id: str, call_id: str) -> None:
+    tid, cid = quote(turn_id, safe=""), quote(call_id, safe="")
+    for path in (f"/v1/turns/{tid}/approvals/{cid}", f"/v1/turns/{tid}/cancel"):
+        reply = api.post(path, content=body, headers={"content-type": "application/json"})
+        _assert_clear_4xx(reply)
+    reply = api.get(f"/v1/turns/{tid}")
+    _assert_clear_4xx(reply)
+
+
+# Known bugs (reported to the API's owner); strict, so that the fix makes these fail until unmarked.
+@pytest.mark.xfail(
+    strict=True,
+    reason="a refused body holding NaN/Infinity: FastAPI's 422 handler echoes "
+    "the input and json.dumps refuses non-finite floats -> 500",
+)
+def test_non_finite_numbers_in_a_refused_body_get_a_4xx(api: httpx.Client) -> None:
+    # A connection of its own: the server drops the connection of a request that ended in a 500.
+    reply = httpx.post(f"{api.base_url}v1/turns", content=b'{"prompt": {"x": NaN}}', headers=JSON)
+    _assert_clear_4xx(reply)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lone surrogate escape (valid JSON) cannot be encoded to UTF-8 when "
+    "the turn is stored -> PydanticSerializationError -> 500",
+)
+def test_a_lone_surrogate_gets_a_4xx(api: httpx.Client) -> None:
+    reply = httpx.post(f"{api.base_url}v1/turns", content=b'{"prompt": "\\ud800"}', headers=JSON)
+    _assert_clear_4xx(reply)
+
+
+def test_huge_bodies_are_refused_and_the_server_stays_up(api: httpx.Client) -> None:
+    huge = json.dumps({"prompt": "x" * (3 * 1024 * 1024)}).encode()
+    assert (
+        api.post("/v1/turns", content=huge, headers={"content-type": "application/json"}).status_code == 413
+    )
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(64):
+            yield b"y" * 65536
+        yield b'"}'
+
+    reply = api.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+    assert api.get("/healthz").status_code == 200
+
+
+def test_the_server_is_alive_after_the_fuzzing(api: httpx.Client) -> None:
+    assert api.get("/healthz").status_code == 200
+    reply = api.post("/v1/turns", json={"prompt": "still there?"})
+    assert reply.status_code == 202 and reply.json()["id"]
