@@ -20,7 +20,7 @@ import redis
 from orchestrator import metrics
 from orchestrator import store_codec as codec
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
-from orchestrator.store import TurnStore
+from orchestrator.store import TurnStore, block_cap_ms, build_block_ms
 from orchestrator.store_codec import TurnEvent, TurnView, UnknownTurnError
 from workers import keys
 from workers.contract import ToolOutcome
@@ -69,6 +69,8 @@ class Client:
         )
         self._submit = self.redis.register_script(codec.SUBMIT_LUA)
         self._control = self.redis.register_script(codec.CONTROL_LUA)
+        # Reads block in steps well under the socket timeout, however long the caller waits (store.py).
+        self.block_cap_ms = block_cap_ms(self.redis)
 
     # Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
     def submit(  # noqa: PLR0917
@@ -118,7 +120,10 @@ class Client:
         return codec.parse_outcome(self.redis.get(keys.turn_outcome(turn_id)))
 
     def wait(self, turn_id: str, timeout: float) -> TurnOutcome:
-        """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s."""
+        """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s.
+
+        A turn may stay silent for longer than the Redis socket timeout (a long tool, a wait for approval):
+        each read blocks at most `block_cap_ms` and the wait goes on until `timeout`."""
         deadline = time.monotonic() + timeout
         newest = self.redis.xrevrange(keys.turn_events(turn_id), count=1)
         after = codec.text(newest[0][0]) if newest else "0"
@@ -131,16 +136,18 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"turn {turn_id} did not finish within {timeout:g} s")
-            batch = self._read_events(turn_id, after, codec.build_wait_step_ms(remaining))
+            batch = self._read_events(turn_id, after, remaining * 1000)
             if batch:
                 after = batch[-1].id
 
-    def events(self, turn_id: str, after: str = "0", *, block_ms: int = 5000) -> Iterator[TurnEvent]:
-        """The turn's events as they come, from `after` on, ending after `turn_finished`."""
+    def events(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[TurnEvent]:
+        """The turn's events as they come, from `after` on, ending after `turn_finished`.
+
+        Each read blocks at most `block_ms` (default and cap: `block_cap_ms`); quiet spells are waited out."""
         if self.redis.get(keys.turn_status(turn_id)) is None:
             raise UnknownTurnError(turn_id)
         while True:
-            batch = self._read_events(turn_id, after, block_ms)
+            batch = self._read_events(turn_id, after, block_ms or self.block_cap_ms)
             for event in batch:
                 yield event
                 if event.name == codec.TURN_FINISHED:
@@ -186,8 +193,9 @@ class Client:
     ) -> None:
         self.close()
 
-    def _read_events(self, turn_id: str, after: str, block_ms: int) -> list[TurnEvent]:
-        reply = self.redis.xread({keys.turn_events(turn_id): after}, block=block_ms)
+    def _read_events(self, turn_id: str, after: str, block_ms: float) -> list[TurnEvent]:
+        block = build_block_ms(block_ms, self.block_cap_ms)
+        reply = self.redis.xread({keys.turn_events(turn_id): after}, block=block)
         return [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)]
 
     def _ended(self, turn_id: str) -> bool:
@@ -264,7 +272,7 @@ class AsyncClient:
         return await self.store.wait_outcome(turn_id, timeout)
 
     async def events(
-        self, turn_id: str, after: str = "0", *, block_ms: int = 5000
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
     ) -> AsyncIterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`."""
         async for event in self.store.iter_events(turn_id, after, block_ms=block_ms):

@@ -12,10 +12,13 @@ Guarantees:
   runtime never appends that event itself: `append_event` ignores it) and queues the conversation's next turn.
 - Turns of one conversation run one at a time: a later turn is only queued when the previous one is terminal,
   so a claimer blocks on the queue and never polls.
+- No blocking read (XREAD BLOCK, BLMOVE) here or in the sync `Client` blocks longer than `block_cap_ms` of its
+  client, well under the client's socket timeout; whoever waits longer loops until its own deadline.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -28,9 +31,58 @@ from orchestrator.store_codec import ControlRequest, TurnEvent, TurnView, Unknow
 from workers import keys
 from workers.contract import ToolOutcome
 
-__all__ = ["ControlRequest", "TurnEvent", "TurnStore", "TurnView", "UnknownTurnError"]
+__all__ = [
+    "MAX_BLOCK_MS",
+    "ControlRequest",
+    "TurnEvent",
+    "TurnStore",
+    "TurnView",
+    "UnknownTurnError",
+    "block_cap_ms",
+    "build_block_ms",
+    "socket_timeout_s",
+]
 
 DEFAULT_LEASE_TTL_S = 15.0
+
+# redis-py (8: `socket_timeout` defaults to 5 s) gives up on a reply that takes longer than the socket
+# timeout, and a server-side block of the same length hits it exactly: a blocking read must end well before.
+MAX_BLOCK_MS = 2000
+_SOCKET_TIMEOUT_SHARE = 0.4
+_ASSUMED_SOCKET_TIMEOUT_S = 5.0
+
+
+def socket_timeout_s(client: Any) -> float | None:
+    """The read timeout redis-py applies on `client`'s connections (sync or asyncio); None: no timeout."""
+    pool = client.connection_pool
+    if "socket_timeout" in pool.connection_kwargs:
+        value = pool.connection_kwargs["socket_timeout"]
+    else:
+        value = _default_socket_timeout(pool.connection_class)
+    return None if value is None else float(value)
+
+
+def _default_socket_timeout(connection_class: type) -> Any:
+    # The connection class's own default, which is what an URL without `socket_timeout` gets.
+    for cls in connection_class.__mro__:
+        init = vars(cls).get("__init__")
+        parameter = inspect.signature(init).parameters.get("socket_timeout") if init else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return _ASSUMED_SOCKET_TIMEOUT_S
+
+
+def block_cap_ms(client: Any) -> int:
+    """How long one blocking read on `client` may block: `MAX_BLOCK_MS`, less for a short socket timeout."""
+    timeout = socket_timeout_s(client)
+    if timeout is None or timeout <= 0:
+        return MAX_BLOCK_MS
+    return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * _SOCKET_TIMEOUT_SHARE)))
+
+
+def build_block_ms(wanted_ms: float, cap_ms: int) -> int:
+    """The BLOCK of one read: what the caller wants, capped, and at least 1 ms (BLOCK 0 waits forever)."""
+    return max(1, min(cap_ms, int(wanted_ms)))
 
 
 class TurnStore:
@@ -39,6 +91,7 @@ class TurnStore:
     def __init__(self, redis: aioredis.Redis, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
         self.redis = redis
         self.lease_ttl_s = lease_ttl_s
+        self.block_cap_ms = block_cap_ms(redis)
         self._submit = redis.register_script(codec.SUBMIT_LUA)
         self._claim = redis.register_script(codec.CLAIM_LUA)
         self._take_over = redis.register_script(codec.TAKE_OVER_LUA)
@@ -84,7 +137,7 @@ class TurnStore:
         """The next queued turn, leased to `orchestrator_id`; None when none came within `timeout_s`.
 
         Blocks on the queue (BLMOVE into the claiming list, so a claimer dying here leaves a trace that
-        `find_orphans` reports); ids that are terminal or already leased are skipped.
+        `find_orphans` reports), in steps of at most `block_cap_ms`; terminal or leased ids are skipped.
         """
         ttl_ms = str(int((lease_ttl_s or self.lease_ttl_s) * 1000))
         deadline = time.monotonic() + timeout_s
@@ -92,12 +145,13 @@ class TurnStore:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
+            step_s = build_block_ms(remaining * 1000, self.block_cap_ms) / 1000
             # BLMOVE by hand: redis-py types the timeout as int, Redis takes fractional seconds.
             raw = await self._command(
-                "BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", f"{remaining:.3f}"
+                "BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", f"{step_s:.3f}"
             )
             if raw is None:
-                return None
+                continue
             turn_id = codec.text(raw)
             keys_ = [keys.TURNS_CLAIMING, keys.turn_lease(turn_id), keys.turn_status(turn_id)]
             if await self._claim(keys=keys_, args=[turn_id, orchestrator_id, ttl_ms]):
@@ -207,10 +261,12 @@ class TurnStore:
         return codec.text(entry)
 
     async def read_events(
-        self, turn_id: str, after: str = "0", block_ms: int | None = None, count: int | None = None
+        self, turn_id: str, after: str = "0", block_ms: float | None = None, count: int | None = None
     ) -> list[TurnEvent]:
-        """Events after the stream id `after`; with `block_ms`, waits up to that long for the first one."""
-        reply = await self.redis.xread({keys.turn_events(turn_id): after}, count=count, block=block_ms)
+        """Events after the stream id `after`; with `block_ms`, waits up to that long (at most `block_cap_ms`)
+        for the first one, and may return [] before anything came."""
+        block = None if block_ms is None else build_block_ms(block_ms, self.block_cap_ms)
+        reply = await self.redis.xread({keys.turn_events(turn_id): after}, count=count, block=block)
         return [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)]
 
     async def last_event_id(self, turn_id: str) -> str:
@@ -219,13 +275,16 @@ class TurnStore:
         return codec.text(newest[0][0]) if newest else "0"
 
     async def iter_events(
-        self, turn_id: str, after: str = "0", *, block_ms: int = 5000
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
     ) -> AsyncIterator[TurnEvent]:
-        """Every event from `after` on, as they come, ending after `turn_finished` (UnknownTurnError)."""
+        """Every event from `after` on, as they come, ending after `turn_finished` (UnknownTurnError).
+
+        However long the turn stays silent: each read blocks at most `block_ms` (default and cap:
+        `block_cap_ms`), then the turn's status is checked and the next read starts."""
         if await self.get_status(turn_id) is None:
             raise UnknownTurnError(turn_id)
         while True:
-            batch = await self.read_events(turn_id, after, block_ms=block_ms)
+            batch = await self.read_events(turn_id, after, block_ms=block_ms or self.block_cap_ms)
             for event in batch:
                 yield event
                 if event.name == codec.TURN_FINISHED:
@@ -236,7 +295,10 @@ class TurnStore:
                 return  # ended (or expired) and its turn_finished is not in the stream any more
 
     async def wait_outcome(self, turn_id: str, timeout_s: float) -> TurnOutcome:
-        """Block on the events stream (no tight polling) until the turn is terminal; else TimeoutError."""
+        """Block on the events stream (no tight polling) until the turn is terminal; else TimeoutError.
+
+        Each read blocks at most `block_cap_ms`, so a turn silent for longer (a long tool, a wait for
+        approval) never trips the Redis client's socket timeout."""
         deadline = time.monotonic() + timeout_s
         after = await self.last_event_id(turn_id)
         while True:
@@ -248,7 +310,7 @@ class TurnStore:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"turn {turn_id} did not finish within {timeout_s:g} s")
-            batch = await self.read_events(turn_id, after, block_ms=codec.build_wait_step_ms(remaining))
+            batch = await self.read_events(turn_id, after, block_ms=remaining * 1000)
             if batch:
                 after = batch[-1].id
 
@@ -299,8 +361,11 @@ class TurnStore:
     async def read_inbox(
         self, orchestrator_id: str, after: str, block_ms: int, count: int = 1000
     ) -> list[tuple[str, dict[str, str]]]:
-        """Notifications for this orchestrator after `after`: kind=outcome|started|control, turn, call, …"""
-        reply = await self.redis.xread({keys.inbox(orchestrator_id): after}, count=count, block=block_ms)
+        """Notifications for this orchestrator after `after`: kind=outcome|started|control, turn, call, …
+
+        Blocks up to `block_ms`, at most `block_cap_ms`: [] means nothing came yet, read again."""
+        block = build_block_ms(block_ms, self.block_cap_ms)
+        reply = await self.redis.xread({keys.inbox(orchestrator_id): after}, count=count, block=block)
         return [(i, codec.parse_fields(f)) for i, f in codec.parse_stream_reply(reply)]
 
     async def ack_inbox(self, orchestrator_id: str, up_to_id: str) -> None:

@@ -503,8 +503,3 @@ def redis_url_kwargs(redis_url: str, ssl_cert_reqs: str = "required") -> dict[st
     if redis_url.startswith("rediss://"):
         return {"ssl_cert_reqs": ssl_cert_reqs}
     return {}
-
-
-def build_wait_step_ms(remaining_s: float, max_block_ms: int = 5000) -> int:
-    """How long one blocking read of a waiter may block: what is left, capped, at least 1 ms."""
-    return max(1, min(max_block_ms, int(remaining_s * 1000)))
