@@ -3,7 +3,8 @@
 Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
 dispatched), publish the task with a reply list, block on that list, read the outcome. When nothing arrives
 in time, a synthetic `timeout` is written through the same first-writer-wins script, and whichever outcome
-won is returned — so a late real result can never make a second one.
+won is returned — so a late real result can never make a second one. When the synthetic one won, the task
+is revoked with terminate: a tool nobody waits for any more stops now, not at its hard limit.
 
 Redis errors (unreachable server) propagate as `redis.RedisError`; everything else is an outcome.
 """
@@ -20,14 +21,15 @@ import redis
 import redis.asyncio as aioredis
 
 from orchestrator.catalogue import aread_catalogue, read_catalogue
-from orchestrator.dispatch import dispatch_call, get_producer_app
+from orchestrator.dispatch import dispatch_call, get_producer_app, revoke_call
 from orchestrator.validation import offered_tools, validate_call
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 from workers.settings import Settings, get_settings
 
-# Extra wait past the caller's timeout, so the worker's own (more precise) timeout outcome can win.
-REPLY_GRACE_S = 0.5
+# Extra wait past the caller's timeout, for an outcome written right at it. It stays below the margin by which
+# `build_limits` lets a capped soft limit pass the deadline, so the caller answers first, then revokes.
+REPLY_GRACE_S = 0.25
 
 
 def build_direct_request(
@@ -97,14 +99,16 @@ def call_tool(
             assert rejected is not None
             return rejected
         request = build_direct_request(name, arguments, context, timeout_s, time.time())
-        dispatch_call(get_producer_app(_settings_for(redis_url)), spec, request)
+        app = get_producer_app(_settings_for(redis_url))
+        task_id = dispatch_call(app, spec, request)
         client.blpop([request.reply_key or ""], timeout=timeout_s + REPLY_GRACE_S)
         raw = client.get(keys.outcome(request.call_id))
         if raw is None:
             script_keys, script_args = keys.build_write_outcome_call(
                 request.call_id, None, build_timeout_outcome(request, timeout_s).model_dump_json()
             )
-            client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args)
+            if client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args):
+                revoke_call(app, task_id, terminate=True)
             raw = client.get(keys.outcome(request.call_id))
         client.delete(request.reply_key or "")
         assert raw is not None
@@ -130,14 +134,15 @@ async def acall_tool(
             return rejected
         request = build_direct_request(name, arguments, context, timeout_s, time.time())
         app = get_producer_app(_settings_for(redis_url))
-        await asyncio.to_thread(dispatch_call, app, spec, request)
+        task_id = await asyncio.to_thread(dispatch_call, app, spec, request)
         await client.blpop([request.reply_key or ""], timeout=timeout_s + REPLY_GRACE_S)
         raw = await client.get(keys.outcome(request.call_id))
         if raw is None:
             script_keys, script_args = keys.build_write_outcome_call(
                 request.call_id, None, build_timeout_outcome(request, timeout_s).model_dump_json()
             )
-            await client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args)
+            if await client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args):
+                await asyncio.to_thread(revoke_call, app, task_id, terminate=True)
             raw = await client.get(keys.outcome(request.call_id))
         await client.delete(request.reply_key or "")
         assert raw is not None

@@ -19,10 +19,12 @@ from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import Settings
 
-# When the deadline caps the hard limit, the soft one stays a tenth below it, so that a tool still has a
-# moment to return a partial result before it is killed.
-_SOFT_GAP_FRACTION = 0.1
-_MIN_LIMIT_S = 0.05
+# How far past the deadline a capped call's hard limit reaches. The owner of the deadline (the turn's timer,
+# or a direct caller) answers the call first — `deadline_exceeded`, not a racing worker `timeout` — and then
+# revokes it; the hard limit is only the backstop that kills a tool the revoke did not reach.
+DEADLINE_MARGIN_S = 1.0
+# A capped soft limit falls this far into the margin: after the deadline, still before the hard limit.
+_SOFT_MARGIN_FRACTION = 0.5
 
 
 def build_task_id(request: ToolCallRequest) -> str:
@@ -31,26 +33,38 @@ def build_task_id(request: ToolCallRequest) -> str:
 
 
 def build_limits(spec: ToolSpec, request: ToolCallRequest, now: float) -> tuple[float, float]:
-    """(soft, hard) seconds for this call: the tool's own, capped by the time left before the deadline."""
+    """(soft, hard) seconds for this call: the tool's own, capped so that they never end before the deadline.
+
+    A worker counts its limits from the moment it starts the task, at or after `now`, so a limit of
+    `left + x` ends at least `x` past the deadline. The hard limit is cut to `DEADLINE_MARGIN_S` past the
+    deadline; a soft limit that reaches the deadline is cut to halfway into that margin, one that ends
+    before it stays as is.
+    """
     soft, hard = spec.soft_time_limit_s, spec.time_limit_s
     if request.deadline_at is None:
         return soft, hard
-    left = max(request.deadline_at - now, _MIN_LIMIT_S)
-    if left >= hard:
-        return soft, hard
-    hard = left
-    return min(soft, hard * (1 - _SOFT_GAP_FRACTION)), hard
+    left_s = max(request.deadline_at - now, 0.0)
+    hard = min(hard, left_s + DEADLINE_MARGIN_S)
+    if soft >= left_s:
+        soft = min(soft, left_s + DEADLINE_MARGIN_S * _SOFT_MARGIN_FRACTION)
+    return soft, hard
 
 
-def build_send_options(spec: ToolSpec, request: ToolCallRequest, now: float) -> dict[str, Any]:
-    """Keyword arguments for `Celery.send_task` that publish `request` (pure)."""
+def build_send_options(
+    spec: ToolSpec, request: ToolCallRequest, now: float, *, task_id: str | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for `Celery.send_task` that publish `request` (pure).
+
+    `task_id` names the task (a turn's machine names each dispatch, to revoke it later by that name);
+    without it the id is `build_task_id(request)`.
+    """
     soft, hard = build_limits(spec, request, now)
     argsrepr, kwargsrepr = build_task_reprs(request)
     options: dict[str, Any] = {
         "name": build_task_name(spec.name),
         "kwargs": request.model_dump(mode="json"),
         "queue": spec.queue,
-        "task_id": build_task_id(request),
+        "task_id": task_id or build_task_id(request),
         "soft_time_limit": soft,
         "time_limit": hard,
         "argsrepr": argsrepr,
@@ -64,9 +78,19 @@ def build_send_options(spec: ToolSpec, request: ToolCallRequest, now: float) -> 
     return options
 
 
-def dispatch_call(app: Celery, spec: ToolSpec, request: ToolCallRequest, *, now: float | None = None) -> str:
-    """Publish one tool call; returns its Celery task id. Blocking (short): use `asyncio.to_thread`."""
-    options = build_send_options(spec, request, time.time() if now is None else now)
+def dispatch_call(
+    app: Celery,
+    spec: ToolSpec,
+    request: ToolCallRequest,
+    *,
+    now: float | None = None,
+    task_id: str | None = None,
+) -> str:
+    """Publish one tool call; returns its Celery task id (`task_id` when given), the id to revoke it by.
+
+    Blocking (short): use `asyncio.to_thread`.
+    """
+    options = build_send_options(spec, request, time.time() if now is None else now, task_id=task_id)
     app.send_task(**options)
     return str(options["task_id"])
 

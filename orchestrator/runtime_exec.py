@@ -17,7 +17,7 @@ import httpx
 from celery import Celery
 
 from orchestrator import metrics
-from orchestrator.dispatch import build_send_options, revoke_call
+from orchestrator.dispatch import dispatch_call, revoke_call
 from orchestrator.events import (
     ArmTimer,
     AwaitApproval,
@@ -42,7 +42,7 @@ from orchestrator.providers.registry import build_model_client
 from orchestrator.scripted_server import ScriptedServer
 from orchestrator.store import TurnStore
 from orchestrator.timers import TimerHeap
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -53,8 +53,6 @@ log = logging.getLogger("toolloop.orchestrator")
 # Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
 PUBLISH_ATTEMPTS = 4
 PUBLISH_BACKOFF_S = 0.5
-# How far past the turn's deadline a worker's capped time limits reach (see `_send`).
-DEADLINE_MARGIN_S = 1.0
 
 Spawn = Callable[[Awaitable[None], "TurnHandle"], None]
 Feed = Callable[["TurnHandle", Iterable[Event]], Awaitable[None]]
@@ -232,8 +230,9 @@ class CommandExecutor:
         if spec is not None:
             for attempt in range(PUBLISH_ATTEMPTS):
                 try:
-                    # Publishing blocks (kombu); off the loop so that other turns keep moving.
-                    await asyncio.to_thread(_send, self._app, spec, request, call.task_id)
+                    # Publishing blocks (kombu); off the loop so that other turns keep moving. The task
+                    # carries the machine's id for it, the one a later Revoke names.
+                    await asyncio.to_thread(dispatch_call, self._app, spec, request, task_id=call.task_id)
                     return
                 except Exception as exc:
                     error = exc
@@ -253,13 +252,3 @@ class CommandExecutor:
             except Exception as exc:
                 # Best effort: the call's outcome is already decided by first-writer-wins.
                 log.warning("revoking %s failed: %s", task_id, exc)
-
-
-def _send(app: Celery, spec: ToolSpec, request: ToolCallRequest, task_id: str) -> None:
-    # Limits are capped by the time left before the deadline, measured from a moment DEADLINE_MARGIN_S
-    # earlier: the worker's own (soft) limit then comes after the deadline, so that the orchestrator's
-    # deadline timer answers the call `deadline_exceeded` (SPEC §5.3) instead of racing a `timeout`.
-    options = build_send_options(spec, request, time.time() - DEADLINE_MARGIN_S)
-    # The machine names each task (turn, round, call, attempt) so that it can revoke it later by that id.
-    options["task_id"] = task_id
-    app.send_task(**options)
