@@ -1,9 +1,10 @@
 """The loop of one turn as a pure, resumable state machine (SPEC §5): `(state, event) -> (state, commands)`.
 
-`start` creates a turn's state and its first commands; `step` applies one event. Neither does I/O, reads a
-clock or draws a random number: time comes in on events, ids derive from the turn id and counters. The
-runtime performs the commands (`orchestrator.events`), persists `dump_state` after every step, and feeds
-back what happened. Any event may arrive twice or late; it then changes nothing but the audit record.
+`start` creates a turn's state and its first commands; `step` applies one event; `resume` gives a new owner
+of a persisted state the commands it must (re)issue. None does I/O, reads a clock or draws a random number:
+time comes in as arguments and on events, ids derive from the turn id and counters. The runtime performs the
+commands (`orchestrator.events`), persists `dump_state` after every step, and feeds back what happened. Any
+event may arrive twice or late; it then changes nothing but the audit record.
 
 The rules live in three modules: `machine_model` (model calls, errors, empty answers, tool choice),
 `machine_tools` (a round of tool calls: validation, limits, dispatch, approvals, lost work, outcomes) and
@@ -19,18 +20,28 @@ from typing import assert_never
 from orchestrator.events import (
     ApprovalGiven,
     ArmTimer,
+    AwaitApproval,
     CancelRequested,
     Command,
+    Emit,
     Event,
+    Finish,
     ModelFailed,
     ModelResponded,
+    Revoke,
     TimerFired,
     ToolFinished,
     ToolStarted,
+    WriteOutcomes,
 )
 from orchestrator.machine_common import Policy, Step, parse_lost_timer_id
-from orchestrator.machine_model import call_model_or_stop, on_model_failed, on_model_responded
-from orchestrator.machine_stop import begin_stop, finish_turn
+from orchestrator.machine_model import (
+    build_call_model,
+    call_model_or_stop,
+    on_model_failed,
+    on_model_responded,
+)
+from orchestrator.machine_stop import HARD_STOPS, begin_stop, finish_turn
 from orchestrator.machine_tools import (
     complete_round,
     on_approval,
@@ -44,7 +55,7 @@ from orchestrator.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, TurnSta
 from orchestrator.validation import offered_tools
 from workers.contract import ToolSpec
 
-__all__ = ["Policy", "start", "step"]
+__all__ = ["Policy", "resume", "start", "step"]
 
 
 def start(
@@ -121,6 +132,59 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
     _settle(draft, event.at)
     draft.flush()
     return draft.state, draft.commands
+
+
+def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
+    """What a new owner of a persisted turn must (re)issue, in order; `at` is the time of the take-over.
+
+    The previous owner may have died after persisting any step and before (or while) performing its
+    commands. Whatever lived only in that process is rebuilt from the state:
+
+    - `ArmTimer` for every saved timer (timers live in one process's heap; a past one fires at once);
+    - `WriteOutcomes` for every outcome the machine asked for and has not seen come back: the write is
+      first-writer-wins, so one that did land, or a real outcome that beat it, simply comes back as the
+      winner — nothing is answered twice;
+    - `CallModel` again for the model call in flight, with the same `llm_call_index` and the same request:
+      it is the same call, not a new one nor a retry (`llm_calls` and `model_retries` do not move), and the
+      first response for that index is accepted, any other ignored. None starts past the deadline (the
+      deadline timer, re-armed here, stops the turn at once);
+    - `AwaitApproval` for the calls still waiting for a person, and `Revoke` again for tasks a hard stop
+      (deadline, cancel) revoked, in case that revocation died with the process.
+
+    Nothing is dispatched again: a dispatched call may have started, and a tool must not run twice. Its
+    outcome, if written while nobody owned the turn, is read from Redis by the runtime right after this (the
+    worker's notification went to nobody); otherwise it arrives as usual. A terminal state only needs its
+    `Finish` performed (the owner died between persisting the end and storing the outcome). The state itself
+    is returned unchanged: resuming is not a step and leaves no trace in it.
+    """
+    if state.outcome is not None:
+        return state, [Finish(outcome=state.outcome)]
+    commands: list[Command] = [ArmTimer(timer_id=t, at=when) for t, when in sorted(state.timers.items())]
+    calls = state.current.calls if state.current is not None else []
+    unanswered = [c for c in calls if not c.finished]
+    hard_stop = state.stop is not None and state.stop.reason in HARD_STOPS
+    revoke = [c.task_id for c in unanswered if hard_stop and c.in_flight and c.task_id is not None]
+    if revoke:
+        commands.append(Revoke(task_ids=revoke))
+    rewrites = [c.requested for c in unanswered if c.requested is not None]
+    if rewrites:
+        commands.append(WriteOutcomes(outcomes=rewrites))
+    waiting = [c.call_id for c in unanswered if c.waiting_approval and c.requested is None]
+    if waiting:
+        commands.append(AwaitApproval(call_ids=waiting))
+    recall = state.awaiting_model if at < state.deadline_at else None
+    if recall is not None:
+        commands.append(build_call_model(state, recall))
+    data = {
+        "turn_id": state.turn_id,
+        "timers": sorted(state.timers),
+        "rewritten_call_ids": [o.call_id for o in rewrites],
+        "waiting_call_ids": waiting,
+        "llm_call_index": recall,
+    }
+    # First, so that the turn's event stream tells why what follows happens again.
+    commands.insert(0, Emit(event_name="turn_resumed", data=data))
+    return state, commands
 
 
 def _on_timer(draft: Step, event: TimerFired) -> None:

@@ -51,7 +51,7 @@ class Step:
     def request_outcome(self, call: CallState, outcome: ToolOutcome) -> CallState:
         """Ask the runtime to write `outcome` for `call`; it stays unanswered until the winner comes back."""
         assert outcome.failure_kind is not None
-        updated = call.model_copy(update={"requested": outcome.failure_kind, "waiting_approval": False})
+        updated = call.model_copy(update={"requested": outcome, "waiting_approval": False})
         self.writes.append(outcome)
         self.replace_call(updated)
         return updated

@@ -9,7 +9,7 @@ from orchestrator.machine_stop import begin_stop, finish_turn
 from orchestrator.machine_tools import plan_round
 from orchestrator.model import LLMCallRecord, ProviderError, Turn, assistant_message_from_turn
 from orchestrator.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewRecord
-from orchestrator.view import build_view
+from orchestrator.view import View, build_view
 
 _BLANK_FINISH_REASONS = {"length": "its output token limit", "content_filter": "a content filter"}
 
@@ -46,22 +46,31 @@ def call_model_or_stop(step: Step, at: float) -> None:
             ViewRecord(llm_call_index=index, target_provider=provider, diagnostics=view.diagnostics),
         ]
     step.update(llm_calls=index + 1, awaiting_model=index, view_diagnostics=records)
-    step.commands.append(
-        CallModel(
-            model=state.model,
-            messages=view.messages,
-            tools=list(state.offered.values()),
-            tool_choice=build_tool_choice(state),
-            id_prefix=f"{state.turn_id}-m{index}",
-            llm_call_index=index,
-        )
-    )
+    step.commands.append(build_call_model(state, index, view))
     step.emit(
         "model_called",
         llm_call_index=index,
         model=state.model,
         messages=len(view.messages),
         view_diagnostics=[d.kind for d in view.diagnostics],
+    )
+
+
+def build_call_model(state: TurnState, index: int, view: View | None = None) -> CallModel:
+    """The command for model call `index`, made from `state` as it stands before that call is answered.
+
+    Everything comes from the state (history, offered tools, responses so far), so building it again for
+    the call in flight after a restart (`machine.resume`) gives the very same request.
+    """
+    if view is None:
+        view = build_view(state.history, provider_of(state.model))
+    return CallModel(
+        model=state.model,
+        messages=view.messages,
+        tools=list(state.offered.values()),
+        tool_choice=build_tool_choice(state),
+        id_prefix=f"{state.turn_id}-m{index}",
+        llm_call_index=index,
     )
 
 

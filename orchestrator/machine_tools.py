@@ -4,6 +4,17 @@
 a limit or the repeat guard, waiting for a person, or dispatched in parallel. The other handlers take the
 events of a round (started, finished, approval, lost-call timer); `complete_round` appends the assistant
 message and one tool message per call, in call order, once every call is answered.
+
+Lost work: when a worker reports that a call started, `on_tool_started` arms a lost-call timer at the tool's
+hard limit plus a grace; if no outcome came by then, the worker died with it (`on_lost_timer` dispatches it
+again while retries allow, else answers `worker_lost`). A dispatched call that never reports a start gets no
+such timer: only the turn's deadline ends it. That is on purpose. A task may wait in its queue behind busy
+workers for any time, and its limits only count once it runs; from here a queued task cannot be told from a
+lost message, so any timer counted from dispatch would either answer `worker_lost` for calls about to run
+(and then run them anyway) or fire no earlier than the deadline. The same holds for a call whose start was
+reported to an orchestrator that died before persisting it, and for a dispatch that died with its
+orchestrator before it was published: `machine.resume` never dispatches again, because the call may have
+started, and a tool must not run twice.
 """
 
 from __future__ import annotations

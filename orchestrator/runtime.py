@@ -41,7 +41,7 @@ from celery import Celery
 from orchestrator import metrics
 from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
-from orchestrator.events import Command, Event, Finish, TimerFired, ToolFinished
+from orchestrator.events import Command, Event, TimerFired, ToolFinished
 from orchestrator.inbox import build_control_event, parse_inbox, to_local_outcome
 from orchestrator.machine_common import find_call
 from orchestrator.model import TurnStatus
@@ -296,16 +296,16 @@ class Runtime:
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
-            if adopted.state.outcome is not None:
-                # The previous owner died between persisting the end and storing the outcome.
-                await self._exec.execute(handle, [Finish(outcome=adopted.state.outcome)])
+            if adopted.state.terminal:
+                # The previous owner died between persisting the end and storing the outcome: the commands
+                # are its Finish, performed without saving the state again (the turn is over).
+                await self._exec.execute(handle, adopted.commands)
                 return
             catch_up = await self._factory.catch_up_events(adopted.state) if adopted.resumed else []
             if not await self._persist(handle, handle.state):
                 return
-            # Timers live in this process only: re-arm what the persisted state says is armed.
-            for timer_id, at in handle.state.timers.items():
-                self.timers.arm(turn_id, timer_id, at)
+            # A resumed turn's commands re-arm its timers and repeat what died with its last owner
+            # (`machine.resume`); the outcomes written meanwhile are stepped after them.
             await self._run_commands_and_events(handle, adopted.commands, catch_up)
             if not handle.dropped:
                 await self._read_control(handle)

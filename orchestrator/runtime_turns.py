@@ -1,9 +1,10 @@
 """Bringing a turn into an orchestrator: start it from its request, or resume it from its persisted state.
 
 Resuming is where durability is earned. The previous owner may have died at any point after a persisted
-step, so after loading the state the runtime catches up on everything that happened while nobody owned the
-turn: outcomes written to Redis (their notifications went to nobody), and a model call whose response died
-with its process (it is failed as retryable, so the machine calls the model again under its own limits).
+step. `machine.resume` says what the new owner must (re)issue from the state alone — timers, outcome writes
+that were asked for, the model call in flight (the same call again, not a retry), approvals still awaited —
+and `catch_up_events` reads what happened while nobody owned the turn: outcomes written to Redis, whose
+notifications went to nobody.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator import machine
-from orchestrator.events import Command, Event, ModelFailed, ToolFinished
+from orchestrator.events import Command, Event, ToolFinished
 from orchestrator.inbox import build_wire_call_id, to_local_outcome
-from orchestrator.machine_model import provider_of
-from orchestrator.model import ProviderError
 from orchestrator.state import TurnState, load_state
 from orchestrator.store import TurnStore
 from orchestrator.view import resolve_model
@@ -65,7 +64,8 @@ class TurnFactory:
         """The turn's persisted state, or a new one started from its request; None for an unknown turn."""
         raw = await self._store.load_state(turn_id)
         if raw is not None:
-            return Adopted(load_state(raw), [], resumed=True)
+            state, commands = machine.resume(load_state(raw), at=self._clock())
+            return Adopted(state, commands, resumed=True)
         request = await self._store.load_request(turn_id)
         if request is None:
             log.error("turn %s has no request: nothing to run", turn_id)
@@ -86,29 +86,15 @@ class TurnFactory:
         return Adopted(state, commands, resumed=False)
 
     async def catch_up_events(self, state: TurnState) -> list[Event]:
-        """Events a resumed turn missed: stored outcomes of its pending calls, a model call that died."""
-        if state.terminal:
+        """Events a resumed turn missed: the stored outcomes of its calls still unanswered."""
+        if state.terminal or state.current is None:
             return []
-        events: list[Event] = []
+        pending = [
+            build_wire_call_id(state.turn_id, c.call_id) for c in state.current.calls if not c.finished
+        ]
+        outcomes = await self._store.read_outcomes(pending)
         now = self._clock()
-        if state.current is not None:
-            pending = [
-                build_wire_call_id(state.turn_id, c.call_id) for c in state.current.calls if not c.finished
-            ]
-            outcomes = await self._store.read_outcomes(pending)
-            events += [
-                ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now) for c in pending if c in outcomes
-            ]
-        if state.awaiting_model is not None:
-            error = ProviderError(
-                provider=provider_of(state.model),
-                type="orchestrator_restart",
-                message="the orchestrator waiting for this model response stopped; calling the model again",
-                retryable=True,
-                retry_after_s=0.0,
-            )
-            events.append(ModelFailed(error=error, at=now, llm_call_index=state.awaiting_model))
-        return events
+        return [ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now) for c in pending if c in outcomes]
 
     def _resolve_model(self, requested: str | None) -> str:
         tiers = {

@@ -29,10 +29,12 @@ from orchestrator.model import (
     TurnStatus,
     Usage,
 )
-from workers.contract import FailureKind, ToolOutcome, ToolSpec
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
 
-STATE_VERSION = 1
-SUPPORTED_STATE_VERSIONS = frozenset({STATE_VERSION})
+# Version 2: `CallState.requested` holds the whole outcome asked for (version 1 kept only its kind), so that a
+# new owner can ask for the very same outcome again (`machine.resume`). Version 1 states are upgraded on load.
+STATE_VERSION = 2
+SUPPORTED_STATE_VERSIONS = frozenset({1, STATE_VERSION})
 
 # Timer ids the machine arms; the runtime treats them as opaque strings.
 DEADLINE_TIMER = "deadline"
@@ -58,9 +60,9 @@ class _Frozen(BaseModel):
 class CallState(_Frozen):
     """One tool call of the current round, from the model's request to its one outcome.
 
-    `requested` is the kind of an outcome the orchestrator asked the runtime to write (validation,
-    synthetic, denial): it is not final until it comes back as `ToolFinished`, because a real outcome may
-    have won the first-writer-wins race.
+    `requested` is the outcome the orchestrator asked the runtime to write (validation, synthetic, denial):
+    it is not final until it comes back as `ToolFinished`, because a real outcome may have won the
+    first-writer-wins race. It is kept whole so that a new owner of the turn can ask for it again.
     """
 
     call_id: str
@@ -73,7 +75,7 @@ class CallState(_Frozen):
     started_at: float | None = None
     worker: str | None = None
     waiting_approval: bool = False
-    requested: FailureKind | None = None
+    requested: ToolOutcome | None = None
     outcome: ToolOutcome | None = None
 
     @property
@@ -206,9 +208,47 @@ def dump_state(state: TurnState) -> str:
 
 
 def load_state(text: str | bytes) -> TurnState:
-    """A state from `dump_state`'s JSON; a version this code does not read raises `StateVersionError`."""
+    """A state from `dump_state`'s JSON; a version this code does not read raises `StateVersionError`.
+
+    A version 1 state is upgraded to the current layout (and saved as such by the next step).
+    """
     data = json.loads(text)
     version = data.get("version") if isinstance(data, dict) else None
     if version not in SUPPORTED_STATE_VERSIONS:
         raise StateVersionError(version)
+    assert isinstance(data, dict)
+    if version == 1:
+        data = _upgrade_from_v1(data)
     return TurnState.model_validate(data)
+
+
+def _upgrade_from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    # Version 1 kept only the kind of a requested outcome. Its message is gone; the rebuilt outcome says so
+    # rather than inventing one, and is written first-writer-wins like any other (an outcome already
+    # written before the upgrade still wins).
+    current = data.get("current")
+    if isinstance(current, dict):
+        calls = [_upgrade_call_v1(call, data.get("turn_id")) for call in current.get("calls", [])]
+        data = {**data, "current": {**current, "calls": calls}}
+    return {**data, "version": STATE_VERSION}
+
+
+def _upgrade_call_v1(call: Any, turn_id: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("requested"), str):
+        return call
+    kind = FailureKind(call["requested"])
+    outcome = build_failure(
+        (str(call.get("call_id")), str(call.get("tool")), turn_id if isinstance(turn_id, str) else None),
+        kind,
+        f"{kind.value} (decided before the turn moved to another orchestrator; details were not kept)",
+        attempts=int(call.get("attempt") or 0),
+        synthetic=kind in _SYNTHETIC_KINDS,
+        worker=call.get("worker"),
+    )
+    return {**call, "requested": outcome.model_dump(mode="json")}
+
+
+# Kinds the orchestrator writes for calls that did not get to finish (the others are verdicts before a run).
+_SYNTHETIC_KINDS = frozenset(
+    {FailureKind.DEADLINE_EXCEEDED, FailureKind.CANCELLED, FailureKind.SKIPPED, FailureKind.WORKER_LOST}
+)

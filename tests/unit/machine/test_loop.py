@@ -99,9 +99,9 @@ def test_invalid_calls_are_answered_without_dispatch(
 def test_a_requested_outcome_is_not_final_until_it_comes_back() -> None:
     driver = Driver()
     driver.respond(calls(("nope", {})))
-    assert (
-        driver.state.current is not None and driver.state.current.calls[0].requested is FailureKind.NOT_FOUND
-    )
+    requested = driver.state.current.calls[0].requested if driver.state.current is not None else None
+    assert requested is not None and requested.failure_kind is FailureKind.NOT_FOUND
+    assert driver.writes() == [requested]
     assert not of_type(driver.last, CallModel)
     driver.echo_writes()
     assert of_type(driver.last, CallModel)
