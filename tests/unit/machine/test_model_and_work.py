@@ -134,7 +134,8 @@ def test_state_round_trips_and_unknown_versions_are_refused() -> None:
     driver.respond(calls(("slow", {}), ("delete", {})))
     text = dump_state(driver.state)
     assert load_state(text) == driver.state
-    with pytest.raises(StateVersionError, match=r"version 99 is not supported \(this code reads version 1, 2\)"):
+    refused = r"version 99 is not supported \(this code reads version 1, 2\)"
+    with pytest.raises(StateVersionError, match=refused):
         load_state(text.replace('"version":2', '"version":99', 1))
     with pytest.raises(StateVersionError, match="None"):
         load_state("{}")

@@ -1,0 +1,272 @@
+"""Resuming a persisted turn on a new owner (SPEC §5.2, §7.2): `machine.resume` re-issues what died with the
+old owner — timers, requested outcomes, the model call in flight, approvals — and never dispatches again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from orchestrator.events import (
+    ApprovalGiven,
+    ArmTimer,
+    AwaitApproval,
+    CallModel,
+    CancelRequested,
+    Command,
+    DispatchTools,
+    Emit,
+    Finish,
+    ModelFailed,
+    ModelResponded,
+    Revoke,
+    TimerFired,
+    ToolStarted,
+    WriteOutcomes,
+)
+from orchestrator.machine import resume
+from orchestrator.model import Limits, ProviderError
+from orchestrator.state import STATE_VERSION, TurnState, dump_state, load_state
+from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
+from tests.unit.machine.invariants import check_state
+from workers.contract import FailureKind
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def resumed(driver: Driver, at: float | None = None) -> list[Command]:
+    """Resume a serialised copy of the driver's turn; the state must come back unchanged."""
+    copy = load_state(dump_state(driver.state))
+    state, commands = resume(copy, driver.now(at))
+    assert state == copy == driver.state, "resuming changed the state"
+    check_state(state, commands)
+    return commands
+
+
+def kinds(commands: list[Command]) -> list[str]:
+    return [c.kind for c in commands]
+
+
+# --- what is re-issued, state by state --------------------------------------------------------------------
+
+
+def _model_in_flight(driver: Driver) -> None:
+    pass
+
+
+def _model_in_flight_after_a_round(driver: Driver) -> None:
+    driver.respond(calls(("add", {"a": 1, "b": 2})))
+    driver.finish(ok("call_0", "add", "3"))
+
+
+def _retry_timer_pending(driver: Driver) -> None:
+    error = ProviderError(provider="openai_chat", status=503, message="busy", retryable=True)
+    driver.feed(ModelFailed(error=error, at=1001.0, llm_call_index=0))
+
+
+def _tool_running(driver: Driver) -> None:
+    driver.respond(calls(("slow", {})))
+    driver.feed(ToolStarted(call_id="call_0", attempt=1, worker="w1", at=1002.0))
+
+
+def _tool_dispatched_not_started(driver: Driver) -> None:
+    driver.respond(calls(("slow", {})))
+
+
+def _invalid_call_write_pending(driver: Driver) -> None:
+    driver.respond(calls(("nope", {}), ("slow", {})))
+
+
+def _deadline_with_a_call_running(driver: Driver) -> None:
+    driver.respond(calls(("slow", {}), ("add", {"a": 1, "b": 2})))
+    driver.finish(ok("call_1", "add", "3"))
+    driver.feed(TimerFired(timer_id="deadline", at=driver.state.deadline_at))
+
+
+def _waiting_for_approval(driver: Driver) -> None:
+    driver.respond(calls(("delete", {"id": 1}), ("add", {"a": 1, "b": 2})))
+
+
+def _cancelled_while_waiting(driver: Driver) -> None:
+    driver.respond(calls(("delete", {"id": 1})))
+    driver.feed(CancelRequested(at=1003.0))
+
+
+RESUME_TABLE: list[tuple[str, Callable[[Driver], None], list[str]]] = [
+    ("model_in_flight", _model_in_flight, ["emit", "arm_timer", "call_model"]),
+    ("model_in_flight_after_a_round", _model_in_flight_after_a_round, ["emit", "arm_timer", "call_model"]),
+    ("retry_timer_pending", _retry_timer_pending, ["emit", "arm_timer", "arm_timer"]),
+    ("tool_running", _tool_running, ["emit", "arm_timer", "arm_timer"]),
+    ("tool_dispatched_not_started", _tool_dispatched_not_started, ["emit", "arm_timer"]),
+    ("invalid_call_write_pending", _invalid_call_write_pending, ["emit", "arm_timer", "write_outcomes"]),
+    ("deadline_with_a_call_running", _deadline_with_a_call_running, ["emit", "revoke", "write_outcomes"]),
+    ("waiting_for_approval", _waiting_for_approval, ["emit", "arm_timer", "await_approval"]),
+    ("cancelled_while_waiting", _cancelled_while_waiting, ["emit", "arm_timer", "write_outcomes"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"), [(s, e) for _, s, e in RESUME_TABLE], ids=[n for n, _, _ in RESUME_TABLE]
+)
+def test_resume_reissues_exactly_what_died_with_the_owner(
+    setup: Callable[[Driver], None], expected: list[str]
+) -> None:
+    driver = Driver()
+    setup(driver)
+    commands = resumed(driver)
+    assert kinds(commands) == expected
+    # Nothing that may have started is sent again.
+    assert not of_type(commands, DispatchTools)
+    # Every saved timer is armed again, at its saved time.
+    assert {(c.timer_id, c.at) for c in of_type(commands, ArmTimer)} == set(driver.state.timers.items())
+    # Every requested outcome not yet confirmed is asked for again, exactly as first asked.
+    current = driver.state.current
+    pending = [c.requested for c in (current.calls if current else []) if c.requested and not c.outcome]
+    assert [o for w in of_type(commands, WriteOutcomes) for o in w.outcomes] == pending
+    emitted = of_type(commands, Emit)
+    assert [e.event_name for e in emitted] == ["turn_resumed"]
+
+
+# --- the model call in flight ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", [_model_in_flight, _model_in_flight_after_a_round])
+def test_the_model_call_in_flight_is_the_same_call_again(setup: Callable[[Driver], None]) -> None:
+    driver = Driver(limits=Limits(max_llm_calls=2))
+    setup(driver)
+    original = driver.call_model()
+    before = driver.state
+    (again,) = of_type(resumed(driver), CallModel)
+    assert again == original  # same index, same view, same tools and tool choice, same id prefix
+    # Not a new call, not a retry: the counters stand where they were.
+    assert (driver.state.llm_calls, driver.state.model_retries) == (before.llm_calls, before.model_retries)
+
+
+def test_a_response_for_the_repeated_call_is_accepted_exactly_once() -> None:
+    driver = Driver(limits=Limits(max_llm_calls=2))
+    _model_in_flight_after_a_round(driver)
+    (again,) = of_type(resumed(driver), CallModel)
+    index = again.llm_call_index
+    driver.feed(ModelResponded(turn=answer("done"), at=1005.0, llm_call_index=index))
+    # The response to the old request (same index) comes too late: ignored, the turn is already over.
+    driver.feed(ModelResponded(turn=answer("stale"), at=1006.0, llm_call_index=index))
+    outcome = driver.outcome
+    assert (outcome.status, outcome.text, outcome.llm_calls) == ("completed", "done", 2)
+    assert len(outcome.llm_call_records) == 2
+
+
+def test_a_stale_response_before_the_repeated_one_is_the_one_accepted() -> None:
+    driver = Driver()
+    _model_in_flight_after_a_round(driver)
+    resumed(driver)
+    driver.feed(ModelResponded(turn=answer("first"), at=1005.0, llm_call_index=1))
+    driver.feed(ModelResponded(turn=answer("second"), at=1006.0, llm_call_index=1))
+    assert driver.outcome.text == "first"
+    assert len(driver.outcome.llm_call_records) == 2
+
+
+def test_no_model_call_starts_again_past_the_deadline() -> None:
+    driver = Driver(limits=Limits(deadline_s=10))
+    commands = resumed(driver, at=driver.state.deadline_at + 1)
+    assert not of_type(commands, CallModel)
+    assert of_type(commands, ArmTimer) == [ArmTimer(timer_id="deadline", at=driver.state.deadline_at)]
+    driver.feed(TimerFired(timer_id="deadline", at=driver.state.deadline_at + 1))
+    assert (driver.outcome.stop_reason, driver.outcome.llm_calls) == ("deadline", 1)
+
+
+def test_a_pending_retry_is_not_called_now_but_by_its_timer() -> None:
+    driver = Driver()
+    _retry_timer_pending(driver)
+    commands = resumed(driver)
+    assert not of_type(commands, CallModel)
+    (retry,) = [c for c in of_type(commands, ArmTimer) if c.timer_id.startswith("model_retry:")]
+    driver.feed(TimerFired(timer_id=retry.timer_id, at=retry.at))
+    assert driver.call_model().llm_call_index == 1
+    assert driver.state.model_retries == 1
+
+
+# --- outcomes asked for and not confirmed -------------------------------------------------------------
+
+
+def test_a_synthetic_outcome_requested_before_the_crash_is_requested_again_and_ends_the_turn() -> None:
+    driver = Driver()
+    _deadline_with_a_call_running(driver)
+    first_request = driver.writes()
+    commands = resumed(driver)
+    (revoke,) = of_type(commands, Revoke)
+    assert revoke.task_ids == ["turn1:r1:c0:a1"]
+    (write,) = of_type(commands, WriteOutcomes)
+    assert write.outcomes == first_request
+    assert write.outcomes[0].failure_kind is FailureKind.DEADLINE_EXCEEDED and write.outcomes[0].synthetic
+    # The runtime writes it (first writer wins) and feeds the winner back: the turn ends.
+    driver.finish(write.outcomes[0])
+    assert (driver.outcome.status, driver.outcome.stop_reason) == ("stopped", "deadline")
+
+
+def test_a_rewrite_that_had_already_landed_changes_nothing() -> None:
+    driver = Driver()
+    _invalid_call_write_pending(driver)
+    (first,) = driver.writes()
+    driver.finish(first)  # the old owner's write landed, then it died before persisting more
+    before = driver.state
+    assert not of_type(resumed(driver), WriteOutcomes)  # the call is answered in the state
+    driver.finish(first)  # and the winner read again from Redis is a duplicate
+    assert driver.state == before
+
+
+def test_a_real_outcome_that_beat_the_rewrite_is_the_answer() -> None:
+    driver = Driver()
+    _deadline_with_a_call_running(driver)
+    resumed(driver)
+    real = ok("call_0", "slow", "finished just in time")
+    driver.finish(real)  # the winner of the rewrite: the real outcome, written before it
+    messages = [m for m in driver.outcome.messages if m.role == "tool"]
+    assert [m.content for m in messages] == ["finished just in time", "3"]
+
+
+# --- approvals, terminal turns, versions ----------------------------------------------------------------
+
+
+def test_calls_waiting_for_a_person_are_awaited_again_and_approvable() -> None:
+    driver = Driver()
+    _waiting_for_approval(driver)
+    (awaiting,) = of_type(resumed(driver), AwaitApproval)
+    assert awaiting.call_ids == ["call_0"]
+    assert driver.state.status.value == "waiting"
+    driver.feed(ApprovalGiven(call_id="call_0", approved=True, at=1004.0))
+    assert [d.call_id for d in driver.dispatched()] == ["call_0"]
+
+
+def test_a_terminal_state_only_finishes() -> None:
+    driver = Driver()
+    driver.respond(answer("done"))
+    assert resumed(driver) == [Finish(outcome=driver.outcome)]
+
+
+def test_a_version_1_state_is_upgraded_and_its_requested_outcome_asked_again() -> None:
+    driver = Driver()
+    _invalid_call_write_pending(driver)
+    data = json.loads(dump_state(driver.state))
+    data["version"] = 1
+    data["current"]["calls"][0]["requested"] = "not_found"
+    state = load_state(json.dumps(data))
+    assert state.version == STATE_VERSION
+    requested = state.current.calls[0].requested if state.current else None
+    assert requested is not None
+    assert (requested.call_id, requested.tool, requested.failure_kind) == (
+        "call_0",
+        "nope",
+        FailureKind.NOT_FOUND,
+    )
+    assert not requested.synthetic and requested.content.startswith("Error: not_found")
+    _, commands = resume(state, 1002.0)
+    assert of_type(commands, WriteOutcomes) == [WriteOutcomes(outcomes=[requested])]
+    assert load_state(dump_state(state)) == state
+
+
+def test_resume_is_pure_and_repeatable() -> None:
+    driver = Driver()
+    _deadline_with_a_call_running(driver)
+    state: TurnState = driver.state
+    assert resume(state, 1500.0) == resume(state, 1500.0)
