@@ -8,14 +8,16 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis
 from pydantic import ValidationError
 
 from orchestrator import AsyncClient, Client, UnknownTurnError
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
-from orchestrator.store import TurnStore
+from orchestrator.store import MAX_BLOCK_MS, TurnStore, block_cap_ms
 from tests.integration.store_support import store_db_url
 from tests.support.processes import WorkerHandle
 from workers import keys
+from workers.contract import ToolOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -164,3 +166,77 @@ async def test_async_call_tool(redis_url: str, worker: WorkerHandle) -> None:
     async with AsyncClient(redis_url) as direct:
         outcome = await direct.call_tool("echo", {"text": "yo"}, timeout_s=20)
         assert outcome.ok and outcome.tool == "echo"
+
+
+# --- waiting longer than the Redis client's socket timeout ------------------------------------------------
+# redis-py gives up on a reply after `socket_timeout` (5 s by default) with redis.exceptions.TimeoutError. The
+# e2e suite proves waits outlast the default with a real 7 s tool; here a 1 s socket timeout makes the same
+# failure quick: every wait below outlasts it by far, which only works when no read blocks that long.
+SHORT_SOCKET_TIMEOUT_S = 1
+QUIET_S = 2.5
+
+
+def short_timeout_url(redis_url: str) -> str:
+    return f"{store_db_url(redis_url)}?socket_timeout={SHORT_SOCKET_TIMEOUT_S}"
+
+
+def test_the_block_cap_stays_well_under_the_socket_timeout(redis_url: str) -> None:
+    with Client(store_db_url(redis_url)) as default, Client(short_timeout_url(redis_url)) as short:
+        assert default.block_cap_ms == MAX_BLOCK_MS < 5000  # redis-py 8's default socket timeout is 5 s
+        assert short.block_cap_ms <= SHORT_SOCKET_TIMEOUT_S * 1000 / 2
+    for query, longest_ms in (("socket_timeout=0.1", 50), ("socket_timeout=60", MAX_BLOCK_MS)):
+        with redis.Redis.from_url(f"{redis_url}?{query}") as other:
+            assert 1 <= block_cap_ms(other) <= longest_ms
+
+
+def test_sync_wait_and_events_outlast_the_socket_timeout(client: Client, redis_url: str) -> None:
+    with Client(short_timeout_url(redis_url)) as quiet_client:
+        waited_id = quiet_client.submit(prompt="a long tool")
+        thread = finish_in_thread(redis_url, waited_id, QUIET_S)
+        started = time.monotonic()
+        outcome = quiet_client.wait(waited_id, timeout=QUIET_S + 5)
+        assert outcome.text == "4" and QUIET_S - 0.2 <= time.monotonic() - started < QUIET_S + 2
+        thread.join()
+        streamed_id = quiet_client.submit(prompt="a turn waiting for approval")
+        thread = finish_in_thread(redis_url, streamed_id, QUIET_S, events=("turn_waiting",))
+        names = [event.name for event in quiet_client.events(streamed_id, block_ms=60_000)]
+        thread.join()
+        assert names == ["turn_queued", "turn_waiting", "turn_finished"]
+        silent_id = quiet_client.submit(prompt="never answered")
+        with pytest.raises(TimeoutError, match=silent_id):  # the caller's deadline, not the socket's
+            quiet_client.wait(silent_id, timeout=QUIET_S)
+
+
+async def test_async_wait_events_claim_and_inbox_outlast_the_socket_timeout(redis_url: str) -> None:
+    async with AsyncClient(short_timeout_url(redis_url)) as quiet:
+        store = quiet.store
+        await store.redis.flushdb()
+        assert store.block_cap_ms <= SHORT_SOCKET_TIMEOUT_S * 1000 / 2
+        turn_id = await quiet.submit(prompt="a long tool")
+        thread = finish_in_thread(redis_url, turn_id, QUIET_S, events=("tool_started",))
+        waiting = asyncio.create_task(quiet.wait(turn_id, QUIET_S + 5))
+        names = [event.name async for event in quiet.events(turn_id)]
+        outcome = await waiting
+        await asyncio.to_thread(thread.join)
+        assert names == ["turn_queued", "tool_started", "turn_finished"] and outcome.text == "4"
+        # The orchestrator's blocking reads: claiming a turn queued later, and its inbox.
+        assert await store.claim("orch-quiet", timeout_s=0.2) is None
+        claiming = asyncio.create_task(store.claim("orch-quiet", timeout_s=QUIET_S + 3))
+        await asyncio.sleep(QUIET_S - 1)
+        later_id = await quiet.submit(prompt="queued later")
+        assert await claiming == later_id
+        reading = asyncio.create_task(store.read_inbox("orch-quiet", "$", block_ms=60_000))
+        assert await reading == []  # one capped read ends empty instead of failing; the runtime reads again
+        reading = asyncio.create_task(_read_inbox_until_found(store, QUIET_S + 3))
+        await asyncio.sleep(QUIET_S - 1)
+        done = ToolOutcome(call_id="call-q", tool="add", turn_id=later_id, ok=True, result="1", content="1")
+        await store.write_outcome(done)
+        assert (await reading)[0][1]["call"] == "call-q"
+
+
+async def _read_inbox_until_found(store: TurnStore, timeout_s: float) -> list[tuple[str, dict[str, str]]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if entries := await store.read_inbox("orch-quiet", "0", block_ms=60_000):
+            return entries
+    return []
