@@ -46,11 +46,7 @@ def answer(request: httpx.Request) -> httpx.Response:
 
 
 def give_unique_ids(completion: dict[str, Any]) -> None:
-    """Random tool-call ids, as real providers give them.
-
-    The scripted brain numbers its calls per round (`call_r0_0`), the same in every turn; outcomes are
-    keyed by call id alone, so two turns of the same plan would share one outcome (reported as a bug).
-    """
+    """Random tool-call ids, as real providers give them (the scripted brain numbers calls per round)."""
     for choice in completion.get("choices", []):
         for call in (choice.get("message") or {}).get("tool_calls") or []:
             call["id"] = f"call_{uuid.uuid4().hex[:24]}"

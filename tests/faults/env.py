@@ -8,9 +8,8 @@
 Every process started here carries a marker in its environment, so `close()` can prove that none is left
 behind — pool children and re-parented orphans included — by scanning /proc.
 
-The orchestrator is `ops.bench.instant` (the scripted `plan` brain in-process, random tool-call ids as real
-providers give): the scripted server numbers calls per round (`call_r0_0`), which collide across turns
-while outcome keys are global per call id.
+The orchestrator is `ops.bench.instant`: the scripted `plan` brain in-process (no model server to start),
+through the real Chat Completions adapter.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ class FaultEnv:
         return handle
 
     def start_orchestrator(self, command: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:
-        """An orchestrator process: the instant scripted model, or `command` (e.g. `toolloop orchestrator`)."""
+        """An orchestrator process: the instant scripted model, or `command` (`toolloop orchestrator`)."""
         proc = start_orchestrator(self.url, {**self.env, **(env or {})}, command=command)
         self.orchestrators.append(proc)
         return proc

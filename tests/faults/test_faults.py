@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.catalogue import read_catalogue
 from orchestrator.dispatch import build_send_options, get_producer_app
+from orchestrator.inbox import build_wire_call_id
 from orchestrator.model import ToolMessage, TurnOutcome
 from orchestrator.store_codec import parse_tool_outcome
 from tests.faults.env import FaultEnv, call
@@ -151,10 +152,12 @@ def test_broker_redelivers_a_finished_task(size: Size) -> None:
             turn_id = env.submit([call("fault_work", tag=tag, seconds=0.05)])
             (outcome,) = env.wait_all([turn_id], 30)
             (answer,) = _tool_messages(outcome)
-            stored = env.redis.get(keys.outcome(answer.tool_call_id))
+            wire_id = build_wire_call_id(turn_id, answer.tool_call_id)
+            stored = env.redis.get(keys.outcome(wire_id))
+            assert stored is not None
             # The very message the orchestrator published (same task id), delivered once more.
             request = ToolCallRequest(
-                call_id=answer.tool_call_id,
+                call_id=wire_id,
                 tool="fault_work",
                 arguments={"tag": tag, "seconds": 0.05},
                 turn_id=turn_id,
@@ -166,8 +169,8 @@ def test_broker_redelivers_a_finished_task(size: Size) -> None:
                 time.sleep(0.05)
             time.sleep(0.5)  # the worker has the message; give it time to (not) run it
             assert env.runs(tag) == (1, 1)
-            assert env.redis.get(keys.outcome(answer.tool_call_id)) == stored
-            assert env.redis.llen(keys.late_outcomes(answer.tool_call_id)) == 0
+            assert env.redis.get(keys.outcome(wire_id)) == stored
+            assert env.redis.llen(keys.late_outcomes(wire_id)) == 0
             assert env.client.outcome(turn_id) == outcome
 
 
@@ -202,12 +205,13 @@ def test_tool_that_returns_50_mb(size: Size) -> None:
         count = 1 if size is QUICK else 3
         ids = [env.submit([call("fault_huge", megabytes=50)]) for _ in range(count)]
         outcomes = env.wait_all(ids, size.timeout_s)
-        for outcome in outcomes:
+        for turn_id, outcome in zip(ids, outcomes, strict=True):
             assert outcome.status == "completed"
             (answer,) = _tool_messages(outcome)
             assert not answer.is_error
             assert len(answer.content.encode()) < 128 * 1024, "the model must see a truncated result"
-            stored = parse_tool_outcome(env.redis.get(keys.outcome(answer.tool_call_id)))
+            wire_id = build_wire_call_id(turn_id, answer.tool_call_id)
+            stored = parse_tool_outcome(env.redis.get(keys.outcome(wire_id)))
             assert stored is not None and stored.truncated and stored.full_result_key
             assert stored.result_bytes is not None and stored.result_bytes >= 50 * 1024 * 1024
             assert int(env.redis.strlen(stored.full_result_key)) >= 50 * 1024 * 1024
