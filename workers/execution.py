@@ -7,6 +7,11 @@ limit, worker lost, revoked.
 
 One start script per execution does the redelivery dedupe, the running guard, the attempt count and the
 "started" notification in a single round trip; one pipeline writes the outcome and its companions.
+
+Idempotent tools (SPEC §4.8) take one more step: a claim script either finds the stored success (a replay)
+or takes a short lock on the idempotency key, so that two identical calls running at the same moment do not
+both run — the second polls until the first's success is stored (and replays it), or the first failed (and
+then runs itself), or its own soft limit is near (and gives up with a `timeout` that says why).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from workers.outcomes import (
     build_idempotency_record,
     build_success,
     decide_retry,
+    describe_exception,
+    describe_validation_error,
     format_seconds,
 )
 from workers.tools import Tool, ToolContext, TransientToolError
@@ -40,6 +47,11 @@ ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
 RUNNING_MARGIN_S = 5.0
 # How long a duplicate delivery waits before looking again when another execution holds the call.
 DUPLICATE_RECHECK_MAX_S = 5.0
+# A call waiting for an identical one polls its stored success with a doubling pause in these bounds, and
+# gives up this long before its own soft limit, so that it answers with a clear message of its own.
+IDEMPOTENCY_POLL_MIN_S = 0.02
+IDEMPOTENCY_POLL_MAX_S = 0.25
+IDEMPOTENCY_WAIT_RESERVE_S = 0.2
 
 # KEYS: outcome, running, attempts, turn lease ('' when none).
 # ARGV: running token, running TTL ms, attempts TTL s, inbox prefix, call id, turn id, worker, started at.
@@ -62,7 +74,19 @@ end
 return {n, 0}
 """
 
-# KEYS: running. ARGV: token ('' deletes whatever holds it). Deletes only our own guard.
+# KEYS: idempotency record, its lock. ARGV: call id (the lock's holder), lock TTL ms.
+# Returns {1, record} for a stored success, {0, ''} when this call holds the lock (now, or already: a
+# redelivery of the same call), {2, pttl} when another call holds it.
+CLAIM_IDEMPOTENCY_LUA = """
+local record = redis.call('GET', KEYS[1])
+if record then return {1, record} end
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[1] then return {2, tostring(redis.call('PTTL', KEYS[2]))} end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', tonumber(ARGV[2]))
+return {0, ''}
+"""
+
+# KEYS: running guard or idempotency lock. ARGV: token ('' deletes whatever holds it). Deletes only our own.
 RELEASE_LUA = """
 if ARGV[1] == '' or redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -102,6 +126,7 @@ class CallStore:
         self.client = client
         self._start = client.register_script(START_LUA)
         self._release = client.register_script(RELEASE_LUA)
+        self._claim = client.register_script(CLAIM_IDEMPOTENCY_LUA)
         self._write = client.register_script(keys.WRITE_OUTCOME_LUA)
 
     def start(
@@ -137,10 +162,13 @@ class CallStore:
         token: str | None,
         full_result_json: str | None = None,
         idempotency: tuple[str, str] | None = None,
+        idempotency_lock: str | None = None,
     ) -> bool:
-        """Write the outcome (first writer wins), the full result and idempotency record; drop the guard.
+        """Write the outcome (first writer wins), the full result and idempotency record; drop the guard
+        and the call's idempotency lock.
 
-        One pipeline, one round trip. Returns True when this outcome won.
+        One pipeline, one round trip. Returns True when this outcome won. The stored success is set before
+        the lock goes, so a waiting identical call always finds one or the other.
         """
         pipe = self.client.pipeline(transaction=False)
         if full_result_json is not None and outcome.full_result_key:
@@ -150,12 +178,26 @@ class CallStore:
         script_keys, script_args = keys.build_write_outcome_call(
             outcome.call_id, outcome.turn_id, outcome.model_dump_json(), reply_key
         )
+        won_index = len(pipe)
         self._write(keys=script_keys, args=script_args, client=pipe)
         if token is not None:
             self._release(keys=[keys.running(outcome.call_id)], args=[token], client=pipe)
+        if idempotency_lock is not None:
+            self._release(keys=[idempotency_lock], args=[outcome.call_id], client=pipe)
         results = pipe.execute()
-        won_index = -2 if token is not None else -1
         return bool(results[won_index])
+
+    def claim_idempotency(self, key: str, *, call_id: str, lock_ttl_s: float) -> tuple[int, str | None]:
+        """(1, stored success JSON); (0, None): `call_id` holds the key's lock; (2, None): another does."""
+        state, value = self._claim(
+            keys=[key, keys.idempotency_lock(key)], args=[call_id, int(lock_ttl_s * 1000)]
+        )
+        record = value.decode("utf-8") if isinstance(value, bytes) else value
+        return int(state), (record if int(state) == 1 else None)
+
+    def release_idempotency_lock(self, key: str, call_id: str) -> None:
+        """Drop the lock on an idempotency key if `call_id` holds it."""
+        self._release(keys=[keys.idempotency_lock(key)], args=[call_id])
 
     def release(self, call_id: str, token: str) -> None:
         """Drop the running guard if `token` holds it ('' drops it whoever holds it)."""
@@ -170,14 +212,6 @@ class CallStore:
         """The call's winning outcome, if any."""
         raw = self.client.get(keys.outcome(call_id))
         return ToolOutcome.model_validate_json(raw) if raw is not None else None
-
-    def read_idempotency(self, key: str) -> dict[str, Any] | None:
-        """A stored success under an idempotency key."""
-        raw = self.client.get(key)
-        if raw is None:
-            return None
-        record: dict[str, Any] = json.loads(raw)
-        return record
 
 
 _stores: dict[str, CallStore] = {}
@@ -206,6 +240,7 @@ def execute_call(
     timeout_errors: tuple[type[BaseException], ...] = (),
     now: Callable[[], float] = time.time,
     jitter: Callable[[], float] = random.random,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Decision:
     """Run one delivery of a call in the pool child and write its outcome.
 
@@ -221,16 +256,20 @@ def execute_call(
             finished_at=started,
         )
         return Finished(outcome, store.finish(outcome, reply_key=request.reply_key, token=None))
-    attempt, held_ms = store.start(
-        request, token=token, running_ttl_s=hard_limit_s + RUNNING_MARGIN_S, worker=worker
-    )
+    running_ttl_s = hard_limit_s + RUNNING_MARGIN_S
+    attempt, held_ms = store.start(request, token=token, running_ttl_s=running_ttl_s, worker=worker)
     if attempt == -1:
         return Skipped("the call already has an outcome")
     if attempt == -2:
         return RetryLater(
             min(max(held_ms / 1000, 0.1), DUPLICATE_RECHECK_MAX_S), "another execution holds the call"
         )
-    run = _Run(store, tool, request, attempt, worker, token, now, now())
+    run = _Run(store, tool, request, attempt, worker, token, now, now(), running_ttl_s)
+    idem_key = build_idempotency_key(tool.spec, request.arguments)
+    if idem_key is not None:
+        claimed = _claim_idempotency(run, idem_key, soft_limit_s, timeout_errors, sleep)
+        if claimed is not None:
+            return claimed
     return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
 
 
@@ -246,6 +285,9 @@ class _Run:
     token: str
     now: Callable[[], float]
     started: float
+    lock_ttl_s: float
+    # The idempotency key whose lock this execution holds (dropped with its outcome), once claimed.
+    idem_key_held: str | None = None
 
     def fail(self, kind: FailureKind, message: str, *, retryable: bool = False) -> Finished:
         finished_at = self.now()
@@ -259,11 +301,18 @@ class _Run:
             worker=self.worker,
             finished_at=finished_at,
         )
-        return Finished(
-            outcome, self.store.finish(outcome, reply_key=self.request.reply_key, token=self.token)
+        won = self.store.finish(
+            outcome,
+            reply_key=self.request.reply_key,
+            token=self.token,
+            idempotency_lock=self._lock_key(),
         )
+        return Finished(outcome, won)
 
-    def succeed(self, result: Any, idem_key: str | None, *, replay: bool = False) -> Finished:
+    def _lock_key(self) -> str | None:
+        return keys.idempotency_lock(self.idem_key_held) if self.idem_key_held is not None else None
+
+    def succeed(self, result: Any, *, replay: bool = False) -> Finished:
         finished_at = self.now()
         try:
             record = build_success(
@@ -279,16 +328,72 @@ class _Run:
         except InvalidResultError as exc:
             return self.fail(FailureKind.INVALID_RESULT, f"'{self.tool.spec.name}' returned {exc}")
         idempotency = None
-        if idem_key is not None and not replay:
-            idempotency = (idem_key, build_idempotency_record(self.request.arguments, record.result))
+        if self.idem_key_held is not None and not replay:
+            idempotency = (
+                self.idem_key_held,
+                build_idempotency_record(self.request.arguments, record.result),
+            )
         won = self.store.finish(
             record.outcome,
             reply_key=self.request.reply_key,
             token=self.token,
             full_result_json=record.full_result_json,
             idempotency=idempotency,
+            idempotency_lock=self._lock_key(),
         )
         return Finished(record.outcome, won)
+
+    def release(self) -> None:
+        """Drop the running guard and the idempotency lock without an outcome (a retry follows)."""
+        self.store.release(self.request.call_id, self.token)
+        if self.idem_key_held is not None:
+            self.store.release_idempotency_lock(self.idem_key_held, self.request.call_id)
+
+
+def _claim_idempotency(
+    run: _Run,
+    idem_key: str,
+    soft_limit_s: float,
+    timeout_errors: tuple[type[BaseException], ...],
+    sleep: Callable[[float], None],
+) -> Decision | None:
+    """None when this execution holds the key and runs the tool; else the call's end: a replay of the
+    stored success, a conflict, or giving up while an identical call still runs."""
+    spec, request = run.tool.spec, run.request
+    give_up_at = run.started + soft_limit_s - IDEMPOTENCY_WAIT_RESERVE_S
+    pause = IDEMPOTENCY_POLL_MIN_S
+    try:
+        while True:
+            state, record = run.store.claim_idempotency(
+                idem_key, call_id=request.call_id, lock_ttl_s=run.lock_ttl_s
+            )
+            if state == 0:
+                run.idem_key_held = idem_key
+                return None
+            if record is not None:
+                return _replay(run, json.loads(record))
+            if run.now() + pause > give_up_at:
+                break
+            sleep(pause)
+            pause = min(pause * 2, IDEMPOTENCY_POLL_MAX_S)
+    except timeout_errors:
+        pass  # the soft limit came first after all: give up the same way
+    waited_s = round(run.now() - run.started, 1)
+    return run.fail(
+        FailureKind.TIMEOUT,
+        f"an identical call of '{spec.name}' (same idempotency key) was still running after "
+        f"{format_seconds(waited_s)} s; its result is reused once stored, so try again later",
+        retryable=True,
+    )
+
+
+def _replay(run: _Run, record: dict[str, Any]) -> Finished:
+    if record.get("args_digest") != build_args_digest(run.request.arguments):
+        return run.fail(
+            FailureKind.IDEMPOTENCY_CONFLICT,
+            f"the idempotency key of '{run.tool.spec.name}' was already used with other arguments",
+        )
+    return run.succeed(record.get("result"), replay=True)
 
 
 def _run_started(
@@ -299,44 +404,44 @@ def _run_started(
     jitter: Callable[[], float],
 ) -> Decision:
     spec, request = run.tool.spec, run.request
-    idem_key = build_idempotency_key(spec, request.arguments)
-    if idem_key is not None:
-        record = run.store.read_idempotency(idem_key)
-        if record is not None:
-            if record.get("args_digest") != build_args_digest(request.arguments):
-                return run.fail(
-                    FailureKind.IDEMPOTENCY_CONFLICT,
-                    f"the idempotency key of '{spec.name}' was already used with other arguments",
-                )
-            return run.succeed(record.get("result"), idem_key, replay=True)
     ctx = ToolContext(
         call_id=request.call_id,
         turn_id=request.turn_id,
         attempt=run.attempt,
-        idempotency_key=idem_key or request.call_id,
+        idempotency_key=run.idem_key_held or request.call_id,
         context=dict(request.context),
     )
     try:
         result = run.tool.invoke(request.arguments, ctx)
     except ValidationError as exc:
         return run.fail(
-            FailureKind.VALIDATION, f"invalid arguments for '{spec.name}': {_pydantic_messages(exc)}"
+            FailureKind.VALIDATION, f"invalid arguments for '{spec.name}': {describe_validation_error(exc)}"
         )
     except TransientToolError as exc:
         delay = decide_retry(run.attempt, spec, request.deadline_at, run.now(), jitter())
         if delay is not None:
-            run.store.release(request.call_id, run.token)
+            run.release()
             return RetryLater(delay, f"transient failure: {exc}")
-        return run.fail(FailureKind.EXECUTION_ERROR, _describe_exception(exc, run.attempt), retryable=True)
+        return run.fail(FailureKind.EXECUTION_ERROR, describe_exception(exc, run.attempt), retryable=True)
     except Exception as exc:
         if timeout_errors and isinstance(exc, timeout_errors):
             return run.fail(FailureKind.TIMEOUT, f"timed out after {format_seconds(soft_limit_s)} s")
-        return run.fail(FailureKind.EXECUTION_ERROR, _describe_exception(exc, run.attempt))
-    return run.succeed(result, idem_key)
+        return run.fail(FailureKind.EXECUTION_ERROR, describe_exception(exc, run.attempt))
+    return run.succeed(result)
 
 
-def handle_hard_timeout(store: CallStore, request: ToolCallRequest, *, limit_s: float, worker: str) -> bool:
-    """In the worker's parent, after it killed a child at the hard limit: write `timeout` (first wins)."""
+def handle_hard_timeout(
+    store: CallStore,
+    request: ToolCallRequest,
+    *,
+    limit_s: float,
+    worker: str,
+    idempotency_key: str | None = None,
+) -> bool:
+    """In the worker's parent, after it killed a child at the hard limit: write `timeout` (first wins).
+
+    The child's idempotency lock on `idempotency_key` goes too, so that an identical call can run.
+    """
     outcome = build_failure(
         request,
         FailureKind.TIMEOUT,
@@ -346,7 +451,8 @@ def handle_hard_timeout(store: CallStore, request: ToolCallRequest, *, limit_s: 
         worker=worker,
         finished_at=time.time(),
     )
-    return store.finish(outcome, reply_key=request.reply_key, token="")
+    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
+    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock)
 
 
 def handle_worker_lost(
@@ -364,6 +470,9 @@ def handle_worker_lost(
     (or a retry would pass the deadline) the call is answered `worker_lost` here.
     """
     store.release(request.call_id, "")
+    idem_key = build_idempotency_key(tool.spec, request.arguments)
+    if idem_key is not None:
+        store.release_idempotency_lock(idem_key, request.call_id)
     attempt = max(store.read_attempts(request.call_id), 1)
     delay = decide_retry(attempt, tool.spec, request.deadline_at, now(), jitter())
     if delay is not None:
@@ -382,8 +491,18 @@ def handle_worker_lost(
     return None
 
 
-def handle_revoked(store: CallStore, request: ToolCallRequest, *, expired: bool, worker: str) -> bool:
-    """A revoked task (Flower, cancel) answers `cancelled`; an expired one `deadline_exceeded`."""
+def handle_revoked(
+    store: CallStore,
+    request: ToolCallRequest,
+    *,
+    expired: bool,
+    worker: str,
+    idempotency_key: str | None = None,
+) -> bool:
+    """A revoked task (Flower, cancel) answers `cancelled`; an expired one `deadline_exceeded`.
+
+    A terminated child's idempotency lock on `idempotency_key` goes too.
+    """
     if expired:
         kind, message = FailureKind.DEADLINE_EXCEEDED, "the deadline passed before the call started"
     else:
@@ -396,17 +515,5 @@ def handle_revoked(store: CallStore, request: ToolCallRequest, *, expired: bool,
         worker=worker,
         finished_at=time.time(),
     )
-    return store.finish(outcome, reply_key=request.reply_key, token="")
-
-
-def _describe_exception(exc: BaseException, attempt: int) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text if attempt <= 1 else f"{text} (after {attempt} attempts)"
-
-
-def _pydantic_messages(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"])
-        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
-    return "; ".join(parts)
+    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
+    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock)

@@ -50,6 +50,11 @@ def idempotency(tool: str, key_digest: str) -> str:
     return f"{PREFIX}idem:{tool}:{key_digest}"
 
 
+def idempotency_lock(idempotency_key: str) -> str:
+    """Held (value: call id) while a call runs under `idempotency_key`; an identical call waits for it."""
+    return f"{idempotency_key}:lock"
+
+
 def reply(call_id: str) -> str:
     """A list a direct caller (no orchestrator) blocks on for one call's outcome."""
     return f"{PREFIX}reply:{call_id}"

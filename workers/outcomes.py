@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from workers import keys
 from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
@@ -149,3 +149,18 @@ def decide_retry(
     if deadline_at is not None and now + delay >= deadline_at:
         return None
     return delay
+
+
+def describe_exception(exc: BaseException, attempt: int) -> str:
+    """The error text of a tool's exception: "ValueError: disk on fire", with the attempts after a retry."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if attempt <= 1 else f"{text} (after {attempt} attempts)"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """pydantic's errors as one line: "times: Input should be a valid integer; text: Field required"."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
+    return "; ".join(parts)

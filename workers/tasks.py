@@ -31,6 +31,7 @@ from workers.execution import (
     handle_revoked,
     handle_worker_lost,
 )
+from workers.outcomes import build_idempotency_key
 from workers.tools import Tool, registry
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ def _redis_url(task: Task[Any, Any]) -> str:
         settings = get_settings()
     url: str = settings.redis_url
     return url
+
+
+def _idempotency_key(request: ToolCallRequest) -> str | None:
+    """The idempotency key a killed child may hold the lock of (None for a tool that is not idempotent)."""
+    tool = registry.get(request.tool)
+    return build_idempotency_key(tool.spec, request.arguments) if tool is not None else None
 
 
 def _parse_request(kwargs: dict[str, Any]) -> ToolCallRequest | None:
@@ -65,7 +72,13 @@ class ToolRequest(Request):
         request = _parse_request(dict(self.kwargs))
         if request is not None:
             store = get_store(_redis_url(self.task))
-            handle_hard_timeout(store, request, limit_s=float(timeout), worker=self.hostname)
+            handle_hard_timeout(
+                store,
+                request,
+                limit_s=float(timeout),
+                worker=self.hostname,
+                idempotency_key=_idempotency_key(request),
+            )
 
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
@@ -173,6 +186,12 @@ def register_worker_signals(app: Celery) -> None:
         call = _parse_request(dict(getattr(request, "kwargs", None) or {}))
         if call is not None:
             store = get_store(_redis_url(sender))
-            handle_revoked(store, call, expired=bool(expired), worker=getattr(request, "hostname", "") or "")
+            handle_revoked(
+                store,
+                call,
+                expired=bool(expired),
+                worker=getattr(request, "hostname", "") or "",
+                idempotency_key=_idempotency_key(call),
+            )
 
     signals.task_revoked.connect(on_revoked, weak=False)

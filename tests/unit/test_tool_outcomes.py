@@ -94,7 +94,7 @@ def test_limits_capped_by_deadline() -> None:
     spec = ToolSpec(name="t", soft_time_limit_s=5, time_limit_s=10)
     request = REQUEST.model_copy(update={"deadline_at": 104.0})
     soft, hard = build_limits(spec, request, now=100.0)
-    assert hard == 4.0 and soft == pytest.approx(3.6)
+    assert hard == 5.0 and soft == pytest.approx(4.5)  # past the deadline (104): it answers first
     assert build_limits(spec, REQUEST, now=100.0) == (5, 10)
 
 
