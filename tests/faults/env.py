@@ -64,9 +64,11 @@ class FaultEnv:
 
     # --- processes -----------------------------------------------------------------------------------
 
-    def start_worker(self, concurrency: int = 2) -> WorkerHandle:
-        """A `toolloop worker` serving the fault tools."""
-        handle = start_worker(self.url, ["tests.faults.fault_tools"], concurrency=concurrency, env=self.env)
+    def start_worker(
+        self, concurrency: int = 2, modules: tuple[str, ...] = ("tests.faults.fault_tools",)
+    ) -> WorkerHandle:
+        """A `toolloop worker` serving `modules` (default: the fault tools)."""
+        handle = start_worker(self.url, list(modules), concurrency=concurrency, env=self.env)
         self.workers.append(handle)
         return handle
 
@@ -113,9 +115,17 @@ class FaultEnv:
 
     # --- turns ---------------------------------------------------------------------------------------
 
-    def submit(self, calls: list[dict[str, Any]], *, deadline_s: float = 60.0, rounds: int = 1) -> str:
-        """A turn whose model makes `rounds` rounds of `calls`, then answers."""
-        tools = sorted({c["name"] for c in calls})
+    def submit(
+        self,
+        calls: list[dict[str, Any]],
+        *,
+        deadline_s: float = 60.0,
+        rounds: int = 1,
+        tools: list[str] | None = None,
+    ) -> str:
+        """A turn whose model makes `rounds` rounds of `calls`, then answers; offers `tools` (default: the
+        tools the calls name)."""
+        tools = tools if tools is not None else sorted({c["name"] for c in calls})
         prompt = json.dumps({"plan": [{"calls": calls}] * rounds})
         return self.client.submit(
             prompt=prompt, tools=tools, model=INSTANT_MODEL, limits={"deadline_s": deadline_s}

@@ -55,7 +55,7 @@ SNEAKY_NAMES = [
 def test_sensitive_tools_outside_the_allowlist_never_run(env: FaultEnv) -> None:
     calls = [call(name, path="/etc/passwd", amount=1e6, to="mallory") for name in SNEAKY_NAMES]
     calls.append(call("fault_work", tag="allowed", seconds=0.0))
-    turn_id = env.submit(calls)
+    turn_id = env.submit(calls, tools=["fault_work"])
     outcome = env.client.wait(turn_id, 60)
     check_turn(outcome)
     answers = [m for m in outcome.messages if isinstance(m, ToolMessage)]
@@ -183,5 +183,3 @@ def test_garbage_from_the_provider_mid_turn_fails_the_turn_cleanly(garbage_env: 
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]
     assert not answer.is_error  # the round before the garbage was answered
     assert all(p.alive() for p in garbage_env.orchestrators)
-
-
