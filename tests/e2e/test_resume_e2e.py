@@ -1,0 +1,188 @@
+"""Resuming through the real system: an orchestrator SIGKILLed while its model call is in flight.
+
+The replacement must send the very same model request again — the same call, not a new one nor a retry —
+so the turn completes within `max_llm_calls` equal to the number of answers it needs, and the tool that
+already ran is not sent again. The model is the scripted one over HTTP, holding one chosen request until the
+test lets it go, so the kill surely lands while that request is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ops.redis_server import RedisServer
+from orchestrator.client import Client
+from orchestrator.model import ToolMessage
+from orchestrator.scripted_server import build_app
+from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, wait_for, wait_outcome
+from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.e2e_tools import COUNTER_PREFIX
+from tests.support.processes import start_worker
+from workers import keys
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+# Longest a held request waits before answering anyway (the test releases it well before).
+HOLD_LIMIT_S = 45.0
+
+
+class _Hold:
+    """ASGI middleware: records each request body, and holds the `nth` one carrying `marker` open."""
+
+    def __init__(self, app: ASGIApp, server: HoldingModelServer) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        if self.server.record(body.decode("utf-8", errors="replace")):
+            # The test thread sets a threading event; waiting on it in a thread keeps the server's loop free.
+            await asyncio.to_thread(self.server.released.wait, HOLD_LIMIT_S)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+class HoldingModelServer:
+    """The scripted model over HTTP in a thread; the `hold`-th request carrying `marker` is held open."""
+
+    def __init__(self, marker: str, hold: int) -> None:
+        self.marker = marker
+        self.hold = hold
+        self.released = threading.Event()
+        self._bodies: list[str] = []
+        self._lock = threading.Lock()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}/v1"
+        config = uvicorn.Config(
+            _Hold(build_app(), self), lifespan="off", log_level="warning", access_log=False
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="held-model-server", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
+
+    def record(self, body: str) -> bool:
+        """Keep a request body; True when it is the one to hold."""
+        with self._lock:
+            self._bodies.append(body)
+            return self.marker in body and self._count() == self.hold
+
+    def count(self) -> int:
+        """How many requests carried the marker so far."""
+        with self._lock:
+            return self._count()
+
+    def _count(self) -> int:
+        return sum(1 for body in self._bodies if self.marker in body)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request body carrying the marker so far, decoded, in arrival order."""
+        with self._lock:
+            return [json.loads(b) for b in self._bodies if self.marker in b]
+
+    def __enter__(self) -> HoldingModelServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the model server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.released.set()
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def event_data(client: Client, turn_id: str, name: str) -> list[dict[str, Any]]:
+    """The data of every event `name` of a turn so far."""
+    entries = client.redis.xrange(keys.turn_events(turn_id))
+    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
+
+
+def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_made_again(
+    own_redis: RedisServer,
+) -> None:
+    marker = f"resume-{uuid.uuid4().hex}"
+    key = f"resume-{uuid.uuid4().hex[:8]}"
+    plan = [{"calls": [{"name": "e2e_counted", "arguments": {"key": key}}]}, {"text": "all done"}]
+    worker = start_worker(own_redis.url, [E2E_TOOLS], concurrency=1)
+    client = Client(own_redis.url)
+    second: OrchestratorHandle | None = None
+    # The second model call (after the tool's answer) is held until the first orchestrator is dead.
+    with HoldingModelServer(marker, hold=2) as model:
+        first = start_orchestrator(own_redis.url, model_base_url=model.base_url)
+        try:
+            turn_id = client.submit(
+                prompt=f"{marker} " + json.dumps({"plan": plan}),
+                model="scripted:plan",
+                limits={"max_llm_calls": 2},
+            )
+            wait_for(lambda: model.count() == 2, 30, "the second model call to reach the model")
+            first.kill()
+            model.released.set()  # the held answer now goes to a dead socket
+            second = start_orchestrator(own_redis.url, model_base_url=model.base_url)
+            outcome = wait_outcome(client, turn_id, 30)
+
+            # Two answers needed, two model calls counted: the repeated request is not a new call, and
+            # with max_llm_calls=2 a call counted twice would have stopped the turn instead.
+            assert (outcome.status, outcome.stop_reason, outcome.text) == ("completed", None, "all done")
+            assert outcome.llm_calls == 2
+            assert [r.error for r in outcome.llm_call_records] == [None, None]
+            requests = model.requests()
+            assert len(requests) == 3
+            assert requests[2] == requests[1], "the new owner sent a different request for the same call"
+            assert not event_data(client, turn_id, "model_failed")
+            resumed = event_data(client, turn_id, "turn_resumed")
+            assert [e["llm_call_index"] for e in resumed] == [1]
+            # The tool that already ran was neither sent again nor run again.
+            assert len(event_data(client, turn_id, "tool_dispatched")) == 1
+            assert int(client.redis.get(f"{COUNTER_PREFIX}{key}") or 0) == 1
+            answer = next(m for m in outcome.messages if isinstance(m, ToolMessage))
+            assert answer.content == f"run 1 of {key}"
+            assert_every_call_answered_once(outcome.messages)
+            assert "taken_over" in second.log_text()
+        finally:
+            client.redis.close()
+            for process in (first, second):
+                if process is not None:
+                    process.stop()
+            worker.stop()
