@@ -1,9 +1,8 @@
 """Executing one tool call against Redis: plain Python, no Celery (SPEC §4.3–§4.9).
 
 `execute_call` runs in the pool child and returns a `Decision` — finished (outcome written, first writer
-wins), retry later (the task publishes the retry), or skipped (another delivery owns the call). The
-`handle_*` functions run in the worker's parent process when the child cannot answer for itself: hard time
-limit, worker lost, revoked.
+wins), retry later (the task publishes the retry), or skipped (another delivery owns the call). When the
+child cannot answer for itself, `workers.parent` answers from the worker's parent process.
 
 One start script per execution does the redelivery dedupe, the running guard, the attempt count and the
 "started" notification in a single round trip; one pipeline writes the outcome and its companions.
@@ -428,92 +427,3 @@ def _run_started(
             return run.fail(FailureKind.TIMEOUT, f"timed out after {format_seconds(soft_limit_s)} s")
         return run.fail(FailureKind.EXECUTION_ERROR, describe_exception(exc, run.attempt))
     return run.succeed(result)
-
-
-def handle_hard_timeout(
-    store: CallStore,
-    request: ToolCallRequest,
-    *,
-    limit_s: float,
-    worker: str,
-    idempotency_key: str | None = None,
-) -> bool:
-    """In the worker's parent, after it killed a child at the hard limit: write `timeout` (first wins).
-
-    The child's idempotency lock on `idempotency_key` goes too, so that an identical call can run.
-    """
-    outcome = build_failure(
-        request,
-        FailureKind.TIMEOUT,
-        f"timed out after {format_seconds(limit_s)} s (hard limit; the worker process was killed)",
-        attempts=max(store.read_attempts(request.call_id), 1),
-        duration_ms=limit_s * 1000,
-        worker=worker,
-        finished_at=time.time(),
-    )
-    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
-    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock)
-
-
-def handle_worker_lost(
-    store: CallStore,
-    tool: Tool[Any, Any],
-    request: ToolCallRequest,
-    *,
-    worker: str,
-    now: Callable[[], float] = time.time,
-    jitter: Callable[[], float] = random.random,
-) -> float | None:
-    """In the worker's parent, after a child died under a call: the retry delay, or None once answered.
-
-    The dead run's guard is dropped at once, so the retry is never blocked by it. When attempts are used up
-    (or a retry would pass the deadline) the call is answered `worker_lost` here.
-    """
-    store.release(request.call_id, "")
-    idem_key = build_idempotency_key(tool.spec, request.arguments)
-    if idem_key is not None:
-        store.release_idempotency_lock(idem_key, request.call_id)
-    attempt = max(store.read_attempts(request.call_id), 1)
-    delay = decide_retry(attempt, tool.spec, request.deadline_at, now(), jitter())
-    if delay is not None:
-        return delay
-    outcome = build_failure(
-        request,
-        FailureKind.WORKER_LOST,
-        f"the worker process running '{tool.spec.name}' was lost "
-        f"(attempt {attempt} of {tool.spec.retries + 1})",
-        attempts=attempt,
-        retryable=True,
-        worker=worker,
-        finished_at=now(),
-    )
-    store.finish(outcome, reply_key=request.reply_key, token=None)
-    return None
-
-
-def handle_revoked(
-    store: CallStore,
-    request: ToolCallRequest,
-    *,
-    expired: bool,
-    worker: str,
-    idempotency_key: str | None = None,
-) -> bool:
-    """A revoked task (Flower, cancel) answers `cancelled`; an expired one `deadline_exceeded`.
-
-    A terminated child's idempotency lock on `idempotency_key` goes too.
-    """
-    if expired:
-        kind, message = FailureKind.DEADLINE_EXCEEDED, "the deadline passed before the call started"
-    else:
-        kind, message = FailureKind.CANCELLED, "the call was cancelled (task revoked)"
-    outcome = build_failure(
-        request,
-        kind,
-        message,
-        attempts=max(store.read_attempts(request.call_id), 1),
-        worker=worker,
-        finished_at=time.time(),
-    )
-    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
-    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock)

@@ -27,11 +27,9 @@ from workers.execution import (
     Skipped,
     execute_call,
     get_store,
-    handle_hard_timeout,
-    handle_revoked,
-    handle_worker_lost,
 )
 from workers.outcomes import build_idempotency_key
+from workers.parent import handle_hard_timeout, handle_revoked, handle_worker_lost
 from workers.tools import Tool, registry
 
 logger = logging.getLogger(__name__)
