@@ -101,7 +101,9 @@ Event = Annotated[
 class CallModel(_Frozen):
     """Call `model` (`provider:model`) with the request-time view and the offered tools.
 
-    Tool-call ids the provider omits are synthesised as `<id_prefix>_<n>`, unique across the turn.
+    Tool-call ids the provider omits are synthesised as `<id_prefix>_<n>`, unique across the turn. A new owner
+    of the turn issues the same command again for the call in flight (`machine.resume`): the first response
+    for `llm_call_index` is taken, whichever request it answers.
     """
 
     kind: Literal["call_model"] = "call_model"
