@@ -1,7 +1,8 @@
 """Publishing tool calls as Celery tasks (SPEC §4.2, §7.3), from the orchestrator's side.
 
-`build_send_options` is pure: the task name, queue, id, per-call time limits capped by what is left of the
-turn's deadline, `expires` at that deadline (a call still queued then never starts), Flower's redacted
+`build_send_options` is pure: the task name, queue, id, per-call time limits capped to end just past the
+turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still queued then
+never starts), Flower's redacted
 `argsrepr`/`kwargsrepr`, and headers with the turn id and call id. `dispatch_call` publishes (a short blocking
 call: run it off the event loop with `asyncio.to_thread`).
 """
