@@ -2,9 +2,8 @@
 
 `build_send_options` is pure: the task name, queue, id, per-call time limits capped to end just past the
 turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still queued then
-never starts), Flower's redacted
-`argsrepr`/`kwargsrepr`, and headers with the turn id and call id. `dispatch_call` publishes (a short blocking
-call: run it off the event loop with `asyncio.to_thread`).
+never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call id.
+`dispatch_call` publishes (a short blocking call: run it off the event loop with `asyncio.to_thread`).
 """
 
 from __future__ import annotations
