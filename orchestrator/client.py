@@ -147,14 +147,16 @@ class Client:
         if self.redis.get(keys.turn_status(turn_id)) is None:
             raise UnknownTurnError(turn_id)
         while True:
-            batch = self._read_events(turn_id, after, block_ms or self.block_cap_ms)
+            # Checked before the read, as in `TurnStore.iter_events`: an ended turn's events are all stored.
+            ended = self._ended(turn_id)
+            batch = self._read_events(turn_id, after, None if ended else (block_ms or self.block_cap_ms))
             for event in batch:
                 yield event
                 if event.name == codec.TURN_FINISHED:
                     return
             if batch:
                 after = batch[-1].id
-            elif self._ended(turn_id):
+            elif ended:
                 return
 
     def cancel(self, turn_id: str) -> bool:
@@ -193,8 +195,8 @@ class Client:
     ) -> None:
         self.close()
 
-    def _read_events(self, turn_id: str, after: str, block_ms: float) -> list[TurnEvent]:
-        block = build_block_ms(block_ms, self.block_cap_ms)
+    def _read_events(self, turn_id: str, after: str, block_ms: float | None) -> list[TurnEvent]:
+        block = None if block_ms is None else build_block_ms(block_ms, self.block_cap_ms)
         reply = self.redis.xread({keys.turn_events(turn_id): after}, block=block)
         return [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)]
 

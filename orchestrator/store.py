@@ -284,14 +284,18 @@ class TurnStore:
         if await self.get_status(turn_id) is None:
             raise UnknownTurnError(turn_id)
         while True:
-            batch = await self.read_events(turn_id, after, block_ms=block_ms or self.block_cap_ms)
+            # Checked before the read: the terminal status and `turn_finished` are written together, so a
+            # turn that had ended already has all its events in the stream for this read to return.
+            ended = (status := await self.get_status(turn_id)) is None or status.terminal
+            block = None if ended else (block_ms or self.block_cap_ms)
+            batch = await self.read_events(turn_id, after, block_ms=block)
             for event in batch:
                 yield event
                 if event.name == codec.TURN_FINISHED:
                     return
             if batch:
                 after = batch[-1].id
-            elif (status := await self.get_status(turn_id)) is None or status.terminal:
+            elif ended:
                 return  # ended (or expired) and its turn_finished is not in the stream any more
 
     async def wait_outcome(self, turn_id: str, timeout_s: float) -> TurnOutcome:
