@@ -200,3 +200,17 @@ def test_tools_listing_hides_sensitive_tools_unless_asked(api: httpx.Client, db_
         ("add", False),
         ("reset_password", True),
     ]
+
+
+def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> None:
+    # A 1 s socket timeout and a turn silent for 2.5 s: the stream must wait, not break (redis-py's default
+    # is 5 s; tests/e2e/test_api_e2e.py holds a real turn quiet for 7 s against it).
+    settings = Settings(redis_url=f"{db_url}?socket_timeout=1")
+    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url, timeout=10) as http:
+        turn_id = http.post("/v1/turns", json={"prompt": "x"}).json()["id"]
+        thread = finish_in_thread(redis_url, turn_id, 2.5, events=("tool_started",))
+        with http.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
+            lines = list(reply.iter_lines())
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("event:")]
+        thread.join()
+    assert names == ["turn_queued", "tool_started", "turn_finished"]
