@@ -101,8 +101,10 @@ def conversation_head(conversation_id: str) -> str:
     return f"{PREFIX}conversation:{conversation_id}:head"
 
 
-TURNS_ACTIVE = PREFIX + "turns:active"  # zset: non-terminal turn id -> submitted at (epoch); orphans come from here
-TURNS_CLAIMING = PREFIX + "turns:claiming"  # list: ids moved out of TURN_QUEUE (BLMOVE) until their lease is set
+# zset: non-terminal turn id -> submitted at (epoch); orphans are found here
+TURNS_ACTIVE = PREFIX + "turns:active"
+# list: ids moved out of TURN_QUEUE (BLMOVE) until their lease is set
+TURNS_CLAIMING = PREFIX + "turns:claiming"
 
 
 def turn_status(turn_id: str) -> str:
