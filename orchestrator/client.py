@@ -15,18 +15,17 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import redis
-
-from orchestrator import metrics
+from orchestrator import metrics, turn_view
 from orchestrator import store_codec as codec
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
-from orchestrator.store import TurnStore, block_cap_ms, build_block_ms
-from orchestrator.store_codec import TurnEvent, TurnView, UnknownTurnError
+from orchestrator.store import TurnStore, block_cap_ms, build_block_ms, connect_sync
+from orchestrator.store_codec import TurnEvent, UnknownTurnError
+from orchestrator.turn_view import PendingApproval, TurnView
 from workers import keys
 from workers.contract import ToolOutcome
 from workers.settings import Settings, get_settings
 
-__all__ = ["AsyncClient", "Client", "TurnEvent", "TurnView", "UnknownTurnError"]
+__all__ = ["AsyncClient", "Client", "PendingApproval", "TurnEvent", "TurnView", "UnknownTurnError"]
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 
@@ -62,11 +61,7 @@ class Client:
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self.redis_url = redis_url or self.settings.redis_url
-        self.redis = redis.Redis.from_url(
-            self.redis_url,
-            decode_responses=True,
-            **codec.redis_url_kwargs(self.redis_url, self.settings.redis_ssl_cert_reqs),
-        )
+        self.redis = connect_sync(self.redis_url, self.settings.redis_ssl_cert_reqs)
         self._submit = self.redis.register_script(codec.SUBMIT_LUA)
         self._control = self.redis.register_script(codec.CONTROL_LUA)
         # Reads block in steps well under the socket timeout, however long the caller waits (store.py).
@@ -109,8 +104,8 @@ class Client:
         return tid
 
     def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, and the outcome once terminal."""
-        view = codec.build_turn_view(turn_id, *self.redis.mget(codec.view_keys(turn_id)))
+        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
+        view = turn_view.build_turn_view(turn_id, *self.redis.mget(turn_view.view_keys(turn_id)))
         if view is None:
             raise UnknownTurnError(turn_id)
         return view
@@ -180,7 +175,12 @@ class Client:
         from orchestrator.direct import call_tool
 
         return call_tool(
-            self.redis_url, name, dict(arguments), timeout_s=timeout_s, context=dict(context or {})
+            self.redis_url,
+            name,
+            dict(arguments),
+            timeout_s=timeout_s,
+            context=dict(context or {}),
+            settings=self.settings,
         )
 
     def close(self) -> None:
@@ -262,7 +262,7 @@ class AsyncClient:
         return tid
 
     async def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, and the outcome once terminal."""
+        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
         view = await self.store.get_view(turn_id)
         if view is None:
             raise UnknownTurnError(turn_id)
@@ -299,7 +299,12 @@ class AsyncClient:
         from orchestrator.direct import acall_tool
 
         return await acall_tool(
-            self.redis_url, name, dict(arguments), timeout_s=timeout_s, context=dict(context or {})
+            self.redis_url,
+            name,
+            dict(arguments),
+            timeout_s=timeout_s,
+            context=dict(context or {}),
+            settings=self.settings,
         )
 
     async def ping(self) -> bool:

@@ -1,7 +1,10 @@
 """Direct execution of one tool call, no model involved (SPEC §4.10): `toolloop call`, `Client.call_tool`.
 
 Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
-dispatched), publish the task with a reply list, block on that list, read the outcome. When nothing arrives
+dispatched), publish the task with a reply list, block on that list, read the outcome. The Redis client is
+the one every reader uses (`store.connect_sync` / `connect_async`: same URL options, `rediss://` certificate
+policy, default socket timeout), so the wait is a loop of BLPOPs of at most the store's `block_cap_ms`
+each, until the caller's timeout — never one long block that would outlast the socket. When nothing arrives
 in time, a synthetic `timeout` is written through the same first-writer-wins script, and whichever outcome
 won is returned — so a late real result can never make a second one. When the synthetic one won, the task
 is revoked with terminate: a tool nobody waits for any more stops now, not at its hard limit.
@@ -22,6 +25,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.catalogue import aread_catalogue, read_catalogue
 from orchestrator.dispatch import dispatch_call, get_producer_app, revoke_call
+from orchestrator.store import block_cap_ms, build_block_ms, connect_async, connect_sync
 from orchestrator.validation import offered_tools, validate_call
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
@@ -78,8 +82,35 @@ def build_timeout_outcome(request: ToolCallRequest, timeout_s: float) -> ToolOut
     )
 
 
-def _settings_for(redis_url: str) -> Settings:
-    return get_settings().model_copy(update={"redis_url": redis_url})
+def _settings_for(redis_url: str, settings: Settings | None) -> Settings:
+    return (settings or get_settings()).model_copy(update={"redis_url": redis_url})
+
+
+def build_wait_step_s(deadline: float, now: float, cap_ms: int) -> float | None:
+    """The BLPOP timeout (s) of the next step of a wait until `deadline`; None once it has passed.
+
+    Never 0 (BLPOP 0 waits forever) and never over `cap_ms`, so one step ends well within the socket timeout.
+    """
+    remaining_ms = (deadline - now) * 1000
+    if remaining_ms <= 0:
+        return None
+    return build_block_ms(remaining_ms, cap_ms) / 1000
+
+
+def _wait_reply(client: redis.Redis, reply_key: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    cap_ms = block_cap_ms(client)
+    while (step_s := build_wait_step_s(deadline, time.monotonic(), cap_ms)) is not None:
+        if client.blpop([reply_key], timeout=step_s) is not None:
+            return
+
+
+async def _await_reply(client: aioredis.Redis, reply_key: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    cap_ms = block_cap_ms(client)
+    while (step_s := build_wait_step_s(deadline, time.monotonic(), cap_ms)) is not None:
+        if await client.blpop([reply_key], timeout=step_s) is not None:
+            return
 
 
 def call_tool(
@@ -89,19 +120,23 @@ def call_tool(
     *,
     timeout_s: float,
     context: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
 ) -> ToolOutcome:
-    """Run one tool call through the workers and return its outcome (blocking)."""
-    # The socket must outlast the BLPOP (redis-py's default read timeout is shorter than a tool's).
-    client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s + REPLY_GRACE_S + 5)
+    """Run one tool call through the workers and return its outcome (blocking).
+
+    `settings` (default: the environment's) give the broker and the `rediss://` certificate policy.
+    """
+    settings = _settings_for(redis_url, settings)
+    client = connect_sync(redis_url, settings.redis_ssl_cert_reqs)
     try:
         rejected, spec = build_rejection_outcome(name, arguments, read_catalogue(client))
         if rejected is not None or spec is None:
             assert rejected is not None
             return rejected
         request = build_direct_request(name, arguments, context, timeout_s, time.time())
-        app = get_producer_app(_settings_for(redis_url))
+        app = get_producer_app(settings)
         task_id = dispatch_call(app, spec, request)
-        client.blpop([request.reply_key or ""], timeout=timeout_s + REPLY_GRACE_S)
+        _wait_reply(client, request.reply_key or "", timeout_s + REPLY_GRACE_S)
         raw = client.get(keys.outcome(request.call_id))
         if raw is None:
             script_keys, script_args = keys.build_write_outcome_call(
@@ -124,18 +159,20 @@ async def acall_tool(
     *,
     timeout_s: float,
     context: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
 ) -> ToolOutcome:
     """`call_tool` for asyncio: the publish runs in a thread, the wait on the reply list is async."""
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s + REPLY_GRACE_S + 5)
+    settings = _settings_for(redis_url, settings)
+    client = connect_async(redis_url, settings.redis_ssl_cert_reqs)
     try:
         rejected, spec = build_rejection_outcome(name, arguments, await aread_catalogue(client))
         if rejected is not None or spec is None:
             assert rejected is not None
             return rejected
         request = build_direct_request(name, arguments, context, timeout_s, time.time())
-        app = get_producer_app(_settings_for(redis_url))
+        app = get_producer_app(settings)
         task_id = await asyncio.to_thread(dispatch_call, app, spec, request)
-        await client.blpop([request.reply_key or ""], timeout=timeout_s + REPLY_GRACE_S)
+        await _await_reply(client, request.reply_key or "", timeout_s + REPLY_GRACE_S)
         raw = await client.get(keys.outcome(request.call_id))
         if raw is None:
             script_keys, script_args = keys.build_write_outcome_call(

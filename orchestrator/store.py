@@ -23,11 +23,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 
 from orchestrator import store_codec as codec
+from orchestrator import turn_view
 from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store_codec import ControlRequest, TurnEvent, TurnView, UnknownTurnError
+from orchestrator.store_codec import ControlRequest, TurnEvent, UnknownTurnError
+from orchestrator.turn_view import TurnView
 from workers import keys
 from workers.contract import ToolOutcome
 
@@ -40,6 +43,8 @@ __all__ = [
     "UnknownTurnError",
     "block_cap_ms",
     "build_block_ms",
+    "connect_async",
+    "connect_sync",
     "socket_timeout_s",
 ]
 
@@ -50,6 +55,21 @@ DEFAULT_LEASE_TTL_S = 15.0
 MAX_BLOCK_MS = 2000
 _SOCKET_TIMEOUT_SHARE = 0.4
 _ASSUMED_SOCKET_TIMEOUT_S = 5.0
+
+
+def connect_sync(redis_url: str, ssl_cert_reqs: str = "required") -> redis.Redis:
+    """The sync Redis client every sync reader uses (`Client`, direct calls): decoded replies, and for
+    `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout."""
+    return redis.Redis.from_url(
+        redis_url, decode_responses=True, **codec.redis_url_kwargs(redis_url, ssl_cert_reqs)
+    )
+
+
+def connect_async(redis_url: str, ssl_cert_reqs: str = "required") -> aioredis.Redis:
+    """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
+    return aioredis.Redis.from_url(
+        redis_url, decode_responses=True, **codec.redis_url_kwargs(redis_url, ssl_cert_reqs)
+    )
 
 
 def socket_timeout_s(client: Any) -> float | None:
@@ -109,10 +129,7 @@ class TurnStore:
         cls, redis_url: str, *, ssl_cert_reqs: str = "required", lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     ) -> TurnStore:
         """A store on a new connection pool for `redis_url` (close it with `aclose`)."""
-        client = aioredis.Redis.from_url(
-            redis_url, decode_responses=True, **codec.redis_url_kwargs(redis_url, ssl_cert_reqs)
-        )
-        return cls(client, lease_ttl_s=lease_ttl_s)
+        return cls(connect_async(redis_url, ssl_cert_reqs), lease_ttl_s=lease_ttl_s)
 
     async def aclose(self) -> None:
         """Close the underlying connection pool."""
@@ -234,8 +251,8 @@ class TurnStore:
 
     async def get_view(self, turn_id: str) -> TurnView | None:
         """Status, request, transcript so far and outcome in one read; None for an unknown turn."""
-        raw = await self.redis.mget(codec.view_keys(turn_id))
-        return codec.build_turn_view(turn_id, *raw)
+        raw = await self.redis.mget(turn_view.view_keys(turn_id))
+        return turn_view.build_turn_view(turn_id, *raw)
 
     async def conversation_history(self, conversation_id: str) -> list[Message]:
         """The whole history of the conversation's last finished turn ([] for a new conversation)."""

@@ -2,6 +2,7 @@
 
 The async `TurnStore` (orchestrator/store.py) and the sync `Client` (orchestrator/client.py) both talk to
 Redis through these functions, so the storage layout and its atomic steps are written once. No I/O here.
+What a turn looks like to a reader (`TurnView`) is built in `orchestrator/turn_view.py`.
 
 Layout (keys from `workers.keys`):
 - `turn_request` (JSON `TurnRequest`), `turn_status` (a `TurnStatus` value), `turn_state` (opaque JSON of the
@@ -23,9 +24,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field
 
-from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from workers import keys
 from workers.contract import ToolOutcome, redact
 
@@ -33,7 +34,6 @@ TURN_ID_PREFIX = "turn_"
 TURN_FINISHED = "turn_finished"
 TURN_QUEUED = "turn_queued"
 TERMINAL_STATUSES = tuple(s.value for s in TurnStatus if s.terminal)
-_MESSAGES = TypeAdapter(list[Message])
 
 # A Lua table literal of the terminal statuses, shared by the scripts below.
 _TERMINAL_LUA = "{" + ", ".join(f"['{s}'] = true" for s in TERMINAL_STATUSES) + "}"
@@ -57,16 +57,6 @@ class ControlRequest(BaseModel):
     call_id: str | None = None
     approved: bool | None = None
     at: float
-
-
-class TurnView(BaseModel):
-    """What `Client.get` returns: status, request, the transcript so far, and the outcome once ended."""
-
-    id: str
-    status: TurnStatus
-    request: TurnRequest
-    messages: list[Message] = Field(default_factory=list)
-    outcome: TurnOutcome | None = None
 
 
 # --- scripts ---------------------------------------------------------------------------------------------
@@ -427,67 +417,6 @@ def parse_stream_reply(reply: Any) -> list[tuple[str, Mapping[Any, Any]]]:
     else:
         groups = [entries for _, entries in reply]
     return [(text(entry_id), fields) for entries in groups for entry_id, fields in entries]
-
-
-def build_initial_messages(request: TurnRequest) -> list[Message]:
-    """The transcript of a turn nobody has started yet: its messages, then its prompt as a user message."""
-    messages: list[Message] = list(request.messages)
-    if request.prompt:
-        messages.append(UserMessage(content=request.prompt))
-    return messages
-
-
-def parse_state_messages(state_json: bytes | str | None) -> list[Message] | None:
-    """The history inside the machine's serialised state, if it has one (`history` or `messages`).
-
-    The state's format belongs to the state machine; this reads only the history list, and tolerates any
-    other shape by returning None, so a view never fails because the state grew a field.
-    """
-    if state_json is None:
-        return None
-    try:
-        decoded = json.loads(state_json)
-    except ValueError:
-        return None
-    if not isinstance(decoded, dict):
-        return None
-    for field in ("history", "messages"):
-        if isinstance(decoded.get(field), list):
-            try:
-                return _MESSAGES.validate_python(decoded[field])
-            except ValueError:
-                return None
-    return None
-
-
-def build_turn_view(
-    turn_id: str,
-    request_raw: bytes | str | None,
-    status_raw: bytes | str | None,
-    state_raw: bytes | str | None,
-    outcome_raw: bytes | str | None,
-) -> TurnView | None:
-    """A `TurnView` from the four stored values, or None when the turn is unknown (or expired)."""
-    request = parse_request(request_raw)
-    status = parse_status(status_raw)
-    if request is None or status is None:
-        return None
-    outcome = parse_outcome(outcome_raw)
-    if outcome is not None:
-        messages = list(outcome.messages)
-    else:
-        messages = parse_state_messages(state_raw) or build_initial_messages(request)
-    return TurnView(id=turn_id, status=status, request=request, messages=messages, outcome=outcome)
-
-
-def view_keys(turn_id: str) -> list[str]:
-    """The keys `build_turn_view` reads, in its argument order (one MGET)."""
-    return [
-        keys.turn_request(turn_id),
-        keys.turn_status(turn_id),
-        keys.turn_state(turn_id),
-        keys.turn_outcome(turn_id),
-    ]
 
 
 class UnknownTurnError(LookupError):
