@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -12,12 +13,16 @@ import redis
 from pydantic import ValidationError
 
 from orchestrator import AsyncClient, Client, UnknownTurnError
+from orchestrator.client import PendingApproval
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
-from orchestrator.store import MAX_BLOCK_MS, TurnStore, block_cap_ms
+from orchestrator.state import dump_state
+from orchestrator.store import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
 from tests.integration.store_support import store_db_url
 from tests.support.processes import WorkerHandle
+from tests.unit.machine.harness import Driver, calls
 from workers import keys
-from workers.contract import ToolOutcome
+from workers.contract import REDACTED, FailureKind, ToolOutcome
+from workers.settings import get_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -153,6 +158,37 @@ async def test_async_client_has_the_same_methods(aclient: AsyncClient, redis_url
         await aclient.submit(prompt="")
 
 
+async def test_get_lists_the_calls_waiting_for_approval(client: Client, aclient: AsyncClient) -> None:
+    turn_id = client.submit(prompt="delete two things", tools=["delete", "add"])
+    assert client.get(turn_id).pending_approvals == []  # queued: nothing waits yet
+    # The state an orchestrator persists after the model asked for two confirmed calls and a plain one.
+    driver = Driver(tools=["delete", "add"])
+    driver.respond(
+        calls(("delete", {"id": 1, "api_token": "t-123"}), ("add", {"a": 1, "b": 2}), ("delete", {"id": 2}))
+    )
+    store = aclient.store
+    assert await store.save_state(turn_id, dump_state(driver.state), driver.state.status)
+    expected = [
+        PendingApproval(call_id="call_0", tool="delete", arguments={"id": 1, "api_token": REDACTED}),
+        PendingApproval(call_id="call_2", tool="delete", arguments={"id": 2}),
+    ]
+    sync_view = client.get(turn_id)
+    assert sync_view.status == TurnStatus.WAITING and sync_view.pending_approvals == expected
+    assert (await aclient.get(turn_id)).pending_approvals == expected
+    assert "t-123" not in sync_view.model_dump_json()
+    await store.save_outcome(turn_id, TurnOutcome(turn_id=turn_id, status="cancelled", stop_reason="cancelled"))
+    assert client.get(turn_id).pending_approvals == []  # ended: the outcome is the record
+
+
+def test_the_shared_clients_keep_the_rediss_certificate_policy() -> None:
+    sync_client = connect_sync("rediss://localhost:1/0", "optional")
+    async_client = connect_async("rediss://localhost:1/0", "none")
+    assert sync_client.connection_pool.connection_kwargs["ssl_cert_reqs"] == "optional"
+    assert async_client.connection_pool.connection_kwargs["ssl_cert_reqs"] == "none"
+    assert "ssl_cert_reqs" not in connect_sync("redis://localhost:1/0").connection_pool.connection_kwargs
+    sync_client.close()
+
+
 def test_call_tool_runs_one_tool_through_a_real_worker(redis_url: str, worker: WorkerHandle) -> None:
     with Client(redis_url) as direct:  # the workers' database: their catalogue is there
         outcome = direct.call_tool("echo", {"text": "hi", "times": 2}, timeout_s=20)
@@ -232,6 +268,28 @@ async def test_async_wait_events_claim_and_inbox_outlast_the_socket_timeout(redi
         done = ToolOutcome(call_id="call-q", tool="add", turn_id=later_id, ok=True, result="1", content="1")
         await store.write_outcome(done)
         assert (await reading)[0][1]["call"] == "call-q"
+
+
+async def test_direct_calls_outlast_the_socket_timeout(redis_url: str, worker: WorkerHandle) -> None:
+    # The workers' database (their catalogue is there), with a socket timeout shorter than the tool's run.
+    # The broker URL stays plain: kombu refuses redis-py's `socket_timeout` as a URL option.
+    quiet_url = f"{redis_url}?socket_timeout={SHORT_SOCKET_TIMEOUT_S}"
+    settings = get_settings().model_copy(update={"broker_url": redis_url})
+    tags = [uuid.uuid4().hex for _ in range(3)]
+    with Client(quiet_url, settings=settings) as quiet:
+        assert quiet.block_cap_ms <= SHORT_SOCKET_TIMEOUT_S * 1000 / 2
+        started = time.monotonic()
+        sync_call = asyncio.to_thread(quiet.call_tool, "counted", {"tag": tags[0], "sleep_s": QUIET_S}, 10)
+        async with AsyncClient(quiet_url, settings=settings) as aquiet:
+            async_call = aquiet.call_tool("counted", {"tag": tags[1], "sleep_s": QUIET_S}, timeout_s=10)
+            outcomes = await asyncio.gather(sync_call, async_call)
+        assert [(o.ok, o.result) for o in outcomes] == [(True, 1), (True, 1)], outcomes
+        assert QUIET_S - 0.2 <= time.monotonic() - started < QUIET_S + 3
+        # A call that takes longer than the caller waits: the caller's deadline, not a socket error.
+        started = time.monotonic()
+        late = quiet.call_tool("counted", {"tag": tags[2], "sleep_s": 4.0}, timeout_s=QUIET_S - 1)
+        assert late.failure_kind is FailureKind.TIMEOUT and late.synthetic
+        assert QUIET_S - 1 <= time.monotonic() - started < QUIET_S + 1
 
 
 async def _read_inbox_until_found(store: TurnStore, timeout_s: float) -> list[tuple[str, dict[str, str]]]:
