@@ -176,7 +176,8 @@ async def test_get_lists_the_calls_waiting_for_approval(client: Client, aclient:
     assert sync_view.status == TurnStatus.WAITING and sync_view.pending_approvals == expected
     assert (await aclient.get(turn_id)).pending_approvals == expected
     assert "t-123" not in sync_view.model_dump_json()
-    await store.save_outcome(turn_id, TurnOutcome(turn_id=turn_id, status="cancelled", stop_reason="cancelled"))
+    ended = TurnOutcome(turn_id=turn_id, status="cancelled", stop_reason="cancelled")
+    assert await store.save_outcome(turn_id, ended)
     assert client.get(turn_id).pending_approvals == []  # ended: the outcome is the record
 
 
