@@ -198,7 +198,25 @@ def test_toolloop_submit_wait_outlasts_a_quiet_tool(e2e_redis: RedisServer) -> N
     assert f"slept {QUIET_TOOL_S}" in tool_answers(outcome)["call_r0_0"]["content"]
 
 
-def test_one_confirmation_approved_and_another_denied_over_http(http: httpx.Client) -> None:
+def toolloop_show(redis_server: RedisServer, turn_id: str) -> str:
+    """`toolloop show TURN_ID` as an operator runs it; its stdout."""
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    command = [str(TOOLLOOP_BIN), "show", turn_id]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def poll_until(predicate: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not true within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_one_confirmation_approved_and_another_denied_over_http(
+    http: httpx.Client, e2e_redis: RedisServer
+) -> None:
     suffix = uuid.uuid4().hex[:8]
     calls = [
         {"name": "e2e_transfer", "arguments": {"amount": 5, "to": f"alice-{suffix}"}},
@@ -207,14 +225,23 @@ def test_one_confirmation_approved_and_another_denied_over_http(http: httpx.Clie
     turn_id = submit(http, [{"calls": calls}])
     asked: list[str] = []
 
+    waiting = [
+        {"call_id": f"call_r0_{i}", "tool": "e2e_transfer", "arguments": call["arguments"]}
+        for i, call in enumerate(calls)
+    ]
+
     def answer_when_asked(name: str, data: dict[str, Any]) -> None:
-        # What a web page does: the SSE stream names the calls to confirm; a person answers each one.
+        # The SSE stream names the calls to confirm; the turn's GET lists them too, with their arguments.
         if name != "approval_requested":
             return
         asked.extend(data["data"]["call_ids"])
-        assert http.get(f"/v1/turns/{turn_id}").json()["status"] == "waiting"
+        view = http.get(f"/v1/turns/{turn_id}").json()
+        assert (view["status"], view["pending_approvals"]) == ("waiting", waiting)
+        assert json.loads(toolloop_show(e2e_redis, turn_id))["pending_approvals"] == waiting
         reply = http.post(f"/v1/turns/{turn_id}/approvals/call_r0_0", json={"approved": True})
         assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
+        # Once the orchestrator took the answer, only the other call is left to render.
+        poll_until(lambda: http.get(f"/v1/turns/{turn_id}").json()["pending_approvals"] == waiting[1:], 10)
         assert (
             http.post(f"/v1/turns/{turn_id}/approvals/call_r0_1", json={"approved": False}).status_code == 202
         )
@@ -222,7 +249,9 @@ def test_one_confirmation_approved_and_another_denied_over_http(http: httpx.Clie
     names = [name for name, _ in stream_events(http, turn_id, answer_when_asked)]
     assert sorted(asked) == ["call_r0_0", "call_r0_1"]
     assert names.count("approval_given") == 2 and names[-1] == "turn_finished"
-    outcome = http.get(f"/v1/turns/{turn_id}").json()["outcome"]
+    view = http.get(f"/v1/turns/{turn_id}").json()
+    assert view["pending_approvals"] == []
+    outcome = view["outcome"]
     answers = tool_answers(outcome)
     assert answers["call_r0_0"]["content"] == f"sent 5.0 to alice-{suffix}"
     assert answers["call_r0_1"]["failure_kind"] == FailureKind.CONFIRMATION_DENIED.value
