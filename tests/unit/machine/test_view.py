@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-from orchestrator.providers import anthropic, openai_chat
+from orchestrator.providers import anthropic, openai_chat, openai_responses
 from orchestrator.providers.base import ModelRequest
 from orchestrator.view import build_view, resolve_model
+from tests.openapi_schemas import assert_valid
 from tests.unit.machine.harness import CATALOGUE, Driver, answer, calls, ok
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,6 +79,8 @@ def test_switch_back_to_openai_flattens_anthropic_calls() -> None:
 
 
 def check_openai_body(body: dict[str, Any]) -> None:
+    """A Chat Completions body OpenAI accepts: its published schema, and every call answered in order."""
+    assert_valid(body, "CreateChatCompletionRequest")
     pending: list[str] = []
     for message in body["messages"]:
         if message["role"] == "tool":
@@ -87,6 +90,26 @@ def check_openai_body(body: dict[str, Any]) -> None:
         for call in message.get("tool_calls") or []:
             assert len(call["id"]) <= 40 and ANTHROPIC_ID.match(call["id"])
             pending.append(call["id"])
+    assert not pending
+
+
+def check_responses_body(body: dict[str, Any]) -> None:
+    """A Responses API body OpenAI accepts: its published schema, every function call answered in order."""
+    assert_valid(body, "CreateResponse")
+    pending: list[str] = []
+    previous = ""
+    for item in body["input"]:
+        kind = item["type"]
+        if kind == "function_call_output":
+            assert item["call_id"] == pending.pop(0)
+        elif kind == "function_call":
+            # The calls of one assistant message come together, before the first of their outputs.
+            assert previous == "function_call" or not pending, "a function call without its output"
+            assert len(item["call_id"]) <= 64 and ANTHROPIC_ID.match(item["call_id"])
+            pending.append(item["call_id"])
+        else:
+            assert not pending, "a function call without its output"
+        previous = kind
     assert not pending
 
 
@@ -105,6 +128,19 @@ def check_anthropic_body(body: dict[str, Any]) -> None:
     assert messages[0]["role"] == "user"
 
 
+def openai_bodies(history: list[Message], tools: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Chat and the Responses body of the views of `history` for each, both checked."""
+    chat = openai_chat.to_wire(
+        ModelRequest(model="gpt-4.1-mini", messages=build_view(history, "openai").messages, tools=tools)
+    )
+    responses = openai_responses.to_wire(
+        ModelRequest(model="gpt-5", messages=build_view(history, "openai_responses").messages, tools=tools)
+    )
+    check_openai_body(chat)
+    check_responses_body(responses)
+    return chat, responses
+
+
 def test_openai_anthropic_openai_switch_gives_bodies_each_provider_accepts() -> None:
     tools = [CATALOGUE["add"], CATALOGUE["fetch"]]
     driver = Driver(model="openai:gpt-4.1-mini")
@@ -115,6 +151,7 @@ def test_openai_anthropic_openai_switch_gives_bodies_each_provider_accepts() -> 
         ModelRequest(model="claude", messages=build_view(history, "anthropic").messages, tools=tools)
     )
     check_anthropic_body(anthropic_body)
+    openai_bodies(history, tools)
     # The Anthropic model answers with its own call, then OpenAI takes the turn back.
     claude_round: list[Message] = [
         AssistantMessage(
@@ -126,10 +163,38 @@ def test_openai_anthropic_openai_switch_gives_bodies_each_provider_accepts() -> 
         ToolMessage(tool_call_id="toolu_01ABC", name="fetch", content="page"),
     ]
     history = [*history, *claude_round]
-    back = build_view(history, "openai")
-    openai_body = openai_chat.to_wire(ModelRequest(model="gpt", messages=back.messages, tools=tools))
-    check_openai_body(openai_body)
+    openai_body, responses_body = openai_bodies(history, tools)
     assert "[Tool result: fetch] page" in str(openai_body["messages"])
+    assert "[Tool result: fetch] page" in str(responses_body["input"])
+    check_anthropic_body(
+        anthropic.to_wire(ModelRequest(model="claude", messages=build_view(history, "anthropic").messages))
+    )
+    # A Responses model answers with two calls after its reasoning: structured for itself, text for Chat.
+    responses_round: list[Message] = [
+        AssistantMessage(
+            content="Fetching both.",
+            tool_calls=[
+                ToolCall(id="call_r1", name="fetch", arguments={"url": "a"}),
+                ToolCall(id="call:r2/" + "z" * 70, name="add", arguments={"a": 2, "b": 2}),
+            ],
+            provider="openai_responses",
+            thinking="why",
+            provider_data={
+                "reasoning_items": [
+                    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"}
+                ]
+            },
+        ),
+        ToolMessage(tool_call_id="call_r1", name="fetch", content="A"),
+        ToolMessage(tool_call_id="call:r2/" + "z" * 70, name="add", content="4"),
+        UserMessage(content="thanks"),
+    ]
+    history = [*history, *responses_round]
+    openai_body, responses_body = openai_bodies(history, tools)
+    assert "[Tool result: add] 4" in str(openai_body["messages"])
+    outputs = [i["call_id"] for i in responses_body["input"] if i["type"] == "function_call_output"]
+    assert outputs[0] == "call_r1" and len(outputs) == 2 and outputs[1] != "call:r2/" + "z" * 70
+    assert [i["type"] for i in responses_body["input"]].count("reasoning") == 1
     check_anthropic_body(
         anthropic.to_wire(ModelRequest(model="claude", messages=build_view(history, "anthropic").messages))
     )
