@@ -40,8 +40,7 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
         url = server.url
         settings = Settings(redis_url=url)
         app = create_app(settings, main="toolloop-bench")
-        # redis-py 8 defaults socket_timeout to 5 s, which a 5 s blocking read of Client.wait hits exactly.
-        client = Client(f"{url}?socket_timeout=60", settings=settings)
+        client = Client(url, settings=settings)
         procs: list[Proc] = []
         try:
             progress("starting the slow-tool worker and an orchestrator")

@@ -58,8 +58,7 @@ class FaultEnv:
         }
         self.workers: list[WorkerHandle] = []
         self.orchestrators: list[Proc] = []
-        # redis-py 8 defaults socket_timeout to 5 s, which a 5 s blocking read of Client.wait hits exactly.
-        self.client = Client(f"{self.url}?socket_timeout=30")
+        self.client = Client(self.url)
         self.redis = redis.Redis.from_url(self.url, decode_responses=True)
 
     # --- processes -----------------------------------------------------------------------------------
