@@ -146,6 +146,9 @@ class ProviderError(BaseModel):
     request_id: str | None = None
     retryable: bool = False
     retry_after_s: float | None = None
+    # Provider extras worth keeping for whoever debugs the failure, e.g. Groq's `failed_generation` (the
+    # model output it could not parse as a tool call). None when the provider sent none.
+    details: dict[str, Any] | None = None
 
 
 class TurnStatus(StrEnum):

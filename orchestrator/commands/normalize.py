@@ -47,18 +47,19 @@ def build_turn_output(turn: Turn) -> dict[str, Any]:
 
 
 def build_error_output(error: ProviderError) -> dict[str, Any]:
-    """The JSON shape ARCHITECTURE.md promises for a provider error body."""
-    return {
-        "error": {
-            "provider": error.provider,
-            "status": error.status,
-            "type": error.type,
-            "code": error.code,
-            "message": error.message,
-            "request_id": error.request_id,
-            "retryable": error.retryable,
-        }
+    """The JSON shape ARCHITECTURE.md promises for a provider error body; `details` only when present."""
+    output: dict[str, Any] = {
+        "provider": error.provider,
+        "status": error.status,
+        "type": error.type,
+        "code": error.code,
+        "message": error.message,
+        "request_id": error.request_id,
+        "retryable": error.retryable,
     }
+    if error.details:
+        output["details"] = error.details
+    return {"error": output}
 
 
 def _fail(message: str) -> typer.Exit:

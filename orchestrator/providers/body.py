@@ -43,6 +43,12 @@ _TRANSIENT_MARKERS = (
 )
 
 
+# Fields of an error object worth keeping as `ProviderError.details`, by name: Groq's `failed_generation` is
+# the model's raw output that failed tool-call parsing (what to look at when a model keeps failing). Strings
+# are cut at `_DETAIL_LIMIT_CHARS`: an error must stay small enough to store with the turn.
+_DETAIL_KEYS = ("failed_generation",)
+_DETAIL_LIMIT_CHARS = 16_000
+
 # Keys only a successful response has: their presence means "error" is a field of a response, not an envelope.
 _RESPONSE_KEYS = frozenset({"choices", "candidates", "output", "message", "content", "object"})
 
@@ -176,6 +182,16 @@ def _looks_transient(*markers: str | None) -> bool:
     return any(marker in text for marker in _TRANSIENT_MARKERS)
 
 
+def build_error_details(error: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The extras of an error object kept in `ProviderError.details` (see `_DETAIL_KEYS`); None if none."""
+    details: dict[str, Any] = {}
+    for key in _DETAIL_KEYS:
+        value = error.get(key)
+        if isinstance(value, str) and value:
+            details[key] = value[:_DETAIL_LIMIT_CHARS]
+    return details or None
+
+
 def build_error(
     provider: str,
     status: int | None,
@@ -187,7 +203,8 @@ def build_error(
     Reads the common envelopes: `{"error": {"type"|"status", "code", "message"}}` (OpenAI, Groq, Gemini,
     Anthropic's `{"type": "error", "error": {...}}`), `{"error": "text"}` (Ollama), `{"message": ...,
     "__type"|"code"}` (Bedrock, Cohere), and plain text. With a status, retryable follows the status;
-    without one (an error event in a stream), it follows the error's type and code.
+    without one (an error event in a stream), it follows the error's type and code. Extras such as Groq's
+    `failed_generation` go to `details`.
     """
     if isinstance(body, str | bytes):
         text = decode_text(body, provider)
@@ -230,6 +247,7 @@ def build_error(
         request_id=request_id,
         retryable=retryable,
         retry_after_s=_retry_after_s(headers, error),
+        details=build_error_details(error),
     )
 
 

@@ -59,7 +59,8 @@ def test_every_recorded_error_exits_4(responses_dir: Path, name: str) -> None:
         str(expected["http_status"]),
     )
     assert code == 4
-    assert set(out) == {"error"} and set(out["error"]) == ERROR_KEYS
+    extras = {"details"} if "failed_generation" in expected else set()
+    assert set(out) == {"error"} and set(out["error"]) == ERROR_KEYS | extras
     assert (out["error"]["provider"], out["error"]["status"], out["error"]["retryable"]) == (
         expected["provider"],
         expected["http_status"],
