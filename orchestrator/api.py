@@ -4,17 +4,20 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns/{id}`, `GET /v1/turns/{i
 `turn_finished`), `POST /v1/turns/{id}/cancel`, `POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`,
 `GET /healthz`, `GET /metrics`. With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
 `Authorization: Bearer <token>` (401 otherwise). Bodies over `max_body_bytes` get 413, malformed ones 422
-with pydantic's messages; unknown turns 404; requests for a turn that has already ended 409.
+with pydantic's messages (never echoing the body: it may hold what JSON cannot render, such as NaN or an
+unpaired surrogate, or secrets); unknown turns 404; requests for a turn that has already ended 409.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Iterable
+import math
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, model_validator
 from redis.exceptions import RedisError
@@ -129,6 +132,41 @@ class BodyLimitMiddleware:
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = f"request body over {self.max_bytes} bytes"
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+
+
+# How deep a validation error's context is rendered; pydantic's are one or two levels.
+_MAX_DETAIL_DEPTH = 8
+
+
+def build_safe_json(value: Any, depth: int = 0) -> Any:
+    """`value` as what `json.dumps(allow_nan=False)` renders and UTF-8 encodes, whatever it holds.
+
+    Non-finite numbers become their names, unpaired surrogates `\\udXXX` escapes, anything else its text.
+    """
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if depth >= _MAX_DETAIL_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        return {str(build_safe_json(str(k))): build_safe_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [build_safe_json(v, depth + 1) for v in value]
+    return build_safe_json(str(value))
+
+
+def build_validation_detail(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """The `detail` of a 422: each error's type, location, message and context, without its input."""
+    kept = ("type", "loc", "msg", "ctx")
+    return [{k: build_safe_json(error[k]) for k in kept if k in error} for error in errors]
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": build_validation_detail(errors) or "invalid request"}, status_code=422)
 
 
 def _client(request: Request) -> AsyncClient:
@@ -262,6 +300,8 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         except (RedisError, OSError) as exc:
             return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
         return JSONResponse({"status": "ok", "redis": "ok"})
+
+    app.add_exception_handler(RequestValidationError, _invalid_request)
 
     @app.exception_handler(RedisError)
     async def redis_unavailable(request: Request, exc: RedisError) -> JSONResponse:

@@ -19,6 +19,7 @@ Values may come back as bytes or str (the Redis client may or may not decode): `
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -258,6 +259,50 @@ def check_turn_request(request: TurnRequest) -> None:
         raise ValueError("a turn needs a non-empty 'prompt' or at least one message in 'messages'")
     if request.conversation_id is not None and not request.conversation_id.strip():
         raise ValueError("'conversation_id' must not be blank")
+    problem = find_unstorable_value(request.model_dump())
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def find_unstorable_value(value: Any) -> str | None:
+    """What JSON in UTF-8 cannot carry in `value` (a non-finite number, an unpaired surrogate), or None.
+
+    A turn is stored as JSON text, so either would fail (or silently change) at the write; refusing it at
+    validation gives the caller a message naming the field instead. The walk is iterative: a value nested
+    deeper than Python's recursion limit is still checked.
+    """
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{path or 'value'}: {item!r} is not a JSON number; send a finite number or a string"
+        if isinstance(item, str):
+            problem = describe_unpaired_surrogate(item)
+            if problem is not None:
+                return f"{path or 'value'}: {problem}"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                name = key if isinstance(key, str) else repr(key)
+                problem = describe_unpaired_surrogate(name)
+                if problem is not None:
+                    return f"{path or 'value'}: a key holds {problem}"
+                pending.append((f"{path}.{name}" if path else name, child))
+        elif isinstance(item, list | tuple):
+            pending.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+def describe_unpaired_surrogate(value: str) -> str | None:
+    """None for text UTF-8 can encode; else where its first unpaired surrogate is (e.g. a lone `\\ud800`)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        return (
+            f"an unpaired surrogate \\u{code:04x} at index {exc.start} is not valid Unicode text; "
+            "send a character or a complete surrogate pair"
+        )
+    return None
 
 
 def build_submit_call(request: TurnRequest, turn_id: str, now: float) -> tuple[list[str], list[str]]:

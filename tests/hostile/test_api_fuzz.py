@@ -95,26 +95,66 @@ def test_control_bodies_and_ids_never_5xx(api: httpx.Client, body: bytes, turn_i
     _assert_clear_4xx(reply)
 
 
-# Known bugs (reported to the API's owner); strict, so that the fix makes these fail until unmarked.
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused body holding NaN/Infinity: FastAPI's 422 handler echoes "
-    "the input and json.dumps refuses non-finite floats -> 500",
-)
+def _post_fresh(api: httpx.Client, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
+    # A connection of its own: a server that failed would drop the connection of the request.
+    return httpx.post(api.base_url.join(path), content=content, headers=headers, timeout=30)
+
+
 def test_non_finite_numbers_in_a_refused_body_get_a_4xx(api: httpx.Client) -> None:
-    # A connection of its own: the server drops the connection of a request that ended in a 500.
-    reply = httpx.post(f"{api.base_url}v1/turns", content=b'{"prompt": {"x": NaN}}', headers=JSON)
+    reply = _post_fresh(api, "/v1/turns", content=b'{"prompt": {"x": NaN}}', headers=JSON)
     _assert_clear_4xx(reply)
+    assert reply.status_code == 422
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lone surrogate escape (valid JSON) cannot be encoded to UTF-8 when "
-    "the turn is stored -> PydanticSerializationError -> 500",
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"prompt": "x", "context": {"a": [1, NaN]}}', "context.a[1]: nan is not a JSON number"),
+        (b'{"prompt": "x", "limits": {"deadline_s": Infinity}}', "limits.deadline_s: inf is not a JSON"),
+        (b'{"prompt": "x", "context": {"a": -Infinity}}', "context.a: -inf is not a JSON number"),
+    ],
 )
+def test_non_finite_numbers_in_a_valid_turn_are_refused(api: httpx.Client, body: bytes, needle: str) -> None:
+    reply = _post_fresh(api, "/v1/turns", content=body, headers=JSON)
+    assert reply.status_code == 422, reply.text
+    assert needle in json.dumps(reply.json()), reply.text
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"prompt": "\\ud800"}', "prompt: an unpaired surrogate \\\\ud800 at index 0"),
+        (b'{"prompt": "ok", "context": {"k": ["a\\udfff"]}}', "context.k[0]: an unpaired surrogate"),
+        (b'{"prompt": "ok", "context": {"\\ud83d": 1}}', "context: a key holds an unpaired surrogate"),
+        (b'{"prompt": "ok", "\\ud800": 1}', "unicode"),
+        (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages[0].content: an unpaired"),
+    ],
+)
+def test_unpaired_surrogates_get_a_4xx(api: httpx.Client, body: bytes, needle: str) -> None:
+    reply = _post_fresh(api, "/v1/turns", content=body, headers=JSON)
+    assert reply.status_code == 422, reply.text
+    assert needle in json.dumps(reply.json()), reply.text
+
+
 def test_a_lone_surrogate_gets_a_4xx(api: httpx.Client) -> None:
-    reply = httpx.post(f"{api.base_url}v1/turns", content=b'{"prompt": "\\ud800"}', headers=JSON)
+    reply = _post_fresh(api, "/v1/turns", content=b'{"prompt": "\\ud800"}', headers=JSON)
     _assert_clear_4xx(reply)
+    assert reply.status_code == 422
+    # A complete pair (an emoji) is text like any other.
+    reply = _post_fresh(api, "/v1/turns", content=b'{"prompt": "\\ud83d\\ude00"}', headers=JSON)
+    assert reply.status_code == 202, reply.text
+
+
+def test_a_refused_approval_body_with_nan_gets_a_422(api: httpx.Client) -> None:
+    turn_id = api.post("/v1/turns", json={"prompt": "approve me"}).json()["id"]
+    reply = _post_fresh(
+        api,
+        f"/v1/turns/{turn_id}/approvals/call_1",
+        content=b'{"approved": NaN, "x": "\\ud800"}',
+        headers=JSON,
+    )
+    assert reply.status_code == 422, reply.text
+    assert "approved" in reply.text
 
 
 def test_huge_bodies_are_refused_and_the_server_stays_up(api: httpx.Client) -> None:
