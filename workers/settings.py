@@ -7,11 +7,15 @@ importing orchestrator code. Provider keys keep their vendors' usual names (OPEN
 from __future__ import annotations
 
 from functools import lru_cache
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The query options of a Redis URL that kombu understands as a broker URL: it folds `ssl_*` into its SSL
+# settings and hands any other option to its Connection, which refuses redis-py's (socket_timeout, …).
+_BROKER_QUERY_PREFIX = "ssl_"
 
 
 class Settings(BaseSettings):
@@ -57,11 +61,27 @@ class Settings(BaseSettings):
 
     @property
     def tool_module_list(self) -> list[str]:
+        """The modules of `tool_modules` (comma-separated) whose tools a worker serves."""
         return [m.strip() for m in self.tool_modules.split(",") if m.strip()]
 
     @property
     def effective_broker_url(self) -> str:
-        return self.broker_url or self.redis_url
+        """`broker_url` as given, else the state Redis URL without the options only redis-py knows."""
+        return self.broker_url or build_broker_url(self.redis_url)
+
+
+def build_broker_url(redis_url: str) -> str:
+    """A redis-py URL as a Celery broker URL: its query keeps only the `ssl_*` options kombu understands.
+
+    `redis://h:6379/0?socket_timeout=1&ssl_cert_reqs=required` → `redis://h:6379/0?ssl_cert_reqs=required`.
+    Other schemes (e.g. amqp://) are returned as they are.
+    """
+    parts = urlsplit(redis_url)
+    if parts.scheme not in {"redis", "rediss"} or not parts.query:
+        return redis_url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(key, value) for key, value in query if key.startswith(_BROKER_QUERY_PREFIX)]
+    return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
 @lru_cache(maxsize=1)
