@@ -4,8 +4,13 @@
 wins), retry later (the task publishes the retry), or skipped (another delivery owns the call). When the
 child cannot answer for itself, `workers.parent` answers from the worker's parent process.
 
-One start script per execution does the redelivery dedupe, the running guard, the attempt count and the
-"started" notification in a single round trip; one pipeline writes the outcome and its companions.
+The Redis steps (start script, idempotency claim, outcome write) are `workers.call_store`'s.
+
+Redis down (SPEC §8.3): a call that cannot start waits a little for Redis (`START_WAIT_MAX_S`, at most half
+its soft limit) and is otherwise handed back to Celery unstarted — never run blind. Once the tool has run,
+its outcome is kept and written again with capped backoff until Redis is back, up to `WRITE_MARGIN_S` before
+the hard limit (`workers.redis_retry`); both scripts and the write may be repeated after a reply that was
+lost, so each recognises its own earlier success.
 
 Idempotent tools (SPEC §4.8) take one more step: a claim script either finds the stored success (a replay)
 or takes a short lock on the idempotency key, so that two identical calls running at the same moment do not
@@ -15,18 +20,19 @@ then runs itself), or its own soft limit is near (and gives up with a `timeout` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from pydantic import ValidationError
 
 from workers import keys
+from workers.call_store import CallStore, get_store
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.outcomes import (
     InvalidResultError,
@@ -39,9 +45,12 @@ from workers.outcomes import (
     describe_validation_error,
     format_seconds,
 )
+from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
 from workers.tools import Tool, ToolContext, TransientToolError
 
-ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
+# `get_store` is re-exported: the task body takes its store from here.
+__all__ = ["CallStore", "Decision", "Finished", "RetryLater", "Skipped", "execute_call", "get_store"]
+
 # The running guard outlives the hard limit by this much: the parent kills the child by then at the latest.
 RUNNING_MARGIN_S = 5.0
 # How long a duplicate delivery waits before looking again when another execution holds the call.
@@ -51,45 +60,13 @@ DUPLICATE_RECHECK_MAX_S = 5.0
 IDEMPOTENCY_POLL_MIN_S = 0.02
 IDEMPOTENCY_POLL_MAX_S = 0.25
 IDEMPOTENCY_WAIT_RESERVE_S = 0.2
-
-# KEYS: outcome, running, attempts, turn lease ('' when none).
-# ARGV: running token, running TTL ms, attempts TTL s, inbox prefix, call id, turn id, worker, started at.
-# Returns {-1, 0} when the call already has an outcome, {-2, pttl} when another execution holds it,
-# else {attempt, 0} after notifying the turn's owner that the call started.
-START_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then
-  return {-2, redis.call('PTTL', KEYS[2])}
-end
-local n = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-if KEYS[4] ~= '' then
-  local owner = redis.call('GET', KEYS[4])
-  if owner then
-    redis.call('XADD', ARGV[4] .. owner, 'MAXLEN', '~', '100000', '*', 'kind', 'started',
-               'turn', ARGV[6], 'call', ARGV[5], 'attempt', tostring(n), 'worker', ARGV[7], 'at', ARGV[8])
-  end
-end
-return {n, 0}
-"""
-
-# KEYS: idempotency record, its lock. ARGV: call id (the lock's holder), lock TTL ms.
-# Returns {1, record} for a stored success, {0, ''} when this call holds the lock (now, or already: a
-# redelivery of the same call), {2, pttl} when another call holds it.
-CLAIM_IDEMPOTENCY_LUA = """
-local record = redis.call('GET', KEYS[1])
-if record then return {1, record} end
-local holder = redis.call('GET', KEYS[2])
-if holder and holder ~= ARGV[1] then return {2, tostring(redis.call('PTTL', KEYS[2]))} end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', tonumber(ARGV[2]))
-return {0, ''}
-"""
-
-# KEYS: running guard or idempotency lock. ARGV: token ('' deletes whatever holds it). Deletes only our own.
-RELEASE_LUA = """
-if ARGV[1] == '' or redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# Redis down before the tool ran: wait this long at most (and at most half the soft limit, so the tool keeps
+# most of its time), then hand the call back to Celery. After the tool ran: keep writing the outcome until
+# this long before the hard limit, when the parent may kill the child.
+START_WAIT_MAX_S = 10.0
+WRITE_MARGIN_S = 1.0
+# Countdown of the Celery retry of a call handed back unstarted because Redis was down.
+REDIS_DOWN_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,115 +95,6 @@ class Skipped:
 Decision = Finished | RetryLater | Skipped
 
 
-class CallStore:
-    """The Redis side of executing calls: one per process, its scripts registered once."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self._start = client.register_script(START_LUA)
-        self._release = client.register_script(RELEASE_LUA)
-        self._claim = client.register_script(CLAIM_IDEMPOTENCY_LUA)
-        self._write = client.register_script(keys.WRITE_OUTCOME_LUA)
-
-    def start(
-        self, request: ToolCallRequest, *, token: str, running_ttl_s: float, worker: str
-    ) -> tuple[int, int]:
-        """Run the start script: (attempt, 0), (-1, 0) already finished, (-2, pttl ms) held elsewhere."""
-        lease = keys.turn_lease(request.turn_id) if request.turn_id else ""
-        result = self._start(
-            keys=[
-                keys.outcome(request.call_id),
-                keys.running(request.call_id),
-                keys.attempts(request.call_id),
-                lease,
-            ],
-            args=[
-                token,
-                int(running_ttl_s * 1000),
-                ATTEMPTS_TTL_S,
-                keys.INBOX_PREFIX,
-                request.call_id,
-                request.turn_id or "",
-                worker,
-                f"{time.time():.3f}",
-            ],
-        )
-        return int(result[0]), int(result[1])
-
-    def finish(
-        self,
-        outcome: ToolOutcome,
-        *,
-        reply_key: str | None,
-        token: str | None,
-        full_result_json: str | None = None,
-        idempotency: tuple[str, str] | None = None,
-        idempotency_lock: str | None = None,
-    ) -> bool:
-        """Write the outcome (first writer wins), the full result and idempotency record; drop the guard
-        and the call's idempotency lock.
-
-        One pipeline, one round trip. Returns True when this outcome won. The stored success is set before
-        the lock goes, so a waiting identical call always finds one or the other.
-        """
-        pipe = self.client.pipeline(transaction=False)
-        if full_result_json is not None and outcome.full_result_key:
-            pipe.set(outcome.full_result_key, full_result_json, ex=keys.FULL_RESULT_TTL_S)
-        if idempotency is not None:
-            pipe.set(idempotency[0], idempotency[1], ex=keys.IDEMPOTENCY_TTL_S)
-        script_keys, script_args = keys.build_write_outcome_call(
-            outcome.call_id, outcome.turn_id, outcome.model_dump_json(), reply_key
-        )
-        won_index = len(pipe)
-        self._write(keys=script_keys, args=script_args, client=pipe)
-        if token is not None:
-            self._release(keys=[keys.running(outcome.call_id)], args=[token], client=pipe)
-        if idempotency_lock is not None:
-            self._release(keys=[idempotency_lock], args=[outcome.call_id], client=pipe)
-        results = pipe.execute()
-        return bool(results[won_index])
-
-    def claim_idempotency(self, key: str, *, call_id: str, lock_ttl_s: float) -> tuple[int, str | None]:
-        """(1, stored success JSON); (0, None): `call_id` holds the key's lock; (2, None): another does."""
-        state, value = self._claim(
-            keys=[key, keys.idempotency_lock(key)], args=[call_id, int(lock_ttl_s * 1000)]
-        )
-        record = value.decode("utf-8") if isinstance(value, bytes) else value
-        return int(state), (record if int(state) == 1 else None)
-
-    def release_idempotency_lock(self, key: str, call_id: str) -> None:
-        """Drop the lock on an idempotency key if `call_id` holds it."""
-        self._release(keys=[keys.idempotency_lock(key)], args=[call_id])
-
-    def release(self, call_id: str, token: str) -> None:
-        """Drop the running guard if `token` holds it ('' drops it whoever holds it)."""
-        self._release(keys=[keys.running(call_id)], args=[token])
-
-    def read_attempts(self, call_id: str) -> int:
-        """How many executions of the call have started."""
-        value = self.client.get(keys.attempts(call_id))
-        return int(value) if value is not None else 0
-
-    def read_outcome(self, call_id: str) -> ToolOutcome | None:
-        """The call's winning outcome, if any."""
-        raw = self.client.get(keys.outcome(call_id))
-        return ToolOutcome.model_validate_json(raw) if raw is not None else None
-
-
-_stores: dict[str, CallStore] = {}
-_stores_lock = threading.Lock()
-
-
-def get_store(redis_url: str, **client_options: Any) -> CallStore:
-    """The process's CallStore for `redis_url` (redis-py pools reconnect by themselves after a fork)."""
-    with _stores_lock:
-        store = _stores.get(redis_url)
-        if store is None:
-            store = CallStore(redis.Redis.from_url(redis_url, **client_options))
-            _stores[redis_url] = store
-        return store
-
-
 def execute_call(
     store: CallStore,
     tool: Tool[Any, Any],
@@ -243,9 +111,11 @@ def execute_call(
 ) -> Decision:
     """Run one delivery of a call in the pool child and write its outcome.
 
-    `timeout_errors` are the exceptions a soft time limit raises (Celery's SoftTimeLimitExceeded).
+    `timeout_errors` are the exceptions a soft time limit raises (Celery's SoftTimeLimitExceeded). `token`
+    names the process; a suffix makes it unique to this execution.
     """
     started = now()
+    write_retry = RedisRetry(started + hard_limit_s - WRITE_MARGIN_S, now, sleep, timeout_errors)
     if request.deadline_at is not None and started >= request.deadline_at:
         outcome = build_failure(
             request,
@@ -254,22 +124,45 @@ def execute_call(
             worker=worker,
             finished_at=started,
         )
-        return Finished(outcome, store.finish(outcome, reply_key=request.reply_key, token=None))
+        won = store.finish(outcome, reply_key=request.reply_key, token=None, retry=write_retry)
+        return Finished(outcome, won)
+    token = f"{token}:{uuid.uuid4().hex[:12]}"
+    start_wait_s = min(START_WAIT_MAX_S, soft_limit_s / 2, hard_limit_s - WRITE_MARGIN_S)
+    start_retry = RedisRetry(started + start_wait_s, now, sleep)
     running_ttl_s = hard_limit_s + RUNNING_MARGIN_S
-    attempt, held_ms = store.start(request, token=token, running_ttl_s=running_ttl_s, worker=worker)
+    try:
+        attempt, held_ms = store.start(
+            request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
+        )
+    except (*UNAVAILABLE_ERRORS, *timeout_errors) as exc:
+        return _hand_back(store, request.call_id, token, exc)
     if attempt == -1:
         return Skipped("the call already has an outcome")
     if attempt == -2:
         return RetryLater(
             min(max(held_ms / 1000, 0.1), DUPLICATE_RECHECK_MAX_S), "another execution holds the call"
         )
-    run = _Run(store, tool, request, attempt, worker, token, now, now(), running_ttl_s)
+    run = _Run(store, tool, request, attempt, worker, token, now, now(), running_ttl_s, write_retry)
     idem_key = build_idempotency_key(tool.spec, request.arguments)
     if idem_key is not None:
-        claimed = _claim_idempotency(run, idem_key, soft_limit_s, timeout_errors, sleep)
+        try:
+            claimed = _claim_idempotency(
+                run, idem_key, soft_limit_s, timeout_errors, sleep, retry=start_retry
+            )
+        except UNAVAILABLE_ERRORS as exc:
+            return _hand_back(store, request.call_id, token, exc)
         if claimed is not None:
             return claimed
     return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
+
+
+def _hand_back(store: CallStore, call_id: str, token: str, exc: BaseException) -> RetryLater:
+    """Redis stayed unavailable before the tool ran: Celery retries the call later, unstarted.
+
+    The running guard goes if Redis lets it; otherwise it expires, and the retry waits for it."""
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        store.release(call_id, token)
+    return RetryLater(REDIS_DOWN_RETRY_S, f"redis unavailable before the call started: {exc}")
 
 
 @dataclass
@@ -285,6 +178,8 @@ class _Run:
     now: Callable[[], float]
     started: float
     lock_ttl_s: float
+    # How the outcome is written again while Redis is down: the tool ran, its outcome must not be lost.
+    write_retry: RedisRetry
     # The idempotency key whose lock this execution holds (dropped with its outcome), once claimed.
     idem_key_held: str | None = None
 
@@ -305,6 +200,7 @@ class _Run:
             reply_key=self.request.reply_key,
             token=self.token,
             idempotency_lock=self._lock_key(),
+            retry=self.write_retry,
         )
         return Finished(outcome, won)
 
@@ -339,14 +235,19 @@ class _Run:
             full_result_json=record.full_result_json,
             idempotency=idempotency,
             idempotency_lock=self._lock_key(),
+            retry=self.write_retry,
         )
         return Finished(record.outcome, won)
 
     def release(self) -> None:
         """Drop the running guard and the idempotency lock without an outcome (a retry follows)."""
-        self.store.release(self.request.call_id, self.token)
-        if self.idem_key_held is not None:
-            self.store.release_idempotency_lock(self.idem_key_held, self.request.call_id)
+
+        def once(_failures: int) -> None:
+            self.store.release(self.request.call_id, self.token)
+            if self.idem_key_held is not None:
+                self.store.release_idempotency_lock(self.idem_key_held, self.request.call_id)
+
+        self.write_retry.call(once, "the release of a call before its retry")
 
 
 def _claim_idempotency(
@@ -355,6 +256,8 @@ def _claim_idempotency(
     soft_limit_s: float,
     timeout_errors: tuple[type[BaseException], ...],
     sleep: Callable[[float], None],
+    *,
+    retry: RedisRetry,
 ) -> Decision | None:
     """None when this execution holds the key and runs the tool; else the call's end: a replay of the
     stored success, a conflict, or giving up while an identical call still runs."""
@@ -364,7 +267,7 @@ def _claim_idempotency(
     try:
         while True:
             state, record = run.store.claim_idempotency(
-                idem_key, call_id=request.call_id, lock_ttl_s=run.lock_ttl_s
+                idem_key, call_id=request.call_id, lock_ttl_s=run.lock_ttl_s, retry=retry
             )
             if state == 0:
                 run.idem_key_held = idem_key
