@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import time
 import uuid
@@ -50,6 +51,8 @@ from workers.tools import Tool, ToolContext, TransientToolError
 
 # `get_store` is re-exported: the task body takes its store from here.
 __all__ = ["CallStore", "Decision", "Finished", "RetryLater", "Skipped", "execute_call", "get_store"]
+
+logger = logging.getLogger(__name__)
 
 # The running guard outlives the hard limit by this much: the parent kills the child by then at the latest.
 RUNNING_MARGIN_S = 5.0
@@ -162,7 +165,9 @@ def _hand_back(store: CallStore, call_id: str, token: str, exc: BaseException) -
     The running guard goes if Redis lets it; otherwise it expires, and the retry waits for it."""
     with contextlib.suppress(*UNAVAILABLE_ERRORS):
         store.release(call_id, token)
-    return RetryLater(REDIS_DOWN_RETRY_S, f"redis unavailable before the call started: {exc}")
+    reason = f"redis unavailable before the call started: {exc!r}"
+    logger.warning("%s: %s; Celery retries it in %g s", call_id, reason, REDIS_DOWN_RETRY_S)
+    return RetryLater(REDIS_DOWN_RETRY_S, reason)
 
 
 @dataclass
