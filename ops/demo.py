@@ -123,10 +123,13 @@ def choose_model(explicit: str | None, env: Mapping[str, str]) -> str:
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     # SIGTERM (and SIGHUP) become KeyboardInterrupt like Ctrl-C, so every exit path runs the cleanup.
+    # SIGINT is set too: a process started in the background (nohup, `cmd &`, some CI runners) inherits it
+    # ignored, and Python then never raises KeyboardInterrupt — the demo would ignore Ctrl-C.
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, interrupt) for sig in handled}
     try:
         yield
     finally:
