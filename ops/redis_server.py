@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import redis
 
@@ -185,12 +185,20 @@ class RedisServer:
 def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendonly: bool = False) -> int:
     """Run the embedded Redis in the foreground until it exits or Ctrl-C; returns its exit status."""
     server = RedisServer(port, host=host, appendonly=appendonly)
-    server.start()
-    print(f"redis-server listening on {server.url} (pid {server.pid}); Ctrl-C to stop", flush=True)
+
+    # A supervisor (systemd, docker, pkill) stops us with SIGTERM: treat it like Ctrl-C so the finally
+    # block stops redis-server too, instead of leaving it orphaned.
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
+        server.start()
+        print(f"redis-server listening on {server.url} (pid {server.pid}); Ctrl-C to stop", flush=True)
         assert server.process is not None
         return server.process.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         server.stop()
+        signal.signal(signal.SIGTERM, previous)

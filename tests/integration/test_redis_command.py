@@ -1,0 +1,59 @@
+"""`toolloop redis` in the foreground: serves, and takes its redis-server down with it when stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.redis_server import find_free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_toolloop_redis_stops_its_server(stop_signal: signal.Signals) -> None:
+    port = find_free_port()
+    process = subprocess.Popen(
+        [str(TOOLLOOP_BIN), "redis", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()
+        match = re.search(r"pid (\d+)", banner)
+        assert match, banner
+        server_pid = int(match.group(1))
+        client = redis.Redis(port=port)
+        assert client.ping()
+        client.close()
+
+        os.kill(process.pid, stop_signal)
+        assert process.wait(timeout=15) == 0
+        # The wrapper must not leave its redis-server running (waitpid'd by the wrapper, so no zombie).
+        assert not _alive(server_pid), f"redis-server {server_pid} outlived `toolloop redis`"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
