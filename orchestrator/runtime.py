@@ -6,7 +6,7 @@ The state machine decides; this module only performs what it decides and feeds b
           ▲                                                        │
           │                         persist the state (save_state) ◄┘ then execute each command:
           │   CallModel → a task: ModelClient.complete → ModelResponded / ModelFailed
-          │   DispatchTools → publish through Celery off the loop (asyncio.to_thread)
+          │   DispatchTools → publish through Celery off the loop (one publishing thread)
           │   WriteOutcomes → first-writer-wins write → ToolFinished(the winner)
           │   ArmTimer / CancelTimer → the one timer heap → TimerFired
           │   Revoke → Celery revoke off the loop; Emit → the turn's events; Finish → outcome, lease released
@@ -30,9 +30,9 @@ import signal
 import socket
 import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import redis.exceptions
@@ -41,7 +41,7 @@ from celery import Celery
 from orchestrator import metrics
 from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
-from orchestrator.events import Command, Event, TimerFired, ToolFinished
+from orchestrator.events import Command, Emit, Event, TimerFired, ToolFinished
 from orchestrator.inbox import build_control_event, parse_inbox, to_local_outcome
 from orchestrator.machine_common import find_call
 from orchestrator.model import TurnStatus
@@ -58,6 +58,8 @@ log = logging.getLogger("toolloop.orchestrator")
 BLOCK_S = 1.0
 # Pause after a Redis error before a loop tries again (Redis briefly unavailable must not kill the process).
 REDIS_RETRY_S = 0.5
+# How often the inbox stream is trimmed up to what was handled.
+INBOX_ACK_S = 1.0
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
@@ -242,16 +244,21 @@ class Runtime:
 
     async def _inbox_loop(self) -> None:
         after = "0"
+        acked = "0"
+        acked_at = time.monotonic()
         while True:
             try:
                 entries = await self.store.read_inbox(
                     self.orchestrator_id, after, block_ms=int(BLOCK_S * 1000)
                 )
-                if not entries:
-                    continue
-                await self._handle_inbox(entries)
-                after = entries[-1][0]
-                await self.store.ack_inbox(self.orchestrator_id, after)
+                if entries:
+                    await self._handle_inbox(entries)
+                    after = entries[-1][0]
+                # Trimming only bounds the stream's memory (entries are read by id, never twice): once per
+                # INBOX_ACK_S, or when idle, instead of a round trip between every two reads.
+                if after != acked and (not entries or time.monotonic() - acked_at >= INBOX_ACK_S):
+                    await self.store.ack_inbox(self.orchestrator_id, after)
+                    acked, acked_at = after, time.monotonic()
             except REDIS_ERRORS as exc:
                 log.warning("inbox read failed: %s", exc)
                 await asyncio.sleep(REDIS_RETRY_S)
@@ -302,23 +309,24 @@ class Runtime:
                 await self._exec.execute(handle, adopted.commands)
                 return
             catch_up = await self._factory.catch_up_events(adopted.state) if adopted.resumed else []
-            if not await self._persist(handle, handle.state):
-                return
-            # A resumed turn's commands re-arm its timers and repeat what died with its last owner
-            # (`machine.resume`); the outcomes written meanwhile are stepped after them.
-            await self._run_commands_and_events(handle, adopted.commands, catch_up)
+            # The state is saved (with the events of `machine.start` or `resume`) before any command runs: a
+            # resumed turn's commands re-arm its timers and repeat what died with its last owner; the
+            # outcomes written meanwhile are stepped after them.
+            await self._advance(handle, [], adopted.commands, save=True)
+            if catch_up and not handle.dropped:
+                await self._advance(handle, catch_up)
             if not handle.dropped:
                 await self._read_control(handle)
 
     async def feed(self, handle: TurnHandle, events: Iterable[Event]) -> None:
         """Step a turn through `events`, in order, under its lock (and every event the steps lead to)."""
         async with handle.lock:
-            await self._run_commands_and_events(handle, [], list(events))
+            await self._advance(handle, list(events))
 
     def _spawn_feed(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         async def run() -> None:
             async with handle.lock:
-                await self._run_commands_and_events(handle, [], events)
+                await self._advance(handle, events)
                 if read_control and not handle.dropped:
                     await self._read_control(handle)
 
@@ -330,32 +338,50 @@ class Runtime:
             return
         handle.control_after = requests[-1].id
         events = [e for e in (build_control_event(r) for r in requests) if e is not None]
-        await self._run_commands_and_events(handle, [], list(events))
+        await self._advance(handle, list(events))
 
-    async def _run_commands_and_events(
-        self, handle: TurnHandle, commands: list[Command], events: list[Event]
+    async def _advance(
+        self, handle: TurnHandle, events: list[Event], commands: Sequence[Command] = (), *, save: bool = False
     ) -> None:
-        # Holding the turn's lock. Writing a synthetic outcome yields the winner as a new event, which is
-        # stepped here too rather than re-entering the lock.
-        pending: deque[Event] = deque(events)
-        follow_ups = await self._exec.execute(handle, commands)
-        pending.extend(follow_ups)
-        while pending and not handle.dropped:
-            event = pending.popleft()
-            before = handle.state
-            state, commands = self._factory.step(before, event)
-            if not await self._persist(handle, state):
-                return
-            if isinstance(event, ToolFinished):
-                _record_answer(before, state, event)
-            pending.extend(await self._exec.execute(handle, commands))
+        """Step `events`, persist the state once, perform the commands; again with the events they yield.
 
-    async def _persist(self, handle: TurnHandle, state: TurnState) -> bool:
+        Holding the turn's lock. All events at hand are stepped before one save (state and emitted events in
+        one round trip): a call's `started` and `outcome` that arrive together cost one write, not four.
+        Nothing is performed before the state that asked for it is saved, so a crash loses no decision it
+        acted on. Writing a synthetic outcome yields the winner as a new event, stepped in the next round
+        here rather than re-entering the lock.
+        """
+        pending = events
+        todo = list(commands)
+        while not handle.dropped:
+            before = state = handle.state
+            answered: list[tuple[TurnState, TurnState, ToolFinished]] = []
+            for event in pending:
+                previous = state
+                state, produced = self._factory.step(previous, event)
+                todo += produced
+                if isinstance(event, ToolFinished):
+                    answered.append((previous, state, event))
+            emits = [(c.event_name, c.data) for c in todo if isinstance(c, Emit)]
+            # An unchanged state without events is already saved: nothing to write.
+            if (save or emits or state is not before) and not await self._persist(handle, state, emits):
+                return
+            save = False
+            for previous, after, event in answered:
+                _record_answer(previous, after, event)
+            pending = await self._exec.execute(handle, [c for c in todo if not isinstance(c, Emit)])
+            todo = []
+            if not pending:
+                return
+
+    async def _persist(
+        self, handle: TurnHandle, state: TurnState, emits: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> bool:
         # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
         # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
         status = TurnStatus.RUNNING if state.terminal else state.status
-        saved = await self.store.save_state(
-            handle.turn_id, dump_state(state), status, orchestrator_id=self.orchestrator_id
+        saved = await self.store.save_step(
+            handle.turn_id, dump_state(state), status, emits, orchestrator_id=self.orchestrator_id
         )
         if not saved:
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.

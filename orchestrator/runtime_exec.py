@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, assert_never
 
 import httpx
 from celery import Celery
 
 from orchestrator import metrics
-from orchestrator.dispatch import dispatch_call, revoke_call
+from orchestrator.dispatch import build_send_options, revoke_call
 from orchestrator.events import (
     ArmTimer,
     AwaitApproval,
@@ -42,7 +43,7 @@ from orchestrator.providers.registry import build_model_client
 from orchestrator.scripted_server import ScriptedServer
 from orchestrator.store import TurnStore
 from orchestrator.timers import TimerHeap
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,6 +58,42 @@ PUBLISH_BACKOFF_S = 0.5
 Spawn = Callable[[Awaitable[None], "TurnHandle"], None]
 Feed = Callable[["TurnHandle", Iterable[Event]], Awaitable[None]]
 Finished = Callable[["TurnHandle"], Awaitable[None]]
+
+
+class Publisher:
+    """Publishes tool calls from one dedicated thread, so that the event loop never blocks on the broker.
+
+    kombu's publishing is blocking. One long-lived thread with its producer (and broker connection) from the
+    app's pool serves every turn: the calls of one `DispatchTools` cost one hop to it, not one thread hop
+    each, and no two publishing threads contend for the GIL with the event loop.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
+
+    async def publish(self, sends: Sequence[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
+        """Publish each (spec, request, task id); the errors of those that failed, by task id."""
+        if not sends:
+            return {}
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._publish_all, list(sends))
+
+    def _publish_all(self, sends: list[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
+        errors: dict[str, Exception] = {}
+        # The same producer for the whole batch: one acquisition from the app's pool.
+        with self._app.producer_or_acquire() as producer:
+            for spec, request, task_id in sends:
+                try:
+                    options = build_send_options(spec, request, time.time(), task_id=task_id)
+                    self._app.send_task(**options, producer=producer)
+                except Exception as exc:
+                    errors[task_id] = exc
+        return errors
+
+    async def aclose(self) -> None:
+        """Let the thread finish what it publishes, then end it."""
+        await asyncio.to_thread(self._pool.shutdown)
 
 
 class CommandExecutor:
@@ -87,6 +124,7 @@ class CommandExecutor:
         self._clients: dict[str, ModelClient] = {}
         self._scripted: ScriptedServer | None = None
         self._scripted_lock = asyncio.Lock()
+        self._publisher = Publisher(celery_app)
 
     async def execute(self, handle: TurnHandle, commands: Iterable[Command]) -> list[Event]:
         """Perform `commands` in order; the events they produce at once, to step next."""
@@ -132,7 +170,8 @@ class CommandExecutor:
         return ToolFinished(outcome=to_local_outcome(winner), at=self._clock())
 
     async def aclose(self) -> None:
-        """Stop the in-process scripted model, if this executor started one."""
+        """Stop the publishing thread, and the in-process scripted model if this executor started one."""
+        await self._publisher.aclose()
         if self._scripted is not None:
             await self._scripted.__aexit__(None, None, None)
             self._scripted = None
@@ -212,11 +251,34 @@ class CommandExecutor:
     # --- tools -----------------------------------------------------------------------------------------
 
     async def _dispatch(self, handle: TurnHandle, calls: list[Dispatch]) -> None:
-        await asyncio.gather(*(self._publish(handle, call) for call in calls))
+        requests = [self._build_request(handle, call) for call in calls]
+        sends = [
+            (spec, request, call.task_id)
+            for call, request in zip(calls, requests, strict=True)
+            if (spec := handle.state.offered.get(call.tool)) is not None
+        ]
+        errors: dict[str, Exception] = {}
+        for attempt in range(PUBLISH_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(PUBLISH_BACKOFF_S * 2 ** (attempt - 1))
+            errors = await self._publisher.publish(sends)
+            for task_id, exc in errors.items():
+                log.warning("publishing %s failed (%s); attempt %d", task_id, exc, attempt + 1)
+            sends = [send for send in sends if send[2] in errors]
+            if not sends:
+                break
+        for call, request in zip(calls, requests, strict=True):
+            if call.tool in handle.state.offered and call.task_id not in errors:
+                continue
+            error = errors.get(call.task_id) or "tool not in the turn catalogue"
+            message = f"could not send '{call.tool}' to the workers: {error}"
+            outcome = build_failure(
+                request, FailureKind.WORKER_LOST, message, attempts=call.attempt, synthetic=True
+            )
+            await self._feed(handle, [await self._write(outcome)])
 
-    async def _publish(self, handle: TurnHandle, call: Dispatch) -> None:
-        spec = handle.state.offered.get(call.tool)
-        request = ToolCallRequest(
+    def _build_request(self, handle: TurnHandle, call: Dispatch) -> ToolCallRequest:
+        return ToolCallRequest(
             call_id=build_wire_call_id(handle.turn_id, call.call_id),
             tool=call.tool,
             arguments=call.arguments,
@@ -226,23 +288,6 @@ class CommandExecutor:
             deadline_at=call.deadline_at,
             dispatched_at=self._clock(),
         )
-        error: Exception | None = None
-        if spec is not None:
-            for attempt in range(PUBLISH_ATTEMPTS):
-                try:
-                    # Publishing blocks (kombu); off the loop so that other turns keep moving. The task
-                    # carries the machine's id for it, the one a later Revoke names.
-                    await asyncio.to_thread(dispatch_call, self._app, spec, request, task_id=call.task_id)
-                    return
-                except Exception as exc:
-                    error = exc
-                    log.warning("publishing %s failed (%s); attempt %d", call.call_id, exc, attempt + 1)
-                    await asyncio.sleep(PUBLISH_BACKOFF_S * 2**attempt)
-        message = f"could not send '{call.tool}' to the workers: {error or 'tool not in the turn catalogue'}"
-        outcome = build_failure(
-            request, FailureKind.WORKER_LOST, message, attempts=call.attempt, synthetic=True
-        )
-        await self._feed(handle, [await self._write(outcome)])
 
     async def _revoke(self, task_ids: list[str]) -> None:
         for task_id in task_ids:

@@ -8,6 +8,8 @@ Guarantees:
   turn is in Redis (durable as far as Redis is configured to be) before it returns.
 - A turn is owned by whoever sets its lease with SET NX (`claim`, `take_over`); `renew_leases` reports leases
   lost, `save_state(..., orchestrator_id=...)` refuses a writer that no longer owns the turn.
+- `save_step` writes a step's state and the events it emitted in one script (one round trip), fenced like
+  `save_state`: a refused step writes neither, so the events stream never tells of a step that was not kept.
 - `save_outcome` is the first terminal write; it publishes `turn_finished` atomically with the outcome (the
   runtime never appends that event itself: `append_event` ignores it) and queues the conversation's next turn.
 - Turns of one conversation run one at a time: a later turn is only queued when the previous one is terminal,
@@ -49,6 +51,27 @@ __all__ = [
 ]
 
 DEFAULT_LEASE_TTL_S = 15.0
+
+# KEYS: state, status, lease, events. ARGV: state JSON, status, orchestrator id ('' = no fencing), events
+# maxlen, then (name, at, data JSON) per event. Returns what SAVE_STATE_LUA returns: 1 written, 0 terminal,
+# -1 another orchestrator holds the lease.
+SAVE_STEP_LUA = (
+    "local terminal = {"
+    + ", ".join(f"['{s}'] = true" for s in codec.TERMINAL_STATUSES)
+    + "}"
+    + """
+local st = redis.call('GET', KEYS[2])
+if st and terminal[st] then return 0 end
+if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return -1 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+for i = 5, #ARGV, 3 do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'name', ARGV[i], 'at', ARGV[i + 1],
+             'data', ARGV[i + 2])
+end
+return 1
+"""
+)
 
 # redis-py (8: `socket_timeout` defaults to 5 s) gives up on a reply that takes longer than the socket
 # timeout, and a server-side block of the same length hits it exactly: a blocking read must end well before.
@@ -119,6 +142,7 @@ class TurnStore:
         self._renew = redis.register_script(codec.RENEW_LUA)
         self._release = redis.register_script(codec.RELEASE_LUA)
         self._save_state = redis.register_script(codec.SAVE_STATE_LUA)
+        self._save_step = redis.register_script(SAVE_STEP_LUA)
         self._save_outcome = redis.register_script(codec.SAVE_OUTCOME_LUA)
         self._control = redis.register_script(codec.CONTROL_LUA)
         self._write_outcome = redis.register_script(keys.WRITE_OUTCOME_LUA)
@@ -230,6 +254,33 @@ class TurnStore:
         keys_ = [keys.turn_state(turn_id), keys.turn_status(turn_id), keys.turn_lease(turn_id)]
         result = await self._save_state(keys=keys_, args=[state_json, status.value, orchestrator_id or ""])
         return int(result) == 1
+
+    async def save_step(
+        self,
+        turn_id: str,
+        state_json: str,
+        status: TurnStatus,
+        events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        *,
+        orchestrator_id: str | None = None,
+    ) -> bool:
+        """`save_state` and `append_event` of each `(name, data)` in `events`, atomically, in one round trip.
+
+        False (and nothing written) when the turn is already terminal or, given `orchestrator_id`, when that
+        orchestrator no longer holds the lease. `turn_finished` is skipped, as by `append_event`."""
+        now = codec.now_s()
+        args = [state_json, status.value, orchestrator_id or "", str(keys.EVENTS_MAXLEN)]
+        for name, data in events:
+            if name != codec.TURN_FINISHED:
+                fields = codec.build_event_fields(name, data, now)
+                args += [fields["name"], fields["at"], fields["data"]]
+        keys_ = [
+            keys.turn_state(turn_id),
+            keys.turn_status(turn_id),
+            keys.turn_lease(turn_id),
+            keys.turn_events(turn_id),
+        ]
+        return int(await self._save_step(keys=keys_, args=args)) == 1
 
     async def save_outcome(self, turn_id: str, outcome: TurnOutcome) -> bool:
         """The terminal write: outcome, status, `turn_finished` event, TTLs, conversation head and next turn.
