@@ -22,25 +22,47 @@ from workers.contract import ToolSpec
 logger = logging.getLogger(__name__)
 
 
+# Parsed entries by (worker, raw JSON): every turn started while a worker's entry is unchanged gets the same
+# (frozen) ToolSpec objects instead of a private copy each — a parked turn's state shares them.
+_PARSED_MAX = 256
+_parsed: dict[tuple[bytes | str, bytes | str], tuple[float, list[ToolSpec]] | None] = {}
+
+
 def build_catalogue(
     entries: Mapping[bytes | str, bytes | str], now: float, stale_s: float = keys.CATALOGUE_STALE_S
 ) -> dict[str, ToolSpec]:
     """Merge the raw catalogue hash into name → ToolSpec, skipping stale and malformed entries."""
     newest: dict[str, tuple[float, ToolSpec]] = {}
     for worker, raw in entries.items():
-        try:
-            entry = json.loads(raw)
-            seen_at = float(entry["seen_at"])
-            specs = [ToolSpec.model_validate(item) for item in entry["tools"]]
-        except (ValueError, KeyError, TypeError, ValidationError):
-            logger.warning("ignoring a malformed catalogue entry of worker %r", worker)
+        parsed = _parse_entry(worker, raw)
+        if parsed is None:
             continue
+        seen_at, specs = parsed
         if now - seen_at > stale_s:
             continue
         for spec in specs:
             if spec.name not in newest or newest[spec.name][0] < seen_at:
                 newest[spec.name] = (seen_at, spec)
     return {name: newest[name][1] for name in sorted(newest)}
+
+
+def _parse_entry(worker: bytes | str, raw: bytes | str) -> tuple[float, list[ToolSpec]] | None:
+    key = (worker, raw)
+    if key in _parsed:
+        return _parsed[key]
+    parsed: tuple[float, list[ToolSpec]] | None
+    try:
+        entry = json.loads(raw)
+        parsed = float(entry["seen_at"]), [ToolSpec.model_validate(item) for item in entry["tools"]]
+    except (ValueError, KeyError, TypeError, ValidationError):
+        logger.warning("ignoring a malformed catalogue entry of worker %r", worker)
+        parsed = None
+    if len(_parsed) >= _PARSED_MAX:
+        # Workers republish every CATALOGUE_REFRESH_S with a new `seen_at`: old entries are never asked for
+        # again, so forgetting them all at once is as good as an LRU and simpler.
+        _parsed.clear()
+    _parsed[key] = parsed
+    return parsed
 
 
 def read_catalogue(client: redis.Redis) -> dict[str, ToolSpec]:

@@ -30,8 +30,9 @@ import signal
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -47,7 +48,7 @@ from orchestrator.machine_common import find_call
 from orchestrator.model import TurnStatus
 from orchestrator.runtime_exec import CommandExecutor
 from orchestrator.runtime_turns import TurnFactory
-from orchestrator.state import StateVersionError, TurnState, dump_state
+from orchestrator.state import StateVersionError, TurnState, dump_state, load_state
 from orchestrator.store import TurnStore
 from orchestrator.timers import TimerHeap
 from workers.settings import Settings
@@ -68,19 +69,52 @@ def build_orchestrator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass(eq=False)
 class TurnHandle:
-    """One turn owned by this orchestrator: its latest state and what serialises its steps."""
+    """One turn owned by this orchestrator: its latest state and what serialises its steps.
 
-    turn_id: str
-    state: TurnState
-    claimed_at: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    control_after: str = "0"
-    dropped: bool = False
-    # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
-    # cancelled when the turn moves away.
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    The state is kept as the JSON last persisted (`state_json`) and, while the turn is in use, also as the
+    parsed `TurnState`. A parked turn (waiting for tools or a person) can `park()`: it then holds only the
+    JSON, about a fifth of the parsed objects, and `state` parses it again on the next event.
+    """
+
+    __slots__ = ("_state", "claimed_at", "control_after", "dropped", "lock", "state_json", "tasks", "turn_id")
+
+    def __init__(self, turn_id: str, state: TurnState, state_json: str | None = None) -> None:
+        self.turn_id = turn_id
+        self._state: TurnState | None = state
+        self.state_json = state_json
+        self.claimed_at = time.monotonic()
+        self.lock = asyncio.Lock()
+        self.control_after = "0"
+        self.dropped = False
+        # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
+        # cancelled when the turn moves away. None while there are none (most parked turns).
+        self.tasks: set[asyncio.Task[None]] | None = None
+
+    @property
+    def state(self) -> TurnState:
+        """The turn's latest state (parsed again from its JSON if the turn was parked)."""
+        if self._state is None:
+            assert self.state_json is not None, "only a saved state is ever parked"
+            self._state = load_state(self.state_json)
+        return self._state
+
+    def set_state(self, state: TurnState, state_json: str) -> None:
+        """The state just saved, and its JSON."""
+        self._state = state
+        self.state_json = state_json
+
+    @property
+    def hydrated(self) -> bool:
+        """True while the parsed state is held."""
+        return self._state is not None
+
+    def park(self) -> bool:
+        """Drop the parsed state, keeping its JSON; False (nothing done) when it is in use or unsaved."""
+        if self._state is None or self.state_json is None or self.lock.locked() or self.tasks:
+            return False
+        self._state = None
+        return True
 
 
 @dataclass
@@ -91,6 +125,8 @@ class RuntimeOptions:
     max_turns: int = 10_000
     orphan_scan_s: float = 5.0
     lost_call_grace_s: float = 5.0
+    # How many idle turns keep their parsed state; the others are parked as their JSON (see TurnHandle).
+    hydrated_turns: int = 256
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RuntimeOptions:
@@ -122,6 +158,8 @@ class Runtime:
         self.options = options or RuntimeOptions.from_settings(settings)
         self.orchestrator_id = orchestrator_id or build_orchestrator_id()
         self.turns: dict[str, TurnHandle] = {}
+        # Turns holding a parsed state, least recently stepped first.
+        self._hydrated: OrderedDict[str, TurnHandle] = OrderedDict()
         self.timers = TimerHeap(self._on_timer)
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
@@ -299,7 +337,7 @@ class Runtime:
         if adopted is None:
             await self.store.release(self.orchestrator_id, turn_id)
             return
-        handle = TurnHandle(turn_id=turn_id, state=adopted.state)
+        handle = TurnHandle(turn_id, adopted.state)
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
@@ -317,11 +355,13 @@ class Runtime:
                 await self._advance(handle, catch_up)
             if not handle.dropped:
                 await self._read_control(handle)
+        self._stepped(handle)
 
     async def feed(self, handle: TurnHandle, events: Iterable[Event]) -> None:
         """Step a turn through `events`, in order, under its lock (and every event the steps lead to)."""
         async with handle.lock:
             await self._advance(handle, list(events))
+        self._stepped(handle)
 
     def _spawn_feed(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         async def run() -> None:
@@ -329,8 +369,22 @@ class Runtime:
                 await self._advance(handle, events)
                 if read_control and not handle.dropped:
                     await self._read_control(handle)
+            self._stepped(handle)
 
         self._spawn(run(), handle)
+
+    def _stepped(self, handle: TurnHandle) -> None:
+        """Mark a turn as just used; park the least recently used ones beyond `hydrated_turns`."""
+        if handle.dropped or not handle.hydrated:
+            return
+        self._hydrated[handle.turn_id] = handle
+        self._hydrated.move_to_end(handle.turn_id)
+        while len(self._hydrated) > self.options.hydrated_turns:
+            _, oldest = self._hydrated.popitem(last=False)
+            if not oldest.park() and not oldest.dropped:
+                # Busy (a step, a model call or a publish in progress): it comes back when its step ends.
+                self._hydrated[oldest.turn_id] = oldest
+                break
 
     async def _read_control(self, handle: TurnHandle) -> None:
         requests = await self.store.read_control(handle.turn_id, handle.control_after)
@@ -380,15 +434,16 @@ class Runtime:
         # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
         # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
         status = TurnStatus.RUNNING if state.terminal else state.status
+        state_json = dump_state(state)
         saved = await self.store.save_step(
-            handle.turn_id, dump_state(state), status, emits, orchestrator_id=self.orchestrator_id
+            handle.turn_id, state_json, status, emits, orchestrator_id=self.orchestrator_id
         )
         if not saved:
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.
             log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
             await self._drop(handle, release=False)
             return False
-        handle.state = state
+        handle.set_state(state, state_json)
         return True
 
     async def _finished(self, handle: TurnHandle) -> None:
@@ -406,7 +461,8 @@ class Runtime:
         self.turns.pop(handle.turn_id, None)
         self.timers.cancel_turn(handle.turn_id)
         current = asyncio.current_task()
-        for task in handle.tasks:
+        self._hydrated.pop(handle.turn_id, None)
+        for task in list(handle.tasks or ()):
             if task is not current:
                 task.cancel()
         if release:
@@ -436,9 +492,14 @@ class Runtime:
 
         turn_id = handle.turn_id if handle else "-"
         task = asyncio.create_task(guarded())
-        owner = handle.tasks if handle is not None else self._background
-        owner.add(task)
-        task.add_done_callback(owner.discard)
+        if handle is None:
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        if handle.tasks is None:
+            handle.tasks = set()
+        handle.tasks.add(task)
+        task.add_done_callback(lambda done: _forget_task(handle, done))
 
     async def _retrying(self, action: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -448,6 +509,13 @@ class Runtime:
             except REDIS_ERRORS as exc:
                 log.warning("Redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(REDIS_RETRY_S)
+
+
+def _forget_task(handle: TurnHandle, task: asyncio.Task[None]) -> None:
+    if handle.tasks is not None:
+        handle.tasks.discard(task)
+        if not handle.tasks:
+            handle.tasks = None
 
 
 def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:
