@@ -59,6 +59,8 @@ log = logging.getLogger("toolloop.orchestrator")
 BLOCK_S = 1.0
 # Pause after a Redis error before a loop tries again (Redis briefly unavailable must not kill the process).
 REDIS_RETRY_S = 0.5
+# How long a call's `started` notification may wait for its outcome, to be stepped with it (see _defer).
+STARTED_DELAY_S = 0.05
 # How often the inbox stream is trimmed up to what was handled.
 INBOX_ACK_S = 1.0
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
@@ -77,7 +79,17 @@ class TurnHandle:
     JSON, about a fifth of the parsed objects, and `state` parses it again on the next event.
     """
 
-    __slots__ = ("_state", "claimed_at", "control_after", "dropped", "lock", "state_json", "tasks", "turn_id")
+    __slots__ = (
+        "_state",
+        "claimed_at",
+        "control_after",
+        "deferred",
+        "dropped",
+        "lock",
+        "state_json",
+        "tasks",
+        "turn_id",
+    )
 
     def __init__(self, turn_id: str, state: TurnState, state_json: str | None = None) -> None:
         self.turn_id = turn_id
@@ -90,6 +102,8 @@ class TurnHandle:
         # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
         # cancelled when the turn moves away. None while there are none (most parked turns).
         self.tasks: set[asyncio.Task[None]] | None = None
+        # Notifications held back to be stepped with the next ones (see Runtime._defer).
+        self.deferred: list[Event] | None = None
 
     @property
     def state(self) -> TurnState:
@@ -310,13 +324,30 @@ class Runtime:
             handle = self.turns.get(turn_id)
             if handle is None:
                 continue  # not ours (any more): its new owner re-reads outcomes on take-over
-            events: list[Event] = list(batch.started.get(turn_id, []))
-            events += [
+            started: list[Event] = list(batch.started.get(turn_id, []))
+            finished: list[Event] = [
                 ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now)
                 for c in batch.outcomes.get(turn_id, [])
                 if c in outcomes
             ]
-            self._spawn_feed(handle, events, read_control=turn_id in batch.control)
+            control = turn_id in batch.control
+            if finished or control:
+                self._spawn_feed(handle, started + finished, read_control=control)
+            elif started:
+                self._defer(handle, started)
+
+    def _defer(self, handle: TurnHandle, events: list[Event]) -> None:
+        # A `started` notification only arms a lost-work timer (hard limit + grace away) and tells
+        # observers; the call's outcome usually follows within milliseconds. Held back for STARTED_DELAY_S,
+        # the two are stepped and saved together, and the outcome never waits behind the started step.
+        if handle.deferred is None:
+            handle.deferred = []
+            asyncio.get_running_loop().call_later(STARTED_DELAY_S, self._flush_deferred, handle)
+        handle.deferred += events
+
+    def _flush_deferred(self, handle: TurnHandle) -> None:
+        if handle.deferred and not handle.dropped:
+            self._spawn_feed(handle, [])
 
     # --- turns -----------------------------------------------------------------------------------------
 
@@ -406,6 +437,10 @@ class Runtime:
         here rather than re-entering the lock.
         """
         pending = events
+        if handle.deferred:
+            # Held-back notifications come first: they happened before anything that arrived since.
+            pending = [*handle.deferred, *events]
+        handle.deferred = None
         todo = list(commands)
         while not handle.dropped:
             before = state = handle.state
