@@ -3,8 +3,9 @@
 Every orchestrator blocks on one Redis stream (`keys.inbox(id)`) for all the turns it owns. Three kinds of
 entry arrive there:
 
-- `outcome` (turn, call): the first-writer-wins outcome write of a call succeeded; the outcome itself is read
-  from its key (one MGET per batch), so the stream stays small and a lost notification loses nothing.
+- `outcome` (turn, call, outcome): the first-writer-wins outcome write of a call succeeded. A small outcome
+  comes with it (its JSON, written by the same script: exactly the winner); a large one is read from its key
+  (one MGET per batch), so the stream stays small. A lost notification loses nothing: the key is the record.
 - `started` (turn, call, attempt, worker, at): a worker began an attempt of a call.
 - `control` (turn, control=cancel|approval, call, approved, id): a client asked to cancel or approve; the
   request itself is read from the turn's control stream, which is the record.
@@ -27,6 +28,8 @@ class InboxBatch:
 
     # turn id -> wire call ids whose outcome was written
     outcomes: dict[str, list[str]] = field(default_factory=dict)
+    # wire call id -> the outcome JSON carried by its notification (small outcomes only)
+    payloads: dict[str, str] = field(default_factory=dict)
     started: dict[str, list[ToolStarted]] = field(default_factory=dict)
     # turns with new control requests to read from their control stream
     control: set[str] = field(default_factory=set)
@@ -49,6 +52,8 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
         call_id = fields.get("call") or ""
         if kind == "outcome" and call_id:
             batch.outcomes.setdefault(turn_id, []).append(call_id)
+            if fields.get("outcome"):
+                batch.payloads[call_id] = fields["outcome"]
         elif kind == "started" and call_id:
             started = ToolStarted(
                 call_id=parse_wire_call_id(turn_id, call_id),
@@ -114,3 +119,15 @@ def to_local_outcome(outcome: ToolOutcome) -> ToolOutcome:
     if outcome.turn_id is None:
         return outcome
     return outcome.model_copy(update={"call_id": parse_wire_call_id(outcome.turn_id, outcome.call_id)})
+
+
+def parse_payloads(payloads: Mapping[str, str]) -> dict[str, ToolOutcome]:
+    """The outcomes notifications carried, by wire call id; one that does not parse is left out (read from
+    its key instead), never fatal."""
+    parsed: dict[str, ToolOutcome] = {}
+    for call_id, raw in payloads.items():
+        try:
+            parsed[call_id] = ToolOutcome.model_validate_json(raw)
+        except ValueError:
+            continue
+    return parsed

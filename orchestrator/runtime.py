@@ -2,22 +2,23 @@
 
 The state machine decides; this module only performs what it decides and feeds back what happened:
 
-    claim / take over a turn ──► load or start its state ──► machine.step(state, event) ──► commands
+    claim / take over a turn ──► load or start its state ──► machine.step(state, event…) ──► commands
           ▲                                                        │
-          │                         persist the state (save_state) ◄┘ then execute each command:
+          │      save the state and its Emit events (one script) ◄┘ then execute each command:
           │   CallModel → a task: ModelClient.complete → ModelResponded / ModelFailed
           │   DispatchTools → publish through Celery off the loop (one publishing thread)
           │   WriteOutcomes → first-writer-wins write → ToolFinished(the winner)
           │   ArmTimer / CancelTimer → the one timer heap → TimerFired
-          │   Revoke → Celery revoke off the loop; Emit → the turn's events; Finish → outcome, lease released
+          │   Revoke → Celery revoke off the loop; Finish → outcome, lease released
           │
     one blocking read of the inbox stream for all turns: outcome / started / control notifications
 
-Steps of one turn are serialised by a per-turn lock; different turns interleave freely. No task or thread
-exists per parked turn: a turn waiting for a tool or a person is a state object, a lock and heap entries.
-Outcomes never come through `AsyncResult.get`; they are read from their Redis keys when the inbox says so,
-and once more for every pending call whenever a turn is claimed or taken over (an outcome written while
-nobody owned the turn notified nobody).
+Steps of one turn are serialised by a per-turn lock; different turns interleave freely. The events at hand
+for a turn are stepped together and saved in one round trip (`_advance`). No task or thread exists per parked
+turn: a turn waiting for a tool or a person is a handle with its state (as JSON beyond the most recently used
+`hydrated_turns`), a lock and heap entries. Outcomes never come through `AsyncResult.get`: a small one comes
+in its notification, a large one is read from its key, and every pending call's is read once more whenever
+a turn is claimed or taken over (an outcome written while nobody owned the turn notified nobody).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ from orchestrator import metrics
 from orchestrator.catalogue import aread_catalogue
 from orchestrator.dispatch import get_producer_app
 from orchestrator.events import Command, Emit, Event, TimerFired, ToolFinished
-from orchestrator.inbox import build_control_event, parse_inbox, to_local_outcome
+from orchestrator.inbox import build_control_event, parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.machine_common import find_call
 from orchestrator.model import TurnStatus
 from orchestrator.runtime_exec import CommandExecutor
+from orchestrator.runtime_handle import TurnHandle, forget_task
 from orchestrator.runtime_turns import TurnFactory
-from orchestrator.state import StateVersionError, TurnState, dump_state, load_state
+from orchestrator.state import StateVersionError, TurnState, dump_state
 from orchestrator.store import TurnStore
 from orchestrator.timers import TimerHeap
 from workers.settings import Settings
@@ -69,66 +71,6 @@ REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 def build_orchestrator_id() -> str:
     """A unique, readable id: host, pid and a random suffix (a restarted process never reuses one)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-class TurnHandle:
-    """One turn owned by this orchestrator: its latest state and what serialises its steps.
-
-    The state is kept as the JSON last persisted (`state_json`) and, while the turn is in use, also as the
-    parsed `TurnState`. A parked turn (waiting for tools or a person) can `park()`: it then holds only the
-    JSON, about a fifth of the parsed objects, and `state` parses it again on the next event.
-    """
-
-    __slots__ = (
-        "_state",
-        "claimed_at",
-        "control_after",
-        "deferred",
-        "dropped",
-        "lock",
-        "state_json",
-        "tasks",
-        "turn_id",
-    )
-
-    def __init__(self, turn_id: str, state: TurnState, state_json: str | None = None) -> None:
-        self.turn_id = turn_id
-        self._state: TurnState | None = state
-        self.state_json = state_json
-        self.claimed_at = time.monotonic()
-        self.lock = asyncio.Lock()
-        self.control_after = "0"
-        self.dropped = False
-        # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
-        # cancelled when the turn moves away. None while there are none (most parked turns).
-        self.tasks: set[asyncio.Task[None]] | None = None
-        # Notifications held back to be stepped with the next ones (see Runtime._defer).
-        self.deferred: list[Event] | None = None
-
-    @property
-    def state(self) -> TurnState:
-        """The turn's latest state (parsed again from its JSON if the turn was parked)."""
-        if self._state is None:
-            assert self.state_json is not None, "only a saved state is ever parked"
-            self._state = load_state(self.state_json)
-        return self._state
-
-    def set_state(self, state: TurnState, state_json: str) -> None:
-        """The state just saved, and its JSON."""
-        self._state = state
-        self.state_json = state_json
-
-    @property
-    def hydrated(self) -> bool:
-        """True while the parsed state is held."""
-        return self._state is not None
-
-    def park(self) -> bool:
-        """Drop the parsed state, keeping its JSON; False (nothing done) when it is in use or unsaved."""
-        if self._state is None or self.state_json is None or self.lock.locked() or self.tasks:
-            return False
-        self._state = None
-        return True
 
 
 @dataclass
@@ -317,8 +259,12 @@ class Runtime:
 
     async def _handle_inbox(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         batch = parse_inbox(entries)
-        call_ids = [c for t, calls in batch.outcomes.items() if t in self.turns for c in calls]
-        outcomes = await self.store.read_outcomes(call_ids)
+        outcomes = parse_payloads(batch.payloads)
+        missing = [
+            c for t, calls in batch.outcomes.items() if t in self.turns for c in calls if c not in outcomes
+        ]
+        if missing:
+            outcomes.update(await self.store.read_outcomes(missing))
         now = time.time()
         for turn_id in batch.turns:
             handle = self.turns.get(turn_id)
@@ -368,7 +314,7 @@ class Runtime:
         if adopted is None:
             await self.store.release(self.orchestrator_id, turn_id)
             return
-        handle = TurnHandle(turn_id, adopted.state)
+        handle = TurnHandle(turn_id, adopted.state, conversation_id=adopted.conversation_id)
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
@@ -534,7 +480,7 @@ class Runtime:
         if handle.tasks is None:
             handle.tasks = set()
         handle.tasks.add(task)
-        task.add_done_callback(lambda done: _forget_task(handle, done))
+        task.add_done_callback(lambda done: forget_task(handle, done))
 
     async def _retrying(self, action: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -544,13 +490,6 @@ class Runtime:
             except REDIS_ERRORS as exc:
                 log.warning("Redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(REDIS_RETRY_S)
-
-
-def _forget_task(handle: TurnHandle, task: asyncio.Task[None]) -> None:
-    if handle.tasks is not None:
-        handle.tasks.discard(task)
-        if not handle.tasks:
-            handle.tasks = None
 
 
 def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:

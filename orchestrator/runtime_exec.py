@@ -47,7 +47,7 @@ from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec
 from workers.settings import Settings
 
 if TYPE_CHECKING:
-    from orchestrator.runtime import TurnHandle
+    from orchestrator.runtime_handle import TurnHandle
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -139,7 +139,9 @@ class CommandExecutor:
         finishing = False
         for command in commands:
             if isinstance(command, Finish):
-                await self._store.save_outcome(handle.turn_id, command.outcome)
+                await self._store.save_outcome(
+                    handle.turn_id, command.outcome, conversation_id=handle.conversation_id
+                )
                 finishing = True
             else:
                 follow_ups += await self._execute_one(handle, command)

@@ -34,6 +34,8 @@ class Adopted:
     state: TurnState
     commands: list[Command]
     resumed: bool
+    # The turn's conversation (None: none), so that finishing it need not read its request again.
+    conversation_id: str | None = None
 
 
 class TurnFactory:
@@ -62,11 +64,11 @@ class TurnFactory:
 
     async def adopt(self, turn_id: str) -> Adopted | None:
         """The turn's persisted state, or a new one started from its request; None for an unknown turn."""
-        raw = await self._store.load_state(turn_id)
+        raw, request = await self._store.load_state_and_request(turn_id)
+        conversation_id = request.conversation_id if request is not None else None
         if raw is not None:
             state, commands = machine.resume(load_state(raw), at=self._clock())
-            return Adopted(state, commands, resumed=True)
-        request = await self._store.load_request(turn_id)
+            return Adopted(state, commands, resumed=True, conversation_id=conversation_id)
         if request is None:
             log.error("turn %s has no request: nothing to run", turn_id)
             return None
@@ -83,7 +85,7 @@ class TurnFactory:
             lost_grace_s=self._lost_grace_s,
             prior_history=prior,
         )
-        return Adopted(state, commands, resumed=False)
+        return Adopted(state, commands, resumed=False, conversation_id=conversation_id)
 
     async def catch_up_events(self, state: TurnState) -> list[Event]:
         """Events a resumed turn missed: the stored outcomes of its calls still unanswered."""

@@ -38,11 +38,13 @@ from workers.contract import ToolOutcome
 
 __all__ = [
     "MAX_BLOCK_MS",
+    "UNREAD",
     "ControlRequest",
     "TurnEvent",
     "TurnStore",
     "TurnView",
     "UnknownTurnError",
+    "Unread",
     "block_cap_ms",
     "build_block_ms",
     "connect_async",
@@ -126,6 +128,14 @@ def block_cap_ms(client: Any) -> int:
 def build_block_ms(wanted_ms: float, cap_ms: int) -> int:
     """The BLOCK of one read: what the caller wants, capped, and at least 1 ms (BLOCK 0 waits forever)."""
     return max(1, min(cap_ms, int(wanted_ms)))
+
+
+class Unread:
+    """The type of `UNREAD`."""
+
+
+# A value not read yet (as opposed to None, a value known to be absent).
+UNREAD = Unread()
 
 
 class TurnStore:
@@ -241,6 +251,12 @@ class TurnStore:
         history = await self.conversation_history(request.conversation_id)
         return request.model_copy(update={"messages": [*history, *request.messages]})
 
+    async def load_state_and_request(self, turn_id: str) -> tuple[str | None, TurnRequest | None]:
+        """`load_state` and `load_request` in one round trip (what adopting a turn reads)."""
+        raw_state, raw_request = await self.redis.mget([keys.turn_state(turn_id), keys.turn_request(turn_id)])
+        state = None if raw_state is None else codec.text(raw_state)
+        return state, codec.parse_request(raw_request)
+
     async def load_state(self, turn_id: str) -> str | None:
         """The serialised machine state last saved, or None before the first save."""
         raw = await self.redis.get(keys.turn_state(turn_id))
@@ -282,14 +298,19 @@ class TurnStore:
         ]
         return int(await self._save_step(keys=keys_, args=args)) == 1
 
-    async def save_outcome(self, turn_id: str, outcome: TurnOutcome) -> bool:
+    async def save_outcome(
+        self, turn_id: str, outcome: TurnOutcome, *, conversation_id: str | Unread | None = UNREAD
+    ) -> bool:
         """The terminal write: outcome, status, `turn_finished` event, TTLs, conversation head and next turn.
 
-        Returns False when the turn was already terminal (the first terminal write wins).
+        `conversation_id` is the turn's (None: it has none), when the caller knows it already; otherwise it
+        is read from the request. Returns False when the turn was already terminal (the first terminal
+        write wins).
         """
-        request = await self.load_request(turn_id)
-        conversation = request.conversation_id if request else None
-        keys_, args = codec.build_save_outcome_call(turn_id, outcome, conversation, codec.now_s())
+        if isinstance(conversation_id, Unread):
+            request = await self.load_request(turn_id)
+            conversation_id = request.conversation_id if request else None
+        keys_, args = codec.build_save_outcome_call(turn_id, outcome, conversation_id, codec.now_s())
         return bool(await self._save_outcome(keys=keys_, args=args))
 
     async def get_status(self, turn_id: str) -> TurnStatus | None:

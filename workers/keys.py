@@ -126,7 +126,8 @@ def conversation_lock(conversation_id: str) -> str:
 
 # First writer wins (SPEC §4.9). KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when
 # none). ARGV: outcome JSON, TTL seconds, inbox prefix, call id, turn id. Returns 1 when this write won.
-# The owner is looked up inside the script so a notification always goes to the turn's current owner.
+# The owner is looked up inside the script so a notification always goes to the turn's current owner; it
+# carries the outcome itself when small (8 KiB), sparing the owner a read of it ('' otherwise).
 WRITE_OUTCOME_LUA = """
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2]))
 if not won then
@@ -138,7 +139,8 @@ if KEYS[3] ~= '' then
   local owner = redis.call('GET', KEYS[3])
   if owner then
     redis.call('XADD', ARGV[3] .. owner, 'MAXLEN', '~', '100000', '*',
-               'kind', 'outcome', 'turn', ARGV[5], 'call', ARGV[4])
+               'kind', 'outcome', 'turn', ARGV[5], 'call', ARGV[4],
+               'outcome', #ARGV[1] <= 8192 and ARGV[1] or '')
   end
 end
 if KEYS[4] ~= '' then

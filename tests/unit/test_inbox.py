@@ -9,6 +9,7 @@ from orchestrator.inbox import (
     build_control_event,
     build_wire_call_id,
     parse_inbox,
+    parse_payloads,
     parse_wire_call_id,
     to_local_outcome,
     to_wire_outcome,
@@ -70,3 +71,16 @@ def test_wire_ids_are_turn_scoped_and_round_trip() -> None:
     assert to_local_outcome(to_wire_outcome(outcome)) == outcome
     direct = ToolOutcome(call_id="direct", tool="add", ok=True, content="3")
     assert to_wire_outcome(direct) == direct
+
+
+def test_outcomes_carried_by_notifications_are_parsed_and_bad_ones_left_to_the_key() -> None:
+    good = ToolOutcome(call_id="t1/c1", tool="add", turn_id="t1", ok=True, result=3, content="3")
+    entries = [
+        ("1-0", {"kind": "outcome", "turn": "t1", "call": "t1/c1", "outcome": good.model_dump_json()}),
+        ("2-0", {"kind": "outcome", "turn": "t1", "call": "t1/c2", "outcome": ""}),
+        ("3-0", {"kind": "outcome", "turn": "t1", "call": "t1/c3", "outcome": "{not json"}),
+    ]
+    batch = parse_inbox(entries, now=1.0)
+    assert batch.outcomes == {"t1": ["t1/c1", "t1/c2", "t1/c3"]}
+    assert set(batch.payloads) == {"t1/c1", "t1/c3"}
+    assert parse_payloads(batch.payloads) == {"t1/c1": good}

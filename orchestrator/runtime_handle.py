@@ -1,0 +1,93 @@
+"""One turn owned by an orchestrator (`TurnHandle`): its state, parsed or parked as JSON, and its lock.
+
+Memory per parked turn is what an orchestrator holding thousands of them pays for (ARCHITECTURE: a parked turn
+is a state, a lock and heap entries). So the handle has slots, creates its task set only while tasks run, and
+can drop its parsed `TurnState` (pydantic objects, ~14 KB for a one-call turn) for the JSON last saved
+(~3 KB), which is what the state is parsed from again on the turn's next event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from orchestrator.events import Event
+from orchestrator.state import TurnState, load_state
+from orchestrator.store import UNREAD, Unread
+
+
+class TurnHandle:
+    """One turn owned by this orchestrator: its latest state and what serialises its steps.
+
+    The state is kept as the JSON last persisted (`state_json`) and, while the turn is in use, also as the
+    parsed `TurnState`. A parked turn (waiting for tools or a person) can `park()`: it then holds only the
+    JSON, about a fifth of the parsed objects, and `state` parses it again on the next event.
+    """
+
+    __slots__ = (
+        "_state",
+        "claimed_at",
+        "control_after",
+        "conversation_id",
+        "deferred",
+        "dropped",
+        "lock",
+        "state_json",
+        "tasks",
+        "turn_id",
+    )
+
+    def __init__(
+        self,
+        turn_id: str,
+        state: TurnState,
+        state_json: str | None = None,
+        *,
+        conversation_id: str | Unread | None = UNREAD,
+    ) -> None:
+        self.turn_id = turn_id
+        self.conversation_id = conversation_id
+        self._state: TurnState | None = state
+        self.state_json = state_json
+        self.claimed_at = time.monotonic()
+        self.lock = asyncio.Lock()
+        self.control_after = "0"
+        self.dropped = False
+        # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
+        # cancelled when the turn moves away. None while there are none (most parked turns).
+        self.tasks: set[asyncio.Task[None]] | None = None
+        # Notifications held back to be stepped with the next ones (see Runtime._defer).
+        self.deferred: list[Event] | None = None
+
+    @property
+    def state(self) -> TurnState:
+        """The turn's latest state (parsed again from its JSON if the turn was parked)."""
+        if self._state is None:
+            assert self.state_json is not None, "only a saved state is ever parked"
+            self._state = load_state(self.state_json)
+        return self._state
+
+    def set_state(self, state: TurnState, state_json: str) -> None:
+        """The state just saved, and its JSON."""
+        self._state = state
+        self.state_json = state_json
+
+    @property
+    def hydrated(self) -> bool:
+        """True while the parsed state is held."""
+        return self._state is not None
+
+    def park(self) -> bool:
+        """Drop the parsed state, keeping its JSON; False (nothing done) when it is in use or unsaved."""
+        if self._state is None or self.state_json is None or self.lock.locked() or self.tasks:
+            return False
+        self._state = None
+        return True
+
+
+def forget_task(handle: TurnHandle, task: asyncio.Task[None]) -> None:
+    """Done-callback of a turn's task: drop it, and the set when it is empty (most parked turns have none)."""
+    if handle.tasks is not None:
+        handle.tasks.discard(task)
+        if not handle.tasks:
+            handle.tasks = None

@@ -1,0 +1,101 @@
+"""The orchestrator's hot path on a real redis-server: one round trip per step, outcomes in notifications."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from orchestrator.inbox import parse_inbox, parse_payloads
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.store import TurnStore
+from tests.integration.store_support import store_db_url
+from workers import keys
+from workers.contract import ToolOutcome
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[TurnStore]:
+    turn_store = TurnStore.from_url(store_db_url(redis_url))
+    await turn_store.redis.flushdb()
+    yield turn_store
+    await turn_store.aclose()
+
+
+async def test_a_step_saves_its_state_and_events_together(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    events = [
+        ("tool_dispatched", {"call_id": "c1", "api_key": "s3cret"}),
+        ("tool_started", {"call_id": "c1"}),
+    ]
+    assert await store.save_step(turn_id, '{"v": 1}', TurnStatus.WAITING, events, orchestrator_id="orch-a")
+    assert await store.load_state(turn_id) == '{"v": 1}'
+    assert await store.get_status(turn_id) == TurnStatus.WAITING
+    stored = await store.read_events(turn_id)
+    assert [e.name for e in stored] == ["turn_queued", "tool_dispatched", "tool_started"]
+    assert stored[1].data == {"call_id": "c1", "api_key": "***"}
+    # One timestamp per step: its events were written together.
+    assert stored[1].at == stored[2].at
+
+
+async def test_a_refused_step_writes_neither_state_nor_events(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    assert await store.save_step(turn_id, '{"v": 1}', TurnStatus.RUNNING, orchestrator_id="orch-a")
+    # Another orchestrator (the lease is not its own) is refused, and leaves no trace.
+    refused = await store.save_step(
+        turn_id, '{"v": 2}', TurnStatus.RUNNING, [("tool_started", {})], orchestrator_id="orch-b"
+    )
+    assert not refused
+    assert await store.load_state(turn_id) == '{"v": 1}'
+    assert [e.name for e in await store.read_events(turn_id)] == ["turn_queued"]
+
+
+async def test_turn_finished_is_left_to_the_outcome_write(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    events = [("round_completed", {}), ("turn_finished", {"status": "completed"})]
+    assert await store.save_step(turn_id, "{}", TurnStatus.RUNNING, events)
+    assert [e.name for e in await store.read_events(turn_id)] == ["turn_queued", "round_completed"]
+
+
+def outcome(call_id: str, turn_id: str, result: str) -> ToolOutcome:
+    return ToolOutcome(call_id=call_id, tool="echo", turn_id=turn_id, ok=True, result=result, content=result)
+
+
+async def test_notifications_carry_small_outcomes_and_name_large_ones(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    small = outcome(f"{turn_id}/c1", turn_id, "ok")
+    large = outcome(f"{turn_id}/c2", turn_id, "x" * 20_000)
+    await store.write_outcome(small)
+    await store.write_outcome(large)
+    batch = parse_inbox(await store.read_inbox("orch-a", "0", block_ms=100))
+    assert batch.outcomes == {turn_id: [small.call_id, large.call_id]}
+    assert parse_payloads(batch.payloads) == {small.call_id: small}
+    # The large one is read from its key, which is the record either way.
+    assert await store.read_outcomes([large.call_id]) == {large.call_id: large}
+    assert await store.redis.get(keys.outcome(small.call_id)) == small.model_dump_json()
+
+
+async def test_adopting_reads_state_and_request_in_one_go(store: TurnStore) -> None:
+    assert await store.load_state_and_request("turn_unknown") == (None, None)
+    turn_id = await store.submit(TurnRequest(prompt="x", conversation_id="conv-1"))
+    state, request = await store.load_state_and_request(turn_id)
+    assert state is None and request is not None and request.conversation_id == "conv-1"
+    await store.save_step(turn_id, '{"v": 1}', TurnStatus.RUNNING)
+    state, request = await store.load_state_and_request(turn_id)
+    assert state == '{"v": 1}' and request is not None and request.prompt == "x"
+
+
+async def test_finishing_with_a_known_conversation_queues_its_next_turn(store: TurnStore) -> None:
+    first = await store.submit(TurnRequest(prompt="one", conversation_id="conv-2"))
+    second = await store.submit(TurnRequest(prompt="two", conversation_id="conv-2"))
+    assert await store.claim("orch-a", timeout_s=1.0) == first
+    assert await store.claim("orch-a", timeout_s=0.2) is None  # waits behind the first
+    done = TurnOutcome(turn_id=first, status="completed", text="ok", messages=[])
+    assert await store.save_outcome(first, done, conversation_id="conv-2")
+    assert await store.claim("orch-a", timeout_s=1.0) == second
+    assert await store.conversation_history("conv-2") == []
