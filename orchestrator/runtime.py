@@ -82,7 +82,7 @@ class RuntimeOptions:
     orphan_scan_s: float = 5.0
     lost_call_grace_s: float = 5.0
     # How many idle turns keep their parsed state; the others are parked as their JSON (see TurnHandle).
-    hydrated_turns: int = 256
+    hydrated_turns: int = 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RuntimeOptions:

@@ -18,7 +18,7 @@ import httpx
 from celery import Celery
 
 from orchestrator import metrics
-from orchestrator.dispatch import build_send_options, revoke_call
+from orchestrator.dispatch import build_send_options
 from orchestrator.events import (
     ArmTimer,
     AwaitApproval,
@@ -97,6 +97,14 @@ class Publisher:
             # second delivery of a call never runs it twice), losing one is not.
             return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
         return errors
+
+    async def revoke(self, task_ids: list[str]) -> None:
+        """Revoke and terminate these tasks, in one broadcast (`Control.revoke` takes a list)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._revoke_all, list(task_ids))
+
+    def _revoke_all(self, task_ids: list[str]) -> None:
+        self._app.control.revoke(task_ids, terminate=True)
 
     async def aclose(self) -> None:
         """Let the thread finish what it publishes, then end it."""
@@ -299,10 +307,11 @@ class CommandExecutor:
         )
 
     async def _revoke(self, task_ids: list[str]) -> None:
-        for task_id in task_ids:
-            try:
-                # terminate: a running tool is killed, not left to finish work nobody will read.
-                await asyncio.to_thread(revoke_call, self._app, task_id, terminate=True)
-            except Exception as exc:
-                # Best effort: the call's outcome is already decided by first-writer-wins.
-                log.warning("revoking %s failed: %s", task_id, exc)
+        try:
+            # One broadcast for the whole command, from the publishing thread: a deadline that stops hundreds
+            # of turns at once must not fill the loop's default executor with threads fighting for the GIL.
+            # terminate: a running tool is killed, not left to finish work nobody will read.
+            await self._publisher.revoke(task_ids)
+        except Exception as exc:
+            # Best effort: the call's outcome is already decided by first-writer-wins.
+            log.warning("revoking %s failed: %s", ", ".join(task_ids), exc)
