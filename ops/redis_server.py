@@ -187,11 +187,12 @@ def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendon
     server = RedisServer(port, host=host, appendonly=appendonly)
 
     # A supervisor (systemd, docker, pkill) stops us with SIGTERM: treat it like Ctrl-C so the finally
-    # block stops redis-server too, instead of leaving it orphaned.
+    # block stops redis-server too, instead of leaving it orphaned. SIGINT is set explicitly because a
+    # process started in the background (nohup, `cmd &`, CI) inherits it ignored.
     def stop(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
         print(f"redis-server listening on {server.url} (pid {server.pid}); Ctrl-C to stop", flush=True)
@@ -201,4 +202,5 @@ def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendon
         return 0
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
