@@ -54,6 +54,8 @@ log = logging.getLogger("toolloop.orchestrator")
 # Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
 PUBLISH_ATTEMPTS = 4
 PUBLISH_BACKOFF_S = 0.5
+# Revocations asked for within this window go out in one broadcast.
+REVOKE_BATCH_S = 0.02
 
 Spawn = Callable[[Awaitable[None], "TurnHandle"], None]
 Feed = Callable[["TurnHandle", Iterable[Event]], Awaitable[None]]
@@ -72,6 +74,8 @@ class Publisher:
     def __init__(self, app: Celery) -> None:
         self._app = app
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
+        # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
+        self._revokes: tuple[list[str], asyncio.Future[None]] | None = None
 
     async def publish(self, sends: Sequence[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
         """Publish each (spec, request, task id); the errors of those that failed, by task id."""
@@ -99,15 +103,39 @@ class Publisher:
         return errors
 
     async def revoke(self, task_ids: list[str]) -> None:
-        """Revoke and terminate these tasks, in one broadcast (`Control.revoke` takes a list)."""
+        """Revoke and terminate these tasks; returns once the broadcast that carries them is sent.
+
+        Revocations asked for within REVOKE_BATCH_S share one broadcast (`Control.revoke` takes a list): a
+        deadline that stops hundreds of turns at once costs the workers a few control messages (and a few
+        killed pool processes), not one each, and costs this process little CPU while it must answer them.
+        """
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._revoke_all, list(task_ids))
+        if self._revokes is None:
+            self._revokes = ([], loop.create_future())
+            loop.call_later(REVOKE_BATCH_S, self._flush_revokes)
+        ids, sent = self._revokes
+        ids += task_ids
+        await asyncio.shield(sent)
+
+    def _flush_revokes(self) -> None:
+        if self._revokes is None:
+            return  # flushed already, by aclose
+        ids, sent = self._revokes
+        self._revokes = None
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._revoke_all, ids)
+        future.add_done_callback(lambda _: sent.set_result(None))
 
     def _revoke_all(self, task_ids: list[str]) -> None:
-        self._app.control.revoke(task_ids, terminate=True)
+        try:
+            # terminate: a running tool is killed, not left to finish work nobody will read.
+            self._app.control.revoke(task_ids, terminate=True)
+        except Exception as exc:
+            # Best effort: the calls' outcomes are already decided by first-writer-wins.
+            log.warning("revoking %s failed: %s", ", ".join(task_ids), exc)
 
     async def aclose(self) -> None:
-        """Let the thread finish what it publishes, then end it."""
+        """Send the revocations still waiting, let the thread finish what it publishes, then end it."""
+        self._flush_revokes()
         await asyncio.to_thread(self._pool.shutdown)
 
 
@@ -307,11 +335,4 @@ class CommandExecutor:
         )
 
     async def _revoke(self, task_ids: list[str]) -> None:
-        try:
-            # One broadcast for the whole command, from the publishing thread: a deadline that stops hundreds
-            # of turns at once must not fill the loop's default executor with threads fighting for the GIL.
-            # terminate: a running tool is killed, not left to finish work nobody will read.
-            await self._publisher.revoke(task_ids)
-        except Exception as exc:
-            # Best effort: the call's outcome is already decided by first-writer-wins.
-            log.warning("revoking %s failed: %s", ", ".join(task_ids), exc)
+        await self._publisher.revoke(task_ids)
