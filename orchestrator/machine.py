@@ -23,6 +23,7 @@ from orchestrator.events import (
     AwaitApproval,
     CancelRequested,
     Command,
+    DispatchTools,
     Emit,
     Event,
     Finish,
@@ -34,7 +35,7 @@ from orchestrator.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine_common import Policy, Step, parse_lost_timer_id
+from orchestrator.machine_common import Policy, Step, build_dispatch, parse_lost_timer_id
 from orchestrator.machine_model import (
     build_call_model,
     call_model_or_stop,
@@ -51,7 +52,7 @@ from orchestrator.machine_tools import (
     record_late,
 )
 from orchestrator.model import Message, TurnRequest, TurnStatus, UserMessage
-from orchestrator.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, TurnState
+from orchestrator.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, CallState, TurnState
 from orchestrator.validation import offered_tools
 from workers.contract import ToolSpec
 
@@ -149,10 +150,16 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
       first response for that index is accepted, any other ignored. None starts past the deadline (the
       deadline timer, re-armed here, stops the turn at once);
     - `AwaitApproval` for the calls still waiting for a person, and `Revoke` again for tasks a hard stop
-      (deadline, cancel) revoked, in case that revocation died with the process.
+      (deadline, cancel) revoked, in case that revocation died with the process;
+    - `DispatchTools` again for every dispatched call whose start the state never recorded, as the very
+      same task (task id, attempt), before the deadline and unless a stop already answers it. The old owner
+      persisted the dispatch before publishing it and may have died in between; or the worker's `started`
+      went to the dead owner's inbox, and no lost-call timer watches the call. Sent again, the task is a
+      redelivery, which workers make harmless (SPEC §4.8): skipped when the call has an outcome, waited out
+      while another delivery runs it — so no tool runs twice, and no call waits for the deadline because its
+      message was never sent. A call whose start was recorded has its lost-call timer re-armed instead.
 
-    Nothing is dispatched again: a dispatched call may have started, and a tool must not run twice. Its
-    outcome, if written while nobody owned the turn, is read from Redis by the runtime right after this (the
+    An outcome written while nobody owned the turn is read from Redis by the runtime right after this (the
     worker's notification went to nobody); otherwise it arrives as usual. A terminal state only needs its
     `Finish` performed (the owner died between persisting the end and storing the outcome). The state itself
     is returned unchanged: resuming is not a step and leaves no trace in it.
@@ -166,6 +173,9 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
     revoke = [c.task_id for c in unanswered if hard_stop and c.in_flight and c.task_id is not None]
     if revoke:
         commands.append(Revoke(task_ids=revoke))
+    resend = [c for c in unanswered if _unconfirmed(c)] if at < state.deadline_at else []
+    if resend:
+        commands.append(DispatchTools(calls=[build_dispatch(state, c) for c in resend]))
     rewrites = [c.requested for c in unanswered if c.requested is not None]
     if rewrites:
         commands.append(WriteOutcomes(outcomes=rewrites))
@@ -179,12 +189,18 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
         "turn_id": state.turn_id,
         "timers": sorted(state.timers),
         "rewritten_call_ids": [o.call_id for o in rewrites],
+        "redispatched_call_ids": [c.call_id for c in resend],
         "waiting_call_ids": waiting,
         "llm_call_index": recall,
     }
     # First, so that the turn's event stream tells why what follows happens again.
     commands.insert(0, Emit(event_name="turn_resumed", data=data))
     return state, commands
+
+
+def _unconfirmed(call: CallState) -> bool:
+    """A dispatched call, not answered or answered-to-be, whose start no worker reported to the state."""
+    return call.in_flight and call.requested is None and call.started_at is None and call.task_id is not None
 
 
 def _on_timer(draft: Step, event: TimerFired) -> None:

@@ -117,6 +117,20 @@ def build_task_id(state: TurnState, call: CallState, attempt: int) -> str:
     return f"{state.turn_id}:r{state.rounds}:c{call.index}:a{attempt}"
 
 
+def build_dispatch(state: TurnState, call: CallState) -> Dispatch:
+    """The task that sends the call's current attempt (its `task_id` set by dispatching it)."""
+    assert call.task_id is not None, "only a dispatched call has a task"
+    return Dispatch(
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        attempt=call.attempt,
+        task_id=call.task_id,
+        deadline_at=state.deadline_at,
+        context=state.context,
+    )
+
+
 def build_call_failure(
     state: TurnState,
     call: CallState,

@@ -11,10 +11,12 @@ again while retries allow, else answers `worker_lost`). A dispatched call that n
 such timer: only the turn's deadline ends it. That is on purpose. A task may wait in its queue behind busy
 workers for any time, and its limits only count once it runs; from here a queued task cannot be told from a
 lost message, so any timer counted from dispatch would either answer `worker_lost` for calls about to run
-(and then run them anyway) or fire no earlier than the deadline. The same holds for a call whose start was
-reported to an orchestrator that died before persisting it, and for a dispatch that died with its
-orchestrator before it was published: `machine.resume` never dispatches again, because the call may have
-started, and a tool must not run twice.
+(and then run them anyway) or fire no earlier than the deadline. What a new owner cannot know either is
+whether a dispatch persisted by its dead predecessor was ever published, or whether a start reported to it
+was lost with it: `machine.resume` sends every dispatched call with no recorded start once more, as the
+same task (same task id and attempt). That is a redelivery, which workers already make harmless (SPEC
+§4.8): a call that has an outcome is skipped, one that is running is waited for, so the tool never runs
+twice, and a call that was never published runs instead of waiting for the deadline.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from orchestrator.events import ApprovalGiven, AwaitApproval, Dispatch, ToolFinished, ToolStarted
+from orchestrator.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
 from orchestrator.machine_common import (
     Policy,
     Step,
     build_call_failure,
+    build_dispatch,
     build_task_id,
     find_call,
     lost_timer_id,
@@ -178,17 +181,7 @@ def dispatch_call(step: Step, call: CallState, attempt: int, at: float) -> None:
     step.replace_call(updated)
     if attempt == 1:
         step.update(tool_executions=state.tool_executions + 1)
-    step.dispatches.append(
-        Dispatch(
-            call_id=call.call_id,
-            tool=call.tool,
-            arguments=call.arguments,
-            attempt=attempt,
-            task_id=task_id,
-            deadline_at=state.deadline_at,
-            context=state.context,
-        )
-    )
+    step.dispatches.append(build_dispatch(state, updated))
     step.emit(
         "tool_dispatched",
         call_id=call.call_id,

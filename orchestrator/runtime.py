@@ -323,11 +323,11 @@ class Runtime:
                 # are its Finish, performed without saving the state again (the turn is over).
                 await self._exec.execute(handle, adopted.commands)
                 return
-            catch_up = await self._factory.catch_up_events(adopted.state) if adopted.resumed else []
+            commands, catch_up = await self._factory.catch_up(adopted)
             # The state is saved (with the events of `machine.start` or `resume`) before any command runs: a
             # resumed turn's commands re-arm its timers and repeat what died with its last owner; the
             # outcomes written meanwhile are stepped after them.
-            await self._advance(handle, [], adopted.commands, save=True)
+            await self._advance(handle, [], commands, save=True)
             if catch_up and not handle.dropped:
                 await self._advance(handle, catch_up)
             if not handle.dropped:

@@ -2,19 +2,20 @@
 
 Resuming is where durability is earned. The previous owner may have died at any point after a persisted
 step. `machine.resume` says what the new owner must (re)issue from the state alone — timers, outcome writes
-that were asked for, the model call in flight (the same call again, not a retry), approvals still awaited —
-and `catch_up_events` reads what happened while nobody owned the turn: outcomes written to Redis, whose
-notifications went to nobody.
+that were asked for, the model call in flight (the same call again, not a retry), approvals still awaited,
+dispatches whose start was never recorded (the same task again: maybe never published) — and `catch_up`
+reads what happened while nobody owned the turn: outcomes written to Redis, whose notifications went to
+nobody (their calls need no dispatch again).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import machine
-from orchestrator.events import Command, Event, ToolFinished
+from orchestrator.events import Command, DispatchTools, Event, ToolFinished
 from orchestrator.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.state import TurnState, load_state
 from orchestrator.store import TurnStore
@@ -87,6 +88,18 @@ class TurnFactory:
         )
         return Adopted(state, commands, resumed=False, conversation_id=conversation_id)
 
+    async def catch_up(self, adopted: Adopted) -> tuple[list[Command], list[Event]]:
+        """The commands of an adopted turn to perform now, and the outcomes it missed, to step after them.
+
+        A call `machine.resume` sends again whose outcome is already stored is left out: its worker would
+        only skip the delivery, and the outcome read here answers it.
+        """
+        if not adopted.resumed:
+            return adopted.commands, []
+        events = await self.catch_up_events(adopted.state)
+        answered = {e.outcome.call_id for e in events if isinstance(e, ToolFinished)}
+        return drop_dispatches(adopted.commands, answered), events
+
     async def catch_up_events(self, state: TurnState) -> list[Event]:
         """Events a resumed turn missed: the stored outcomes of its calls still unanswered."""
         if state.terminal or state.current is None:
@@ -114,3 +127,14 @@ class TurnFactory:
             # Kept as given: the model call then fails with a provider error that names the problem, so a
             # bad model ends the turn through the one stop path instead of crashing here.
             return requested or self._settings.model
+
+
+def drop_dispatches(commands: Sequence[Command], call_ids: Collection[str]) -> list[Command]:
+    """`commands` without the dispatches of `call_ids` (a `DispatchTools` left empty goes too)."""
+    kept: list[Command] = []
+    for command in commands:
+        if not isinstance(command, DispatchTools):
+            kept.append(command)
+        elif calls := [d for d in command.calls if d.call_id not in call_ids]:
+            kept.append(command.model_copy(update={"calls": calls}))
+    return kept

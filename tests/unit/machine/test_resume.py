@@ -1,5 +1,6 @@
 """Resuming a persisted turn on a new owner (SPEC §5.2, §7.2): `machine.resume` re-issues what died with the
-old owner — timers, requested outcomes, the model call in flight, approvals — and never dispatches again."""
+old owner — timers, requested outcomes, the model call in flight, approvals, and the same task again for a
+dispatched call whose start was never recorded (it may never have been published) — and nothing else."""
 
 from __future__ import annotations
 
@@ -98,10 +99,18 @@ RESUME_TABLE: list[tuple[str, Callable[[Driver], None], list[str]]] = [
     ("model_in_flight_after_a_round", _model_in_flight_after_a_round, ["emit", "arm_timer", "call_model"]),
     ("retry_timer_pending", _retry_timer_pending, ["emit", "arm_timer", "arm_timer"]),
     ("tool_running", _tool_running, ["emit", "arm_timer", "arm_timer"]),
-    ("tool_dispatched_not_started", _tool_dispatched_not_started, ["emit", "arm_timer"]),
-    ("invalid_call_write_pending", _invalid_call_write_pending, ["emit", "arm_timer", "write_outcomes"]),
+    ("tool_dispatched_not_started", _tool_dispatched_not_started, ["emit", "arm_timer", "dispatch_tools"]),
+    (
+        "invalid_call_write_pending",
+        _invalid_call_write_pending,
+        ["emit", "arm_timer", "dispatch_tools", "write_outcomes"],
+    ),
     ("deadline_with_a_call_running", _deadline_with_a_call_running, ["emit", "revoke", "write_outcomes"]),
-    ("waiting_for_approval", _waiting_for_approval, ["emit", "arm_timer", "await_approval"]),
+    (
+        "waiting_for_approval",
+        _waiting_for_approval,
+        ["emit", "arm_timer", "dispatch_tools", "await_approval"],
+    ),
     ("cancelled_while_waiting", _cancelled_while_waiting, ["emit", "arm_timer", "write_outcomes"]),
 ]
 
@@ -116,12 +125,20 @@ def test_resume_reissues_exactly_what_died_with_the_owner(
     setup(driver)
     commands = resumed(driver)
     assert kinds(commands) == expected
-    # Nothing that may have started is sent again.
-    assert not of_type(commands, DispatchTools)
+    # Sent again: exactly the dispatched calls with no recorded start and no outcome asked for, each as the
+    # very task first sent (same task id and attempt).
+    current = driver.state.current
+    unconfirmed = [
+        c.call_id
+        for c in (current.calls if current else [])
+        if c.task_id and c.started_at is None and c.requested is None and c.outcome is None
+    ]
+    again = [d for c in of_type(commands, DispatchTools) for d in c.calls]
+    assert [d.call_id for d in again] == unconfirmed
+    assert all(d in driver.dispatched(driver.log) for d in again)
     # Every saved timer is armed again, at its saved time.
     assert {(c.timer_id, c.at) for c in of_type(commands, ArmTimer)} == set(driver.state.timers.items())
     # Every requested outcome not yet confirmed is asked for again, exactly as first asked.
-    current = driver.state.current
     pending = [c.requested for c in (current.calls if current else []) if c.requested and not c.outcome]
     assert [o for w in of_type(commands, WriteOutcomes) for o in w.outcomes] == pending
     emitted = of_type(commands, Emit)
@@ -184,6 +201,52 @@ def test_a_pending_retry_is_not_called_now_but_by_its_timer() -> None:
     driver.feed(TimerFired(timer_id=retry.timer_id, at=retry.at))
     assert driver.call_model().llm_call_index == 1
     assert driver.state.model_retries == 1
+
+
+# --- dispatches whose start was never recorded ----------------------------------------------------------
+
+
+def test_a_dispatch_never_confirmed_started_is_sent_again_as_the_same_task() -> None:
+    # The old owner persisted the dispatch of both calls, then died: maybe before publishing them, maybe
+    # after. Only `add` reported its start; `slow` would otherwise wait for the turn's deadline.
+    driver = Driver()
+    driver.respond(calls(("slow", {}), ("add", {"a": 1, "b": 2})))
+    first = driver.dispatched()
+    driver.feed(ToolStarted(call_id="call_1", attempt=1, worker="w1", at=1002.0))
+    commands = resumed(driver)
+    (again,) = of_type(commands, DispatchTools)
+    assert again.calls == [first[0]]  # same task id, attempt, arguments and deadline
+    (emitted,) = [c.data for c in of_type(commands, Emit)]
+    assert emitted["redispatched_call_ids"] == ["call_0"]
+    # The task then runs once and reports as usual: the turn goes on without counting a new execution.
+    driver.feed(ToolStarted(call_id="call_0", attempt=1, worker="w2", at=1003.0))
+    driver.finish(ok("call_0", "slow", "late but fine"), at=1004.0)
+    driver.finish(ok("call_1", "add", "3"), at=1004.0)
+    assert driver.state.tool_executions == 2
+    driver.respond(answer("done"), at=1005.0)
+    assert driver.outcome.status == "completed"
+
+
+def test_a_retry_never_confirmed_started_is_sent_again_with_its_attempt() -> None:
+    driver = Driver()
+    driver.respond(calls(("fetch", {"url": "u"})))
+    driver.feed(ToolStarted(call_id="call_0", attempt=1, worker="w1", at=1002.0))
+    (lost,) = [t for t in driver.state.timers if t.startswith("lost:")]
+    driver.feed(TimerFired(timer_id=lost, at=driver.state.timers[lost]))
+    (retry,) = driver.dispatched()
+    assert retry.attempt == 2
+    (again,) = of_type(
+        resumed(driver, at=retry.deadline_at - 1 if retry.deadline_at else None), DispatchTools
+    )
+    assert again.calls == [retry]
+
+
+def test_nothing_is_sent_again_past_the_deadline_or_once_a_stop_answers_it() -> None:
+    driver = Driver(limits=Limits(deadline_s=10))
+    _tool_dispatched_not_started(driver)
+    assert not of_type(resumed(driver, at=driver.state.deadline_at), DispatchTools)
+    driver.feed(CancelRequested(at=1003.0))
+    assert not of_type(resumed(driver), DispatchTools)  # revoked, its outcome asked for instead
 
 
 # --- outcomes asked for and not confirmed -------------------------------------------------------------

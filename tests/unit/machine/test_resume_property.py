@@ -103,7 +103,10 @@ class Sim:
                 case CallModel():
                     self.model_calls[command.llm_call_index] = command
                 case DispatchTools():
-                    self.tasks.update({d.call_id: d.attempt for d in command.calls})
+                    # A task sent again for a call whose outcome is stored is skipped by its worker.
+                    self.tasks.update(
+                        {d.call_id: d.attempt for d in command.calls if d.call_id not in self.store}
+                    )
                 case WriteOutcomes():
                     self.writes.update({o.call_id: o for o in command.outcomes})
                 case ArmTimer():
@@ -257,7 +260,17 @@ class Sim:
         assert self.timers == before.timers
         # The model call in flight is the very same request again; nothing counted anew.
         assert list(self.model_calls.values()) == ([in_flight] if in_flight is not None else [])
-        assert not any(isinstance(c, DispatchTools) for c in commands)
+        # Sent again: only calls dispatched before, with no recorded start, as the same attempt.
+        again = [d for c in commands if isinstance(c, DispatchTools) for d in c.calls]
+        unconfirmed = {
+            c.call_id: c for c in self.unanswered() if c.started_at is None and c.requested is None
+        }
+        for dispatch in again:
+            call = unconfirmed[dispatch.call_id]
+            assert (dispatch.task_id, dispatch.attempt) == (call.task_id, call.attempt) and call.attempt > 0
+        assert {d.call_id for d in again} == {i for i, c in unconfirmed.items() if c.attempt > 0} or (
+            self.now >= before.deadline_at and not again
+        )
         awaited = [i for c in commands if isinstance(c, AwaitApproval) for i in c.call_ids]
         assert awaited == self.waiting()
 
