@@ -58,6 +58,10 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+class _PortUnavailableError(RedisServerError):
+    """Our redis-server could not serve its port (exited at once, or another server answers there)."""
+
+
 class RedisServer:
     """One `redis-server` process; a context manager, or `start()`/`stop()` by hand."""
 
@@ -73,6 +77,8 @@ class RedisServer:
     ) -> None:
         self.host = host
         self.port = port or find_free_port(host)
+        self._port_fixed = port is not None
+        self._started = False
         self.appendonly = appendonly
         self.executable = executable or find_redis_server()
         self.start_timeout_s = start_timeout_s
@@ -117,11 +123,24 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            self.build_command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._wait_ready()
-        return self
+        # A port from find_free_port can be taken by another process before redis-server binds it. Then
+        # pick another — but only on a first start: a restart must keep its address for its clients.
+        tries = 1 if self._port_fixed or self._started else 3
+        for attempt in range(1, tries + 1):
+            self.process = subprocess.Popen(
+                self.build_command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            try:
+                self._wait_ready()
+            except _PortUnavailableError:
+                self.kill()
+                if attempt == tries:
+                    raise
+                self.port = find_free_port(self.host)
+                continue
+            self._started = True
+            return self
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _wait_ready(self) -> None:
         assert self.process is not None
@@ -133,11 +152,19 @@ class RedisServer:
                     stderr = (
                         self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
                     )
-                    raise RedisServerError(
-                        f"redis-server exited with {self.process.returncode}: {stderr.strip()}"
+                    # Its log goes nowhere; the usual reason to die at once is a port someone else bound.
+                    raise _PortUnavailableError(
+                        f"redis-server exited with {self.process.returncode} on port {self.port}: "
+                        f"{stderr.strip() or 'is the port in use?'}"
                     )
                 try:
                     if client.ping():
+                        # Another server on this port would answer PING too: only our own counts.
+                        owner = int(client.info("server")["process_id"])
+                        if owner != self.process.pid:
+                            raise _PortUnavailableError(
+                                f"port {self.port} is served by another redis-server (pid {owner})"
+                            )
                         return
                 except redis.RedisError:
                     time.sleep(0.02)

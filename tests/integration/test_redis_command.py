@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import find_free_port
+from ops.redis_server import RedisServer, RedisServerError, find_free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -57,3 +57,26 @@ def test_stopping_toolloop_redis_stops_its_server(stop_signal: signal.Signals) -
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def test_a_port_taken_before_redis_binds_it_is_replaced_by_another() -> None:
+    """find_free_port's port can be taken before redis-server binds it: the server must not adopt a
+    stranger that answers PING there, but move to another port."""
+    with RedisServer() as stranger:
+        ours = RedisServer()
+        ours.port = stranger.port  # the race: our chosen port was bound by someone else meanwhile
+        with ours:
+            assert ours.port != stranger.port
+            client = redis.Redis(port=ours.port)
+            assert int(client.info("server")["process_id"]) == ours.pid
+            client.close()
+
+
+def test_a_fixed_port_served_by_another_redis_is_an_error() -> None:
+    with RedisServer() as stranger:
+        with pytest.raises(RedisServerError, match=str(stranger.port)):
+            RedisServer(port=stranger.port).start()
+        # The stranger is untouched.
+        client = redis.Redis(port=stranger.port)
+        assert client.ping()
+        client.close()
