@@ -8,24 +8,18 @@ test lets it go, so the kill surely lands while that request is open.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from orchestrator.scripted_server import build_app
 from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, wait_for, wait_outcome
+from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import start_worker
@@ -33,97 +27,25 @@ from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-# Longest a held request waits before answering anyway (the test releases it well before).
-HOLD_LIMIT_S = 45.0
 
-
-class _Hold:
-    """ASGI middleware: records each request body, and holds the `nth` one carrying `marker` open."""
-
-    def __init__(self, app: ASGIApp, server: HoldingModelServer) -> None:
-        self.app = app
-        self.server = server
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = bool(message.get("more_body"))
-        body = b"".join(chunks)
-        if self.server.record(body.decode("utf-8", errors="replace")):
-            # The test thread sets a threading event; waiting on it in a thread keeps the server's loop free.
-            await asyncio.to_thread(self.server.released.wait, HOLD_LIMIT_S)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-
-class HoldingModelServer:
-    """The scripted model over HTTP in a thread; the `hold`-th request carrying `marker` is held open."""
+class HoldingModelServer(RecordingModelServer):
+    """The recording scripted model, holding the `hold`-th request carrying `marker` open."""
 
     def __init__(self, marker: str, hold: int) -> None:
+        super().__init__()
         self.marker = marker
         self.hold = hold
-        self.released = threading.Event()
-        self._bodies: list[str] = []
-        self._lock = threading.Lock()
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}/v1"
-        config = uvicorn.Config(
-            _Hold(build_app(), self), lifespan="off", log_level="warning", access_log=False
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, name="held-model-server", daemon=True)
 
-    def _serve(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._socket]))
-
-    def record(self, body: str) -> bool:
-        """Keep a request body; True when it is the one to hold."""
-        with self._lock:
-            self._bodies.append(body)
-            return self.marker in body and self._count() == self.hold
+    def should_hold(self, body: str, bodies: list[str]) -> bool:
+        return self.marker in body and sum(1 for b in bodies if self.marker in b) == self.hold
 
     def count(self) -> int:
         """How many requests carried the marker so far."""
-        with self._lock:
-            return self._count()
+        return self.requests_with(self.marker)
 
-    def _count(self) -> int:
-        return sum(1 for body in self._bodies if self.marker in body)
-
-    def requests(self) -> list[dict[str, Any]]:
+    def marked_requests(self) -> list[dict[str, Any]]:
         """Every request body carrying the marker so far, decoded, in arrival order."""
-        with self._lock:
-            return [json.loads(b) for b in self._bodies if self.marker in b]
-
-    def __enter__(self) -> HoldingModelServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the model server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.released.set()
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        return [body for body in self.requests() if self.marker in json.dumps(body)]
 
 
 @pytest.fixture
@@ -167,7 +89,7 @@ def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_
             assert (outcome.status, outcome.stop_reason, outcome.text) == ("completed", None, "all done")
             assert outcome.llm_calls == 2
             assert [r.error for r in outcome.llm_call_records] == [None, None]
-            requests = model.requests()
+            requests = model.marked_requests()
             assert len(requests) == 3
             assert requests[2] == requests[1], "the new owner sent a different request for the same call"
             assert not event_data(client, turn_id, "model_failed")

@@ -11,21 +11,23 @@ import json
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.scripted_server import build_app
 
+# Longest a held request waits before it is answered anyway (tests release it well before).
+HOLD_LIMIT_S = 45.0
+
 
 class _Recorder:
     """ASGI middleware keeping every request body, before the scripted app answers it."""
 
-    def __init__(self, app: ASGIApp, bodies: list[str], lock: threading.Lock) -> None:
+    def __init__(self, app: ASGIApp, server: RecordingModelServer) -> None:
         self.app = app
-        self.bodies = bodies
-        self.lock = lock
+        self.server = server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,8 +40,9 @@ class _Recorder:
             chunks.append(message.get("body", b""))
             more = bool(message.get("more_body"))
         body = b"".join(chunks)
-        with self.lock:
-            self.bodies.append(body.decode("utf-8", errors="replace"))
+        if self.server.record(body.decode("utf-8", errors="replace")):
+            # The test thread sets a threading event; waiting on it in a thread keeps the server's loop free.
+            await asyncio.to_thread(self.server.released.wait, HOLD_LIMIT_S)
         sent = False
 
         async def replay() -> Message:
@@ -58,12 +61,13 @@ class RecordingModelServer:
     def __init__(self) -> None:
         self._bodies: list[str] = []
         self._lock = threading.Lock()
+        self.released = threading.Event()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
         port = self._socket.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}/v1"
         config = uvicorn.Config(
-            _Recorder(build_app(), self._bodies, self._lock),
+            _Recorder(build_app(), self),
             lifespan="off",
             log_level="warning",
             access_log=False,
@@ -75,7 +79,7 @@ class RecordingModelServer:
     def _serve(self) -> None:
         asyncio.run(self._server.serve(sockets=[self._socket]))
 
-    def __enter__(self) -> RecordingModelServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -85,9 +89,20 @@ class RecordingModelServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.released.set()
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._socket.close()
+
+    def record(self, body: str) -> bool:
+        """Keep a request body; True when it is to be held open until `released` is set."""
+        with self._lock:
+            self._bodies.append(body)
+            return self.should_hold(body, self._bodies)
+
+    def should_hold(self, body: str, bodies: list[str]) -> bool:
+        """Whether to hold this request (called under the lock); never, unless a subclass says so."""
+        return False
 
     def requests(self) -> list[dict[str, Any]]:
         """Every request body received so far, decoded."""
