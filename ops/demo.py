@@ -33,10 +33,12 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ops.redis_server import RedisServer
-from orchestrator.catalogue import read_catalogue
 from orchestrator.client import Client
+from orchestrator.errors import DemoError
 from orchestrator.model import AssistantMessage, Message, SystemMessage, ToolMessage, TurnOutcome, UserMessage
+from orchestrator.store.catalogue import read_catalogue
 from workers import keys
+from workers.connect import connect_redis
 
 DEFAULT_PROMPT = "What is 6 plus 7, what is 6 times 7, and what is the weather in Paris?"
 DEMO_TOOLS = ("add", "multiply", "get_weather")
@@ -44,10 +46,6 @@ SCRIPTED_MODEL = "scripted:demo"
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
-
-
-class DemoError(RuntimeError):
-    """A part of the demo did not start or the turn did not finish; the message says which and why."""
 
 
 class Processes:
@@ -199,7 +197,7 @@ def _run(processes: Processes, out: Console, prompt: str, model: str, timeout_s:
 
 
 def _wait_ready(processes: Processes, redis_url: str, hostname: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url, decode_responses=False)
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         while time.monotonic() < deadline:

@@ -26,9 +26,7 @@ from types import FrameType, TracebackType
 
 import redis
 
-
-class RedisServerError(RuntimeError):
-    """No redis-server binary, or it did not start answering PING in time."""
+from orchestrator.errors import PortUnavailableError, RedisServerError
 
 
 def find_redis_server() -> str:
@@ -56,10 +54,6 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-class _PortUnavailableError(RedisServerError):
-    """Our redis-server could not serve its port (exited at once, or another server answers there)."""
 
 
 class RedisServer:
@@ -132,7 +126,7 @@ class RedisServer:
             )
             try:
                 self._wait_ready()
-            except _PortUnavailableError:
+            except PortUnavailableError:
                 self.kill()
                 if attempt == tries:
                     raise
@@ -153,7 +147,7 @@ class RedisServer:
                         self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
                     )
                     # Its log goes nowhere; the usual reason to die at once is a port someone else bound.
-                    raise _PortUnavailableError(
+                    raise PortUnavailableError(
                         f"redis-server exited with {self.process.returncode} on port {self.port}: "
                         f"{stderr.strip() or 'is the port in use?'}"
                     )
@@ -162,7 +156,7 @@ class RedisServer:
                         # Another server on this port would answer PING too: only our own counts.
                         owner = int(client.info("server")["process_id"])
                         if owner != self.process.pid:
-                            raise _PortUnavailableError(
+                            raise PortUnavailableError(
                                 f"port {self.port} is served by another redis-server (pid {owner})"
                             )
                         return

@@ -25,13 +25,14 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
-from orchestrator import store_codec as codec
-from orchestrator.catalogue import aread_catalogue
 from orchestrator.client import AsyncClient
+from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnRequest
-from orchestrator.store_codec import TurnEvent, UnknownTurnError
-from workers.contract import ToolSpec
-from workers.settings import Settings, get_settings
+from orchestrator.settings import Settings, get_settings
+from orchestrator.store import codec
+from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.codec import TurnEvent
+from workers.contract import ToolSpec, build_listing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -81,11 +82,8 @@ class ToolInfo(BaseModel):
 def build_tool_listing(specs: Iterable[ToolSpec], *, include_sensitive: bool) -> list[ToolInfo]:
     """Tools sorted by name; sensitive ones only when asked for (SPEC §3.3)."""
     fields = set(ToolInfo.model_fields)
-    visible = (spec for spec in specs if include_sensitive or not spec.sensitive)
-    return [
-        ToolInfo.model_validate(spec.model_dump(include=fields))
-        for spec in sorted(visible, key=lambda s: s.name)
-    ]
+    visible = build_listing(specs, include_sensitive=include_sensitive)
+    return [ToolInfo.model_validate(spec.model_dump(include=fields)) for spec in visible]
 
 
 class BodyLimitMiddleware:

@@ -2,7 +2,7 @@
 
 `Client` is synchronous, on the sync `redis` client, so a Django or Flask view can call it without an event
 loop; `AsyncClient` has the same methods as coroutines, on the async `TurnStore`. Both go through the pure
-helpers of `orchestrator.store_codec`, so the storage layout and its scripts are written once.
+helpers of `orchestrator.store.codec`, so the storage layout and its scripts are written once.
 
 Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with a clear message; an unknown
 turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
@@ -15,15 +15,16 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from orchestrator import metrics, turn_view
-from orchestrator import store_codec as codec
+from orchestrator import metrics
+from orchestrator.errors import UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
-from orchestrator.store import TurnStore, block_cap_ms, build_block_ms, connect_sync
-from orchestrator.store_codec import TurnEvent, UnknownTurnError
-from orchestrator.turn_view import PendingApproval, TurnView
+from orchestrator.settings import Settings, get_settings
+from orchestrator.store import codec, turn_view
+from orchestrator.store.codec import TurnEvent
+from orchestrator.store.turn_view import PendingApproval, TurnView
+from orchestrator.store.turns import TurnStore, block_cap_ms, build_block_ms, connect_sync
 from workers import keys
 from workers.contract import ToolOutcome
-from workers.settings import Settings, get_settings
 
 __all__ = ["AsyncClient", "Client", "PendingApproval", "TurnEvent", "TurnView", "UnknownTurnError"]
 

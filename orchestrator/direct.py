@@ -23,13 +23,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from orchestrator.catalogue import aread_catalogue, read_catalogue
-from orchestrator.dispatch import dispatch_call, get_producer_app, revoke_call
-from orchestrator.store import block_cap_ms, build_block_ms, connect_async, connect_sync
-from orchestrator.validation import offered_tools, validate_call
+from orchestrator.machine.validation import offered_tools, validate_call
+from orchestrator.runtime.publish import dispatch_call, get_producer_app, revoke_call
+from orchestrator.settings import Settings, get_settings
+from orchestrator.store.catalogue import aread_catalogue, read_catalogue
+from orchestrator.store.turns import block_cap_ms, build_block_ms, connect_async, connect_sync
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
-from workers.settings import Settings, get_settings
 
 # Extra wait past the caller's timeout, for an outcome written right at it. It stays below the margin by which
 # `build_limits` lets a capped soft limit pass the deadline, so the caller answers first, then revokes.

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.settings import Settings, get_settings
+from workers.settings import WorkerSettings, get_worker_settings
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 RESULT_EXPIRES_S = 24 * 3600
@@ -22,10 +22,10 @@ RESULT_EXPIRES_S = 24 * 3600
 class ToolloopCelery(Celery):
     """A Celery app that carries the toolloop settings it was built from."""
 
-    settings: Settings
+    settings: WorkerSettings
 
 
-def build_celery_config(settings: Settings) -> dict[str, Any]:
+def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """The Celery configuration of every toolloop process (pure: a dict of Celery settings)."""
     config: dict[str, Any] = {
         # JSON only: a pickled payload is refused, so nothing but data crosses (SPEC §4.2, §8.2).
@@ -58,7 +58,7 @@ def build_celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-def build_ssl_config(settings: Settings) -> dict[str, Any]:
+def build_ssl_config(settings: WorkerSettings) -> dict[str, Any]:
     """For rediss:// URLs, certificate checks set explicitly (kombu would silently skip them otherwise)."""
     cert_reqs = _CERT_REQS.get(settings.redis_ssl_cert_reqs.lower())
     if cert_reqs is None:
@@ -74,16 +74,16 @@ def build_ssl_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-def create_app(settings: Settings | None = None, *, main: str = "toolloop") -> ToolloopCelery:
+def create_app(settings: WorkerSettings | None = None, *, main: str = "toolloop") -> ToolloopCelery:
     """A configured Celery app that knows no tool: what the orchestrator publishes with."""
-    settings = settings or get_settings()
+    settings = settings or get_worker_settings()
     app = ToolloopCelery(main, broker=settings.effective_broker_url, set_as_current=False)
     app.settings = settings
     app.conf.update(build_celery_config(settings))
     return app
 
 
-def create_worker_app(settings: Settings | None = None) -> ToolloopCelery:
+def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     """The worker's app: imports the tool modules and registers one `tool.<name>` task per tool.
 
     Tools registered later in this process (a tool module imported at run time) get their task too.
@@ -92,7 +92,7 @@ def create_worker_app(settings: Settings | None = None) -> ToolloopCelery:
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
 
-    settings = settings or get_settings()
+    settings = settings or get_worker_settings()
     app = create_app(settings, main="toolloop-worker")
     for module in settings.tool_module_list:
         importlib.import_module(module)

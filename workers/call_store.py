@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from workers import keys
+from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome
 from workers.redis_retry import RedisRetry
 
@@ -193,11 +194,11 @@ _stores: dict[str, CallStore] = {}
 _stores_lock = threading.Lock()
 
 
-def get_store(redis_url: str, **client_options: Any) -> CallStore:
+def get_store(redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS) -> CallStore:
     """The process's CallStore for `redis_url` (redis-py pools reconnect by themselves after a fork)."""
     with _stores_lock:
         store = _stores.get(redis_url)
         if store is None:
-            store = CallStore(redis.Redis.from_url(redis_url, **client_options))
+            store = CallStore(connect_redis(redis_url, ssl_cert_reqs, decode_responses=False))
             _stores[redis_url] = store
         return store

@@ -18,6 +18,7 @@ import redis
 from celery import Celery, signals
 
 from workers import keys
+from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolSpec
 from workers.tools import ToolRegistry, registry
 
@@ -98,8 +99,9 @@ def connect_catalogue_publisher(app: Celery, tools: ToolRegistry = registry) -> 
         queues = set(app.amqp.queues.consume_from or app.amqp.queues)
         settings = getattr(app, "settings", None)
         url = settings.redis_url if settings is not None else app.conf.broker_url
+        cert_reqs = settings.redis_ssl_cert_reqs if settings is not None else DEFAULT_SSL_CERT_REQS
         publisher = CataloguePublisher(
-            redis.Redis.from_url(url),
+            connect_redis(url, cert_reqs, decode_responses=False),
             str(sender.hostname),
             lambda: build_served_specs(tools, queues),
         )

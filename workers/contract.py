@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -171,6 +172,22 @@ _SENSITIVE_KEY = re.compile(
     r"|(_key|_token|_secret|_password)$",
     re.IGNORECASE,
 )
+
+
+def build_listing(
+    specs: Iterable[ToolSpec], *, include_sensitive: bool = False, allowlist: Iterable[str] | None = None
+) -> list[ToolSpec]:
+    """The tools anyone may see, sorted by name: THE sensitive-tool rule (SPEC §3.3), written once.
+
+    Sensitive tools only with `include_sensitive`; then the allowlist, applied after the sensitive filter
+    so that it can never bring a sensitive tool back. A worker's listing, `GET /v1/tools`, `toolloop tools`
+    and the tools a turn offers by default (`machine.validation.offered_tools`) all go through here.
+    """
+    visible = [spec for spec in specs if include_sensitive or not spec.sensitive]
+    if allowlist is not None:
+        allowed = set(allowlist)
+        visible = [spec for spec in visible if spec.name in allowed]
+    return sorted(visible, key=lambda spec: spec.name)
 
 
 def is_sensitive_key(key: str) -> bool:

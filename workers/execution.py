@@ -35,8 +35,8 @@ from pydantic import ValidationError
 from workers import keys
 from workers.call_store import CallStore, get_store
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
+from workers.errors import InvalidResultError
 from workers.outcomes import (
-    InvalidResultError,
     build_args_digest,
     build_idempotency_key,
     build_idempotency_record,

@@ -17,10 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from workers import keys
 from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
-
-
-class InvalidResultError(ValueError):
-    """A tool returned something that is not JSON-serialisable (becomes an `invalid_result` outcome)."""
+from workers.errors import InvalidResultError
 
 
 @dataclass(frozen=True)

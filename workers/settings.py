@@ -1,7 +1,9 @@
-"""The one settings object (SPEC §8.1): environment variables with the prefix `TOOLLOOP_`.
+"""Worker settings (SPEC §8.1): environment variables with the prefix `TOOLLOOP_`.
 
-It lives in the leaf package so that workers and orchestrator read the same settings without the workers
-importing orchestrator code. Provider keys keep their vendors' usual names (OPENAI_API_KEY, …).
+What a tool worker needs and nothing more: where Redis and the broker are, which tool modules to serve, the
+default queue, the broker's redelivery timeout. Model keys, tiers, the API token and leases are the
+orchestrator's (`orchestrator.settings.Settings`, which extends this class), so a tool worker never reads a
+model credential.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -18,8 +19,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _BROKER_QUERY_PREFIX = "ssl_"
 
 
-class Settings(BaseSettings):
-    """Configuration of every toolloop process. Unknown `TOOLLOOP_*` variables are ignored."""
+class WorkerSettings(BaseSettings):
+    """Configuration of a tool worker, and the connection settings every toolloop process shares.
+
+    Unknown `TOOLLOOP_*` variables are ignored.
+    """
 
     model_config = SettingsConfigDict(env_prefix="TOOLLOOP_", extra="ignore", populate_by_name=True)
 
@@ -30,34 +34,8 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     tool_modules: str = "workers.examples"
     default_queue: str = "tools"
-    model: str = "scripted:demo"
-    # Model tiers (SPEC §6.3): a turn may name "fast", "default" or "smart" instead of a model.
-    model_fast: str | None = None
-    model_default: str | None = None
-    model_smart: str | None = None
-    api_token: SecretStr | None = None
     # Broker redelivery of an unacked message; above the longest hard limit plus queue wait (ARCHITECTURE).
     visibility_timeout_s: int = 3 * 3600
-    # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
-    lost_call_grace_s: float = 5.0
-    lease_ttl_s: float = 15.0
-    orchestrator_max_turns: int = 10_000
-
-    openai_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")
-    )
-    openai_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "TOOLLOOP_OPENAI_BASE_URL")
-    )
-    anthropic_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "TOOLLOOP_ANTHROPIC_API_KEY")
-    )
-    anthropic_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "TOOLLOOP_ANTHROPIC_BASE_URL")
-    )
-
-    # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
-    scripted_base_url: str | None = None
 
     @property
     def tool_module_list(self) -> list[str]:
@@ -85,6 +63,6 @@ def build_broker_url(redis_url: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """Settings read once per process from the environment."""
-    return Settings()
+def get_worker_settings() -> WorkerSettings:
+    """Worker settings read once per process from the environment."""
+    return WorkerSettings()

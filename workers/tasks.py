@@ -22,6 +22,7 @@ from celery.worker.state import task_ready
 
 from workers.contract import ToolCallRequest, build_task_name, build_task_reprs
 from workers.execution import (
+    CallStore,
     Finished,
     RetryLater,
     Skipped,
@@ -30,19 +31,18 @@ from workers.execution import (
 )
 from workers.outcomes import build_idempotency_key
 from workers.parent import handle_hard_timeout, handle_revoked, handle_worker_lost
+from workers.settings import WorkerSettings, get_worker_settings
 from workers.tools import Tool, registry
 
 logger = logging.getLogger(__name__)
 
 
-def _redis_url(task: Task[Any, Any]) -> str:
-    settings = getattr(task.app, "settings", None)
+def _store(task: Task[Any, Any]) -> CallStore:
+    """The process's call store, on the Redis (and TLS policy) of the task's app settings."""
+    settings: WorkerSettings | None = getattr(task.app, "settings", None)
     if settings is None:
-        from workers.settings import get_settings
-
-        settings = get_settings()
-    url: str = settings.redis_url
-    return url
+        settings = get_worker_settings()
+    return get_store(settings.redis_url, settings.redis_ssl_cert_reqs)
 
 
 def _idempotency_key(request: ToolCallRequest) -> str | None:
@@ -69,7 +69,7 @@ class ToolRequest(Request):
             return
         request = _parse_request(dict(self.kwargs))
         if request is not None:
-            store = get_store(_redis_url(self.task))
+            store = _store(self.task)
             handle_hard_timeout(
                 store,
                 request,
@@ -92,7 +92,7 @@ class ToolRequest(Request):
         tool = registry.get(request.tool) if request is not None else None
         if request is None or tool is None:
             return False
-        delay = handle_worker_lost(get_store(_redis_url(self.task)), tool, request, worker=self.hostname)
+        delay = handle_worker_lost(_store(self.task), tool, request, worker=self.hostname)
         if delay is None:
             return False  # answered worker_lost; Celery requeues and the redelivery is skipped
         argsrepr, kwargsrepr = build_task_reprs(request)
@@ -136,7 +136,7 @@ def _build_body(tool: Tool[Any, Any]) -> Any:
         hard, soft = self.request.timelimit or (None, None)
         token = f"{self.request.hostname}:{os.getpid()}"
         decision = execute_call(
-            get_store(_redis_url(self)),
+            _store(self),
             tool,
             request,
             worker=self.request.hostname or "",
@@ -183,7 +183,7 @@ def register_worker_signals(app: Celery) -> None:
             return
         call = _parse_request(dict(getattr(request, "kwargs", None) or {}))
         if call is not None:
-            store = get_store(_redis_url(sender))
+            store = _store(sender)
             handle_revoked(
                 store,
                 call,

@@ -19,8 +19,8 @@ from ops.bench.scenarios import Sizes, summarise
 from ops.bench.tools import NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
 from ops.redis_server import RedisServer
 from orchestrator import Client
+from orchestrator.settings import Settings
 from workers.app import create_app
-from workers.settings import Settings
 
 # The round trips are measured with as many worker processes as this machine has cores (at least 2).
 ROUNDTRIP_WORKERS = 2

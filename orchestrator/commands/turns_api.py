@@ -13,7 +13,7 @@ import redis
 import typer
 from pydantic import ValidationError
 
-from workers.settings import get_settings
+from orchestrator.settings import get_settings
 
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import (
     AssistantMessage,
     Message,
@@ -35,7 +36,6 @@ from orchestrator.model import (
     UserMessage,
 )
 from orchestrator.providers.body import (
-    MalformedBody,
     build_error,
     decode_json,
     invalid_response,

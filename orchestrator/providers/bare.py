@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
 from orchestrator.providers.body import (
-    MalformedBody,
     build_error,
     invalid_response,
     opt_list,

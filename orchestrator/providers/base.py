@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from orchestrator.errors import ModelConfigError
 from orchestrator.model import Message, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
@@ -50,7 +51,7 @@ class ModelRef:
 
 
 def parse_model_ref(name: str) -> ModelRef:
-    """`"openai:gpt-4.1-mini"` → `ModelRef("openai", "gpt-4.1-mini")`; ValueError names what is wrong.
+    """`"openai:gpt-4.1-mini"` → `ModelRef("openai", "gpt-4.1-mini")`; `ModelConfigError` names what is wrong.
 
     Only the first colon separates: model names may hold colons themselves (`ollama` tags such as
     `qwen3:8b` behind `openai:`).
@@ -58,9 +59,11 @@ def parse_model_ref(name: str) -> ModelRef:
     provider, sep, model = name.strip().partition(":")
     provider = provider.strip().lower()
     if not sep or not model.strip():
-        raise ValueError(f"model {name!r} is not `provider:model` (providers: {', '.join(PROVIDERS)})")
+        raise ModelConfigError(f"model {name!r} is not `provider:model` (providers: {', '.join(PROVIDERS)})")
     if provider not in PROVIDERS:
-        raise ValueError(f"unknown provider {provider!r} in {name!r} (providers: {', '.join(PROVIDERS)})")
+        raise ModelConfigError(
+            f"unknown provider {provider!r} in {name!r} (providers: {', '.join(PROVIDERS)})"
+        )
     return ModelRef(provider, model.strip())
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError
 from orchestrator.providers.common import is_retryable_status, parse_retry_after
 
@@ -51,14 +52,6 @@ _DETAIL_LIMIT_CHARS = 16_000
 
 # Keys only a successful response has: their presence means "error" is a field of a response, not an envelope.
 _RESPONSE_KEYS = frozenset({"choices", "candidates", "output", "message", "content", "object"})
-
-
-class MalformedBody(ValueError):
-    """A provider body that does not have the shape of its wire format; `where` says which field."""
-
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}")
-        self.where = where
 
 
 def invalid_response(provider: str, message: str, *, retryable: bool = False) -> ProviderError:

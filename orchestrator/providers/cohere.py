@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
 from orchestrator.providers.body import (
-    MalformedBody,
     build_error,
     decode_json,
     invalid_response,

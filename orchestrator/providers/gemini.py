@@ -14,9 +14,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
 from orchestrator.providers.body import (
-    MalformedBody,
     build_error,
     decode_json,
     invalid_response,

@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import MalformedBody
 from orchestrator.model import (
     AssistantMessage,
     Message,
@@ -31,7 +32,6 @@ from orchestrator.model import (
     UserMessage,
 )
 from orchestrator.providers.body import (
-    MalformedBody,
     build_error,
     decode_json,
     invalid_response,

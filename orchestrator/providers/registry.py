@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import httpx
 
+from orchestrator.errors import ModelConfigError
 from orchestrator.providers import anthropic, openai_chat, openai_responses
 from orchestrator.providers.base import (
     DEFAULT_TIMEOUT,
@@ -19,7 +20,7 @@ from orchestrator.providers.base import (
     RetryPolicy,
     WireFormat,
 )
-from workers.settings import Settings
+from orchestrator.settings import Settings
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -36,7 +37,7 @@ def build_model_client(
 ) -> ModelClient:
     """A client for `ref`. The runtime passes `max_retries=0`: its state machine counts model retries.
 
-    Raises ValueError for an unknown provider, or a scripted model with no server URL (neither the
+    Raises `ModelConfigError` for an unknown provider, or a scripted model with no server URL (neither the
     argument nor `TOOLLOOP_SCRIPTED_BASE_URL`).
     """
     retry = RetryPolicy(max_retries=max_retries)
@@ -58,10 +59,10 @@ def build_model_client(
     if ref.provider == "scripted":
         scripted_url = scripted_base_url or settings.scripted_base_url
         if not scripted_url:
-            raise ValueError(
-                f"model {ref} needs a scripted server: start one (orchestrator.scripted_server) and set "
+            raise ModelConfigError(
+                f"model {ref} needs a scripted server: start one (providers.scripted_server) and set "
                 "TOOLLOOP_SCRIPTED_BASE_URL to its base URL"
             )
         url = f"{scripted_url.rstrip('/')}{openai_chat.CHAT_PATH}"
         return HttpModelClient(ref.provider, openai_chat, http, url, {}, timeout, retry)
-    raise ValueError(f"unknown provider {ref.provider!r}")
+    raise ModelConfigError(f"unknown provider {ref.provider!r}")

@@ -18,13 +18,13 @@ import pytest
 import redis
 
 from ops.redis_server import find_free_port
-from orchestrator.catalogue import read_catalogue
-from orchestrator.dispatch import dispatch_call, get_producer_app
+from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import read_catalogue
 from tests.support.flower_tools import FLOWER_QUEUE
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys
 from workers.contract import ToolCallRequest, ToolOutcome
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

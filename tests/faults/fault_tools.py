@@ -14,7 +14,7 @@ from functools import lru_cache
 import redis
 
 from workers import tool
-from workers.settings import get_settings
+from workers.settings import get_worker_settings
 
 STARTS = "faults:starts:"
 DONE = "faults:done:"
@@ -22,7 +22,7 @@ DONE = "faults:done:"
 
 @lru_cache(maxsize=1)
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+    return redis.Redis.from_url(get_worker_settings().redis_url)
 
 
 @tool(

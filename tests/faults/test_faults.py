@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.catalogue import read_catalogue
-from orchestrator.dispatch import build_send_options, get_producer_app
-from orchestrator.inbox import build_wire_call_id
 from orchestrator.model import ToolMessage, TurnOutcome
-from orchestrator.store_codec import parse_tool_outcome
+from orchestrator.runtime.inbox import build_wire_call_id
+from orchestrator.runtime.publish import build_send_options, get_producer_app
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import read_catalogue
+from orchestrator.store.codec import parse_tool_outcome
 from tests.faults.env import FaultEnv, call
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.e2e]
 

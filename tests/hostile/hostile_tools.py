@@ -8,13 +8,13 @@ from __future__ import annotations
 import redis
 
 from workers import tool
-from workers.settings import get_settings
+from workers.settings import get_worker_settings
 
 RUNS = "hostile:runs:"
 
 
 def _count(name: str) -> None:
-    redis.Redis.from_url(get_settings().redis_url).incr(RUNS + name)
+    redis.Redis.from_url(get_worker_settings().redis_url).incr(RUNS + name)
 
 
 @tool(soft_time_limit=5, time_limit=10)

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.api import create_app
+from orchestrator.settings import Settings
 from tests.integration.store_support import serve_app, store_db_url
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

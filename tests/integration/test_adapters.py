@@ -35,11 +35,11 @@ from orchestrator.model import (
 )
 from orchestrator.providers.base import HttpModelClient, ModelClient, ModelRequest, parse_model_ref
 from orchestrator.providers.registry import build_model_client
-from orchestrator.scripted_server import ScriptedServer
+from orchestrator.providers.scripted_server import ScriptedServer
+from orchestrator.settings import Settings
 from tests.openapi_schemas import assert_valid
 from workers.contract import ToolSpec
 from workers.examples import arithmetic, demo
-from workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,11 +12,11 @@ import redis
 from pydantic import SecretStr
 
 from orchestrator.api import create_app
+from orchestrator.settings import Settings
 from tests.integration.store_support import serve_app, store_db_url
 from tests.integration.test_client import finish_in_thread
 from workers import keys
 from workers.contract import ToolSpec
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

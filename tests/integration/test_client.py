@@ -14,15 +14,15 @@ from pydantic import ValidationError
 
 from orchestrator import AsyncClient, Client, UnknownTurnError
 from orchestrator.client import PendingApproval
+from orchestrator.machine.state import dump_state
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
-from orchestrator.state import dump_state
-from orchestrator.store import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
+from orchestrator.settings import get_settings
+from orchestrator.store.turns import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
 from tests.integration.store_support import store_db_url
 from tests.support.processes import WorkerHandle
 from tests.unit.machine.harness import Driver, calls
 from workers import keys
 from workers.contract import REDACTED, FailureKind, ToolOutcome
-from workers.settings import get_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer, RedisServerError, find_free_port
+from ops.redis_server import RedisServer, find_free_port
+from orchestrator.errors import RedisServerError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -21,13 +21,13 @@ import pytest
 import redis
 
 from ops.redis_server import RedisServer
-from orchestrator.catalogue import read_catalogue
 from orchestrator.direct import call_tool
-from orchestrator.dispatch import dispatch_call, get_producer_app
+from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
 from workers.contract import ToolCallRequest, ToolOutcome
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

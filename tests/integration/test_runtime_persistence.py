@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from orchestrator.inbox import parse_inbox, parse_payloads
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import TurnStore
+from orchestrator.runtime.inbox import parse_inbox, parse_payloads
+from orchestrator.store.turns import TurnStore
 from tests.integration.store_support import store_db_url
 from workers import keys
 from workers.contract import ToolOutcome

@@ -10,8 +10,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from orchestrator.errors import UnknownTurnError
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
-from orchestrator.store import TurnStore, UnknownTurnError
+from orchestrator.store.turns import TurnStore
 from tests.integration.store_support import store_db_url
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, build_failure

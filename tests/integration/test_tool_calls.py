@@ -12,12 +12,12 @@ import pytest
 import redis
 
 from orchestrator.direct import build_direct_request, call_tool
-from orchestrator.dispatch import build_task_id, dispatch_call, get_producer_app, revoke_call
+from orchestrator.runtime.publish import build_task_id, dispatch_call, get_producer_app, revoke_call
+from orchestrator.settings import Settings
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -183,7 +183,7 @@ def test_transient_failures_exhausted(call: Any) -> None:
 
 
 def _spec(redis_client: redis.Redis, name: str) -> ToolSpec:
-    from orchestrator.catalogue import read_catalogue
+    from orchestrator.store.catalogue import read_catalogue
 
     return read_catalogue(redis_client)[name]
 

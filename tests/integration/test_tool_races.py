@@ -31,7 +31,7 @@ from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
 from workers.contract import FailureKind, ToolOutcome
-from workers.settings import get_settings
+from workers.settings import get_worker_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -42,7 +42,7 @@ THIS_MODULE = __name__
 
 @lru_cache(maxsize=1)
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+    return redis.Redis.from_url(get_worker_settings().redis_url)
 
 
 def _sleep_through_soft_limit(seconds: float, tick_key: str | None = None) -> None:

@@ -24,12 +24,12 @@ from pydantic import SecretStr
 
 from orchestrator.api import create_app
 from orchestrator.model import ToolMessage
+from orchestrator.settings import Settings
 from tests.faults.env import FaultEnv, call, check_turn
 from tests.faults.fault_tools import STARTS
 from tests.integration.store_support import serve_app
 from workers import keys
 from workers.app import create_app as create_celery_app
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

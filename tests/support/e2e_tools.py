@@ -14,14 +14,14 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from workers import tool
-from workers.settings import get_settings
+from workers.settings import get_worker_settings
 
 COUNTER_PREFIX = "e2e:runs:"
 
 
 @lru_cache(maxsize=1)
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+    return redis.Redis.from_url(get_worker_settings().redis_url)
 
 
 def count_runs(key: str) -> int:

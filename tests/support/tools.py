@@ -14,13 +14,13 @@ from typing import Any
 import redis
 
 from workers import ToolContext, TransientToolError, tool
-from workers.settings import get_settings
+from workers.settings import get_worker_settings
 
 COUNT_PREFIX = "toolloop-test:count:"
 
 
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+    return redis.Redis.from_url(get_worker_settings().redis_url)
 
 
 def count(tag: str) -> int:

@@ -8,7 +8,8 @@ import pytest
 from kombu import Connection
 
 from workers.app import build_celery_config, create_app
-from workers.settings import Settings, build_broker_url
+from workers.settings import WorkerSettings as Settings
+from workers.settings import build_broker_url
 
 pytestmark = pytest.mark.timeout(10)
 

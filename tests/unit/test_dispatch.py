@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.dispatch import DEADLINE_MARGIN_S, build_limits, build_send_options, build_task_id
+from orchestrator.runtime.publish import DEADLINE_MARGIN_S, build_limits, build_send_options, build_task_id
 from workers.contract import ToolCallRequest, ToolSpec
 
 pytestmark = pytest.mark.timeout(10)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.events import ApprovalGiven, CancelRequested
-from orchestrator.inbox import (
+from orchestrator.machine.events import ApprovalGiven, CancelRequested
+from orchestrator.runtime.inbox import (
     build_control_event,
     build_wire_call_id,
     parse_inbox,
@@ -14,7 +14,7 @@ from orchestrator.inbox import (
     to_local_outcome,
     to_wire_outcome,
 )
-from orchestrator.store_codec import ControlRequest
+from orchestrator.store.codec import ControlRequest
 from workers.contract import ToolOutcome
 
 pytestmark = pytest.mark.timeout(10)

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from workers.settings import Settings
+from orchestrator.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")

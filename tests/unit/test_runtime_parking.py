@@ -11,14 +11,14 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from orchestrator import machine
-from orchestrator.catalogue import build_catalogue
+from orchestrator.machine.state import TurnState, dump_state
 from orchestrator.model import TurnRequest
-from orchestrator.runtime import Runtime, RuntimeOptions
-from orchestrator.runtime_handle import TurnHandle
-from orchestrator.state import TurnState, dump_state
-from orchestrator.store import TurnStore
+from orchestrator.runtime.handle import TurnHandle
+from orchestrator.runtime.process import Runtime, RuntimeOptions
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import build_catalogue
+from orchestrator.store.turns import TurnStore
 from workers.contract import ToolSpec
-from workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchestrator.timers import TimerHeap
+from orchestrator.runtime.timers import TimerHeap
 
 pytestmark = pytest.mark.timeout(10)
 

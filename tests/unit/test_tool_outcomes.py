@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.catalogue import build_catalogue
-from orchestrator.dispatch import build_limits, build_send_options
+from orchestrator.runtime.publish import build_limits, build_send_options
+from orchestrator.store.catalogue import build_catalogue
 from workers import keys
 from workers.contract import ToolCallRequest, ToolSpec
+from workers.errors import InvalidResultError
 from workers.outcomes import (
-    InvalidResultError,
     build_idempotency_key,
     build_success,
     build_truncation,

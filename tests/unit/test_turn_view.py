@@ -1,4 +1,4 @@
-"""The reader's view of a turn (`orchestrator.turn_view`): calls waiting for approval from the real state."""
+"""The reader's view of a turn (`store.turn_view`): calls waiting for approval from the real state."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from orchestrator.events import ApprovalGiven
+from orchestrator.machine.events import ApprovalGiven
+from orchestrator.machine.state import dump_state
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
-from orchestrator.state import dump_state
-from orchestrator.turn_view import PendingApproval, TurnView, build_turn_view, parse_pending_approvals
+from orchestrator.store.turn_view import PendingApproval, TurnView, build_turn_view, parse_pending_approvals
 from tests.unit.machine.harness import Driver, calls
 from workers.contract import REDACTED
 

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator import AsyncClient, Client
 from orchestrator.api import build_safe_json, build_validation_detail
-from orchestrator.store_codec import build_turn_request, find_unstorable_value
-from workers.settings import Settings
+from orchestrator.settings import Settings
+from orchestrator.store.codec import build_turn_request, find_unstorable_value
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.validation import Rejection, offered_tools, validate_call
+from orchestrator.machine.validation import Rejection, offered_tools, validate_call
 from workers.contract import FailureKind, ToolSpec
 
 ADD_SCHEMA: dict[str, Any] = {

@@ -17,7 +17,8 @@ import redis
 from pydantic import Field
 
 from workers import ToolContext, tool
-from workers.settings import get_settings
+from workers.connect import connect_redis
+from workers.settings import get_worker_settings
 
 # The example app's own data (not toolloop's): a hash of ticket id -> ticket JSON.
 TICKETS_KEY = "toolloop-demo:tickets"
@@ -55,7 +56,8 @@ def get_weather(
 
 
 def _tickets() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url, decode_responses=True)
+    settings = get_worker_settings()
+    return connect_redis(settings.redis_url, settings.redis_ssl_cert_reqs)
 
 
 @tool(idempotency="args", soft_time_limit=5, time_limit=10)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from orchestrator.events import (
+from orchestrator.machine import Policy, start, step
+from orchestrator.machine.events import (
     CallModel,
     Command,
     Dispatch,
@@ -17,9 +18,8 @@ from orchestrator.events import (
     ToolFinished,
     WriteOutcomes,
 )
-from orchestrator.machine import Policy, start, step
+from orchestrator.machine.state import dump_state, load_state
 from orchestrator.model import Limits, Message, ToolCall, Turn, TurnOutcome, TurnRequest, Usage
-from orchestrator.state import dump_state, load_state
 from tests.unit.machine.invariants import check_state
 from workers.contract import ToolOutcome, ToolSpec
 

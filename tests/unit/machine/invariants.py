@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.events import Command, Finish
+from orchestrator.machine.events import Command, Finish
+from orchestrator.machine.state import TurnState
 from orchestrator.model import AssistantMessage, Message, ToolMessage
-from orchestrator.state import TurnState
 
 
 def check_history(history: Sequence[Message]) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.events import ArmTimer, CallModel, ModelResponded, ToolFinished
+from orchestrator.machine.events import ArmTimer, CallModel, ModelResponded, ToolFinished
 from orchestrator.model import AssistantMessage, Limits, ToolCall, ToolMessage, UserMessage
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from workers.contract import REDACTED, FailureKind

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.events import ArmTimer, CallModel, ModelFailed, Revoke, TimerFired, ToolStarted
+from orchestrator.errors import StateVersionError
+from orchestrator.machine.events import ArmTimer, CallModel, ModelFailed, Revoke, TimerFired, ToolStarted
+from orchestrator.machine.state import dump_state, load_state
 from orchestrator.model import Limits, ProviderError, ToolMessage
-from orchestrator.state import StateVersionError, dump_state, load_state
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from workers.contract import FailureKind
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.events import (
+from orchestrator.machine.events import (
     ApprovalGiven,
     ArmTimer,
     AwaitApproval,

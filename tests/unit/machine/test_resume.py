@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.events import (
+from orchestrator.machine import resume
+from orchestrator.machine.events import (
     ApprovalGiven,
     ArmTimer,
     AwaitApproval,
@@ -26,9 +27,8 @@ from orchestrator.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine import resume
+from orchestrator.machine.state import STATE_VERSION, TurnState, dump_state, load_state
 from orchestrator.model import Limits, ProviderError
-from orchestrator.state import STATE_VERSION, TurnState, dump_state, load_state
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from tests.unit.machine.invariants import check_state
 from workers.contract import FailureKind

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.events import (
+from orchestrator.machine import resume
+from orchestrator.machine.events import (
     ApprovalGiven,
     ArmTimer,
     AwaitApproval,
@@ -38,9 +39,8 @@ from orchestrator.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine import resume
+from orchestrator.machine.state import CallState, TurnState, dump_state, load_state
 from orchestrator.model import Limits, ProviderError, ToolCall, Turn
-from orchestrator.state import CallState, TurnState, dump_state, load_state
 from tests.unit.machine.harness import Driver, answer, calls, ok
 from tests.unit.machine.invariants import check_state
 from workers.contract import FailureKind, ToolOutcome, build_failure

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.events import (
+from orchestrator.machine.events import (
     ApprovalGiven,
     AwaitApproval,
     CallModel,
@@ -13,8 +13,8 @@ from orchestrator.events import (
     TimerFired,
     ToolFinished,
 )
+from orchestrator.machine.state import TurnState
 from orchestrator.model import AssistantMessage, Limits, ToolCall, ToolMessage, TurnStatus
-from orchestrator.state import TurnState
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from workers.contract import FailureKind, build_failure
 

@@ -462,18 +462,3 @@ def parse_stream_reply(reply: Any) -> list[tuple[str, Mapping[Any, Any]]]:
     else:
         groups = [entries for _, entries in reply]
     return [(text(entry_id), fields) for entries in groups for entry_id, fields in entries]
-
-
-class UnknownTurnError(LookupError):
-    """No turn with this id is stored (never submitted, or expired after `keys.TURN_TTL_S`)."""
-
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(f"unknown turn {turn_id!r}")
-        self.turn_id = turn_id
-
-
-def redis_url_kwargs(redis_url: str, ssl_cert_reqs: str = "required") -> dict[str, Any]:
-    """Connection options for a Redis URL: `rediss://` always gets an explicit certificate policy (§8.1)."""
-    if redis_url.startswith("rediss://"):
-        return {"ssl_cert_reqs": ssl_cert_reqs}
-    return {}

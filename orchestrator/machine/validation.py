@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from workers.contract import FailureKind, ToolSpec
+from workers.contract import FailureKind, ToolSpec, build_listing
 
 # Order of jsonschema messages shown to the model: what is missing first, then what is unexpected, then
 # wrong types; anything else after. A model fixes its call fastest in that order.
@@ -37,7 +37,7 @@ def offered_tools(catalogue: Mapping[str, ToolSpec], requested: Sequence[str] | 
     exist — a sensitive tool only because it is named.
     """
     if requested is None:
-        return {name: spec for name, spec in catalogue.items() if not spec.sensitive}
+        return {spec.name: spec for spec in build_listing(catalogue.values())}
     return {name: catalogue[name] for name in requested if name in catalogue}
 
 

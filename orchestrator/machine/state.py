@@ -4,11 +4,6 @@ The state machine (`orchestrator.machine`) is the only writer: every step takes 
 new one. The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn
 from `load_state(text)`. A state written by a newer or older layout is refused with `StateVersionError`
 rather than misread.
-
-Error tree:
-
-    ValueError
-    └── StateVersionError      a stored state of a version this code does not read
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.errors import StateVersionError
 from orchestrator.model import (
     AssistantMessage,
     Limits,
@@ -40,17 +36,6 @@ SUPPORTED_STATE_VERSIONS = frozenset({1, STATE_VERSION})
 DEADLINE_TIMER = "deadline"
 MODEL_RETRY_TIMER_PREFIX = "model_retry:"
 LOST_TIMER_PREFIX = "lost:"
-
-
-class StateVersionError(ValueError):
-    """A stored turn state has a version this code does not read."""
-
-    def __init__(self, found: object) -> None:
-        supported = ", ".join(str(v) for v in sorted(SUPPORTED_STATE_VERSIONS))
-        super().__init__(
-            f"turn state version {found!r} is not supported (this code reads version {supported})"
-        )
-        self.found = found
 
 
 class _Frozen(BaseModel):
@@ -215,7 +200,7 @@ def load_state(text: str | bytes) -> TurnState:
     data = json.loads(text)
     version = data.get("version") if isinstance(data, dict) else None
     if version not in SUPPORTED_STATE_VERSIONS:
-        raise StateVersionError(version)
+        raise StateVersionError(version, SUPPORTED_STATE_VERSIONS)
     assert isinstance(data, dict)
     if version == 1:
         data = _upgrade_from_v1(data)

@@ -3,13 +3,13 @@ errors with capped backoff and empty answers (§5.7)."""
 
 from __future__ import annotations
 
-from orchestrator.events import CallModel, ModelFailed, ModelResponded
-from orchestrator.machine_common import Policy, Step
-from orchestrator.machine_stop import begin_stop, finish_turn
-from orchestrator.machine_tools import plan_round
+from orchestrator.machine.draft import Policy, Step
+from orchestrator.machine.events import CallModel, ModelFailed, ModelResponded
+from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewRecord
+from orchestrator.machine.stopping import begin_stop, finish_turn
+from orchestrator.machine.tool_round import plan_round
+from orchestrator.machine.view import View, build_view
 from orchestrator.model import LLMCallRecord, ProviderError, Turn, assistant_message_from_turn
-from orchestrator.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewRecord
-from orchestrator.view import View, build_view
 
 _BLANK_FINISH_REASONS = {"length": "its output token limit", "content_filter": "a content filter"}
 

@@ -17,7 +17,7 @@ from celery import Celery
 
 from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
-from workers.settings import Settings
+from workers.settings import WorkerSettings
 
 # How far past the deadline a capped call's hard limit reaches. The owner of the deadline (the turn's timer,
 # or a direct caller) answers the call first — `deadline_exceeded`, not a racing worker `timeout` — and then
@@ -104,7 +104,7 @@ _producers: dict[str, Celery] = {}
 _producers_lock = threading.Lock()
 
 
-def get_producer_app(settings: Settings) -> Celery:
+def get_producer_app(settings: WorkerSettings) -> Celery:
     """One producer app per broker URL and process (building a Celery app per call is wasteful)."""
     key = f"{settings.effective_broker_url}|{settings.redis_url}"
     with _producers_lock:

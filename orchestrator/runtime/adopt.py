@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import machine
-from orchestrator.events import Command, DispatchTools, Event, ToolFinished
-from orchestrator.inbox import build_wire_call_id, to_local_outcome
-from orchestrator.state import TurnState, load_state
-from orchestrator.store import TurnStore
-from orchestrator.view import resolve_model
+from orchestrator.machine.events import Command, DispatchTools, Event, ToolFinished
+from orchestrator.machine.state import TurnState, load_state
+from orchestrator.machine.view import resolve_model
+from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
+from orchestrator.settings import Settings
+from orchestrator.store.turns import TurnStore
 from workers.contract import ToolSpec
-from workers.settings import Settings
 
 log = logging.getLogger("toolloop.orchestrator")
 

@@ -19,8 +19,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.errors import ModelConfigError
+from orchestrator.machine.state import ViewDiagnostic, ViewDiagnosticKind
 from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage
-from orchestrator.state import ViewDiagnostic, ViewDiagnosticKind
 
 # Providers that speak one wire format share their tool calls and continuation data.
 _WIRE_FAMILIES: dict[str, str] = {
@@ -178,8 +179,8 @@ def _describe_calls(text: str | None, calls: Sequence[ToolCall]) -> str:
 def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str, str]) -> str:
     """The `provider:model` to use: a `provider:model` name as is, a tier (fast/default/smart) from `tiers`.
 
-    None means the `default` tier when configured, else `default`. An unknown tier is a ValueError naming the
-    configured ones.
+    None means the `default` tier when configured, else `default`. An unknown tier is a `ModelConfigError`
+    naming the configured ones.
     """
     if name_or_tier is None or not name_or_tier.strip():
         return tiers.get("default", default)
@@ -187,11 +188,11 @@ def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str,
     if ":" in name:
         provider, _, model = name.partition(":")
         if not provider or not model:
-            raise ValueError(f"model {name!r} must be 'provider:model'")
+            raise ModelConfigError(f"model {name!r} must be 'provider:model'")
         return name
     if name in tiers:
         return tiers[name]
     if name == "default":
         return default
     known = ", ".join(sorted({*tiers, "default"}))
-    raise ValueError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")
+    raise ModelConfigError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")

@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.events import ApprovalGiven, CancelRequested, ToolStarted
-from orchestrator.store_codec import ControlRequest
+from orchestrator.machine.events import ApprovalGiven, CancelRequested, ToolStarted
+from orchestrator.store.codec import ControlRequest
 from workers.contract import ToolOutcome
 
 

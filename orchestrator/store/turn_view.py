@@ -2,7 +2,7 @@
 
 `build_turn_view` takes the four values one MGET of `view_keys` returns. Before the turn ends, its
 transcript and the calls waiting for approval come from the machine's persisted state
-(`orchestrator.state`); once it ends, from its outcome.
+(`orchestrator.machine.state`); once it ends, from its outcome.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from orchestrator.machine.state import load_state
 from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus, UserMessage
-from orchestrator.state import load_state
-from orchestrator.store_codec import parse_outcome, parse_request, parse_status
+from orchestrator.store.codec import parse_outcome, parse_request, parse_status
 from workers import keys
 from workers.contract import redact
 

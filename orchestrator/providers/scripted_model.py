@@ -1,7 +1,7 @@
 """The scripted model's brain: an OpenAI Chat Completions request body in, a response body out (pure).
 
 `scripted:<name>` is a deterministic local model served over the OpenAI-compatible wire format by
-`orchestrator.scripted_server`, so the demo and the tests exercise the same HTTP path as a real provider.
+`providers.scripted_server`, so the demo and the tests exercise the same HTTP path as a real provider.
 Models:
 
 - `demo` — when the last message is the user's, calls the offered demo tools in parallel (numbers in the

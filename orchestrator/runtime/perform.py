@@ -18,8 +18,7 @@ import httpx
 from celery import Celery
 
 from orchestrator import metrics
-from orchestrator.dispatch import build_send_options
-from orchestrator.events import (
+from orchestrator.machine.events import (
     ArmTimer,
     AwaitApproval,
     CallModel,
@@ -36,18 +35,19 @@ from orchestrator.events import (
     ToolFinished,
     WriteOutcomes,
 )
-from orchestrator.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.base import ModelClient, ModelRequest, parse_model_ref
 from orchestrator.providers.registry import build_model_client
-from orchestrator.scripted_server import ScriptedServer
-from orchestrator.store import TurnStore
-from orchestrator.timers import TimerHeap
+from orchestrator.providers.scripted_server import ScriptedServer
+from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
+from orchestrator.runtime.publish import build_send_options
+from orchestrator.runtime.timers import TimerHeap
+from orchestrator.settings import Settings
+from orchestrator.store.turns import TurnStore
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
-from workers.settings import Settings
 
 if TYPE_CHECKING:
-    from orchestrator.runtime_handle import TurnHandle
+    from orchestrator.runtime.handle import TurnHandle
 
 log = logging.getLogger("toolloop.orchestrator")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.events import (
+from orchestrator.machine.events import (
     ArmTimer,
     CancelTimer,
     Command,
@@ -15,8 +15,8 @@ from orchestrator.events import (
     Revoke,
     WriteOutcomes,
 )
+from orchestrator.machine.state import LOST_TIMER_PREFIX, CallState, RoundState, TurnState
 from orchestrator.model import ToolCall
-from orchestrator.state import LOST_TIMER_PREFIX, CallState, RoundState, TurnState
 from workers.contract import FailureKind, ToolOutcome, build_failure
 
 Policy = Callable[[ToolCall, TurnState], str | None]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from orchestrator.events import Event
-from orchestrator.state import TurnState, load_state
-from orchestrator.store import UNREAD, Unread
+from orchestrator.machine.events import Event
+from orchestrator.machine.state import TurnState, load_state
+from orchestrator.store.turns import UNREAD, Unread
 
 
 class TurnHandle:

@@ -28,12 +28,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from orchestrator import store_codec as codec
-from orchestrator import turn_view
+from orchestrator.errors import UnknownTurnError
 from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store_codec import ControlRequest, TurnEvent, UnknownTurnError
-from orchestrator.turn_view import TurnView
+from orchestrator.store import codec, turn_view
+from orchestrator.store.codec import ControlRequest, TurnEvent
+from orchestrator.store.turn_view import TurnView
 from workers import keys
+from workers.connect import connect_redis, connect_redis_async
 from workers.contract import ToolOutcome
 
 __all__ = [
@@ -85,16 +86,12 @@ _ASSUMED_SOCKET_TIMEOUT_S = 5.0
 def connect_sync(redis_url: str, ssl_cert_reqs: str = "required") -> redis.Redis:
     """The sync Redis client every sync reader uses (`Client`, direct calls): decoded replies, and for
     `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout."""
-    return redis.Redis.from_url(
-        redis_url, decode_responses=True, **codec.redis_url_kwargs(redis_url, ssl_cert_reqs)
-    )
+    return connect_redis(redis_url, ssl_cert_reqs)
 
 
 def connect_async(redis_url: str, ssl_cert_reqs: str = "required") -> aioredis.Redis:
     """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
-    return aioredis.Redis.from_url(
-        redis_url, decode_responses=True, **codec.redis_url_kwargs(redis_url, ssl_cert_reqs)
-    )
+    return connect_redis_async(redis_url, ssl_cert_reqs)
 
 
 def socket_timeout_s(client: Any) -> float | None:

@@ -41,19 +41,20 @@ import redis.exceptions
 from celery import Celery
 
 from orchestrator import metrics
-from orchestrator.catalogue import aread_catalogue
-from orchestrator.dispatch import get_producer_app
-from orchestrator.events import Command, Emit, Event, TimerFired, ToolFinished
-from orchestrator.inbox import build_control_event, parse_inbox, parse_payloads, to_local_outcome
-from orchestrator.machine_common import find_call
+from orchestrator.errors import StateVersionError
+from orchestrator.machine.draft import find_call
+from orchestrator.machine.events import Command, Emit, Event, TimerFired, ToolFinished
+from orchestrator.machine.state import TurnState, dump_state
 from orchestrator.model import TurnStatus
-from orchestrator.runtime_exec import CommandExecutor
-from orchestrator.runtime_handle import TurnHandle, forget_task
-from orchestrator.runtime_turns import TurnFactory
-from orchestrator.state import StateVersionError, TurnState, dump_state
-from orchestrator.store import TurnStore
-from orchestrator.timers import TimerHeap
-from workers.settings import Settings
+from orchestrator.runtime.adopt import TurnFactory
+from orchestrator.runtime.handle import TurnHandle, forget_task
+from orchestrator.runtime.inbox import build_control_event, parse_inbox, parse_payloads, to_local_outcome
+from orchestrator.runtime.perform import CommandExecutor
+from orchestrator.runtime.publish import get_producer_app
+from orchestrator.runtime.timers import TimerHeap
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.turns import TurnStore
 
 log = logging.getLogger("toolloop.orchestrator")
 

@@ -3,7 +3,7 @@
 `start` creates a turn's state and its first commands; `step` applies one event; `resume` gives a new owner
 of a persisted state the commands it must (re)issue. None does I/O, reads a clock or draws a random number:
 time comes in as arguments and on events, ids derive from the turn id and counters. The runtime performs the
-commands (`orchestrator.events`), persists `dump_state` after every step, and feeds back what happened. Any
+commands (`machine.events`), persists `dump_state` after every step, and feeds back what happened. Any
 event may arrive twice or late; it then changes nothing but the audit record.
 
 The rules live in three modules: `machine_model` (model calls, errors, empty answers, tool choice),
@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
-from orchestrator.events import (
+from orchestrator.machine.draft import Policy, Step, build_dispatch, parse_lost_timer_id
+from orchestrator.machine.events import (
     ApprovalGiven,
     ArmTimer,
     AwaitApproval,
@@ -35,15 +36,15 @@ from orchestrator.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine_common import Policy, Step, build_dispatch, parse_lost_timer_id
-from orchestrator.machine_model import (
+from orchestrator.machine.model_calls import (
     build_call_model,
     call_model_or_stop,
     on_model_failed,
     on_model_responded,
 )
-from orchestrator.machine_stop import HARD_STOPS, begin_stop, finish_turn
-from orchestrator.machine_tools import (
+from orchestrator.machine.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, CallState, TurnState
+from orchestrator.machine.stopping import HARD_STOPS, begin_stop, finish_turn
+from orchestrator.machine.tool_round import (
     complete_round,
     on_approval,
     on_lost_timer,
@@ -51,9 +52,8 @@ from orchestrator.machine_tools import (
     on_tool_started,
     record_late,
 )
+from orchestrator.machine.validation import offered_tools
 from orchestrator.model import Message, TurnRequest, TurnStatus, UserMessage
-from orchestrator.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, CallState, TurnState
-from orchestrator.validation import offered_tools
 from workers.contract import ToolSpec
 
 __all__ = ["Policy", "resume", "start", "step"]

@@ -24,8 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from orchestrator.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
-from orchestrator.machine_common import (
+from orchestrator.machine.draft import (
     Policy,
     Step,
     build_call_failure,
@@ -35,7 +34,10 @@ from orchestrator.machine_common import (
     lost_timer_id,
     round_of,
 )
-from orchestrator.machine_stop import begin_stop
+from orchestrator.machine.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
+from orchestrator.machine.state import LOST_TIMER_PREFIX, CallState, LateOutcome, RoundState, TurnState
+from orchestrator.machine.stopping import begin_stop
+from orchestrator.machine.validation import validate_call
 from orchestrator.model import (
     AssistantMessage,
     StopReason,
@@ -45,8 +47,6 @@ from orchestrator.model import (
     TurnStatus,
     assistant_message_from_turn,
 )
-from orchestrator.state import LOST_TIMER_PREFIX, CallState, LateOutcome, RoundState, TurnState
-from orchestrator.validation import validate_call
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, redact
 
 # Outcomes that say the turn (or an operator) stopped a call, not that the tool failed: no stop policy

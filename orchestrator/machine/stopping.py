@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from orchestrator.events import Finish
-from orchestrator.machine_common import Step, build_call_failure
+from orchestrator.machine.draft import Step, build_call_failure
+from orchestrator.machine.events import Finish
+from orchestrator.machine.state import PendingStop
 from orchestrator.model import (
     LIMIT_STOP_REASONS,
     AssistantMessage,
@@ -24,7 +25,6 @@ from orchestrator.model import (
     TurnOutcome,
     TurnStatus,
 )
-from orchestrator.state import PendingStop
 from workers.contract import FailureKind
 
 # Stops that cannot wait for work in flight: its tasks are revoked and its calls answered at once.

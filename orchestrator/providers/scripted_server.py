@@ -1,9 +1,9 @@
-"""The scripted model over HTTP: an OpenAI-compatible server around `orchestrator.scripted`.
+"""The scripted model over HTTP: an OpenAI-compatible server around `orchestrator.providers.scripted_model`.
 
 `POST /v1/chat/completions` (non-streaming, or SSE when `stream: true`) and `GET /v1/models`. Run it
 inside the current event loop with `async with ScriptedServer() as base_url:` (a free 127.0.0.1 port;
 `base_url` ends in `/v1`, as OPENAI_BASE_URL does), or as its own process with
-`python -m orchestrator.scripted_server --port P`, which prints `listening on <base_url>` once it
+`python -m orchestrator.providers.scripted_server --port P`, which prints `listening on <base_url>` once it
 accepts connections.
 """
 
@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchestrator.scripted import (
+from orchestrator.providers.scripted_model import (
     build_error_reply,
     build_models_list,
     build_reply,

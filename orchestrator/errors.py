@@ -1,0 +1,98 @@
+"""toolloop's one error tree.
+
+Outcomes are values, not exceptions: a tool call ends as a `ToolOutcome`, a model call that failed as a
+`ProviderError` value, a turn as a `TurnOutcome`. Exceptions are for bad input at the edges, programming
+errors, and the few things a caller must handle:
+
+    ToolloopError(Exception)                 workers.errors: the root, in the leaf package
+    ├── ToolDefinitionError(ValueError)      workers.errors: a bad @tool, at import time
+    ├── TransientToolError                   workers.errors: raised by a tool to be retried
+    ├── InvalidResultError(ValueError)       workers.errors: a tool result JSON cannot carry
+    ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
+    ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
+    ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
+    ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
+    └── OpsError(RuntimeError)               the local tooling (ops/) could not do its job
+        ├── RedisServerError                 no redis-server, or it did not answer in time
+        │   └── PortUnavailableError         our redis-server could not serve its port
+        ├── DemoError                        a part of the demo did not start, or its turn did not end
+        └── BenchError                       a benchmark scenario could not produce its figure
+
+Each also derives from the builtin a caller would catch without knowing toolloop (`ValueError` for bad
+input, `LookupError` for a missing turn), so `except ValueError` keeps working. Redis and httpx errors are
+not wrapped: the store lets `redis.RedisError` through (a caller retries or reports it), and the providers map
+httpx errors into `ProviderError` values at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from workers.errors import InvalidResultError, ToolDefinitionError, ToolloopError, TransientToolError
+
+__all__ = [
+    "BenchError",
+    "DemoError",
+    "InvalidResultError",
+    "MalformedBody",
+    "ModelConfigError",
+    "OpsError",
+    "PortUnavailableError",
+    "RedisServerError",
+    "StateVersionError",
+    "ToolDefinitionError",
+    "ToolloopError",
+    "TransientToolError",
+    "UnknownTurnError",
+]
+
+
+class UnknownTurnError(ToolloopError, LookupError):
+    """No turn with this id is stored (never submitted, or expired after `keys.TURN_TTL_S`)."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"unknown turn {turn_id!r}")
+        self.turn_id = turn_id
+
+
+class StateVersionError(ToolloopError, ValueError):
+    """A stored turn state has a version this code does not read."""
+
+    def __init__(self, found: object, supported: Iterable[int]) -> None:
+        versions = ", ".join(str(v) for v in sorted(supported))
+        super().__init__(
+            f"turn state version {found!r} is not supported (this code reads version {versions})"
+        )
+        self.found = found
+
+
+class MalformedBody(ToolloopError, ValueError):
+    """A provider body that does not have the shape of its wire format; `where` says which field."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+
+
+class ModelConfigError(ToolloopError, ValueError):
+    """A model name, tier or provider this process cannot serve; the message names what is configured."""
+
+
+class OpsError(ToolloopError, RuntimeError):
+    """The local tooling (embedded Redis, demo, benchmarks) could not do its job."""
+
+
+class RedisServerError(OpsError):
+    """No redis-server binary, or it did not start answering PING in time."""
+
+
+class PortUnavailableError(RedisServerError):
+    """Our redis-server could not serve its port (exited at once, or another server answers there)."""
+
+
+class DemoError(OpsError):
+    """A part of the demo did not start or the turn did not finish; the message says which and why."""
+
+
+class BenchError(OpsError):
+    """A scenario could not produce its figure (a turn failed, a process died)."""

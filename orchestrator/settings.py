@@ -1,0 +1,57 @@
+"""Orchestrator settings (SPEC §8.1): the worker's connection settings plus what only the orchestrator side
+reads — the model, its tiers and provider credentials, the API token, leases and the lost-call grace.
+
+Provider keys keep their vendors' usual names (OPENAI_API_KEY, …). Tool workers load
+`workers.settings.WorkerSettings` only, so a worker process never reads a model credential.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field, SecretStr
+
+from workers.settings import WorkerSettings
+
+
+class Settings(WorkerSettings):
+    """Configuration of the orchestrator, the API, the clients and the CLI. Unknown variables are ignored."""
+
+    model: str = "scripted:demo"
+    # Model tiers (SPEC §6.3): a turn may name "fast", "default" or "smart" instead of a model.
+    model_fast: str | None = None
+    model_default: str | None = None
+    model_smart: str | None = None
+    api_token: SecretStr | None = None
+    # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
+    lost_call_grace_s: float = 5.0
+    lease_ttl_s: float = 15.0
+    orchestrator_max_turns: int = 10_000
+
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "TOOLLOOP_OPENAI_BASE_URL")
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "TOOLLOOP_ANTHROPIC_API_KEY")
+    )
+    anthropic_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "TOOLLOOP_ANTHROPIC_BASE_URL")
+    )
+
+    # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
+    scripted_base_url: str | None = None
+
+    @property
+    def model_tiers(self) -> dict[str, str]:
+        """The configured tiers (SPEC §6.3), tier name → `provider:model`."""
+        tiers = (("fast", self.model_fast), ("default", self.model_default), ("smart", self.model_smart))
+        return {tier: name for tier, name in tiers if name}
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings read once per process from the environment."""
+    return Settings()
