@@ -89,16 +89,6 @@ class Step:
         self.update(current=current.model_copy(update={"calls": calls}))
 
 
-def find_call(state: TurnState, call_id: str) -> CallState | None:
-    """The call of the current round with this id, if any."""
-    if state.current is None:
-        return None
-    for call in state.current.calls:
-        if call.call_id == call_id:
-            return call
-    return None
-
-
 def lost_timer_id(call_id: str, attempt: int) -> str:
     """The timer that fires when attempt `attempt` of a call has run past its hard limit plus grace."""
     return f"{LOST_TIMER_PREFIX}{call_id}:{attempt}"

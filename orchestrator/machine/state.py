@@ -187,6 +187,16 @@ class TurnState(_Frozen):
         return self.outcome is not None
 
 
+def find_call(state: TurnState, call_id: str) -> CallState | None:
+    """The call of the current round with this id, if any."""
+    if state.current is None:
+        return None
+    for call in state.current.calls:
+        if call.call_id == call_id:
+            return call
+    return None
+
+
 def dump_state(state: TurnState) -> str:
     """The state as JSON, for Redis."""
     return state.model_dump_json()

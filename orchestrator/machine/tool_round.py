@@ -30,12 +30,18 @@ from orchestrator.machine.draft import (
     build_call_failure,
     build_dispatch,
     build_task_id,
-    find_call,
     lost_timer_id,
     round_of,
 )
 from orchestrator.machine.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
-from orchestrator.machine.state import LOST_TIMER_PREFIX, CallState, LateOutcome, RoundState, TurnState
+from orchestrator.machine.state import (
+    LOST_TIMER_PREFIX,
+    CallState,
+    LateOutcome,
+    RoundState,
+    TurnState,
+    find_call,
+)
 from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.validation import validate_call
 from orchestrator.model import (

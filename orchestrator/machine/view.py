@@ -1,4 +1,4 @@
-"""The request-time view of a turn's history (SPEC §6), and model selection by name or tier (§6.3).
+"""The request-time view of a turn's history (SPEC §6).
 
 The stored history is append-only and never changed. Just before each model call, `build_view` projects it
 for the target provider and reports every change it made as a `ViewDiagnostic`, stored with the step:
@@ -16,10 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.errors import ModelConfigError
 from orchestrator.machine.state import ViewDiagnostic, ViewDiagnosticKind
 from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage
 
@@ -47,8 +46,6 @@ _ID_RULES: dict[str, _IdRule] = {
     "openai_responses": _IdRule(_SAFE_ID, 64),
 }
 _DEFAULT_ID_RULE = _IdRule(_SAFE_ID, 40)
-
-TIERS = ("fast", "default", "smart")
 
 
 @dataclass(frozen=True)
@@ -174,25 +171,3 @@ def _describe_calls(text: str | None, calls: Sequence[ToolCall]) -> str:
         arguments = call.raw_arguments if call.arguments_error else json.dumps(call.arguments, sort_keys=True)
         lines.append(f"[Tool call: {call.name}] {arguments}")
     return "\n".join(lines)
-
-
-def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str, str]) -> str:
-    """The `provider:model` to use: a `provider:model` name as is, a tier (fast/default/smart) from `tiers`.
-
-    None means the `default` tier when configured, else `default`. An unknown tier is a `ModelConfigError`
-    naming the configured ones.
-    """
-    if name_or_tier is None or not name_or_tier.strip():
-        return tiers.get("default", default)
-    name = name_or_tier.strip()
-    if ":" in name:
-        provider, _, model = name.partition(":")
-        if not provider or not model:
-            raise ModelConfigError(f"model {name!r} must be 'provider:model'")
-        return name
-    if name in tiers:
-        return tiers[name]
-    if name == "default":
-        return default
-    known = ", ".join(sorted({*tiers, "default"}))
-    raise ModelConfigError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")

@@ -224,3 +224,25 @@ class HttpModelClient:
         ids = IdSource(request.id_prefix) if request.id_prefix else None
         turn = self.wire.from_wire(result, ids=ids)
         return turn.model_copy(update={"provider": self.provider})
+
+
+def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str, str]) -> str:
+    """The `provider:model` to use: a `provider:model` name as is, a tier (fast/default/smart) from `tiers`.
+
+    None means the `default` tier when configured, else `default`. An unknown tier is a `ModelConfigError`
+    naming the configured ones.
+    """
+    if name_or_tier is None or not name_or_tier.strip():
+        return tiers.get("default", default)
+    name = name_or_tier.strip()
+    if ":" in name:
+        provider, _, model = name.partition(":")
+        if not provider or not model:
+            raise ModelConfigError(f"model {name!r} must be 'provider:model'")
+        return name
+    if name in tiers:
+        return tiers[name]
+    if name == "default":
+        return default
+    known = ", ".join(sorted({*tiers, "default"}))
+    raise ModelConfigError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")

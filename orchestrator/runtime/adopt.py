@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from orchestrator import machine
 from orchestrator.machine.events import Command, DispatchTools, Event, ToolFinished
 from orchestrator.machine.state import TurnState, load_state
-from orchestrator.machine.view import resolve_model
+from orchestrator.providers.base import resolve_model
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore

@@ -42,9 +42,8 @@ from celery import Celery
 
 from orchestrator import metrics
 from orchestrator.errors import StateVersionError
-from orchestrator.machine.draft import find_call
 from orchestrator.machine.events import Command, Emit, Event, TimerFired, ToolFinished
-from orchestrator.machine.state import TurnState, dump_state
+from orchestrator.machine.state import TurnState, dump_state, find_call
 from orchestrator.model import TurnStatus
 from orchestrator.runtime.adopt import TurnFactory
 from orchestrator.runtime.handle import TurnHandle, forget_task

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.machine.view import build_view, resolve_model
+from orchestrator.machine.view import build_view
 from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 from orchestrator.providers import anthropic, openai_chat, openai_responses
-from orchestrator.providers.base import ModelRequest
+from orchestrator.providers.base import ModelRequest, resolve_model
 from tests.openapi_schemas import assert_valid
 from tests.unit.machine.harness import CATALOGUE, Driver, answer, calls, ok
 
