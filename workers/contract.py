@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -172,6 +173,21 @@ _SENSITIVE_KEY = re.compile(
     r"|(_key|_token|_secret|_password)$",
     re.IGNORECASE,
 )
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool receives through a parameter named `ctx` or `context` annotated with this class (§3.5).
+
+    `context` is the turn's context object from the web app (never shown to the model);
+    `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs.
+    """
+
+    call_id: str
+    turn_id: str | None = None
+    attempt: int = 1
+    idempotency_key: str | None = None
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 def build_listing(

@@ -14,14 +14,13 @@ import asyncio
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from types import UnionType
-from typing import Any, Generic, ParamSpec, TypeVar, Union, get_args, get_origin, get_type_hints, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel
 
-from workers.contract import CONTEXT_PARAM_NAMES, ToolSpec, build_listing
+from workers.contract import ToolContext, ToolSpec, build_listing
 from workers.errors import ToolDefinitionError, TransientToolError
+from workers.tool_schema import build_arguments_model, build_schema, parse_docstring
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,23 +48,6 @@ SENSITIVE_WORDS = frozenset(
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 # Words of a name: split on _ - . and on case changes (HTTPFetch -> HTTP, Fetch; getUser -> get, User).
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-_ARGS_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$", re.IGNORECASE)
-_ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)(?:\s*\([^)]*\))?\s*:\s*(.+)$")
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool receives through a parameter named `ctx` or `context` annotated with this class (§3.5).
-
-    `context` is the turn's context object from the web app (never shown to the model);
-    `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs.
-    """
-
-    call_id: str
-    turn_id: str | None = None
-    attempt: int = 1
-    idempotency_key: str | None = None
-    context: dict[str, Any] = field(default_factory=dict)
 
 
 class Tool(Generic[P, R]):
@@ -247,12 +229,12 @@ def tool(
             queue=queue,
         )
         _check_idempotency(tool_name, idempotency)
-        arguments_model, context_param, input_param = _build_arguments_model(tool_name, fn)
-        summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        arguments_model, context_param, input_param = build_arguments_model(tool_name, fn)
+        summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
         spec = ToolSpec(
             name=tool_name,
             description=description if description is not None else summary,
-            parameters=_build_schema(arguments_model, arg_docs, input_param is not None),
+            parameters=build_schema(arguments_model, arg_docs, input_param is not None),
             queue=queue,
             soft_time_limit_s=soft,
             time_limit_s=hard,
@@ -334,79 +316,6 @@ def _check_idempotency(name: str, idempotency: str | None) -> None:
     raise ToolDefinitionError(
         f"tool '{name}': idempotency must be None, 'args' or 'key:<fixed key>', not {idempotency!r}"
     )
-
-
-def _build_arguments_model(
-    name: str, fn: Callable[..., Any]
-) -> tuple[type[BaseModel], str | None, str | None]:
-    """The pydantic model of the parameters the model fills in, the context parameter, the input parameter."""
-    try:
-        hints = get_type_hints(fn, include_extras=True)
-    except Exception as exc:  # unresolvable forward references are a definition error
-        raise ToolDefinitionError(f"tool '{name}': cannot resolve its type hints: {exc}") from exc
-    context_param: str | None = None
-    fields: dict[str, Any] = {}
-    for param in inspect.signature(fn).parameters.values():
-        annotation = hints.get(param.name, Any)
-        if param.name in CONTEXT_PARAM_NAMES and _is_context_annotation(annotation):
-            context_param = param.name
-            continue
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolDefinitionError(f"tool '{name}': *args/**kwargs cannot be described to a model")
-        if param.kind is param.POSITIONAL_ONLY:
-            raise ToolDefinitionError(f"tool '{name}': positional-only parameter '{param.name}'")
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
-    if len(fields) == 1:
-        (only, (annotation, _)) = next(iter(fields.items()))
-        if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
-            return annotation, context_param, only
-    model: type[BaseModel] = create_model(
-        f"{name}_arguments",
-        __config__=ConfigDict(extra="forbid"),
-        **fields,
-    )
-    return model, context_param, None
-
-
-def _is_context_annotation(annotation: Any) -> bool:
-    """`ToolContext`, or `ToolContext | None` (a tool that also runs without one)."""
-    if annotation is ToolContext:
-        return True
-    args = set(get_args(annotation))
-    return get_origin(annotation) in (Union, UnionType) and args == {ToolContext, type(None)}
-
-
-def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The description (text before an `Args:` section) and per-argument descriptions from that section."""
-    summary: list[str] = []
-    arg_docs: dict[str, str] = {}
-    in_args = False
-    for line in doc.splitlines():
-        if _ARGS_SECTION.match(line):
-            in_args = True
-            continue
-        if in_args:
-            match = _ARG_LINE.match(line)
-            if match:
-                arg_docs[match.group(1).lstrip("*")] = match.group(2).strip()
-            elif line.strip() and not line.startswith((" ", "\t")):
-                in_args = False  # the next section begins
-        if not in_args and not _ARGS_SECTION.match(line):
-            summary.append(line)
-    return "\n".join(summary).strip(), arg_docs
-
-
-def _build_schema(model: type[BaseModel], arg_docs: Mapping[str, str], user_model: bool) -> dict[str, Any]:
-    schema = model.model_json_schema()
-    if not user_model:
-        schema.pop("title", None)
-    properties = schema.setdefault("properties", {})
-    for arg, text in arg_docs.items():
-        if arg in properties and "description" not in properties[arg]:
-            properties[arg]["description"] = text
-    schema.setdefault("type", "object")
-    return schema
 
 
 def _qualified(fn: Callable[..., Any]) -> str:
