@@ -2,20 +2,21 @@
 
 The face is four names: `start` (a new turn's state and first commands), `step` (apply one event), `resume`
 (what a new owner of a persisted state must reissue) and `Policy` (the stop-policy hook). Inside, one module
-per concern, each calling only downwards:
+per concern, in layers; a module imports only from the layers below it (tests/unit/machine/test_layering.py):
 
-    loop          start / step / resume, and settling a turn after each event
+    loop          start / step / resume: routes each event, then settles the turn
     model_calls   each model call: its view, tool choice, errors and backoff, empty answers
     tool_round    one round of tool calls: validation, limits, dispatch, approvals, lost work, outcomes
     stopping      the one stop path and the terminal shapes
     draft         the typed draft of the state one step builds, and the commands it emits
-    state         the persisted, versioned state        events   what goes in (events) and out (commands)
-    validation    pre-dispatch validation of a call     view     the request-time view of the history
+    validation    pre-dispatch validation of a call (leaf)
+    view          the request-time view of the history (leaf; vendor traits from `providers.traits`)
+    state         the persisted, versioned state and its typed change sets
+    events        what goes in (events) and out (commands)
 
 No I/O, no clock, no randomness: time comes in on events, ids derive from the turn id and counters.
 """
 
-from orchestrator.machine.draft import Policy
-from orchestrator.machine.loop import resume, start, step
+from orchestrator.machine.loop import Policy, resume, start, step
 
 __all__ = ["Policy", "resume", "start", "step"]

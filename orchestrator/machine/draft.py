@@ -1,9 +1,14 @@
-"""Small pure helpers shared by the state machine's modules: a step's command buffer, timers, calls."""
+"""The draft one step builds: the next state, changed field by typed field, and the commands it emits.
+
+`Draft.update` takes `TurnChanges` keywords, so mypy refuses a misspelt field or a value of the wrong type.
+The copy is `model_copy` without validation: every value set is built from typed values already, and the
+machine steps thousands of times a second. Revocations, dispatches and outcome writes are batched into one
+command each per step (`flush`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 from orchestrator.machine.events import (
     ArmTimer,
@@ -15,15 +20,11 @@ from orchestrator.machine.events import (
     Revoke,
     WriteOutcomes,
 )
-from orchestrator.machine.state import LOST_TIMER_PREFIX, CallState, RoundState, TurnState
-from orchestrator.model import ToolCall
+from orchestrator.machine.state import CallState, RoundState, TurnChanges, TurnState
 from workers.contract import FailureKind, ToolOutcome, build_failure
 
-Policy = Callable[[ToolCall, TurnState], str | None]
-"""A pure stop-policy hook (SPEC §5.4): a denial reason for a call before dispatch, or None to allow it."""
 
-
-class Step:
+class Draft:
     """The state being built by one step, and the commands it emits, in order."""
 
     __slots__ = ("commands", "dispatches", "revokes", "state", "writes")
@@ -31,10 +32,13 @@ class Step:
     def __init__(self, state: TurnState) -> None:
         self.state = state
         self.commands: list[Command] = []
-        # Batched into one Revoke and one WriteOutcomes command per step.
         self.revokes: list[str] = []
         self.writes: list[ToolOutcome] = []
         self.dispatches: list[Dispatch] = []
+
+    def update(self, **changes: Unpack[TurnChanges]) -> None:
+        """Set these fields of the state (typed by `TurnChanges`, not validated)."""
+        self.state = self.state.model_copy(update=changes)
 
     def flush(self) -> None:
         """Emit the batched revocations, dispatches and outcome writes, in that order."""
@@ -48,26 +52,17 @@ class Step:
             self.commands.append(WriteOutcomes(outcomes=self.writes))
             self.writes = []
 
-    def request_outcome(self, call: CallState, outcome: ToolOutcome) -> CallState:
-        """Ask the runtime to write `outcome` for `call`; it stays unanswered until the winner comes back."""
-        assert outcome.failure_kind is not None
-        updated = call.model_copy(update={"requested": outcome, "waiting_approval": False})
-        self.writes.append(outcome)
-        self.replace_call(updated)
-        return updated
-
-    def update(self, **changes: Any) -> None:
-        # model_copy skips validation: every value set here is built from typed values already.
-        self.state = self.state.model_copy(update=changes)
-
     def emit(self, event_name: str, **data: Any) -> None:
+        """Publish a turn event; `data` must be JSON-ready and redacted."""
         self.commands.append(Emit(event_name=event_name, data={"turn_id": self.state.turn_id, **data}))
 
     def arm(self, timer_id: str, at: float) -> None:
+        """Arm (or re-arm) a timer, saved with the state so that a new owner arms it again."""
         self.update(timers={**self.state.timers, timer_id: at})
         self.commands.append(ArmTimer(timer_id=timer_id, at=at))
 
     def disarm(self, timer_id: str) -> None:
+        """Cancel a timer, if armed."""
         if timer_id in self.state.timers:
             timers = dict(self.state.timers)
             del timers[timer_id]
@@ -82,24 +77,31 @@ class Step:
             self.update(timers=timers)
 
     def replace_call(self, call: CallState) -> None:
+        """Put `call` in its place in the current round."""
         current = self.state.current
         assert current is not None, "a call changes only within its round"
         calls = list(current.calls)
         calls[call.index] = call
-        self.update(current=current.model_copy(update={"calls": calls}))
+        self.update(current=current.replace(calls=calls))
 
+    def request_failure(
+        self, call: CallState, kind: FailureKind, message: str, at: float, *, synthetic: bool
+    ) -> None:
+        """Ask the runtime to write a failure outcome for `call` (validation, denial, a stop's synthetic one).
 
-def lost_timer_id(call_id: str, attempt: int) -> str:
-    """The timer that fires when attempt `attempt` of a call has run past its hard limit plus grace."""
-    return f"{LOST_TIMER_PREFIX}{call_id}:{attempt}"
-
-
-def parse_lost_timer_id(timer_id: str) -> tuple[str, int] | None:
-    """(call id, attempt) of a lost-call timer id; None for other timers."""
-    if not timer_id.startswith(LOST_TIMER_PREFIX):
-        return None
-    call_id, _, attempt = timer_id[len(LOST_TIMER_PREFIX) :].rpartition(":")
-    return (call_id, int(attempt)) if attempt.isdigit() and call_id else None
+        The call stays unanswered until the winner of that first-writer-wins write comes back.
+        """
+        outcome = build_failure(
+            (call.call_id, call.tool, self.state.turn_id),
+            kind,
+            message,
+            attempts=call.attempt,
+            synthetic=synthetic,
+            worker=call.worker,
+            finished_at=at,
+        )
+        self.writes.append(outcome)
+        self.replace_call(call.replace(requested=outcome, waiting_approval=False))
 
 
 def build_task_id(state: TurnState, call: CallState, attempt: int) -> str:
@@ -118,27 +120,6 @@ def build_dispatch(state: TurnState, call: CallState) -> Dispatch:
         task_id=call.task_id,
         deadline_at=state.deadline_at,
         context=state.context,
-    )
-
-
-def build_call_failure(
-    state: TurnState,
-    call: CallState,
-    kind: FailureKind,
-    message: str,
-    at: float,
-    *,
-    synthetic: bool,
-) -> ToolOutcome:
-    """An outcome the orchestrator writes for a call (validation, denial, synthetic stop outcomes)."""
-    return build_failure(
-        (call.call_id, call.tool, state.turn_id),
-        kind,
-        message,
-        attempts=call.attempt,
-        synthetic=synthetic,
-        worker=call.worker,
-        finished_at=at,
     )
 
 

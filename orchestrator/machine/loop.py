@@ -6,10 +6,11 @@ time comes in as arguments and on events, ids derive from the turn id and counte
 commands (`machine.events`), persists `dump_state` after every step, and feeds back what happened. Any
 event may arrive twice or late; it then changes nothing but the audit record.
 
-The rules live in three modules: `machine_model` (model calls, errors, empty answers, tool choice),
-`machine_tools` (a round of tool calls: validation, limits, dispatch, approvals, lost work, outcomes) and
-`machine_stop` (the one stop path and the terminal shapes). After each event `_settle` moves the turn on:
-a round whose calls are all answered enters the history, then the turn finishes or calls the model again.
+This module routes each event to its handler and moves the turn on; the rules live below it, in
+`model_calls` (model calls, errors, empty answers, tool choice), `tool_round` (a round of tool calls:
+validation, limits, dispatch, approvals, lost work, outcomes) and `stopping` (the one stop path and the
+terminal shapes). After each event `_settle` moves the turn on: a round whose calls are all answered enters
+the history, then the turn finishes or calls the model again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
-from orchestrator.machine.draft import Policy, Step, build_dispatch, parse_lost_timer_id
+from orchestrator.machine.draft import Draft, build_dispatch
 from orchestrator.machine.events import (
     ApprovalGiven,
     ArmTimer,
@@ -42,9 +43,16 @@ from orchestrator.machine.model_calls import (
     on_model_failed,
     on_model_responded,
 )
-from orchestrator.machine.state import DEADLINE_TIMER, MODEL_RETRY_TIMER_PREFIX, CallState, TurnState
+from orchestrator.machine.state import (
+    DEADLINE_TIMER,
+    MODEL_RETRY_TIMER_PREFIX,
+    CallState,
+    TurnState,
+    parse_lost_timer_id,
+)
 from orchestrator.machine.stopping import HARD_STOPS, begin_stop, finish_turn
 from orchestrator.machine.tool_round import (
+    Policy,
     complete_round,
     on_approval,
     on_lost_timer,
@@ -71,8 +79,9 @@ def start(
 ) -> tuple[TurnState, list[Command]]:
     """A new turn: its state and first commands (arm the deadline, call the model).
 
-    `model` is the resolved `provider:model` (see `view.resolve_model`); `catalogue` the live tool catalogue,
-    snapshotted into the state; `prior_history` the stored history of the conversation the turn continues.
+    `model` is the resolved `provider:model` (`providers.base.resolve_model`); `catalogue` the live tool
+    catalogue, snapshotted into the state; `prior_history` the stored history of the conversation the turn
+    continues.
     """
     history: list[Message] = [*prior_history, *request.messages]
     if request.prompt is not None:
@@ -94,7 +103,7 @@ def start(
         lost_grace_s=lost_grace_s,
         timers={DEADLINE_TIMER: at + request.limits.deadline_s},
     )
-    draft = Step(state)
+    draft = Draft(state)
     draft.emit("turn_started", model=model, tools=sorted(offered), deadline_at=state.deadline_at)
     draft.commands.append(ArmTimer(timer_id=DEADLINE_TIMER, at=state.deadline_at))
     _settle(draft, at)
@@ -108,7 +117,7 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
     `policy` is the stop-policy hook (SPEC §5.4), consulted before each dispatch; pass the same one on every
     step of a turn (a callable cannot be persisted with the state).
     """
-    draft = Step(state)
+    draft = Draft(state)
     if state.terminal:
         if isinstance(event, ToolFinished):
             record_late(draft, event.outcome, event.at)
@@ -203,7 +212,7 @@ def _unconfirmed(call: CallState) -> bool:
     return call.in_flight and call.requested is None and call.started_at is None and call.task_id is not None
 
 
-def _on_timer(draft: Step, event: TimerFired) -> None:
+def _on_timer(draft: Draft, event: TimerFired) -> None:
     timer_id = event.timer_id
     if timer_id not in draft.state.timers:
         return  # cancelled, replaced or already handled
@@ -217,7 +226,7 @@ def _on_timer(draft: Step, event: TimerFired) -> None:
     # A model retry timer needs nothing here: with it gone, _settle calls the model again.
 
 
-def _settle(draft: Step, at: float) -> None:
+def _settle(draft: Draft, at: float) -> None:
     """Move the turn on as far as it can go without a new event."""
     state = draft.state
     if state.terminal:

@@ -3,20 +3,16 @@ errors with capped backoff and empty answers (§5.7)."""
 
 from __future__ import annotations
 
-from orchestrator.machine.draft import Policy, Step
+from orchestrator.machine.draft import Draft
 from orchestrator.machine.events import CallModel, ModelFailed, ModelResponded
 from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewRecord
 from orchestrator.machine.stopping import begin_stop, finish_turn
-from orchestrator.machine.tool_round import plan_round
+from orchestrator.machine.tool_round import Policy, plan_round
 from orchestrator.machine.view import View, build_view
 from orchestrator.model import LLMCallRecord, ProviderError, Turn, assistant_message_from_turn
+from orchestrator.providers.traits import provider_of
 
 _BLANK_FINISH_REASONS = {"length": "its output token limit", "content_filter": "a content filter"}
-
-
-def provider_of(model: str) -> str:
-    """The provider part of a `provider:model` name."""
-    return model.split(":", 1)[0]
 
 
 def build_tool_choice(state: TurnState) -> str | None:
@@ -27,14 +23,14 @@ def build_tool_choice(state: TurnState) -> str | None:
     return "auto"
 
 
-def call_model_or_stop(step: Step, at: float) -> None:
+def call_model_or_stop(draft: Draft, at: float) -> None:
     """Call the model with the view of the history, unless the deadline or max_llm_calls forbids it."""
-    state = step.state
+    state = draft.state
     if at >= state.deadline_at:
-        begin_stop(step, "deadline", at)
+        begin_stop(draft, "deadline", at)
         return
     if state.llm_calls >= state.limits.max_llm_calls:
-        begin_stop(step, "max_llm_calls", at)
+        begin_stop(draft, "max_llm_calls", at)
         return
     index = state.llm_calls
     provider = provider_of(state.model)
@@ -45,9 +41,9 @@ def call_model_or_stop(step: Step, at: float) -> None:
             *records,
             ViewRecord(llm_call_index=index, target_provider=provider, diagnostics=view.diagnostics),
         ]
-    step.update(llm_calls=index + 1, awaiting_model=index, view_diagnostics=records)
-    step.commands.append(build_call_model(state, index, view))
-    step.emit(
+    draft.update(llm_calls=index + 1, awaiting_model=index, view_diagnostics=records)
+    draft.commands.append(build_call_model(state, index, view))
+    draft.emit(
         "model_called",
         llm_call_index=index,
         model=state.model,
@@ -79,9 +75,9 @@ def _is_current(state: TurnState, llm_call_index: int | None) -> bool:
     return awaiting is not None and (llm_call_index is None or llm_call_index == awaiting)
 
 
-def on_model_responded(step: Step, event: ModelResponded, policy: Policy | None) -> None:
+def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | None) -> None:
     """A model response: start a round of tool calls, retry a blank answer, or complete the turn."""
-    state = step.state
+    state = draft.state
     if not _is_current(state, event.llm_call_index):
         return  # a duplicate, or the answer to a call the turn gave up on
     turn = event.turn
@@ -92,14 +88,14 @@ def on_model_responded(step: Step, event: ModelResponded, policy: Policy | None)
         duration_ms=event.duration_ms,
         finish_reason=turn.finish_reason,
     )
-    step.update(
+    draft.update(
         awaiting_model=None,
         responses=state.responses + 1,
         model_retries=0,
         usage=state.usage + turn.usage,
         llm_call_records=[*state.llm_call_records, record],
     )
-    step.emit(
+    draft.emit(
         "model_responded",
         llm_call_index=state.awaiting_model,
         type=turn.type,
@@ -109,16 +105,16 @@ def on_model_responded(step: Step, event: ModelResponded, policy: Policy | None)
         usage=turn.usage.model_dump(exclude_none=True),
     )
     if turn.tool_calls:
-        plan_round(step, turn, event.at, policy)
+        plan_round(draft, turn, event.at, policy)
     elif not (turn.text or "").strip():
-        _on_blank_answer(step, turn, event.at)
+        _on_blank_answer(draft, turn, event.at)
     else:
-        step.update(history=[*step.state.history, assistant_message_from_turn(turn)])
-        finish_turn(step, event.at)
+        draft.update(history=[*draft.state.history, assistant_message_from_turn(turn)])
+        finish_turn(draft, event.at)
 
 
-def _on_blank_answer(step: Step, turn: Turn, at: float) -> None:
-    state = step.state
+def _on_blank_answer(draft: Draft, turn: Turn, at: float) -> None:
+    state = draft.state
     why = _BLANK_FINISH_REASONS.get(turn.finish_reason or "")
     if why is not None:
         # Retrying would hit the same wall; say what happened instead of reporting success (SPEC §5.7).
@@ -127,30 +123,30 @@ def _on_blank_answer(step: Step, turn: Turn, at: float) -> None:
             type=turn.finish_reason,
             message=f"the model stopped at {why} before writing any text",
         )
-        begin_stop(step, "empty_answer", at, detail=f"finish_reason {turn.finish_reason}", error=error)
+        begin_stop(draft, "empty_answer", at, detail=f"finish_reason {turn.finish_reason}", error=error)
         return
     if state.empty_answer_retries < state.limits.max_empty_answer_retries:
-        step.update(empty_answer_retries=state.empty_answer_retries + 1)
-        step.emit("model_empty_answer", retrying=True, retries=state.empty_answer_retries + 1)
+        draft.update(empty_answer_retries=state.empty_answer_retries + 1)
+        draft.emit("model_empty_answer", retrying=True, retries=state.empty_answer_retries + 1)
         return
-    begin_stop(step, "empty_answer", at, detail=f"blank text {state.empty_answer_retries + 1} times")
+    begin_stop(draft, "empty_answer", at, detail=f"blank text {state.empty_answer_retries + 1} times")
 
 
-def on_model_failed(step: Step, event: ModelFailed) -> None:
+def on_model_failed(draft: Draft, event: ModelFailed) -> None:
     """A failed model call: back off and retry a transient error while limits allow, else fail the turn."""
-    state = step.state
+    state = draft.state
     if not _is_current(state, event.llm_call_index):
         return
     error = event.error
     record = LLMCallRecord(
         model=state.model, provider=error.provider, duration_ms=event.duration_ms, error=error
     )
-    step.update(awaiting_model=None, llm_call_records=[*state.llm_call_records, record])
+    draft.update(awaiting_model=None, llm_call_records=[*state.llm_call_records, record])
     delay_s = build_retry_delay_s(state, error, event.at)
     if delay_s is not None:
-        step.update(model_retries=state.model_retries + 1)
-        step.arm(f"{MODEL_RETRY_TIMER_PREFIX}{state.llm_calls}", event.at + delay_s)
-    step.emit(
+        draft.update(model_retries=state.model_retries + 1)
+        draft.arm(f"{MODEL_RETRY_TIMER_PREFIX}{state.llm_calls}", event.at + delay_s)
+    draft.emit(
         "model_failed",
         status=error.status,
         error_type=error.type,
@@ -162,7 +158,11 @@ def on_model_failed(step: Step, event: ModelFailed) -> None:
     if delay_s is None:
         status = f" {error.status}" if error.status is not None else ""
         begin_stop(
-            step, "provider_error", event.at, detail=f"{error.provider}{status}: {error.message}", error=error
+            draft,
+            "provider_error",
+            event.at,
+            detail=f"{error.provider}{status}: {error.message}",
+            error=error,
         )
 
 

@@ -1,15 +1,20 @@
 """The persisted state of one turn: frozen, versioned, JSON-serialisable (SPEC §5.2).
 
 The state machine (`orchestrator.machine`) is the only writer: every step takes a `TurnState` and returns a
-new one. The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn
-from `load_state(text)`. A state written by a newer or older layout is refused with `StateVersionError`
-rather than misread.
+new one. Each model has a `TypedDict` of its fields, all optional (`TurnChanges`, `CallChanges`,
+`RoundChanges`): the machine changes a state only through them (`Draft.update`, `CallState.replace`,
+`RoundState.replace`), so that mypy checks the name and type of every field it sets, while the copy itself
+stays an unvalidated `model_copy`. A unit test keeps each in step with its model.
+
+The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn from
+`load_state(text)`. A state written by a newer or older layout is refused with `StateVersionError` rather
+than misread.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +41,19 @@ SUPPORTED_STATE_VERSIONS = frozenset({1, STATE_VERSION})
 DEADLINE_TIMER = "deadline"
 MODEL_RETRY_TIMER_PREFIX = "model_retry:"
 LOST_TIMER_PREFIX = "lost:"
+
+
+def lost_timer_id(call_id: str, attempt: int) -> str:
+    """The timer that fires when attempt `attempt` of a call has run past its hard limit plus grace."""
+    return f"{LOST_TIMER_PREFIX}{call_id}:{attempt}"
+
+
+def parse_lost_timer_id(timer_id: str) -> tuple[str, int] | None:
+    """(call id, attempt) of a lost-call timer id; None for other timers."""
+    if not timer_id.startswith(LOST_TIMER_PREFIX):
+        return None
+    call_id, _, attempt = timer_id[len(LOST_TIMER_PREFIX) :].rpartition(":")
+    return (call_id, int(attempt)) if attempt.isdigit() and call_id else None
 
 
 class _Frozen(BaseModel):
@@ -73,6 +91,10 @@ class CallState(_Frozen):
         """True while a dispatched task may still write a real outcome."""
         return self.attempt > 0 and self.outcome is None
 
+    def replace(self, **changes: Unpack[CallChanges]) -> CallState:
+        """A copy with `changes`, not validated (mypy checks them)."""
+        return self.model_copy(update=changes)
+
 
 class RoundState(_Frozen):
     """The assistant message of the current round and its calls.
@@ -89,6 +111,10 @@ class RoundState(_Frozen):
     def complete(self) -> bool:
         """True when every call of the round has its outcome."""
         return all(call.finished for call in self.calls)
+
+    def replace(self, **changes: Unpack[RoundChanges]) -> RoundState:
+        """A copy with `changes`, not validated (mypy checks them)."""
+        return self.model_copy(update=changes)
 
 
 class PendingStop(_Frozen):
@@ -185,6 +211,72 @@ class TurnState(_Frozen):
     def terminal(self) -> bool:
         """True once the turn has its outcome; further events change nothing but the audit record."""
         return self.outcome is not None
+
+
+# The change sets: one key per field of the model, with the field's type (tests/unit/machine/test_draft.py).
+
+
+class CallChanges(TypedDict, total=False):
+    """Fields of a `CallState` to change (`CallState.replace`)."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    index: int
+    attempt: int
+    task_id: str | None
+    dispatched_at: float | None
+    started_at: float | None
+    worker: str | None
+    waiting_approval: bool
+    requested: ToolOutcome | None
+    outcome: ToolOutcome | None
+
+
+class RoundChanges(TypedDict, total=False):
+    """Fields of a `RoundState` to change (`RoundState.replace`)."""
+
+    index: int
+    assistant: AssistantMessage
+    calls: list[CallState]
+
+
+class TurnChanges(TypedDict, total=False):
+    """Fields of a `TurnState` to change (`machine.draft.Draft.update`)."""
+
+    version: int
+    turn_id: str
+    model: str
+    limits: Limits
+    context: dict[str, Any]
+    tools_allowed: list[str] | None
+    tool_choice: str | None
+    offered: dict[str, ToolSpec]
+    catalogue_names: list[str]
+    history: list[Message]
+    status: TurnStatus
+    llm_calls: int
+    responses: int
+    tool_executions: int
+    rounds: int
+    empty_answer_retries: int
+    model_retries: int
+    awaiting_model: int | None
+    current: RoundState | None
+    failure_signatures: list[str]
+    repeat_streaks: dict[str, int]
+    llm_call_records: list[LLMCallRecord]
+    usage: Usage
+    started_at: float
+    deadline_at: float
+    lost_grace_s: float
+    model_retry_base_s: float
+    model_retry_cap_s: float
+    timers: dict[str, float]
+    view_diagnostics: list[ViewRecord]
+    late_outcomes: list[LateOutcome]
+    stop: PendingStop | None
+    outcome: TurnOutcome | None
 
 
 def find_call(state: TurnState, call_id: str) -> CallState | None:

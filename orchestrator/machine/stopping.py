@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from orchestrator.machine.draft import Step, build_call_failure
+from orchestrator.machine.draft import Draft
 from orchestrator.machine.events import Finish
-from orchestrator.machine.state import PendingStop
+from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, PendingStop
 from orchestrator.model import (
     LIMIT_STOP_REASONS,
     AssistantMessage,
@@ -32,9 +32,9 @@ HARD_STOPS: frozenset[str] = frozenset({"deadline", "cancelled"})
 _HARD_KINDS = {"deadline": FailureKind.DEADLINE_EXCEEDED, "cancelled": FailureKind.CANCELLED}
 
 
-def describe_stop(step: Step, reason: StopReason, detail: str | None = None) -> str:
+def describe_stop(draft: Draft, reason: StopReason, detail: str | None = None) -> str:
     """The closing text of a turn that ended for `reason`."""
-    limits = step.state.limits
+    limits = draft.state.limits
     texts: dict[str, str] = {
         "max_llm_calls": f"the limit of {limits.max_llm_calls} model calls was reached",
         "max_tool_executions": f"the limit of {limits.max_tool_executions} tool executions was reached",
@@ -54,30 +54,30 @@ def describe_stop(step: Step, reason: StopReason, detail: str | None = None) -> 
 
 
 def begin_stop(
-    step: Step,
+    draft: Draft,
     reason: StopReason,
     at: float,
     *,
     detail: str | None = None,
     error: ProviderError | None = None,
 ) -> None:
-    """Decide that the turn ends; answer what can be answered now. `step` finishes it once nothing is pending.
+    """Decide that the turn ends and answer what can be answered now; it finishes once nothing is pending.
 
     A hard stop (deadline, cancel) replaces a soft one already decided; otherwise the first stop wins.
     """
-    existing = step.state.stop
+    existing = draft.state.stop
     hard = reason in HARD_STOPS
     if existing is not None and (existing.reason in HARD_STOPS or not hard):
         return
-    message = describe_stop(step, reason, detail)
-    step.update(
+    message = describe_stop(draft, reason, detail)
+    draft.update(
         stop=PendingStop(status=_status_for(reason), reason=reason, message=message, error=error),
         awaiting_model=None,
     )
-    for timer_id in [t for t in step.state.timers if t.startswith("model_retry:")]:
-        step.disarm(timer_id)
-    _answer_pending_calls(step, reason, at, hard=hard)
-    step.emit("turn_stopping", reason=reason, message=message)
+    for timer_id in [t for t in draft.state.timers if t.startswith(MODEL_RETRY_TIMER_PREFIX)]:
+        draft.disarm(timer_id)
+    _answer_pending_calls(draft, reason, at, hard=hard)
+    draft.emit("turn_stopping", reason=reason, message=message)
 
 
 def _status_for(reason: StopReason) -> Literal["stopped", "failed", "cancelled"]:
@@ -88,8 +88,8 @@ def _status_for(reason: StopReason) -> Literal["stopped", "failed", "cancelled"]
     return "stopped"
 
 
-def _answer_pending_calls(step: Step, reason: StopReason, at: float, *, hard: bool) -> None:
-    current = step.state.current
+def _answer_pending_calls(draft: Draft, reason: StopReason, at: float, *, hard: bool) -> None:
+    current = draft.state.current
     if current is None:
         return
     kind = _HARD_KINDS.get(reason, FailureKind.SKIPPED)
@@ -99,25 +99,24 @@ def _answer_pending_calls(step: Step, reason: StopReason, at: float, *, hard: bo
         if call.in_flight and not hard:
             continue  # a soft stop lets running calls finish: they are bounded by their hard limits
         if call.in_flight and call.task_id is not None:
-            step.revokes.append(call.task_id)
-        message = _call_stop_message(step, reason, ran=call.in_flight)
-        outcome = build_call_failure(step.state, call, kind, message, at, synthetic=True)
-        step.request_outcome(call, outcome)
-        step.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind=kind.value)
+            draft.revokes.append(call.task_id)
+        message = _call_stop_message(draft, reason, ran=call.in_flight)
+        draft.request_failure(call, kind, message, at, synthetic=True)
+        draft.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind=kind.value)
 
 
-def _call_stop_message(step: Step, reason: StopReason, *, ran: bool) -> str:
+def _call_stop_message(draft: Draft, reason: StopReason, *, ran: bool) -> str:
     if reason == "deadline":
         verb = "did not finish" if ran else "did not run"
-        return f"the call {verb} before the turn's deadline of {step.state.limits.deadline_s:g} s"
+        return f"the call {verb} before the turn's deadline of {draft.state.limits.deadline_s:g} s"
     if reason == "cancelled":
         return "the turn was cancelled" + (" while the call was running" if ran else " before the call ran")
-    return f"not run: the turn stopped ({describe_stop(step, reason)})"
+    return f"not run: the turn stopped ({describe_stop(draft, reason)})"
 
 
-def finish_turn(step: Step, at: float) -> None:
+def finish_turn(draft: Draft, at: float) -> None:
     """End the turn with its pending stop, or as completed when none: build the outcome, emit Finish."""
-    state = step.state
+    state = draft.state
     stop = state.stop
     history = list(state.history)
     if stop is not None and history and isinstance(history[-1], ToolMessage):
@@ -139,10 +138,10 @@ def finish_turn(step: Step, at: float) -> None:
         llm_call_records=list(state.llm_call_records),
     )
     for timer_id in list(state.timers):
-        step.disarm(timer_id)
-    step.flush()
-    step.update(history=history, status=TurnStatus(outcome.status), outcome=outcome, awaiting_model=None)
-    step.emit(
+        draft.disarm(timer_id)
+    draft.flush()
+    draft.update(history=history, status=TurnStatus(outcome.status), outcome=outcome, awaiting_model=None)
+    draft.emit(
         "turn_finished",
         status=outcome.status,
         stop_reason=outcome.stop_reason,
@@ -150,7 +149,7 @@ def finish_turn(step: Step, at: float) -> None:
         tool_executions=outcome.tool_executions,
         duration_ms=round((at - state.started_at) * 1000.0, 3),
     )
-    step.commands.append(Finish(outcome=outcome))
+    draft.commands.append(Finish(outcome=outcome))
 
 
 _STATUS_WORD = {"stopped": "Stopped", "failed": "Failed", "cancelled": "Cancelled"}

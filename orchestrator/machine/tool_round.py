@@ -22,17 +22,9 @@ twice, and a call that was never published runs instead of waiting for the deadl
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from orchestrator.machine.draft import (
-    Policy,
-    Step,
-    build_call_failure,
-    build_dispatch,
-    build_task_id,
-    lost_timer_id,
-    round_of,
-)
+from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, round_of
 from orchestrator.machine.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
 from orchestrator.machine.state import (
     LOST_TIMER_PREFIX,
@@ -41,6 +33,7 @@ from orchestrator.machine.state import (
     RoundState,
     TurnState,
     find_call,
+    lost_timer_id,
 )
 from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.validation import validate_call
@@ -60,41 +53,44 @@ from workers.contract import FailureKind, ToolOutcome, ToolSpec, redact
 _NOT_TOOL_FAILURES = frozenset({FailureKind.CANCELLED, FailureKind.SKIPPED, FailureKind.DEADLINE_EXCEEDED})
 _DEFAULT_TIME_LIMIT_S = 60.0
 
+Policy = Callable[[ToolCall, TurnState], str | None]
+"""A pure stop-policy hook (SPEC §5.4): a denial reason for a call before dispatch, or None to allow it."""
 
-def plan_round(step: Step, turn: Turn, at: float, policy: Policy | None) -> None:
+
+def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> None:
     """Start a round for a response with tool calls: answer, refuse, park or dispatch each call."""
-    state = step.state
+    state = draft.state
     tool_calls = _unique_ids(state, turn.tool_calls)
     assistant = assistant_message_from_turn(turn).model_copy(update={"tool_calls": tool_calls})
     calls = [
         CallState(call_id=c.id, tool=c.name, arguments=c.arguments, index=i) for i, c in enumerate(tool_calls)
     ]
     streaks = _next_streaks(state, tool_calls)
-    step.update(
+    draft.update(
         current=RoundState(index=state.rounds + 1, assistant=assistant, calls=calls),
         rounds=state.rounds + 1,
         repeat_streaks=streaks,
     )
-    valid = _reject_invalid(step, tool_calls, at, policy)
-    stop = _round_stop(step, state, [tool_calls[i] for i in valid], streaks, at)
+    valid = _reject_invalid(draft, tool_calls, at, policy)
+    stop = _round_stop(draft, state, [tool_calls[i] for i in valid], streaks, at)
     if stop is not None:
-        begin_stop(step, stop[0], at, detail=stop[1])
+        begin_stop(draft, stop[0], at, detail=stop[1])
         return
     slots = state.limits.max_tool_executions - state.tool_executions
     parked: list[str] = []
     for index in valid[: max(slots, 0)]:
-        call = round_of(step.state).calls[index]
+        call = round_of(draft.state).calls[index]
         if state.offered[call.tool].requires_confirmation:
-            step.replace_call(call.model_copy(update={"waiting_approval": True}))
+            draft.replace_call(call.replace(waiting_approval=True))
             parked.append(call.call_id)
         else:
-            dispatch_call(step, call, 1, at)
+            dispatch_call(draft, call, 1, at)
     if len(valid) > slots:
         # No overshoot (SPEC §5.3): the calls past the limit are answered `skipped` and the turn stops.
-        begin_stop(step, "max_tool_executions", at)
-    if parked and step.state.stop is None:
-        step.commands.append(AwaitApproval(call_ids=parked))
-        step.emit("approval_requested", call_ids=parked)
+        begin_stop(draft, "max_tool_executions", at)
+    if parked and draft.state.stop is None:
+        draft.commands.append(AwaitApproval(call_ids=parked))
+        draft.emit("approval_requested", call_ids=parked)
 
 
 def _unique_ids(state: TurnState, calls: Sequence[ToolCall]) -> list[ToolCall]:
@@ -121,10 +117,10 @@ def _next_streaks(state: TurnState, calls: Sequence[ToolCall]) -> dict[str, int]
 
 
 def _reject_invalid(
-    step: Step, tool_calls: Sequence[ToolCall], at: float, policy: Policy | None
+    draft: Draft, tool_calls: Sequence[ToolCall], at: float, policy: Policy | None
 ) -> list[int]:
     """Ask for the outcome of every call refused before dispatch; the indices of the others."""
-    state = step.state
+    state = draft.state
     catalogue = {name: state.offered.get(name) or ToolSpec(name=name) for name in state.catalogue_names}
     valid: list[int] = []
     for index, tool_call in enumerate(tool_calls):
@@ -132,7 +128,7 @@ def _reject_invalid(
             tool_call.name, tool_call.arguments, tool_call.arguments_error, catalogue, state.offered
         )
         if rejection is None and policy is not None:
-            reason = policy(tool_call, step.state)
+            reason = policy(tool_call, draft.state)
             if reason is not None:
                 rejection_kind, message = FailureKind.POLICY_DENIED, f"denied by policy: {reason}"
             else:
@@ -143,21 +139,20 @@ def _reject_invalid(
             continue
         else:
             rejection_kind, message = rejection.kind, rejection.message
-        call = round_of(step.state).calls[index]
-        step.request_outcome(
-            call, build_call_failure(step.state, call, rejection_kind, message, at, synthetic=False)
+        draft.request_failure(
+            round_of(draft.state).calls[index], rejection_kind, message, at, synthetic=False
         )
     return valid
 
 
 def _round_stop(
-    step: Step, before: TurnState, valid: Sequence[ToolCall], streaks: dict[str, int], at: float
+    draft: Draft, before: TurnState, valid: Sequence[ToolCall], streaks: dict[str, int], at: float
 ) -> tuple[StopReason, str | None] | None:
     """A stop that refuses every valid call of the round, checked before any dispatch (SPEC §5.3, §5.4)."""
     limits = before.limits
     if at >= before.deadline_at:
         return "deadline", None
-    denied = [o for o in step.writes if o.failure_kind is FailureKind.POLICY_DENIED]
+    denied = [o for o in draft.writes if o.failure_kind is FailureKind.POLICY_DENIED]
     if denied and limits.stop_on_policy_denied:
         return "policy_denied", f"'{denied[0].tool}': {denied[0].error}"
     if valid and limits.max_tool_rounds is not None and before.rounds >= limits.max_tool_rounds:
@@ -170,25 +165,23 @@ def _round_stop(
     return None
 
 
-def dispatch_call(step: Step, call: CallState, attempt: int, at: float) -> None:
+def dispatch_call(draft: Draft, call: CallState, attempt: int, at: float) -> None:
     """Send attempt `attempt` of a call to the workers (batched into the step's DispatchTools)."""
-    state = step.state
+    state = draft.state
     task_id = build_task_id(state, call, attempt)
-    updated = call.model_copy(
-        update={
-            "attempt": attempt,
-            "task_id": task_id,
-            "dispatched_at": at,
-            "started_at": None,
-            "worker": None,
-            "waiting_approval": False,
-        }
+    updated = call.replace(
+        attempt=attempt,
+        task_id=task_id,
+        dispatched_at=at,
+        started_at=None,
+        worker=None,
+        waiting_approval=False,
     )
-    step.replace_call(updated)
+    draft.replace_call(updated)
     if attempt == 1:
-        step.update(tool_executions=state.tool_executions + 1)
-    step.dispatches.append(build_dispatch(state, updated))
-    step.emit(
+        draft.update(tool_executions=state.tool_executions + 1)
+    draft.dispatches.append(build_dispatch(state, updated))
+    draft.emit(
         "tool_dispatched",
         call_id=call.call_id,
         tool=call.tool,
@@ -198,83 +191,76 @@ def dispatch_call(step: Step, call: CallState, attempt: int, at: float) -> None:
     )
 
 
-def on_tool_started(step: Step, event: ToolStarted) -> None:
+def on_tool_started(draft: Draft, event: ToolStarted) -> None:
     """A worker started a call: arm the lost-work timer at its hard limit plus grace."""
-    call = find_call(step.state, event.call_id)
+    call = find_call(draft.state, event.call_id)
     if call is None or not call.in_flight or call.requested is not None or event.attempt < call.attempt:
         return
     if event.attempt == call.attempt and call.started_at is not None:
         return  # a duplicate notification
-    _disarm_lost_timers(step, call.call_id)
-    step.replace_call(
-        call.model_copy(update={"attempt": event.attempt, "started_at": event.at, "worker": event.worker})
-    )
-    spec = step.state.offered.get(call.tool)
+    _disarm_lost_timers(draft, call.call_id)
+    draft.replace_call(call.replace(attempt=event.attempt, started_at=event.at, worker=event.worker))
+    spec = draft.state.offered.get(call.tool)
     limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
-    step.arm(lost_timer_id(call.call_id, event.attempt), event.at + limit_s + step.state.lost_grace_s)
-    step.emit(
+    draft.arm(lost_timer_id(call.call_id, event.attempt), event.at + limit_s + draft.state.lost_grace_s)
+    draft.emit(
         "tool_started", call_id=call.call_id, tool=call.tool, attempt=event.attempt, worker=event.worker
     )
 
 
-def _disarm_lost_timers(step: Step, call_id: str) -> None:
+def _disarm_lost_timers(draft: Draft, call_id: str) -> None:
     prefix = f"{LOST_TIMER_PREFIX}{call_id}:"
-    for timer_id in [t for t in step.state.timers if t.startswith(prefix)]:
-        step.disarm(timer_id)
+    for timer_id in [t for t in draft.state.timers if t.startswith(prefix)]:
+        draft.disarm(timer_id)
 
 
-def on_lost_timer(step: Step, call_id: str, attempt: int, at: float) -> None:
+def on_lost_timer(draft: Draft, call_id: str, attempt: int, at: float) -> None:
     """No outcome by hard limit + grace: the worker was lost. Retry if attempts remain, else `worker_lost`."""
-    call = find_call(step.state, call_id)
+    call = find_call(draft.state, call_id)
     if call is None or not call.in_flight or call.requested is not None or call.attempt != attempt:
         return
-    spec = step.state.offered.get(call.tool)
+    spec = draft.state.offered.get(call.tool)
     max_attempts = 1 + (spec.retries if spec is not None else 0)
-    if attempt < max_attempts and at < step.state.deadline_at and step.state.stop is None:
+    if attempt < max_attempts and at < draft.state.deadline_at and draft.state.stop is None:
         if call.task_id is not None:
-            step.revokes.append(call.task_id)
-        dispatch_call(step, call, attempt + 1, at)
-        step.emit(
+            draft.revokes.append(call.task_id)
+        dispatch_call(draft, call, attempt + 1, at)
+        draft.emit(
             "tool_redispatched", call_id=call_id, tool=call.tool, attempt=attempt + 1, reason="worker_lost"
         )
         return
     limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
     message = (
-        f"the worker running '{call.tool}' was lost: no outcome {limit_s + step.state.lost_grace_s:g} s "
+        f"the worker running '{call.tool}' was lost: no outcome {limit_s + draft.state.lost_grace_s:g} s "
         f"after it started (attempt {attempt} of {max_attempts})"
     )
-    step.request_outcome(
-        call, build_call_failure(step.state, call, FailureKind.WORKER_LOST, message, at, synthetic=True)
-    )
-    step.emit("tool_synthesis_requested", call_id=call_id, tool=call.tool, failure_kind="worker_lost")
+    draft.request_failure(call, FailureKind.WORKER_LOST, message, at, synthetic=True)
+    draft.emit("tool_synthesis_requested", call_id=call_id, tool=call.tool, failure_kind="worker_lost")
 
 
-def on_approval(step: Step, event: ApprovalGiven) -> None:
+def on_approval(draft: Draft, event: ApprovalGiven) -> None:
     """A person approved (dispatch now) or denied (`confirmation_denied`) a parked call."""
-    call = find_call(step.state, event.call_id)
+    call = find_call(draft.state, event.call_id)
     if call is None or not call.waiting_approval or call.requested is not None or call.finished:
         return
-    step.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved)
+    draft.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved)
     if event.approved:
-        dispatch_call(step, call, 1, event.at)
+        dispatch_call(draft, call, 1, event.at)
         return
     message = "the call was denied by a person" + (f": {event.reason}" if event.reason else "")
-    outcome = build_call_failure(
-        step.state, call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False
-    )
-    step.request_outcome(call, outcome)
+    draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False)
 
 
-def on_tool_finished(step: Step, event: ToolFinished) -> None:
+def on_tool_finished(draft: Draft, event: ToolFinished) -> None:
     """The winning outcome of a call: record it, apply the stop policies. Others are late or duplicates."""
     outcome = event.outcome
-    call = find_call(step.state, outcome.call_id)
+    call = find_call(draft.state, outcome.call_id)
     if call is None or call.finished:
-        record_late(step, outcome, event.at)
+        record_late(draft, outcome, event.at)
         return
-    step.replace_call(call.model_copy(update={"outcome": outcome, "waiting_approval": False}))
-    _disarm_lost_timers(step, call.call_id)
-    step.emit(
+    draft.replace_call(call.replace(outcome=outcome, waiting_approval=False))
+    _disarm_lost_timers(draft, call.call_id)
+    draft.emit(
         "tool_synthesized" if outcome.synthetic else "tool_finished",
         call_id=call.call_id,
         tool=call.tool,
@@ -285,18 +271,18 @@ def on_tool_finished(step: Step, event: ToolFinished) -> None:
         worker=outcome.worker,
     )
     if not outcome.ok:
-        _apply_failure_policies(step, call.tool, outcome, event.at)
+        _apply_failure_policies(draft, call.tool, outcome, event.at)
 
 
-def _apply_failure_policies(step: Step, tool: str, outcome: ToolOutcome, at: float) -> None:
+def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: float) -> None:
     kind = outcome.failure_kind
     if kind in _NOT_TOOL_FAILURES:
         return
     signature = f"{tool}\0{(outcome.error or outcome.content).strip().lower()}"
-    seen = signature in step.state.failure_signatures
+    seen = signature in draft.state.failure_signatures
     if not seen:
-        step.update(failure_signatures=[*step.state.failure_signatures, signature])
-    limits = step.state.limits
+        draft.update(failure_signatures=[*draft.state.failure_signatures, signature])
+    limits = draft.state.limits
     reason: StopReason | None = None
     if kind is FailureKind.CONFIRMATION_DENIED:
         reason = "confirmation_denied" if limits.stop_on_confirmation_denied else None
@@ -307,17 +293,17 @@ def _apply_failure_policies(step: Step, tool: str, outcome: ToolOutcome, at: flo
     if reason is None and limits.stop_on_tool_failure:
         reason = "tool_failure"
     if reason is not None:
-        begin_stop(step, reason, at, detail=f"'{tool}': {outcome.error or outcome.content}")
+        begin_stop(draft, reason, at, detail=f"'{tool}': {outcome.error or outcome.content}")
 
 
-def record_late(step: Step, outcome: ToolOutcome, at: float) -> None:
+def record_late(draft: Draft, outcome: ToolOutcome, at: float) -> None:
     """Keep an outcome that lost the race (or came after the turn moved on) for audit (SPEC §4.9)."""
-    if _same_as_answer(step.state, outcome) or any(
-        late.outcome == outcome for late in step.state.late_outcomes
+    if _same_as_answer(draft.state, outcome) or any(
+        late.outcome == outcome for late in draft.state.late_outcomes
     ):
         return  # a duplicate delivery of what is already recorded
-    step.update(late_outcomes=[*step.state.late_outcomes, LateOutcome(outcome=outcome, at=at)])
-    step.emit(
+    draft.update(late_outcomes=[*draft.state.late_outcomes, LateOutcome(outcome=outcome, at=at)])
+    draft.emit(
         "late_outcome", call_id=outcome.call_id, tool=outcome.tool, ok=outcome.ok, synthetic=outcome.synthetic
     )
 
@@ -332,9 +318,9 @@ def _same_as_answer(state: TurnState, outcome: ToolOutcome) -> bool:
     return False
 
 
-def complete_round(step: Step) -> None:
+def complete_round(draft: Draft) -> None:
     """Append the round's assistant message, then one tool message per call in call order."""
-    current = round_of(step.state)
+    current = round_of(draft.state)
     messages: list[AssistantMessage | ToolMessage] = [current.assistant]
     for call in current.calls:
         assert call.outcome is not None
@@ -348,4 +334,4 @@ def complete_round(step: Step) -> None:
                 synthetic=call.outcome.synthetic,
             )
         )
-    step.update(history=[*step.state.history, *messages], current=None, status=TurnStatus.RUNNING)
+    draft.update(history=[*draft.state.history, *messages], current=None, status=TurnStatus.RUNNING)

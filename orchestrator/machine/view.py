@@ -8,44 +8,22 @@ for the target provider and reports every change it made as a `ViewDiagnostic`, 
 - tool-call ids the target would reject are remapped, consistently for a call and its result;
 - thinking and provider continuation data from another provider are never sent (dropped, reported).
 
-Pure: no I/O, deterministic.
+Providers of one wire family count as one; the families and the ids each accepts are the providers' traits
+(`orchestrator.providers.traits`). Pure: no I/O, deterministic.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.machine.state import ViewDiagnostic, ViewDiagnosticKind
 from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage
+from orchestrator.providers.traits import ProviderTraits, traits_of, wire_family
 
-# Providers that speak one wire format share their tool calls and continuation data.
-_WIRE_FAMILIES: dict[str, str] = {
-    "openai": "openai_chat",
-    "openai_chat": "openai_chat",
-    "scripted": "openai_chat",
-    "openai_responses": "openai_responses",
-    "anthropic": "anthropic",
-}
-
-
-@dataclass(frozen=True)
-class _IdRule:
-    pattern: re.Pattern[str]
-    max_chars: int
-
-
-_SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
-# Anthropic rejects ids outside ^[a-zA-Z0-9_-]+$; OpenAI Chat rejects ids over 40 characters.
-_ID_RULES: dict[str, _IdRule] = {
-    "anthropic": _IdRule(_SAFE_ID, 64),
-    "openai_chat": _IdRule(_SAFE_ID, 40),
-    "openai_responses": _IdRule(_SAFE_ID, 64),
-}
-_DEFAULT_ID_RULE = _IdRule(_SAFE_ID, 40)
+__all__ = ["View", "build_safe_id", "build_view", "wire_family"]
 
 
 @dataclass(frozen=True)
@@ -56,27 +34,18 @@ class View:
     diagnostics: list[ViewDiagnostic] = field(default_factory=list)
 
 
-def wire_family(provider: str | None) -> str | None:
-    """The wire format a provider name speaks (`openai`, `scripted` → `openai_chat`); None stays None."""
-    if provider is None:
-        return None
-    name = provider.split(":", 1)[0].strip().lower()
-    return _WIRE_FAMILIES.get(name, name)
-
-
 def build_view(history: Sequence[Message], target_provider: str) -> View:
     """The projection of `history` to send to `target_provider` (a provider name or `provider:model`)."""
-    target = wire_family(target_provider) or ""
-    builder = _ViewBuilder(target, _ID_RULES.get(target, _DEFAULT_ID_RULE))
+    builder = _ViewBuilder(traits_of(target_provider))
     for index, message in enumerate(history):
         builder.add(index, message)
     return View(builder.messages, builder.diagnostics)
 
 
 class _ViewBuilder:
-    def __init__(self, target: str, rule: _IdRule) -> None:
-        self.target = target
-        self.rule = rule
+    def __init__(self, target: ProviderTraits) -> None:
+        self.target = target.wire_family
+        self.traits = target
         self.messages: list[Message] = []
         self.diagnostics: list[ViewDiagnostic] = []
         self.id_map: dict[str, str] = {}
@@ -153,7 +122,7 @@ class _ViewBuilder:
         if call_id in self.id_map:
             return self.id_map[call_id]
         new_id = call_id
-        if len(call_id) > self.rule.max_chars or not self.rule.pattern.match(call_id):
+        if not self.traits.accepts_tool_call_id(call_id):
             new_id = build_safe_id(call_id)
             self.note("remapped_tool_call_id", index, f"id {call_id!r} → {new_id!r} for '{self.target}'")
         self.id_map[call_id] = new_id

@@ -1,0 +1,78 @@
+"""What the orchestrator outside `providers/` may know about a model provider, as data.
+
+A model is named `provider:model`. Each provider speaks one wire format, its *wire family*: providers of one
+family can read each other's tool calls and continuation data, and the request-time view
+(`orchestrator.machine.view`) reshapes what another family wrote before sending it. Each provider also
+accepts only some tool-call ids; the view remaps the others.
+
+Pure data and tiny lookups, so that the state machine can use them: nothing here imports httpx or a provider
+module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    """The wire family of a provider and the tool-call ids it accepts."""
+
+    wire_family: str
+    tool_call_id_pattern: re.Pattern[str]
+    tool_call_id_max_chars: int
+
+    def accepts_tool_call_id(self, call_id: str) -> bool:
+        """True when the provider takes `call_id` as the id of a tool call (and of its result) as is."""
+        return (
+            len(call_id) <= self.tool_call_id_max_chars
+            and self.tool_call_id_pattern.match(call_id) is not None
+        )
+
+
+_SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+# Anthropic rejects ids outside ^[a-zA-Z0-9_-]+$; OpenAI Chat rejects ids over 40 characters.
+_CHAT = ProviderTraits("openai_chat", _SAFE_ID, 40)
+_DEFAULT_ID_MAX_CHARS = 40
+
+PROVIDER_TRAITS: Mapping[str, ProviderTraits] = MappingProxyType(
+    {
+        "openai": _CHAT,
+        "openai_chat": _CHAT,
+        "scripted": _CHAT,
+        "openai_responses": ProviderTraits("openai_responses", _SAFE_ID, 64),
+        "anthropic": ProviderTraits("anthropic", _SAFE_ID, 64),
+    }
+)
+"""The traits of each known provider, by the name used in `provider:model` (and in a message's `provider`)."""
+
+
+def provider_of(model: str) -> str:
+    """The provider part of a `provider:model` name, as written."""
+    return model.split(":", 1)[0]
+
+
+def traits_of(provider: str) -> ProviderTraits:
+    """The traits of a provider name or `provider:model`.
+
+    A provider not in the table is a wire family of its own, held to the default id rule (the strictest one).
+    """
+    name = _normalise(provider)
+    known = PROVIDER_TRAITS.get(name)
+    return known if known is not None else ProviderTraits(name, _SAFE_ID, _DEFAULT_ID_MAX_CHARS)
+
+
+def wire_family(provider: str | None) -> str | None:
+    """The wire family of a provider name or `provider:model` (`openai` → `openai_chat`); None stays None."""
+    if provider is None:
+        return None
+    name = _normalise(provider)
+    known = PROVIDER_TRAITS.get(name)
+    return known.wire_family if known is not None else name
+
+
+def _normalise(provider: str) -> str:
+    return provider_of(provider).strip().lower()
