@@ -1,6 +1,6 @@
 """A zero-latency model and the orchestrator process of the benchmark.
 
-The model is the project's scripted brain (`providers.scripted_model.build_reply`) behind an in-process
+The model is the project's scripted brain (`providers.scripted.brain.build_reply`) behind an in-process
 `httpx.MockTransport`: the runtime still builds the OpenAI Chat Completions request, and the Chat
 Completions adapter still parses the response, but no socket and no server sits between them — the model
 costs only what the orchestrator's own code costs. The runtime takes its `httpx.AsyncClient` as an
@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from orchestrator.providers.scripted_model import build_error_reply, build_reply
+from orchestrator.providers.scripted.brain import build_reply
+from orchestrator.providers.scripted.wire import build_error_reply
 from orchestrator.runtime.process import Runtime
 from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings

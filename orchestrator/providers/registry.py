@@ -4,9 +4,16 @@ Providers: `openai` (Chat Completions at OPENAI_BASE_URL, which includes `/v1` a
 OpenAI-compatible server), `openai_responses` (the Responses API at the same base URL), `anthropic`
 (Messages at ANTHROPIC_BASE_URL, which does not include `/v1`, as in the Anthropic SDK) and `scripted` (the
 project's own deterministic model: the Chat Completions adapter pointed at a scripted server's base URL).
+
+`build_model_client` builds one client. `ModelClients` is what a process asks for clients: one per model
+name, and the scripted server's lifecycle — a `scripted:` model with no `TOOLLOOP_SCRIPTED_BASE_URL` starts
+the in-process scripted server once, the first time one is asked for, and `aclose()` stops it.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 import httpx
 
@@ -19,8 +26,12 @@ from orchestrator.providers.base import (
     ModelRef,
     RetryPolicy,
     WireFormat,
+    parse_model_ref,
 )
+from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
+
+log = logging.getLogger("toolloop.orchestrator")
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -60,9 +71,60 @@ def build_model_client(
         scripted_url = scripted_base_url or settings.scripted_base_url
         if not scripted_url:
             raise ModelConfigError(
-                f"model {ref} needs a scripted server: start one (providers.scripted_server) and set "
+                f"model {ref} needs a scripted server: start one (providers.scripted.server) and set "
                 "TOOLLOOP_SCRIPTED_BASE_URL to its base URL"
             )
         url = f"{scripted_url.rstrip('/')}{openai_chat.CHAT_PATH}"
         return HttpModelClient(ref.provider, openai_chat, http, url, {}, timeout, retry)
     raise ModelConfigError(f"unknown provider {ref.provider!r}")
+
+
+class ModelClients:
+    """The model clients of one process, one per model name, sharing one HTTP client (one connection pool).
+
+    Owns the in-process scripted model: started inside the running event loop the first time a `scripted:`
+    model is asked for without `TOOLLOOP_SCRIPTED_BASE_URL`, and stopped by `aclose()`.
+    """
+
+    def __init__(self, settings: Settings, http: httpx.AsyncClient, *, max_retries: int = 2) -> None:
+        self._settings = settings
+        self._http = http
+        self._max_retries = max_retries
+        self._clients: dict[str, ModelClient] = {}
+        self._scripted: ScriptedServer | None = None
+        self._scripted_lock = asyncio.Lock()
+
+    async def get(self, model: str) -> ModelClient:
+        """The client for `model` (`provider:model`); `ModelConfigError` for a name no client can serve."""
+        client = self._clients.get(model)
+        if client is None:
+            ref = parse_model_ref(model)
+            scripted_url = None
+            if ref.provider == "scripted" and not self._settings.scripted_base_url:
+                scripted_url = await self._scripted_url()
+            client = build_model_client(
+                ref, self._settings, self._http, max_retries=self._max_retries, scripted_base_url=scripted_url
+            )
+            self._clients[model] = client
+        return client
+
+    @property
+    def scripted_base_url(self) -> str | None:
+        """The base URL of the in-process scripted model while it runs; None when none was started."""
+        return self._scripted.base_url if self._scripted is not None else None
+
+    async def _scripted_url(self) -> str:
+        # Started once, inside this event loop, the first time a turn names a scripted model.
+        async with self._scripted_lock:
+            if self._scripted is None:
+                server = ScriptedServer()
+                await server.__aenter__()
+                self._scripted = server
+                log.info("scripted model serving at %s", server.base_url)
+            return self._scripted.base_url
+
+    async def aclose(self) -> None:
+        """Stop the in-process scripted model if one was started (the HTTP client is the caller's)."""
+        if self._scripted is not None:
+            await self._scripted.__aexit__(None, None, None)
+            self._scripted = None

@@ -56,7 +56,7 @@ class TurnHandle:
         # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
         # cancelled when the turn moves away. None while there are none (most parked turns).
         self.tasks: set[asyncio.Task[None]] | None = None
-        # Notifications held back to be stepped with the next ones (see Runtime._defer).
+        # Notifications held back to be stepped with the next ones (see TurnDriver.defer).
         self.deferred: list[Event] | None = None
 
     @property

@@ -1,15 +1,21 @@
 """Publishing tool calls as Celery tasks (SPEC §4.2, §7.3), from the orchestrator's side.
 
-`build_send_options` is pure: the task name, queue, id, per-call time limits capped to end just past the
-turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still queued then
-never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call id.
-`dispatch_call` publishes (a short blocking call: run it off the event loop with `asyncio.to_thread`).
+`build_send_options` is pure: the task name, queue, id, per-call time limits (`build_limits`) capped to end
+just past the turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still
+queued then never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call
+id. `Publisher` is what the orchestrator process publishes and revokes through: one thread, batched
+publishes retried with backoff, batched revocations. `dispatch_call` / `revoke_call` publish or revoke one
+call directly (short blocking calls: run them off the event loop with `asyncio.to_thread`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,12 +25,22 @@ from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import WorkerSettings
 
+log = logging.getLogger("toolloop.orchestrator")
+
 # How far past the deadline a capped call's hard limit reaches. The owner of the deadline (the turn's timer,
 # or a direct caller) answers the call first — `deadline_exceeded`, not a racing worker `timeout` — and then
 # revokes it; the hard limit is only the backstop that kills a tool the revoke did not reach.
 DEADLINE_MARGIN_S = 1.0
 # A capped soft limit falls this far into the margin: after the deadline, still before the hard limit.
 _SOFT_MARGIN_FRACTION = 0.5
+# Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
+PUBLISH_ATTEMPTS = 4
+PUBLISH_BACKOFF_S = 0.5
+# Revocations asked for within this window go out in one broadcast.
+REVOKE_BATCH_S = 0.02
+
+Send = tuple[ToolSpec, ToolCallRequest, str]
+"""One call to publish: its tool's spec, the request, and the Celery task id the machine named it by."""
 
 
 def build_task_id(request: ToolCallRequest) -> str:
@@ -113,3 +129,96 @@ def get_producer_app(settings: WorkerSettings) -> Celery:
             app = create_app(settings, main="toolloop-producer")
             _producers[key] = app
         return app
+
+
+class Publisher:
+    """Publishes tool calls from one dedicated thread, so that the event loop never blocks on the broker.
+
+    kombu's publishing is blocking. One long-lived thread with a producer (and broker connection) from the
+    app's pool serves every turn: the calls of one `DispatchTools` cost one hop to it and one pipelined
+    round trip to the broker, not a thread hop and a round trip each, and no two publishing threads
+    contend for the GIL with the event loop.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
+        # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
+        self._revokes: tuple[list[str], asyncio.Future[None]] | None = None
+
+    async def publish(self, sends: Sequence[Send]) -> dict[str, Exception]:
+        """Publish each (spec, request, task id), retrying failures up to PUBLISH_ATTEMPTS times with backoff.
+
+        Returns the last error of each send never published, by task id (empty when all went out).
+        """
+        errors: dict[str, Exception] = {}
+        for attempt in range(PUBLISH_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(PUBLISH_BACKOFF_S * 2 ** (attempt - 1))
+            errors = await self._publish_once(sends)
+            for task_id, exc in errors.items():
+                log.warning("publishing %s failed (%s); attempt %d", task_id, exc, attempt + 1)
+            sends = [send for send in sends if send[2] in errors]
+            if not sends:
+                break
+        return errors
+
+    async def _publish_once(self, sends: Sequence[Send]) -> dict[str, Exception]:
+        if not sends:
+            return {}
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._publish_all, list(sends))
+
+    def _publish_all(self, sends: list[Send]) -> dict[str, Exception]:
+        errors: dict[str, Exception] = {}
+        try:
+            # One producer and one kombu publish batch: every message of the batch (and its `task-sent`
+            # event) goes out in one pipelined round trip when the batch closes.
+            with self._app.producer_or_acquire() as producer, producer.batch():
+                for spec, request, task_id in sends:
+                    try:
+                        options = build_send_options(spec, request, time.time(), task_id=task_id)
+                        self._app.send_task(**options, producer=producer)
+                    except Exception as exc:
+                        errors[task_id] = exc
+        except Exception as exc:
+            # The flush failed: any message of the batch may be lost. Publishing one again is harmless (a
+            # second delivery of a call never runs it twice), losing one is not.
+            return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
+        return errors
+
+    async def revoke(self, task_ids: list[str]) -> None:
+        """Revoke and terminate these tasks; returns once the broadcast that carries them is sent.
+
+        Revocations asked for within REVOKE_BATCH_S share one broadcast (`Control.revoke` takes a list): a
+        deadline that stops hundreds of turns at once costs the workers a few control messages (and a few
+        killed pool processes), not one each, and costs this process little CPU while it must answer them.
+        """
+        loop = asyncio.get_running_loop()
+        if self._revokes is None:
+            self._revokes = ([], loop.create_future())
+            loop.call_later(REVOKE_BATCH_S, self._flush_revokes)
+        ids, sent = self._revokes
+        ids += task_ids
+        await asyncio.shield(sent)
+
+    def _flush_revokes(self) -> None:
+        if self._revokes is None:
+            return  # flushed already, by aclose
+        ids, sent = self._revokes
+        self._revokes = None
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._revoke_all, ids)
+        future.add_done_callback(lambda _: sent.set_result(None))
+
+    def _revoke_all(self, task_ids: list[str]) -> None:
+        try:
+            # terminate: a running tool is killed, not left to finish work nobody will read.
+            self._app.control.revoke(task_ids, terminate=True)
+        except Exception as exc:
+            # Best effort: the calls' outcomes are already decided by first-writer-wins.
+            log.warning("revoking %s failed: %s", ", ".join(task_ids), exc)
+
+    async def aclose(self) -> None:
+        """Send the revocations still waiting, let the thread finish what it publishes, then end it."""
+        self._flush_revokes()
+        await asyncio.to_thread(self._pool.shutdown)

@@ -35,7 +35,7 @@ from orchestrator.model import (
 )
 from orchestrator.providers.base import HttpModelClient, ModelClient, ModelRequest, parse_model_ref
 from orchestrator.providers.registry import build_model_client
-from orchestrator.providers.scripted_server import ScriptedServer
+from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 from tests.openapi_schemas import assert_valid
 from workers.contract import ToolSpec

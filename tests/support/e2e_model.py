@@ -16,7 +16,7 @@ from typing import Any, Self
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator.providers.scripted_server import build_app
+from orchestrator.providers.scripted.server import build_app
 
 # Longest a held request waits before it is answered anyway (tests release it well before).
 HOLD_LIMIT_S = 45.0

@@ -93,14 +93,14 @@ async def test_only_the_least_recently_stepped_turns_beyond_the_limit_are_parked
             state = new_state(f"turn_{i}")
             handle = TurnHandle(state.turn_id, state)
             handle.set_state(state, dump_state(state))
-            runtime.turns[handle.turn_id] = handle
+            runtime.driver.turns[handle.turn_id] = handle
             handles.append(handle)
         for handle in handles:
-            runtime._stepped(handle)
+            runtime.driver._stepped(handle)
         assert [h.hydrated for h in handles] == [False, True, True]
         # Stepping a parked turn brings it back and parks the one least recently stepped now.
         assert handles[0].state.turn_id == "turn_0"
-        runtime._stepped(handles[0])
+        runtime.driver._stepped(handles[0])
         assert [h.hydrated for h in handles] == [True, False, True]
-        await runtime._exec.aclose()
+        await runtime.performer.aclose()
     await store.aclose()

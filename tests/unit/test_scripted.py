@@ -12,8 +12,9 @@ import httpx
 import jsonschema
 import pytest
 
-from orchestrator.providers.scripted_model import build_reply, build_stream_chunks, find_plan
-from orchestrator.providers.scripted_server import ScriptedServer
+from orchestrator.providers.scripted.brain import build_reply, find_plan
+from orchestrator.providers.scripted.server import ScriptedServer
+from orchestrator.providers.scripted.wire import build_stream_chunks
 from tests.openapi_schemas import assert_valid
 
 ADD = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}
@@ -248,7 +249,7 @@ async def test_server_in_the_event_loop_serves_completions_streams_models_and_er
 def test_server_runs_as_its_own_process() -> None:
     root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.providers.scripted_server", "--port", "0"],
+        [sys.executable, "-m", "orchestrator.providers.scripted.server", "--port", "0"],
         cwd=root,
         stdout=subprocess.PIPE,
         text=True,

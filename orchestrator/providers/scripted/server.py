@@ -1,9 +1,9 @@
-"""The scripted model over HTTP: an OpenAI-compatible server around `orchestrator.providers.scripted_model`.
+"""The scripted model over HTTP: an OpenAI-compatible server around its brain (`scripted.brain`).
 
 `POST /v1/chat/completions` (non-streaming, or SSE when `stream: true`) and `GET /v1/models`. Run it
 inside the current event loop with `async with ScriptedServer() as base_url:` (a free 127.0.0.1 port;
 `base_url` ends in `/v1`, as OPENAI_BASE_URL does), or as its own process with
-`python -m orchestrator.providers.scripted_server --port P`, which prints `listening on <base_url>` once it
+`python -m orchestrator.providers.scripted.server --port P`, which prints `listening on <base_url>` once it
 accepts connections.
 """
 
@@ -25,13 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchestrator.providers.scripted_model import (
-    build_error_reply,
-    build_models_list,
-    build_reply,
-    build_stream_chunks,
-    request_fingerprint,
-)
+from orchestrator.providers.scripted.brain import build_models_list, build_reply, request_fingerprint
+from orchestrator.providers.scripted.wire import build_error_reply, build_stream_chunks
 
 
 def build_app() -> Starlette:

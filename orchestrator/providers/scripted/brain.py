@@ -1,8 +1,7 @@
-"""The scripted model's brain: an OpenAI Chat Completions request body in, a response body out (pure).
+"""The scripted model's brain: an OpenAI Chat Completions request body in, a reply out (pure).
 
 `scripted:<name>` is a deterministic local model served over the OpenAI-compatible wire format by
-`providers.scripted_server`, so the demo and the tests exercise the same HTTP path as a real provider.
-Models:
+`scripted.server`, so the demo and the tests exercise the same HTTP path as a real provider. Models:
 
 - `demo` — when the last message is the user's, calls the offered demo tools in parallel (numbers in the
   prompt become their arguments); once tool results are present, a final answer that states them.
@@ -23,8 +22,16 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from orchestrator.providers.scripted.wire import (
+    Answer,
+    PlannedCall,
+    ScriptedReply,
+    build_completion,
+    build_error_reply,
+)
 
 MODELS = ("demo", "plan", "echo")
 OWNER = "toolloop"
@@ -39,31 +46,6 @@ DEMO_DEFAULT_CITY = "Paris"
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _CITY = re.compile(r"\b(?:in|for|at)\s+([A-Z][\w\-]*(?:\s+[A-Z][\w\-]*)*)")
-
-
-@dataclass(frozen=True)
-class ScriptedReply:
-    """What the server sends: a 200 completion body, or an HTTP error with OpenAI's error body."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PlannedCall:
-    name: str
-    arguments: dict[str, Any] | None = None
-    arguments_raw: str | None = None
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """The brain's decision before it is put into the wire format."""
-
-    text: str | None = None
-    calls: tuple[PlannedCall, ...] = ()
-    error: ScriptedReply | None = None
 
 
 def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> ScriptedReply:
@@ -85,7 +67,7 @@ def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> Scripted
     elif name == "plan":
         answer = _plan(wire_messages, attempt)
     elif name == "echo":
-        answer = _Answer(text=_content_text(_last_user(wire_messages)) or "(empty)")
+        answer = Answer(text=_content_text(_last_user(wire_messages)) or "(empty)")
     else:
         return build_error_reply(
             404,
@@ -97,93 +79,6 @@ def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> Scripted
         return answer.error
     round_number = _assistant_count_after_first_user(wire_messages)
     return ScriptedReply(200, build_completion(model, wire_messages, answer, round_number, created))
-
-
-def build_error_reply(
-    status: int,
-    message: str,
-    error_type: str | None = None,
-    *,
-    code: str | None = None,
-    retry_after_s: float | None = None,
-) -> ScriptedReply:
-    """An HTTP error in OpenAI's error format, with `Retry-After` when asked for."""
-    kind = error_type or ("server_error" if status >= 500 else "invalid_request_error")
-    headers = {"retry-after": _format_seconds(retry_after_s)} if retry_after_s is not None else {}
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return ScriptedReply(status, body, headers)
-
-
-def build_completion(
-    model: str, messages: Sequence[Mapping[str, Any]], answer: _Answer, round_number: int, created: int
-) -> dict[str, Any]:
-    """A CreateChatCompletionResponse body for the brain's answer."""
-    tool_calls = [
-        {
-            "id": f"call_r{round_number}_{index}",
-            "type": "function",
-            "function": {
-                "name": call.name,
-                "arguments": call.arguments_raw
-                if call.arguments_raw is not None
-                else json.dumps(call.arguments or {}, separators=(",", ":")),
-            },
-        }
-        for index, call in enumerate(answer.calls)
-    ]
-    message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    prompt_tokens = _estimate_tokens(json.dumps(list(messages), sort_keys=True, default=str))
-    completion_tokens = _estimate_tokens((answer.text or "") + json.dumps(tool_calls))
-    digest = hashlib.sha256(json.dumps([model, list(messages)], sort_keys=True, default=str).encode())
-    return {
-        "id": f"chatcmpl-scripted-{digest.hexdigest()[:20]}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def build_stream_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` objects that stream `completion`: text, then tool calls by index."""
-    choice = completion["choices"][0]
-    message = choice["message"]
-    base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        entry = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return base | {"choices": [entry]}
-
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    text = message.get("content") or ""
-    # Two pieces per text show that a client really accumulates deltas.
-    for piece in _split_in_two(text):
-        chunks.append(chunk({"content": piece}))
-    for index, call in enumerate(message.get("tool_calls", [])):
-        head = {"index": index, "id": call["id"], "type": "function"}
-        chunks.append(
-            chunk({"tool_calls": [head | {"function": {"name": call["function"]["name"], "arguments": ""}}]})
-        )
-        for piece in _split_in_two(call["function"]["arguments"]):
-            chunks.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
-    chunks.append(chunk({}, choice["finish_reason"]))
-    if include_usage:
-        chunks.append(base | {"choices": [], "usage": completion["usage"]})
-    return chunks
 
 
 def build_models_list() -> dict[str, Any]:
@@ -202,15 +97,15 @@ def request_fingerprint(body: object) -> str:
 # --- demo ------------------------------------------------------------------------------------------------
 
 
-def _demo(messages: Sequence[Mapping[str, Any]], tools: Mapping[str, Mapping[str, Any]]) -> _Answer:
+def _demo(messages: Sequence[Mapping[str, Any]], tools: Mapping[str, Mapping[str, Any]]) -> Answer:
     results = _tool_results_after_last_user(messages)
     if results:
-        return _Answer(text=_summarise(results))
+        return Answer(text=_summarise(results))
     prompt = _content_text(_last_user(messages)) or ""
     calls = _demo_calls(prompt, tools)
     if not calls:
-        return _Answer(text=f"No demo tool fits this request. You said: {prompt}")
-    return _Answer(calls=tuple(calls))
+        return Answer(text=f"No demo tool fits this request. You said: {prompt}")
+    return Answer(calls=tuple(calls))
 
 
 def _demo_calls(prompt: str, tools: Mapping[str, Mapping[str, Any]]) -> list[PlannedCall]:
@@ -273,20 +168,20 @@ def _offered_tools(raw: object) -> dict[str, Mapping[str, Any]]:
 # --- plan ------------------------------------------------------------------------------------------------
 
 
-def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> _Answer:
+def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> Answer:
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     if first_user is None:
-        return _Answer(error=build_error_reply(400, "plan: no user message", "invalid_request_error"))
+        return Answer(error=build_error_reply(400, "plan: no user message", "invalid_request_error"))
     plan = find_plan(_content_text(messages[first_user]) or "")
     if plan is None:
-        return _Answer(error=build_error_reply(400, 'plan: the first user message has no {"plan": [...]}'))
+        return Answer(error=build_error_reply(400, 'plan: the first user message has no {"plan": [...]}'))
     steps = _group_steps(plan)
     round_number = _assistant_count_after_first_user(messages)
     if round_number >= len(steps):
         if steps and steps[-1].repeat:
             round_number = len(steps) - 1
         else:
-            return _Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+            return Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
     return _play_step(steps[round_number], attempt, messages)
 
 
@@ -325,19 +220,19 @@ def _group_steps(plan: Sequence[Mapping[str, Any]]) -> list[_Step]:
     return steps
 
 
-def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]]) -> _Answer:
+def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]]) -> Answer:
     used = 0
     for entry in step.errors:
         error = entry["error"] if isinstance(entry["error"], Mapping) else {}
         times = error.get("times", entry.get("times"))
         if not isinstance(times, int) or attempt < used + times:
-            return _Answer(error=_error_round(error))
+            return Answer(error=_error_round(error))
         used += times
     if step.entry is None:
-        return _Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+        return Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
     if "calls" in step.entry:
-        return _Answer(calls=tuple(_planned_call(c) for c in step.entry["calls"] if isinstance(c, Mapping)))
-    return _Answer(text=str(step.entry.get("text", "")))
+        return Answer(calls=tuple(_planned_call(c) for c in step.entry["calls"] if isinstance(c, Mapping)))
+    return Answer(text=str(step.entry.get("text", "")))
 
 
 def _error_round(error: Mapping[str, Any]) -> ScriptedReply:
@@ -427,19 +322,3 @@ def _compact(arguments: str) -> str:
     if not isinstance(value, dict):
         return arguments
     return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in value.items())
-
-
-def _estimate_tokens(text: str) -> int:
-    # About four characters a token, as a rough real tokenizer would count; never zero.
-    return max(1, len(text) // 4)
-
-
-def _split_in_two(text: str) -> list[str]:
-    if len(text) < 2:
-        return [text] if text else []
-    middle = len(text) // 2
-    return [text[:middle], text[middle:]]
-
-
-def _format_seconds(seconds: float) -> str:
-    return str(int(seconds)) if float(seconds).is_integer() else str(seconds)

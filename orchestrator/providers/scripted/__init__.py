@@ -1,0 +1,9 @@
+"""The scripted model: the project's own deterministic model, spoken to over the OpenAI Chat Completions wire.
+
+    brain    the decision: a request body in, a reply out — the `demo`, `plan` and `echo` models (pure)
+    wire     the reply as OpenAI bodies: completions, stream chunks, errors with `Retry-After` (pure)
+    server   the HTTP server around the brain, in the current event loop or as its own process
+             (`python -m orchestrator.providers.scripted.server --port P`)
+
+A process starts the in-process server only through `providers.registry.ModelClients` (or the demo).
+"""

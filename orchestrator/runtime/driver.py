@@ -1,0 +1,364 @@
+"""The turn driver: the turns one orchestrator owns, and the one place their state machines are run.
+
+`machine.start`, `machine.resume` and `machine.step` are called here and nowhere else in the runtime. For
+each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked as JSON, its tasks) and:
+
+- adopts it (`adopt`): starts it from its request or resumes its persisted state, then catches up on the
+  outcomes written while nobody owned it (see `runtime.adopt`);
+- steps it (`_advance`) under its lock: every event at hand through `machine.step`, one save of the state
+  and its Emit events, then the commands — timers and `Finish` here, the rest through the `Performer`, whose
+  events (at once, or from a task when slow work ends) are stepped in turn;
+- parks it: beyond the `hydrated_turns` most recently stepped turns, a turn keeps only its saved JSON;
+- drops it: finished, lease lost, or stopping.
+
+Steps of one turn are serialised by its lock; different turns interleave freely. The process hands events
+in through `deliver` / `defer` (inbox notifications) and the timer heap fires `TimerFired` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
+
+import redis.exceptions
+
+from orchestrator import machine, metrics
+from orchestrator.errors import StateVersionError
+from orchestrator.machine.events import (
+    ArmTimer,
+    CancelTimer,
+    Command,
+    Emit,
+    Event,
+    Finish,
+    TimerFired,
+    ToolFinished,
+)
+from orchestrator.machine.state import TurnState, dump_state, find_call, load_state
+from orchestrator.model import TurnStatus
+from orchestrator.runtime.adopt import Adopted, drop_dispatches, read_missed_outcomes, resolve_turn_model
+from orchestrator.runtime.handle import TurnHandle, forget_task
+from orchestrator.runtime.inbox import build_control_event
+from orchestrator.runtime.perform import Performer
+from orchestrator.runtime.timers import TimerHeap
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.turns import TurnStore
+
+log = logging.getLogger("toolloop.orchestrator")
+
+# How long a call's `started` notification may wait for its outcome, to be stepped with it (see `defer`).
+STARTED_DELAY_S = 0.05
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class TurnDriver:
+    """Drives the turns of one orchestrator: adopt, step, persist, perform, park, drop."""
+
+    def __init__(
+        self,
+        *,
+        store: TurnStore,
+        performer: Performer,
+        settings: Settings,
+        orchestrator_id: str,
+        hydrated_turns: int,
+        lost_call_grace_s: float,
+        policy: machine.Policy | None = None,
+    ) -> None:
+        self._store = store
+        self._performer = performer
+        self._settings = settings
+        self._orchestrator_id = orchestrator_id
+        self._hydrated_turns = hydrated_turns
+        self._lost_grace_s = lost_call_grace_s
+        self._policy = policy
+        self.turns: dict[str, TurnHandle] = {}
+        # Turns holding a parsed state, least recently stepped first.
+        self._hydrated: OrderedDict[str, TurnHandle] = OrderedDict()
+        self.timers = TimerHeap(self._on_timer)
+
+    # --- what the process calls ------------------------------------------------------------------------
+
+    async def adopt(self, turn_id: str, *, how: str) -> None:
+        """Load or start a claimed turn, then catch up on what happened while nobody owned it."""
+        try:
+            adopted = await self._load(turn_id)
+        except StateVersionError as exc:
+            # A newer (or older) orchestrator wrote this state: leave the turn to one that reads it.
+            log.error("turn %s: %s; releasing it", turn_id, exc)
+            await self._store.release(self._orchestrator_id, turn_id)
+            return
+        except REDIS_ERRORS as exc:
+            log.warning("turn %s: could not load (%s); releasing it", turn_id, exc)
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._store.release(self._orchestrator_id, turn_id)
+            return
+        if adopted is None:
+            await self._store.release(self._orchestrator_id, turn_id)
+            return
+        handle = TurnHandle(turn_id, adopted.state, conversation_id=adopted.conversation_id)
+        self.turns[turn_id] = handle
+        log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
+        async with handle.lock:
+            if adopted.state.terminal:
+                # The previous owner died between persisting the end and storing the outcome: the commands
+                # are its Finish, performed without saving the state again (the turn is over).
+                await self._perform(handle, adopted.state, adopted.commands)
+                return
+            commands: Sequence[Command] = adopted.commands
+            missed: list[ToolFinished] = []
+            if adopted.resumed:
+                # A call `machine.resume` sends again whose outcome is already stored is left out: its
+                # worker would only skip the delivery, and the outcome read here answers it.
+                missed = await read_missed_outcomes(self._store, adopted.state)
+                commands = drop_dispatches(commands, {e.outcome.call_id for e in missed})
+            # The state is saved (with the events of `machine.start` or `resume`) before any command runs: a
+            # resumed turn's commands re-arm its timers and repeat what died with its last owner; the
+            # outcomes written meanwhile are stepped after them.
+            await self._advance(handle, (), commands, save=True)
+            if missed and not handle.dropped:
+                await self._advance(handle, missed)
+            if not handle.dropped:
+                await self._read_control(handle)
+        self._stepped(handle)
+
+    def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
+        """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
+        self._spawn(handle, self._feed(handle, events, read_control=read_control))
+
+    def defer(self, handle: TurnHandle, events: list[Event]) -> None:
+        """Hold `started` notifications back for STARTED_DELAY_S, to be stepped with what follows them."""
+        # A `started` notification only arms a lost-work timer (hard limit + grace away) and tells
+        # observers; the call's outcome usually follows within milliseconds. Held back for STARTED_DELAY_S,
+        # the two are stepped and saved together, and the outcome never waits behind the started step.
+        if handle.deferred is None:
+            handle.deferred = []
+            asyncio.get_running_loop().call_later(STARTED_DELAY_S, self._flush_deferred, handle)
+        handle.deferred += events
+
+    async def drop(self, handle: TurnHandle, *, release: bool) -> None:
+        """Forget a turn once its step in progress ends (lease lost, or stopping); `release` its lease."""
+        async with handle.lock:
+            await self._drop(handle, release=release)
+
+    async def drop_all(self) -> None:
+        """Drop and release every turn (stopping): each state was persisted by the step that made it."""
+        for handle in list(self.turns.values()):
+            await self.drop(handle, release=True)
+
+    # --- adopting --------------------------------------------------------------------------------------
+
+    async def _load(self, turn_id: str) -> Adopted | None:
+        """The turn's persisted state resumed, or a new one started from its request; None for neither."""
+        raw, request = await self._store.load_state_and_request(turn_id)
+        conversation_id = request.conversation_id if request is not None else None
+        if raw is not None:
+            state, commands = machine.resume(load_state(raw), at=time.time())
+            return Adopted(state, commands, resumed=True, conversation_id=conversation_id)
+        if request is None:
+            log.error("turn %s has no request: nothing to run", turn_id)
+            return None
+        prior = []
+        if request.conversation_id:
+            prior = await self._store.conversation_history(request.conversation_id)
+        catalogue = await aread_catalogue(self._store.redis)
+        state, commands = machine.start(
+            turn_id,
+            request,
+            model=resolve_turn_model(request.model, self._settings),
+            catalogue=catalogue,
+            at=time.time(),
+            lost_grace_s=self._lost_grace_s,
+            prior_history=prior,
+        )
+        return Adopted(state, commands, resumed=False, conversation_id=conversation_id)
+
+    # --- stepping --------------------------------------------------------------------------------------
+
+    async def _feed(self, handle: TurnHandle, events: Sequence[Event], *, read_control: bool = False) -> None:
+        async with handle.lock:
+            await self._advance(handle, events)
+            if read_control and not handle.dropped:
+                await self._read_control(handle)
+        self._stepped(handle)
+
+    async def _read_control(self, handle: TurnHandle) -> None:
+        requests = await self._store.read_control(handle.turn_id, handle.control_after)
+        if not requests:
+            return
+        handle.control_after = requests[-1].id
+        events = [e for e in (build_control_event(r) for r in requests) if e is not None]
+        await self._advance(handle, events)
+
+    async def _advance(
+        self,
+        handle: TurnHandle,
+        events: Sequence[Event],
+        commands: Sequence[Command] = (),
+        *,
+        save: bool = False,
+    ) -> None:
+        """Step `events`, persist the state once, perform the commands; again with the events they yield.
+
+        Holding the turn's lock. All events at hand are stepped before one save (state and emitted events in
+        one round trip): a call's `started` and `outcome` that arrive together cost one write, not four.
+        Nothing is performed before the state that asked for it is saved, so a crash loses no decision it
+        acted on. Writing a synthetic outcome yields the winner as a new event, stepped in the next round
+        here rather than re-entering the lock.
+        """
+        pending = events
+        if handle.deferred:
+            # Held-back notifications come first: they happened before anything that arrived since.
+            pending = [*handle.deferred, *events]
+        handle.deferred = None
+        todo = list(commands)
+        while not handle.dropped:
+            before = state = handle.state
+            answered: list[tuple[TurnState, TurnState, ToolFinished]] = []
+            for event in pending:
+                previous = state
+                state, produced = machine.step(previous, event, policy=self._policy)
+                todo += produced
+                if isinstance(event, ToolFinished):
+                    answered.append((previous, state, event))
+            emits = [(c.event_name, c.data) for c in todo if isinstance(c, Emit)]
+            # An unchanged state without events is already saved: nothing to write.
+            if (save or emits or state is not before) and not await self._persist(handle, state, emits):
+                return
+            save = False
+            for previous, after, event in answered:
+                _record_answer(previous, after, event)
+            pending = await self._perform(handle, state, [c for c in todo if not isinstance(c, Emit)])
+            todo = []
+            if not pending:
+                return
+
+    async def _persist(
+        self, handle: TurnHandle, state: TurnState, emits: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> bool:
+        # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
+        # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
+        status = TurnStatus.RUNNING if state.terminal else state.status
+        state_json = dump_state(state)
+        saved = await self._store.save_step(
+            handle.turn_id, state_json, status, emits, orchestrator_id=self._orchestrator_id
+        )
+        if not saved:
+            # Terminal already, or another orchestrator holds the lease now: this copy is stale.
+            log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
+            await self._drop(handle, release=False)
+            return False
+        handle.set_state(state, state_json)
+        return True
+
+    async def _perform(
+        self, handle: TurnHandle, state: TurnState, commands: Sequence[Command]
+    ) -> list[Event]:
+        """Perform `commands` in order; the events they produce at once, to step next."""
+        follow_ups: list[Event] = []
+        finishing = False
+        for command in commands:
+            if isinstance(command, ArmTimer):
+                self.timers.arm(handle.turn_id, command.timer_id, command.at)
+            elif isinstance(command, CancelTimer):
+                self.timers.cancel(handle.turn_id, command.timer_id)
+            elif isinstance(command, Finish):
+                await self._store.save_outcome(
+                    handle.turn_id, command.outcome, conversation_id=handle.conversation_id
+                )
+                finishing = True
+            else:
+                done = await self._performer.perform(handle.turn_id, state, command)
+                if isinstance(done, list):
+                    follow_ups += done
+                else:
+                    self._spawn(handle, done)
+        if finishing:
+            # After the whole list: the machine may put revocations after its Finish.
+            await self._finished(handle)
+        return follow_ups
+
+    def _spawn(self, handle: TurnHandle, work: Coroutine[Any, Any, Sequence[Event] | None]) -> None:
+        task = asyncio.create_task(self._guarded(handle, work))
+        if handle.tasks is None:
+            handle.tasks = set()
+        handle.tasks.add(task)
+        task.add_done_callback(lambda done: forget_task(handle, done))
+
+    async def _guarded(self, handle: TurnHandle, work: Coroutine[Any, Any, Sequence[Event] | None]) -> None:
+        # One task of a turn: a step, or slow work whose events are stepped when it ends.
+        try:
+            events = await work
+            if events:
+                await self._feed(handle, events)
+        except asyncio.CancelledError:
+            raise
+        except REDIS_ERRORS as exc:
+            log.warning(
+                "turn %s: Redis error (%s); the turn resumes from its last state", handle.turn_id, exc
+            )
+            if not handle.dropped:
+                # Give the turn up so that it is taken over and resumed from what was persisted.
+                await self._drop(handle, release=True)
+        except Exception:
+            log.exception("turn %s: unexpected error", handle.turn_id)
+
+    def _on_timer(self, turn_id: str, timer_id: str) -> None:
+        handle = self.turns.get(turn_id)
+        if handle is not None:
+            self.deliver(handle, [TimerFired(timer_id=timer_id, at=time.time())])
+
+    def _flush_deferred(self, handle: TurnHandle) -> None:
+        if handle.deferred and not handle.dropped:
+            self.deliver(handle, [])
+
+    # --- parking and dropping --------------------------------------------------------------------------
+
+    def _stepped(self, handle: TurnHandle) -> None:
+        """Mark a turn as just used; park the least recently used ones beyond `hydrated_turns`."""
+        if handle.dropped or not handle.hydrated:
+            return
+        self._hydrated[handle.turn_id] = handle
+        self._hydrated.move_to_end(handle.turn_id)
+        while len(self._hydrated) > self._hydrated_turns:
+            _, oldest = self._hydrated.popitem(last=False)
+            if not oldest.park() and not oldest.dropped:
+                # Busy (a step, a model call or a publish in progress): it comes back when its step ends.
+                self._hydrated[oldest.turn_id] = oldest
+                break
+
+    async def _finished(self, handle: TurnHandle) -> None:
+        # The turn's outcome is stored (Finish): count it, forget the turn, release its lease.
+        outcome = handle.state.outcome
+        if outcome is not None:
+            metrics.record_turn_finished(outcome, time.monotonic() - handle.claimed_at)
+        await self._drop(handle, release=True)
+
+    async def _drop(self, handle: TurnHandle, *, release: bool) -> None:
+        """Forget a turn locally (finished, lost, or stopping); the caller holds its lock."""
+        if handle.dropped:
+            return
+        handle.dropped = True
+        self.turns.pop(handle.turn_id, None)
+        self.timers.cancel_turn(handle.turn_id)
+        current = asyncio.current_task()
+        self._hydrated.pop(handle.turn_id, None)
+        for task in list(handle.tasks or ()):
+            if task is not current:
+                task.cancel()
+        if release:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._store.release(self._orchestrator_id, handle.turn_id)
+
+
+def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:
+    # Count an outcome once, when it became its call's answer; a duplicate or late one is only audited.
+    call = find_call(before, event.outcome.call_id)
+    if call is not None and call.outcome is None and len(after.late_outcomes) == len(before.late_outcomes):
+        metrics.record_tool_outcome(event.outcome)

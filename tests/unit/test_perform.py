@@ -1,0 +1,219 @@
+"""Performing commands: a command in, the events it produces out (at once, or when its slow work ends)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator import machine
+from orchestrator.machine.events import (
+    AwaitApproval,
+    CallModel,
+    Dispatch,
+    DispatchTools,
+    Emit,
+    Event,
+    ModelFailed,
+    ModelResponded,
+    Revoke,
+    ToolFinished,
+    WriteOutcomes,
+)
+from orchestrator.machine.state import TurnState
+from orchestrator.model import TurnRequest, UserMessage
+from orchestrator.providers.registry import ModelClients
+from orchestrator.providers.scripted.brain import build_reply
+from orchestrator.runtime.perform import Performer
+from orchestrator.settings import Settings
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec
+
+pytestmark = pytest.mark.timeout(10)
+
+TURN = "turn_1"
+ADD = ToolSpec(name="add", description="Add two numbers.", soft_time_limit_s=5, time_limit_s=10)
+NOW = 1_700_000_000.0
+
+
+class FakeStore:
+    """The store methods a performer uses: first-writer-wins outcomes, and appended events."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, ToolOutcome] = {}
+        self.events: list[tuple[str, str, Mapping[str, Any]]] = []
+
+    async def write_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
+        return self.outcomes.setdefault(outcome.call_id, outcome)
+
+    async def append_event(self, turn_id: str, name: str, data: Mapping[str, Any]) -> None:
+        self.events.append((turn_id, name, data))
+
+
+class FakePublisher:
+    """Publishes nothing; `failing` task ids fail every attempt."""
+
+    def __init__(self, failing: Mapping[str, Exception] = {}) -> None:
+        self.failing = dict(failing)
+        self.published: list[tuple[ToolSpec, ToolCallRequest, str]] = []
+        self.revoked: list[str] = []
+        self.closed = False
+
+    async def publish(self, sends: Sequence[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
+        self.published += sends
+        return {task_id: self.failing[task_id] for _, _, task_id in sends if task_id in self.failing}
+
+    async def revoke(self, task_ids: list[str]) -> None:
+        self.revoked += task_ids
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def scripted_http() -> httpx.AsyncClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        reply = build_reply(json.loads(request.content))
+        return httpx.Response(reply.status, json=reply.body, headers=reply.headers)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def build_performer(
+    http: httpx.AsyncClient, store: FakeStore, publisher: FakePublisher
+) -> tuple[Performer, ModelClients]:
+    models = ModelClients(Settings(scripted_base_url="http://model.invalid/v1"), http, max_retries=0)
+    performer = Performer(store=store, publisher=publisher, models=models, clock=lambda: NOW)  # type: ignore[arg-type]
+    return performer, models
+
+
+def new_state() -> TurnState:
+    state, _ = machine.start(
+        TURN,
+        TurnRequest(prompt="add 1 and 2", tools=["add"]),
+        model="scripted:echo",
+        catalogue={"add": ADD},
+        at=NOW,
+    )
+    return state
+
+
+def call_model(model: str) -> CallModel:
+    return CallModel(
+        model=model, messages=[UserMessage(content="ping")], tools=[], id_prefix="t1_1", llm_call_index=3
+    )
+
+
+async def later(done: list[Event] | Coroutine[Any, Any, Sequence[Event]]) -> Sequence[Event]:
+    assert not isinstance(done, list), "slow work comes back as a coroutine"
+    return await done
+
+
+async def test_writing_outcomes_yields_each_winner_under_the_models_call_id() -> None:
+    store, publisher = FakeStore(), FakePublisher()
+    earlier = ToolOutcome(call_id=f"{TURN}/c1", tool="add", turn_id=TURN, ok=True, result=3, content="3")
+    store.outcomes[earlier.call_id] = earlier
+    lost = ToolOutcome(
+        call_id="c1",
+        tool="add",
+        turn_id=TURN,
+        ok=False,
+        content="Error: lost",
+        failure_kind=FailureKind.WORKER_LOST,
+    )
+    fresh = lost.model_copy(update={"call_id": "c2"})
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, store, publisher)
+        events = await performer.perform(TURN, new_state(), WriteOutcomes(outcomes=[lost, fresh]))
+    assert isinstance(events, list)
+    assert [(e.outcome.call_id, e.outcome.ok, e.at) for e in events if isinstance(e, ToolFinished)] == [
+        ("c1", True, NOW),  # the worker's outcome won: it is the answer
+        ("c2", False, NOW),
+    ]
+    assert set(store.outcomes) == {f"{TURN}/c1", f"{TURN}/c2"}
+
+
+async def test_emit_and_await_approval_produce_nothing() -> None:
+    store, publisher = FakeStore(), FakePublisher()
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, store, publisher)
+        state = new_state()
+        assert await performer.perform(TURN, state, Emit(event_name="x", data={"a": 1})) == []
+        assert await performer.perform(TURN, state, AwaitApproval(call_ids=["c1"])) == []
+    assert store.events == [(TURN, "x", {"a": 1})]
+
+
+async def test_a_model_call_is_slow_work_that_yields_the_response() -> None:
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, FakeStore(), FakePublisher())
+        events = await later(await performer.perform(TURN, new_state(), call_model("scripted:echo")))
+    [event] = events
+    assert isinstance(event, ModelResponded)
+    assert (event.llm_call_index, event.at, event.turn.text) == (3, NOW, "ping")
+
+
+@pytest.mark.parametrize(
+    ("model", "provider"),
+    [("nowhere:model-x", "nowhere"), ("huge", "huge")],
+    ids=["unknown provider", "not provider:model"],
+)
+async def test_a_model_no_client_serves_yields_a_model_failure(model: str, provider: str) -> None:
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, FakeStore(), FakePublisher())
+        events = await later(await performer.perform(TURN, new_state(), call_model(model)))
+    [event] = events
+    assert isinstance(event, ModelFailed)
+    assert (event.error.type, event.error.provider, event.llm_call_index) == ("invalid_model", provider, 3)
+
+
+DISPATCHES = [
+    Dispatch(call_id="c1", tool="add", arguments={"a": 1, "b": 2}, task_id="t-1"),
+    Dispatch(call_id="c2", tool="add", arguments={"a": 3, "b": 4}, task_id="t-2", attempt=2),
+    Dispatch(call_id="c3", tool="unknown", task_id="t-3"),
+]
+
+
+async def dispatch_with_t2_failing() -> tuple[Sequence[Event], FakeStore, FakePublisher]:
+    store = FakeStore()
+    publisher = FakePublisher(failing={"t-2": ConnectionError("broker down")})
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, store, publisher)
+        command = DispatchTools(calls=DISPATCHES)
+        events = await later(await performer.perform(TURN, new_state(), command))
+    return events, store, publisher
+
+
+async def test_a_dispatch_yields_only_the_calls_it_could_not_publish() -> None:
+    events, store, publisher = await dispatch_with_t2_failing()
+    assert [(s.name, r.call_id, r.attempt, t) for s, r, t in publisher.published] == [
+        ("add", f"{TURN}/c1", 1, "t-1"),
+        ("add", f"{TURN}/c2", 2, "t-2"),
+    ]
+    finished = [e.outcome for e in events if isinstance(e, ToolFinished)]
+    assert len(finished) == len(events) == 2
+    assert [(o.tool, o.failure_kind, o.synthetic, o.attempts) for o in finished] == [
+        ("add", FailureKind.WORKER_LOST, True, 2),
+        ("unknown", FailureKind.WORKER_LOST, True, 1),
+    ]
+    assert "broker down" in (finished[0].error or "")
+    assert "not in the turn catalogue" in (finished[1].error or "")
+    # Written first-writer-wins, as any synthetic outcome.
+    assert len(store.outcomes) == 2
+
+
+async def test_an_unpublished_call_is_answered_under_the_models_call_id() -> None:
+    events, store, _ = await dispatch_with_t2_failing()
+    assert [e.outcome.call_id for e in events if isinstance(e, ToolFinished)] == ["c2", "c3"]
+    assert set(store.outcomes) == {f"{TURN}/c2", f"{TURN}/c3"}
+
+
+async def test_a_revoke_is_slow_work_that_yields_nothing_and_close_stops_the_publisher() -> None:
+    publisher = FakePublisher()
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, FakeStore(), publisher)
+        events = await later(await performer.perform(TURN, new_state(), Revoke(task_ids=["t-1", "t-2"])))
+        await performer.aclose()
+    assert list(events) == []
+    assert publisher.revoked == ["t-1", "t-2"]
+    assert publisher.closed
