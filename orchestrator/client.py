@@ -1,8 +1,11 @@
 """What web apps import: submit a turn, read it, wait for it, follow its events, cancel it, answer approvals.
 
 `Client` is synchronous, on the sync `redis` client, so a Django or Flask view can call it without an event
-loop; `AsyncClient` has the same methods as coroutines, on the async `TurnStore`. Both go through the pure
-helpers of `orchestrator.store.codec`, so the storage layout and its scripts are written once.
+loop; `AsyncClient` has the same methods as coroutines. Both are thin faces over a store: `Client` over
+`SyncTurnStore`, `AsyncClient` over the async `TurnStore`, which perform the same operations and flows
+(`orchestrator.store.operations`, `flows`), so the storage layout and its scripts are written once. The long
+parameter lists of `submit` and `call_tool` are written once too, as the builders `build_submission` and
+`direct.build_direct_call`, whose signatures both clients' methods take (`takes_arguments_of`).
 
 Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with a clear message; an unknown
 turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
@@ -10,50 +13,119 @@ turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from orchestrator import metrics
+import redis
+from pydantic import BaseModel
+
+from orchestrator import direct, metrics
+from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store import codec, turn_view
+from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
+from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_view import PendingApproval, TurnView
-from orchestrator.store.turns import TurnStore, block_cap_ms, build_block_ms, connect_sync
-from workers import keys
+from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
 
-__all__ = ["AsyncClient", "Client", "PendingApproval", "TurnEvent", "TurnView", "UnknownTurnError"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "AsyncClient",
+    "Client",
+    "PendingApproval",
+    "Submission",
+    "TurnEvent",
+    "TurnView",
+    "UnknownTurnError",
+    "build_submission",
+    "takes_arguments_of",
+]
 
-DEFAULT_CALL_TIMEOUT_S = 60.0
+P = ParamSpec("P")
+A = TypeVar("A")
+R = TypeVar("R")
+S = TypeVar("S")
 
 
-def _build_request(
+@dataclass(frozen=True)
+class Submission:
+    """A checked turn request, and the id its caller chose for it (None: a new one)."""
+
+    request: TurnRequest
+    turn_id: str | None = None
+
+
+# Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
+def build_submission(  # noqa: PLR0917
+    prompt: str | None = None,
+    messages: Sequence[Message | Mapping[str, Any]] | None = None,
+    tools: Sequence[str] | None = None,
+    model: str | None = None,
+    limits: Limits | Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
+    conversation_id: str | None = None,
+    tool_choice: str | None = None,
     *,
-    prompt: str | None,
-    messages: Sequence[Message | Mapping[str, Any]] | None,
-    tools: Sequence[str] | None,
-    model: str | None,
-    limits: Limits | Mapping[str, Any] | None,
-    context: Mapping[str, Any] | None,
-    conversation_id: str | None,
-    tool_choice: str | None,
-) -> TurnRequest:
+    turn_id: str | None = None,
+) -> Submission:
+    """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
+    (pydantic's `ValidationError`, a `ValueError`, if bad).
+
+    A turn needs something to answer: a `prompt`, `messages`, or both (the prompt is the last user message).
+    """
     if isinstance(tools, str):
         raise ValueError("'tools' is a list of tool names, not a string")
-    return codec.build_turn_request(
-        prompt=prompt,
-        messages=messages,
-        tools=tools,
-        model=model,
-        limits=limits,
-        context=context,
-        conversation_id=conversation_id,
-        tool_choice=tool_choice,
-    )
+    raw: dict[str, Any] = {
+        "prompt": prompt,
+        "messages": list(messages or []),
+        "tools": list(tools) if tools is not None else None,
+        "model": model,
+        "context": dict(context or {}),
+        "conversation_id": conversation_id,
+        "tool_choice": tool_choice,
+    }
+    if limits is not None:
+        raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
+    request = TurnRequest.model_validate(raw)
+    codec.check_turn_request(request)
+    return Submission(request, turn_id)
+
+
+def takes_arguments_of(
+    build: Callable[P, A],
+) -> Callable[[Callable[[S, A], R]], Callable[Concatenate[S, P], R]]:
+    """Give a method `build`'s parameters: the method receives what `build` makes of its caller's arguments.
+
+    Both for static typing (`ParamSpec`) and at run time: `inspect.signature` and `help()` show `build`'s
+    parameters. A coroutine method stays a coroutine function, and calls `build` when awaited, so bad input
+    raises where the call is awaited, as from any other coroutine.
+    """
+
+    def decorate(method: Callable[[S, A], R]) -> Callable[Concatenate[S, P], R]:
+        def call(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+            return method(self, build(*args, **kwargs))
+
+        async def call_async(self: S, *args: P.args, **kwargs: P.kwargs) -> Any:
+            return await cast(Awaitable[Any], method(self, build(*args, **kwargs)))
+
+        wrapper: Callable[..., Any] = call_async if inspect.iscoroutinefunction(method) else call
+        functools.update_wrapper(wrapper, method)
+        own, built = inspect.signature(method), inspect.signature(build)
+        self_parameter = next(iter(own.parameters.values()))
+        # `inspect.signature` (so `help`) reports this instead of following `__wrapped__` to the method.
+        wrapper.__signature__ = built.replace(  # type: ignore[attr-defined]  # mypy's functions lack it
+            parameters=[self_parameter, *built.parameters.values()], return_annotation=own.return_annotation
+        )
+        return cast(Callable[Concatenate[S, P], R], wrapper)
+
+    return decorate
 
 
 class Client:
@@ -62,131 +134,70 @@ class Client:
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self.redis_url = redis_url or self.settings.redis_url
-        self.redis = connect_sync(self.redis_url, self.settings.redis_ssl_cert_reqs)
-        self._submit = self.redis.register_script(codec.SUBMIT_LUA)
-        self._control = self.redis.register_script(codec.CONTROL_LUA)
-        # Reads block in steps well under the socket timeout, however long the caller waits (store.py).
-        self.block_cap_ms = block_cap_ms(self.redis)
+        self.store = SyncTurnStore.from_url(self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs)
 
-    # Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
-    def submit(  # noqa: PLR0917
-        self,
-        prompt: str | None = None,
-        messages: Sequence[Message | Mapping[str, Any]] | None = None,
-        tools: Sequence[str] | None = None,
-        model: str | None = None,
-        limits: Limits | Mapping[str, Any] | None = None,
-        context: Mapping[str, Any] | None = None,
-        conversation_id: str | None = None,
-        tool_choice: str | None = None,
-        *,
-        turn_id: str | None = None,
-    ) -> str:
+    @property
+    def redis(self) -> redis.Redis:
+        """The sync Redis client (decoded replies) the client reads and writes with."""
+        return self.store.redis
+
+    @property
+    def block_cap_ms(self) -> int:
+        """How long one blocking read may block: reads block in steps well under the socket timeout."""
+        return self.store.block_cap_ms
+
+    @takes_arguments_of(build_submission)
+    def submit(self, submission: Submission) -> str:
         """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op."""
-        request = _build_request(
-            prompt=prompt,
-            messages=messages,
-            tools=tools,
-            model=model,
-            limits=limits,
-            context=context,
-            conversation_id=conversation_id,
-            tool_choice=tool_choice,
-        )
-        return self.submit_request(request, turn_id=turn_id)
+        return self.submit_request(submission.request, turn_id=submission.turn_id)
 
     def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
         """Store and queue an already built `TurnRequest`."""
-        codec.check_turn_request(request)
-        tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
-        keys_, args = codec.build_submit_call(request, tid, codec.now_s())
-        self._submit(keys=keys_, args=args)
+        turn_id = self.store.submit(request, turn_id=turn_id)
         metrics.record_turn_submitted()
-        return tid
+        return turn_id
 
     def get(self, turn_id: str) -> TurnView:
         """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
-        view = turn_view.build_turn_view(turn_id, *self.redis.mget(turn_view.view_keys(turn_id)))
-        if view is None:
-            raise UnknownTurnError(turn_id)
-        return view
+        return self.store.require_view(turn_id)
 
     def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome, or None while the turn runs."""
-        return codec.parse_outcome(self.redis.get(keys.turn_outcome(turn_id)))
+        return self.store.get_outcome(turn_id)
 
     def wait(self, turn_id: str, timeout: float) -> TurnOutcome:
         """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s.
 
         A turn may stay silent for longer than the Redis socket timeout (a long tool, a wait for approval):
         each read blocks at most `block_cap_ms` and the wait goes on until `timeout`."""
-        deadline = time.monotonic() + timeout
-        newest = self.redis.xrevrange(keys.turn_events(turn_id), count=1)
-        after = codec.text(newest[0][0]) if newest else "0"
-        while True:
-            outcome = self.outcome(turn_id)
-            if outcome is not None:
-                return outcome
-            if self.redis.get(keys.turn_status(turn_id)) is None:
-                raise UnknownTurnError(turn_id)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"turn {turn_id} did not finish within {timeout:g} s")
-            batch = self._read_events(turn_id, after, remaining * 1000)
-            if batch:
-                after = batch[-1].id
+        return self.store.wait_outcome(turn_id, timeout)
 
     def events(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`.
 
         Each read blocks at most `block_ms` (default and cap: `block_cap_ms`); quiet spells are waited out."""
-        if self.redis.get(keys.turn_status(turn_id)) is None:
-            raise UnknownTurnError(turn_id)
-        while True:
-            # Checked before the read, as in `TurnStore.iter_events`: an ended turn's events are all stored.
-            ended = self._ended(turn_id)
-            batch = self._read_events(turn_id, after, None if ended else (block_ms or self.block_cap_ms))
-            for event in batch:
-                yield event
-                if event.name == codec.TURN_FINISHED:
-                    return
-            if batch:
-                after = batch[-1].id
-            elif ended:
-                return
+        return self.store.iter_events(turn_id, after, block_ms=block_ms)
 
     def cancel(self, turn_id: str) -> bool:
         """Ask for the turn to be cancelled; False when it had already ended."""
-        return self._send_control(turn_id, "cancel", None, None)
+        return self.store.request_cancel(turn_id)
 
     def approve(self, turn_id: str, call_id: str, approved: bool) -> bool:
         """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended."""
-        if not call_id:
-            raise ValueError("call_id must not be empty")
-        return self._send_control(turn_id, "approval", call_id, approved)
+        return self.store.request_approval(turn_id, call_id, approved)
 
-    def call_tool(
-        self,
-        name: str,
-        arguments: Mapping[str, Any],
-        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-        context: Mapping[str, Any] | None = None,
-    ) -> ToolOutcome:
+    @takes_arguments_of(build_direct_call)
+    def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome."""
-        from orchestrator.direct import call_tool
+        return direct.run_call(self.redis_url, call, self.settings)
 
-        return call_tool(
-            self.redis_url,
-            name,
-            dict(arguments),
-            timeout_s=timeout_s,
-            context=dict(context or {}),
-            settings=self.settings,
-        )
+    def ping(self) -> bool:
+        """True when Redis answers."""
+        return self.store.ping()
 
     def close(self) -> None:
         """Close the connection pool."""
-        self.redis.close()
+        self.store.close()
 
     def __enter__(self) -> Client:
         return self
@@ -195,22 +206,6 @@ class Client:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def _read_events(self, turn_id: str, after: str, block_ms: float | None) -> list[TurnEvent]:
-        block = None if block_ms is None else build_block_ms(block_ms, self.block_cap_ms)
-        reply = self.redis.xread({keys.turn_events(turn_id): after}, block=block)
-        return [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)]
-
-    def _ended(self, turn_id: str) -> bool:
-        status = codec.parse_status(self.redis.get(keys.turn_status(turn_id)))
-        return status is None or status.terminal
-
-    def _send_control(self, turn_id: str, kind: str, call_id: str | None, approved: bool | None) -> bool:
-        keys_, args = codec.build_control_call(turn_id, kind, call_id, approved, codec.now_s())
-        result = int(self._control(keys=keys_, args=args))
-        if result < 0:
-            raise UnknownTurnError(turn_id)
-        return result == 1
 
 
 class AsyncClient:
@@ -229,57 +224,35 @@ class AsyncClient:
             self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs
         )
 
-    # Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
-    async def submit(  # noqa: PLR0917
-        self,
-        prompt: str | None = None,
-        messages: Sequence[Message | Mapping[str, Any]] | None = None,
-        tools: Sequence[str] | None = None,
-        model: str | None = None,
-        limits: Limits | Mapping[str, Any] | None = None,
-        context: Mapping[str, Any] | None = None,
-        conversation_id: str | None = None,
-        tool_choice: str | None = None,
-        *,
-        turn_id: str | None = None,
-    ) -> str:
-        """Store and queue a turn; returns its id once it is in Redis."""
-        request = _build_request(
-            prompt=prompt,
-            messages=messages,
-            tools=tools,
-            model=model,
-            limits=limits,
-            context=context,
-            conversation_id=conversation_id,
-            tool_choice=tool_choice,
-        )
-        return await self.submit_request(request, turn_id=turn_id)
+    @takes_arguments_of(build_submission)
+    async def submit(self, submission: Submission) -> str:
+        """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op."""
+        return await self.submit_request(submission.request, turn_id=submission.turn_id)
 
     async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
         """Store and queue an already built `TurnRequest`."""
-        tid = await self.store.submit(request, turn_id=turn_id)
+        turn_id = await self.store.submit(request, turn_id=turn_id)
         metrics.record_turn_submitted()
-        return tid
+        return turn_id
 
     async def get(self, turn_id: str) -> TurnView:
         """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
-        view = await self.store.get_view(turn_id)
-        if view is None:
-            raise UnknownTurnError(turn_id)
-        return view
+        return await self.store.require_view(turn_id)
+
+    async def outcome(self, turn_id: str) -> TurnOutcome | None:
+        """The terminal outcome, or None while the turn runs."""
+        return await self.store.get_outcome(turn_id)
 
     # `timeout` rather than asyncio.timeout: the same signature as the sync `Client.wait` (the contract).
     async def wait(self, turn_id: str, timeout: float) -> TurnOutcome:  # noqa: ASYNC109
         """Block until the turn is terminal; `TimeoutError` after `timeout` s."""
         return await self.store.wait_outcome(turn_id, timeout)
 
-    async def events(
+    def events(
         self, turn_id: str, after: str = "0", *, block_ms: int | None = None
     ) -> AsyncIterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`."""
-        async for event in self.store.iter_events(turn_id, after, block_ms=block_ms):
-            yield event
+        return self.store.iter_events(turn_id, after, block_ms=block_ms)
 
     async def cancel(self, turn_id: str) -> bool:
         """Ask for the turn to be cancelled; False when it had already ended."""
@@ -289,24 +262,10 @@ class AsyncClient:
         """Approve or deny a call waiting for confirmation; False when the turn had ended."""
         return await self.store.request_approval(turn_id, call_id, approved)
 
-    async def call_tool(
-        self,
-        name: str,
-        arguments: Mapping[str, Any],
-        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-        context: Mapping[str, Any] | None = None,
-    ) -> ToolOutcome:
+    @takes_arguments_of(build_direct_call)
+    async def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome."""
-        from orchestrator.direct import acall_tool
-
-        return await acall_tool(
-            self.redis_url,
-            name,
-            dict(arguments),
-            timeout_s=timeout_s,
-            context=dict(context or {}),
-            settings=self.settings,
-        )
+        return await direct.arun_call(self.redis_url, call, self.settings)
 
     async def ping(self) -> bool:
         """True when Redis answers."""

@@ -1,39 +1,63 @@
 """Direct execution of one tool call, no model involved (SPEC §4.10): `toolloop call`, `Client.call_tool`.
 
 Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
-dispatched), publish the task with a reply list, block on that list, read the outcome. The Redis client is
-the one every reader uses (`store.connect_sync` / `connect_async`: same URL options, `rediss://` certificate
-policy, default socket timeout), so the wait is a loop of BLPOPs of at most the store's `block_cap_ms`
-each, until the caller's timeout — never one long block that would outlast the socket. When nothing arrives
-in time, a synthetic `timeout` is written through the same first-writer-wins script, and whichever outcome
-won is returned — so a late real result can never make a second one. When the synthetic one won, the task
-is revoked with terminate: a tool nobody waits for any more stops now, not at its hard limit.
+dispatched), publish the task with a reply list, block on that list, read the outcome. The flow is written
+once (`build_call_flow`, sans-IO) and run by the store's runners: `run_call` / `call_tool` on a sync client,
+`arun_call` on an asyncio one (where the publish runs in a thread). The Redis client is the one every reader
+uses (`store.connect_sync` / `connect_async`: same URL options, `rediss://` certificate policy, default socket
+timeout), so the wait is a loop of BLPOPs of at most the client's `block_cap_ms` each, until the caller's
+timeout — never one long block that would outlast the socket. When nothing arrives in time, a synthetic
+`timeout` is written through the same first-writer-wins script, and whichever outcome won is returned — so a
+late real result can never make a second one. When the synthetic one won, the task is revoked with terminate:
+a tool nobody waits for any more stops now, not at its hard limit.
 
 Redis errors (unreachable server) propagate as `redis.RedisError`; everything else is an outcome.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import redis
-import redis.asyncio as aioredis
-
 from orchestrator.machine.validation import offered_tools, validate_call
-from orchestrator.runtime.publish import dispatch_call, get_producer_app, revoke_call
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store.catalogue import aread_catalogue, read_catalogue
-from orchestrator.store.turns import block_cap_ms, build_block_ms, connect_async, connect_sync
+from orchestrator.store import flows, operations
+from orchestrator.store.catalogue import get_catalogue
+from orchestrator.store.connection import block_cap_ms, connect_async, connect_sync
+from orchestrator.store.effects import BlockingCall, Flow
+from orchestrator.store.runner import AsyncRunner, SyncRunner
+from orchestrator.store.scripts import WriteResult
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 
+DEFAULT_CALL_TIMEOUT_S = 60.0
 # Extra wait past the caller's timeout, for an outcome written right at it. It stays below the margin by which
 # `build_limits` lets a capped soft limit pass the deadline, so the caller answers first, then revokes.
 REPLY_GRACE_S = 0.25
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """What a caller asks for: one call of tool `name`, answered within `timeout_s`."""
+
+    name: str
+    arguments: dict[str, Any]
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+def build_direct_call(
+    name: str,
+    arguments: Mapping[str, Any],
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    context: Mapping[str, Any] | None = None,
+) -> DirectCall:
+    """A `DirectCall` from the arguments of `Client.call_tool` (whose signature this is)."""
+    return DirectCall(name, dict(arguments), timeout_s, dict(context or {}))
 
 
 def build_direct_request(
@@ -82,35 +106,66 @@ def build_timeout_outcome(request: ToolCallRequest, timeout_s: float) -> ToolOut
     )
 
 
+def build_call_flow(
+    call: DirectCall,
+    settings: Settings,
+    *,
+    cap_ms: int,
+    now: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,
+) -> Flow[ToolOutcome]:
+    """The whole direct call as a flow: validate, publish, wait on the reply list, read (or time out)."""
+    # Celery loads with the first direct call, not with `orchestrator.client`: a web app that never calls a
+    # tool directly never imports it.
+    from orchestrator.runtime.publish import dispatch_call, get_producer_app, revoke_call
+
+    catalogue = yield get_catalogue(now())
+    rejected, spec = build_rejection_outcome(call.name, call.arguments, catalogue)
+    if rejected is not None or spec is None:
+        assert rejected is not None
+        return rejected
+    request = build_direct_request(call.name, call.arguments, call.context, call.timeout_s, now())
+    reply_key = request.reply_key or ""
+    app = get_producer_app(settings)
+    task_id = yield BlockingCall(partial(dispatch_call, app, spec, request))
+    yield from flows.wait_reply(reply_key, call.timeout_s + REPLY_GRACE_S, cap_ms=cap_ms, clock=clock)
+    outcome: ToolOutcome | None = yield operations.get_tool_outcome(request.call_id)
+    if outcome is None:
+        synthetic = build_timeout_outcome(request, call.timeout_s)
+        if (yield operations.write_outcome(synthetic)) is WriteResult.WON:
+            yield BlockingCall(partial(revoke_call, app, task_id, terminate=True))
+        outcome = yield operations.get_tool_outcome(request.call_id)
+    yield operations.delete(reply_key)
+    assert outcome is not None
+    return outcome
+
+
 def _settings_for(redis_url: str, settings: Settings | None) -> Settings:
     return (settings or get_settings()).model_copy(update={"redis_url": redis_url})
 
 
-def build_wait_step_s(deadline: float, now: float, cap_ms: int) -> float | None:
-    """The BLPOP timeout (s) of the next step of a wait until `deadline`; None once it has passed.
+def run_call(redis_url: str, call: DirectCall, settings: Settings | None = None) -> ToolOutcome:
+    """Run one tool call through the workers and return its outcome (blocking).
 
-    Never 0 (BLPOP 0 waits forever) and never over `cap_ms`, so one step ends well within the socket timeout.
+    `settings` (default: the environment's) give the broker and the `rediss://` certificate policy.
     """
-    remaining_ms = (deadline - now) * 1000
-    if remaining_ms <= 0:
-        return None
-    return build_block_ms(remaining_ms, cap_ms) / 1000
+    settings = _settings_for(redis_url, settings)
+    client = connect_sync(redis_url, settings.redis_ssl_cert_reqs)
+    try:
+        return SyncRunner(client).run_flow(build_call_flow(call, settings, cap_ms=block_cap_ms(client)))
+    finally:
+        client.close()
 
 
-def _wait_reply(client: redis.Redis, reply_key: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    cap_ms = block_cap_ms(client)
-    while (step_s := build_wait_step_s(deadline, time.monotonic(), cap_ms)) is not None:
-        if client.blpop([reply_key], timeout=step_s) is not None:
-            return
-
-
-async def _await_reply(client: aioredis.Redis, reply_key: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    cap_ms = block_cap_ms(client)
-    while (step_s := build_wait_step_s(deadline, time.monotonic(), cap_ms)) is not None:
-        if await client.blpop([reply_key], timeout=step_s) is not None:
-            return
+async def arun_call(redis_url: str, call: DirectCall, settings: Settings | None = None) -> ToolOutcome:
+    """`run_call` for asyncio: the publish runs in a thread, the wait on the reply list is async."""
+    settings = _settings_for(redis_url, settings)
+    client = connect_async(redis_url, settings.redis_ssl_cert_reqs)
+    try:
+        flow = build_call_flow(call, settings, cap_ms=block_cap_ms(client))
+        return await AsyncRunner(client).run_flow(flow)
+    finally:
+        await client.aclose()
 
 
 def call_tool(
@@ -122,67 +177,5 @@ def call_tool(
     context: Mapping[str, Any] | None = None,
     settings: Settings | None = None,
 ) -> ToolOutcome:
-    """Run one tool call through the workers and return its outcome (blocking).
-
-    `settings` (default: the environment's) give the broker and the `rediss://` certificate policy.
-    """
-    settings = _settings_for(redis_url, settings)
-    client = connect_sync(redis_url, settings.redis_ssl_cert_reqs)
-    try:
-        rejected, spec = build_rejection_outcome(name, arguments, read_catalogue(client))
-        if rejected is not None or spec is None:
-            assert rejected is not None
-            return rejected
-        request = build_direct_request(name, arguments, context, timeout_s, time.time())
-        app = get_producer_app(settings)
-        task_id = dispatch_call(app, spec, request)
-        _wait_reply(client, request.reply_key or "", timeout_s + REPLY_GRACE_S)
-        raw = client.get(keys.outcome(request.call_id))
-        if raw is None:
-            script_keys, script_args = keys.build_write_outcome_call(
-                request.call_id, None, build_timeout_outcome(request, timeout_s).model_dump_json()
-            )
-            if client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args):
-                revoke_call(app, task_id, terminate=True)
-            raw = client.get(keys.outcome(request.call_id))
-        client.delete(request.reply_key or "")
-        assert raw is not None
-        return ToolOutcome.model_validate_json(raw)
-    finally:
-        client.close()
-
-
-async def acall_tool(
-    redis_url: str,
-    name: str,
-    arguments: Mapping[str, Any],
-    *,
-    timeout_s: float,
-    context: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
-) -> ToolOutcome:
-    """`call_tool` for asyncio: the publish runs in a thread, the wait on the reply list is async."""
-    settings = _settings_for(redis_url, settings)
-    client = connect_async(redis_url, settings.redis_ssl_cert_reqs)
-    try:
-        rejected, spec = build_rejection_outcome(name, arguments, await aread_catalogue(client))
-        if rejected is not None or spec is None:
-            assert rejected is not None
-            return rejected
-        request = build_direct_request(name, arguments, context, timeout_s, time.time())
-        app = get_producer_app(settings)
-        task_id = await asyncio.to_thread(dispatch_call, app, spec, request)
-        await _await_reply(client, request.reply_key or "", timeout_s + REPLY_GRACE_S)
-        raw = await client.get(keys.outcome(request.call_id))
-        if raw is None:
-            script_keys, script_args = keys.build_write_outcome_call(
-                request.call_id, None, build_timeout_outcome(request, timeout_s).model_dump_json()
-            )
-            if await client.register_script(keys.WRITE_OUTCOME_LUA)(keys=script_keys, args=script_args):
-                await asyncio.to_thread(revoke_call, app, task_id, terminate=True)
-            raw = await client.get(keys.outcome(request.call_id))
-        await client.delete(request.reply_key or "")
-        assert raw is not None
-        return ToolOutcome.model_validate_json(raw)
-    finally:
-        await client.aclose()
+    """`run_call` of tool `name` with `arguments`, answered within `timeout_s` (`toolloop call`)."""
+    return run_call(redis_url, build_direct_call(name, arguments, timeout_s, context), settings)

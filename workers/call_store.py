@@ -1,10 +1,10 @@
-"""The Redis side of executing a call (SPEC §4.8–§4.9): the scripts a pool child runs and `CallStore`.
+"""The Redis side of executing a call (SPEC §4.8–§4.9): `CallStore`, over the scripts of `workers.scripts`.
 
-One start script per execution does the redelivery dedupe, the running guard, the attempt count and the
-"started" notification in a single round trip; one pipeline writes the outcome and its companions. Every
-step takes an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a lost reply: the
-start script knows its execution's token, the idempotency claim its call id, and a repeated outcome write
-first looks whether the earlier try's outcome landed.
+One start script per execution (`start.lua`) does the redelivery dedupe, the running guard, the attempt
+count and the "started" notification in a single round trip; one pipeline writes the outcome and its
+companions. Every step takes an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a
+lost reply: the start script knows its execution's token, the idempotency claim its call id, and a repeated
+outcome write first looks whether the earlier try's outcome landed.
 """
 
 from __future__ import annotations
@@ -15,55 +15,12 @@ from typing import Any
 
 import redis
 
-from workers import keys
+from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome
 from workers.redis_retry import RedisRetry
 
 ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
-
-# KEYS: outcome, running, attempts, turn lease ('' when none).
-# ARGV: running token, running TTL ms, attempts TTL s, inbox prefix, call id, turn id, worker, started at.
-# Returns {-1, 0} when the call already has an outcome, {-2, pttl} when another execution holds it,
-# else {attempt, 0} after notifying the turn's owner that the call started. The token is unique per
-# execution: finding it already set means this execution's first try ran and only its reply was lost.
-START_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  return {tonumber(redis.call('GET', KEYS[3]) or '1'), 0}
-end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then
-  return {-2, redis.call('PTTL', KEYS[2])}
-end
-local n = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-if KEYS[4] ~= '' then
-  local owner = redis.call('GET', KEYS[4])
-  if owner then
-    redis.call('XADD', ARGV[4] .. owner, 'MAXLEN', '~', '100000', '*', 'kind', 'started',
-               'turn', ARGV[6], 'call', ARGV[5], 'attempt', tostring(n), 'worker', ARGV[7], 'at', ARGV[8])
-  end
-end
-return {n, 0}
-"""
-
-# KEYS: idempotency record, its lock. ARGV: call id (the lock's holder), lock TTL ms.
-# Returns {1, record} for a stored success, {0, ''} when this call holds the lock (now, or already: a
-# redelivery of the same call), {2, pttl} when another call holds it.
-CLAIM_IDEMPOTENCY_LUA = """
-local record = redis.call('GET', KEYS[1])
-if record then return {1, record} end
-local holder = redis.call('GET', KEYS[2])
-if holder and holder ~= ARGV[1] then return {2, tostring(redis.call('PTTL', KEYS[2]))} end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', tonumber(ARGV[2]))
-return {0, ''}
-"""
-
-# KEYS: running guard or idempotency lock. ARGV: token ('' deletes whatever holds it). Deletes only our own.
-RELEASE_LUA = """
-if ARGV[1] == '' or redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 class CallStore:
@@ -71,10 +28,10 @@ class CallStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._start = client.register_script(START_LUA)
-        self._release = client.register_script(RELEASE_LUA)
-        self._claim = client.register_script(CLAIM_IDEMPOTENCY_LUA)
-        self._write = client.register_script(keys.WRITE_OUTCOME_LUA)
+        self._start = client.register_script(scripts.START.source)
+        self._release = client.register_script(scripts.RELEASE.source)
+        self._claim = client.register_script(scripts.CLAIM_IDEMPOTENCY.source)
+        self._write = client.register_script(scripts.WRITE_OUTCOME.source)
 
     def start(
         self,
@@ -85,7 +42,8 @@ class CallStore:
         worker: str,
         retry: RedisRetry | None = None,
     ) -> tuple[int, int]:
-        """Run the start script: (attempt, 0), (-1, 0) already finished, (-2, pttl ms) held elsewhere.
+        """Run the start script: (attempt, 0) when started, (StartResult.FINISHED, 0) when the call already
+        has an outcome, (StartResult.HELD, pttl ms) when another execution holds it.
 
         With `retry`, tried again while Redis is unavailable (the script is safe to repeat per token).
         """
@@ -108,11 +66,12 @@ class CallStore:
                     request.turn_id or "",
                     worker,
                     f"{time.time():.3f}",
+                    keys.INBOX_MAXLEN,
                 ],
             )
 
-        result = retry.call(once, "the start of a call") if retry is not None else once(0)
-        return int(result[0]), int(result[1])
+        reply = retry.call(once, "the start of a call") if retry is not None else once(0)
+        return scripts.parse_start_reply(reply)
 
     def finish(
         self,
@@ -144,7 +103,7 @@ class CallStore:
                 pipe.set(idempotency[0], idempotency[1], ex=keys.IDEMPOTENCY_TTL_S)
             won_index = len(pipe)
             if not landed:
-                script_keys, script_args = keys.build_write_outcome_call(
+                script_keys, script_args = scripts.build_write_outcome_call(
                     outcome.call_id, outcome.turn_id, outcome_json, reply_key
                 )
                 self._write(keys=script_keys, args=script_args, client=pipe)
@@ -153,23 +112,23 @@ class CallStore:
             if idempotency_lock is not None:
                 self._release(keys=[idempotency_lock], args=[outcome.call_id], client=pipe)
             results = pipe.execute()
-            return landed or bool(results[won_index])
+            return landed or scripts.parse_write_result(results[won_index]) is scripts.WriteResult.WON
 
         return retry.call(once, f"the outcome of {outcome.call_id}") if retry is not None else once(0)
 
     def claim_idempotency(
         self, key: str, *, call_id: str, lock_ttl_s: float, retry: RedisRetry | None = None
-    ) -> tuple[int, str | None]:
-        """(1, stored success JSON); (0, None): `call_id` holds the key's lock; (2, None): another does.
+    ) -> tuple[scripts.IdempotencyClaim, str | None]:
+        """(STORED, stored success JSON); (CLAIMED, None): `call_id` holds the key's lock; (BUSY, None):
+        another call does.
 
         With `retry`, tried again while Redis is unavailable (the claim is safe to repeat per call id)."""
 
         def once(_failures: int) -> Any:
             return self._claim(keys=[key, keys.idempotency_lock(key)], args=[call_id, int(lock_ttl_s * 1000)])
 
-        state, value = retry.call(once, "an idempotency claim") if retry is not None else once(0)
-        record = value.decode("utf-8") if isinstance(value, bytes) else value
-        return int(state), (record if int(state) == 1 else None)
+        reply = retry.call(once, "an idempotency claim") if retry is not None else once(0)
+        return scripts.parse_idempotency_claim(reply)
 
     def release_idempotency_lock(self, key: str, call_id: str) -> None:
         """Drop the lock on an idempotency key if `call_id` holds it."""

@@ -47,6 +47,7 @@ from workers.outcomes import (
     format_seconds,
 )
 from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
+from workers.scripts import IdempotencyClaim, StartResult
 from workers.tools import Tool, ToolContext, TransientToolError
 
 # `get_store` is re-exported: the task body takes its store from here.
@@ -139,9 +140,9 @@ def execute_call(
         )
     except (*UNAVAILABLE_ERRORS, *timeout_errors) as exc:
         return _hand_back(store, request.call_id, token, exc)
-    if attempt == -1:
+    if attempt == StartResult.FINISHED:
         return Skipped("the call already has an outcome")
-    if attempt == -2:
+    if attempt == StartResult.HELD:
         return RetryLater(
             min(max(held_ms / 1000, 0.1), DUPLICATE_RECHECK_MAX_S), "another execution holds the call"
         )
@@ -274,7 +275,7 @@ def _claim_idempotency(
             state, record = run.store.claim_idempotency(
                 idem_key, call_id=request.call_id, lock_ttl_s=run.lock_ttl_s, retry=retry
             )
-            if state == 0:
+            if state is IdempotencyClaim.CLAIMED:
                 run.idem_key_held = idem_key
                 return None
             if record is not None:

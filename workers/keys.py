@@ -1,7 +1,8 @@
-"""Every Redis key toolloop uses, with its TTL, in one place — and the atomic scripts both sides share.
+"""Every Redis key toolloop uses, with its TTL and stream cap, in one place.
 
 Workers are the leaf package, so the storage layout lives here and the orchestrator imports it; no other
-module spells a key. Keys share the prefix `toolloop:` so that one Redis can hold several apps.
+module spells a key. Keys share the prefix `toolloop:` so that one Redis can hold several apps. The atomic
+scripts over these keys are `.lua` files (`workers.scripts`), which get every key and cap below as KEYS/ARGV.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ CATALOGUE_STALE_S = 60.0  # a worker's catalogue entry older than this is ignore
 CATALOGUE_REFRESH_S = 15.0  # how often a worker republishes its catalogue entry
 TURN_TTL_S = 7 * 24 * 3600  # a turn's request, state, events and outcome after it ends
 INBOX_MAXLEN = 100_000  # approximate cap of an orchestrator's inbox stream
+INBOX_OUTCOME_MAX_BYTES = 8192  # an outcome notification carries the outcome itself up to this size
 EVENTS_MAXLEN = 10_000  # approximate cap of one turn's event stream
 
 # --- tools -----------------------------------------------------------------------------------------------
@@ -120,57 +122,3 @@ def conversation_waiting(conversation_id: str) -> str:
 def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
     return f"{PREFIX}conversation:{conversation_id}:lock"
-
-
-# --- scripts ---------------------------------------------------------------------------------------------
-
-# First writer wins (SPEC §4.9). KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when
-# none). ARGV: outcome JSON, TTL seconds, inbox prefix, call id, turn id. Returns 1 when this write won.
-# The owner is looked up inside the script so a notification always goes to the turn's current owner; it
-# carries the outcome itself when small (8 KiB), sparing the owner a read of it ('' otherwise).
-WRITE_OUTCOME_LUA = """
-local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2]))
-if not won then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
-  return 0
-end
-if KEYS[3] ~= '' then
-  local owner = redis.call('GET', KEYS[3])
-  if owner then
-    redis.call('XADD', ARGV[3] .. owner, 'MAXLEN', '~', '100000', '*',
-               'kind', 'outcome', 'turn', ARGV[5], 'call', ARGV[4],
-               'outcome', #ARGV[1] <= 8192 and ARGV[1] or '')
-  end
-end
-if KEYS[4] ~= '' then
-  redis.call('RPUSH', KEYS[4], ARGV[4])
-  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[2]))
-end
-return 1
-"""
-
-# Tell a turn's current owner something happened to one of its calls (e.g. a worker started it).
-# KEYS: turn lease. ARGV: inbox prefix, then field/value pairs. Returns 1 when an owner was found.
-NOTIFY_OWNER_LUA = """
-local owner = redis.call('GET', KEYS[1])
-if not owner then return 0 end
-local fields = {}
-for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('XADD', ARGV[1] .. owner, 'MAXLEN', '~', '100000', '*', unpack(fields))
-return 1
-"""
-
-
-def build_write_outcome_call(
-    call_id: str, turn_id: str | None, outcome_json: str, reply_key: str | None = None
-) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV for WRITE_OUTCOME_LUA, so both sides write outcomes identically."""
-    keys = [
-        outcome(call_id),
-        late_outcomes(call_id),
-        turn_lease(turn_id) if turn_id else "",
-        reply_key or "",
-    ]
-    args = [outcome_json, str(OUTCOME_TTL_S), INBOX_PREFIX, call_id, turn_id or ""]
-    return keys, args

@@ -1,5 +1,8 @@
 """Reading the live tool catalogue that workers publish to Redis (SPEC §3.4), sync and async.
 
+`get_catalogue` is the operation (`orchestrator.store.effects`); `read_catalogue` / `aread_catalogue` run it
+on a sync or an asyncio client.
+
 The orchestrator never imports tool code: this merged view (name → ToolSpec) is all it knows of tools.
 Entries of workers not seen for `keys.CATALOGUE_STALE_S` are ignored; when several live workers serve a
 tool, the most recently published spec wins.
@@ -16,6 +19,8 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from orchestrator.store.effects import Command
+from orchestrator.store.runner import AsyncRunner, SyncRunner
 from workers import keys
 from workers.contract import ToolSpec
 
@@ -65,13 +70,16 @@ def _parse_entry(worker: bytes | str, raw: bytes | str) -> tuple[float, list[Too
     return parsed
 
 
+def get_catalogue(now: float) -> Command[dict[str, ToolSpec]]:
+    """The operation that reads the catalogue hash and merges it as of `now` (epoch seconds)."""
+    return Command(("HGETALL", keys.CATALOGUE), lambda entries: build_catalogue(entries, now))
+
+
 def read_catalogue(client: redis.Redis) -> dict[str, ToolSpec]:
     """The live catalogue, read with a sync client."""
-    entries: Mapping[bytes | str, bytes | str] = client.hgetall(keys.CATALOGUE)
-    return build_catalogue(entries, time.time())
+    return SyncRunner(client).run(get_catalogue(time.time()))
 
 
 async def aread_catalogue(client: aioredis.Redis) -> dict[str, ToolSpec]:
     """The live catalogue, read with an asyncio client."""
-    entries: Mapping[bytes | str, bytes | str] = await client.hgetall(keys.CATALOGUE)
-    return build_catalogue(entries, time.time())
+    return await AsyncRunner(client).run(get_catalogue(time.time()))

@@ -167,7 +167,7 @@ async def test_get_lists_the_calls_waiting_for_approval(client: Client, aclient:
         calls(("delete", {"id": 1, "api_token": "t-123"}), ("add", {"a": 1, "b": 2}), ("delete", {"id": 2}))
     )
     store = aclient.store
-    assert await store.save_state(turn_id, dump_state(driver.state), driver.state.status)
+    assert await store.save_step(turn_id, dump_state(driver.state), driver.state.status)
     expected = [
         PendingApproval(call_id="call_0", tool="delete", arguments={"id": 1, "api_token": REDACTED}),
         PendingApproval(call_id="call_2", tool="delete", arguments={"id": 2}),

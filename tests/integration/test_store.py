@@ -38,6 +38,11 @@ def finished(turn_id: str, text: str = "done") -> TurnOutcome:
     )
 
 
+async def lease_owner(store: TurnStore, turn_id: str) -> str | None:
+    owner: str | None = await store.redis.get(keys.turn_lease(turn_id))
+    return owner
+
+
 def ok_outcome(call_id: str, turn_id: str | None, result: str) -> ToolOutcome:
     return ToolOutcome(call_id=call_id, tool="add", turn_id=turn_id, ok=True, result=result, content=result)
 
@@ -78,7 +83,7 @@ async def test_submit_refuses_a_turn_with_nothing_to_answer(store: TurnStore) ->
 async def test_claim_leases_the_turn_and_times_out_when_empty(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="hello"))
     assert await store.claim("orch-a", timeout_s=1.0) == turn_id
-    assert await store.lease_owner(turn_id) == "orch-a"
+    assert await lease_owner(store, turn_id) == "orch-a"
     assert await store.get_status(turn_id) == TurnStatus.RUNNING
     assert await store.redis.llen(keys.TURNS_CLAIMING) == 0
     started = time.monotonic()
@@ -107,9 +112,9 @@ async def test_renew_reports_lost_leases_and_release_is_owner_only(store: TurnSt
     assert await store.renew_leases("orch-a", [mine, theirs], ttl_s=30) == {theirs}
     assert 25_000 < await store.redis.pttl(keys.turn_lease(mine)) <= 30_000
     await store.release("orch-a", theirs)  # not the owner: nothing happens
-    assert await store.lease_owner(theirs) == "orch-b"
+    assert await lease_owner(store, theirs) == "orch-b"
     await store.release("orch-a", mine)
-    assert await store.lease_owner(mine) is None
+    assert await lease_owner(store, mine) is None
     assert await store.renew_leases("orch-a", [mine], ttl_s=30) == {mine}
 
 
@@ -124,7 +129,7 @@ async def test_expired_lease_makes_an_orphan_that_one_orchestrator_takes_over(st
         store.take_over("orch-b", turn_id, 10), store.take_over("orch-c", turn_id, 10)
     )
     assert sorted(results) == [False, True]
-    assert await store.lease_owner(turn_id) in {"orch-b", "orch-c"}
+    assert await lease_owner(store, turn_id) in {"orch-b", "orch-c"}
     assert await store.find_orphans() == []
     assert not await store.take_over("orch-b", queued, 10)  # belongs to whoever pops it from the queue
 
@@ -153,17 +158,21 @@ async def test_terminal_turns_are_neither_claimed_nor_orphans(store: TurnStore) 
     assert outcome is not None and outcome.text == "done"
 
 
-async def test_save_state_is_fenced_by_the_lease_and_by_the_end(store: TurnStore) -> None:
+async def test_save_step_is_fenced_by_the_lease_and_by_the_end(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     assert await store.claim("orch-a", timeout_s=1.0) == turn_id
-    assert await store.save_state(turn_id, '{"v": 1}', TurnStatus.WAITING, orchestrator_id="orch-a")
+    step = [("round_completed", {"round": 1})]
+    assert await store.save_step(turn_id, '{"v": 1}', TurnStatus.WAITING, step, orchestrator_id="orch-a")
     assert await store.load_state(turn_id) == '{"v": 1}'
     assert await store.get_status(turn_id) == TurnStatus.WAITING
-    assert not await store.save_state(turn_id, '{"v": 2}', TurnStatus.RUNNING, orchestrator_id="orch-b")
+    assert not await store.save_step(turn_id, '{"v": 2}', TurnStatus.RUNNING, step, orchestrator_id="orch-b")
     await store.save_outcome(turn_id, finished(turn_id))
-    assert not await store.save_state(turn_id, '{"v": 3}', TurnStatus.RUNNING, orchestrator_id="orch-a")
+    assert not await store.save_step(turn_id, '{"v": 3}', TurnStatus.RUNNING, step, orchestrator_id="orch-a")
     assert await store.load_state(turn_id) == '{"v": 1}'
     assert await store.get_status(turn_id) == TurnStatus.COMPLETED
+    # Only the kept step told of itself; the refused ones wrote no event.
+    names = [e.name for e in await store.read_events(turn_id)]
+    assert names == ["turn_queued", "round_completed", "turn_finished"]
 
 
 async def test_first_writer_wins_and_notifies_the_owner_once(store: TurnStore) -> None:
@@ -228,12 +237,11 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     await asyncio.sleep(0.1)
     await store.save_outcome(first, finished(first, "answer one"))
     assert await asyncio.wait_for(waiting, 2.0) == second
-    request = await store.load_request(second, with_history=True)
-    assert request is not None
-    assert [m.content for m in request.messages] == ["hi", "answer one"]
-    assert request.prompt == "two"
+    request = await store.load_request(second)
+    assert request is not None and request.prompt == "two"
     history = await store.conversation_history("conv-1")
     assert [m.role for m in history] == ["user", "assistant"]
+    assert [m.content for m in history] == ["hi", "answer one"]
     await store.save_outcome(second, finished(second))
     assert await store.redis.get(keys.conversation_lock("conv-1")) is None
     assert await store.redis.get(keys.conversation_head("conv-1")) == second
@@ -288,7 +296,7 @@ async def test_view_shows_the_transcript_so_far(store: TurnStore) -> None:
     state = (
         '{"version": 1, "history": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "…"}]}'
     )
-    await store.save_state(turn_id, state, TurnStatus.RUNNING)
+    assert await store.save_step(turn_id, state, TurnStatus.RUNNING)
     view = await store.get_view(turn_id)
     assert view is not None and [m.role for m in view.messages] == ["user", "assistant"]
     await store.save_outcome(turn_id, finished(turn_id))
@@ -300,10 +308,12 @@ async def test_view_shows_the_transcript_so_far(store: TurnStore) -> None:
 async def test_orchestrator_registry(store: TurnStore) -> None:
     await store.register_orchestrator("orch-a")
     await store.register_orchestrator("orch-b")
-    await store.redis.zadd(keys.ORCHESTRATORS, {"orch-b": time.time() - 120})
-    assert await store.live_orchestrators(max_age_s=30) == ["orch-a"]
+    await store.redis.xadd(keys.inbox("orch-a"), {"kind": "started"})
+    await store.heartbeat("orch-b")
+    assert time.time() - 5 < await store.redis.zscore(keys.ORCHESTRATORS, "orch-b") <= time.time()
     await store.unregister("orch-a")
-    assert await store.live_orchestrators(max_age_s=30) == []
+    assert await store.redis.zrange(keys.ORCHESTRATORS, 0, -1) == ["orch-b"]
+    assert not await store.redis.exists(keys.inbox("orch-a"))
     assert await store.ping()
 
 

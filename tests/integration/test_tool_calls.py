@@ -16,7 +16,7 @@ from orchestrator.runtime.publish import build_task_id, dispatch_call, get_produ
 from orchestrator.settings import Settings
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
-from workers import keys
+from workers import keys, scripts
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -217,23 +217,23 @@ def test_redelivered_message_does_not_run_a_finished_tool_again(
 
 def test_concurrent_writers_leave_exactly_one_outcome(redis_client: redis.Redis) -> None:
     call_id = f"race-{_tag()}"
-    script = redis_client.register_script(keys.WRITE_OUTCOME_LUA)
+    script = redis_client.register_script(scripts.WRITE_OUTCOME.source)
     barrier = threading.Barrier(8)
-    wins: list[int] = []
+    wins: list[scripts.WriteResult] = []
 
     def write(i: int) -> None:
         outcome = build_failure((call_id, "echo", None), FailureKind.TIMEOUT, f"writer {i}")
-        script_keys, args = keys.build_write_outcome_call(call_id, None, outcome.model_dump_json())
+        script_keys, args = scripts.build_write_outcome_call(call_id, None, outcome.model_dump_json())
         client = redis.Redis(connection_pool=redis_client.connection_pool)
         barrier.wait()
-        wins.append(int(script(keys=script_keys, args=args, client=client)))
+        wins.append(scripts.parse_write_result(script(keys=script_keys, args=args, client=client)))
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(wins) == [0] * 7 + [1]
+    assert sorted(wins) == [scripts.WriteResult.LOST] * 7 + [scripts.WriteResult.WON]
     winner = ToolOutcome.model_validate_json(redis_client.get(keys.outcome(call_id)) or b"")
     late = [
         ToolOutcome.model_validate_json(raw)

@@ -11,8 +11,9 @@ import pytest
 
 from orchestrator import AsyncClient, Client
 from orchestrator.api import build_safe_json, build_validation_detail
+from orchestrator.client import build_submission
 from orchestrator.settings import Settings
-from orchestrator.store.codec import build_turn_request, find_unstorable_value
+from orchestrator.store.codec import find_unstorable_value
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -62,7 +63,7 @@ def test_a_value_nested_past_the_recursion_limit_is_walked() -> None:
 )
 def test_both_clients_refuse_unstorable_input(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"not a JSON number|unpaired surrogate"):
-        build_turn_request(**kwargs)
+        build_submission(**kwargs)
     settings = Settings(redis_url=NOWHERE)
     with Client(NOWHERE, settings=settings) as client, pytest.raises(ValueError, match=r"JSON|surrogate"):
         client.submit(**kwargs)

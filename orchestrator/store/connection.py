@@ -1,0 +1,75 @@
+"""How the stores open Redis, and how long one blocking read may block on a client.
+
+Every reader opens Redis through `connect_sync` / `connect_async` (workers.connect: decoded replies, the
+`rediss://` certificate policy of SPEC §8.1, redis-py's default socket timeout). redis-py gives up on a reply
+that takes longer than the client's socket timeout, and a server-side block of the same length hits it
+exactly: so no blocking read (XREAD BLOCK, BLMOVE, BLPOP) blocks longer than `block_cap_ms` of its client,
+well under that timeout, and whoever waits longer loops in steps until its own deadline (`build_step_ms`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from workers.connect import connect_redis, connect_redis_async
+
+# redis-py 8's `socket_timeout` defaults to 5 s; a read blocks at most 2 s, or less for a shorter timeout.
+MAX_BLOCK_MS = 2000
+_SOCKET_TIMEOUT_SHARE = 0.4
+_ASSUMED_SOCKET_TIMEOUT_S = 5.0
+
+
+def connect_sync(redis_url: str, ssl_cert_reqs: str = "required") -> redis.Redis:
+    """The sync Redis client every sync reader uses (`Client`, direct calls): decoded replies, and for
+    `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout."""
+    return connect_redis(redis_url, ssl_cert_reqs)
+
+
+def connect_async(redis_url: str, ssl_cert_reqs: str = "required") -> aioredis.Redis:
+    """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
+    return connect_redis_async(redis_url, ssl_cert_reqs)
+
+
+def _socket_timeout_s(client: Any) -> float | None:
+    # The read timeout redis-py applies on `client`'s connections (sync or asyncio); None: no timeout.
+    pool = client.connection_pool
+    if "socket_timeout" in pool.connection_kwargs:
+        value = pool.connection_kwargs["socket_timeout"]
+    else:
+        value = _default_socket_timeout(pool.connection_class)
+    return None if value is None else float(value)
+
+
+def _default_socket_timeout(connection_class: type) -> Any:
+    # The connection class's own default, which is what an URL without `socket_timeout` gets.
+    for cls in connection_class.__mro__:
+        init = vars(cls).get("__init__")
+        parameter = inspect.signature(init).parameters.get("socket_timeout") if init else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return _ASSUMED_SOCKET_TIMEOUT_S
+
+
+def block_cap_ms(client: Any) -> int:
+    """How long one blocking read on `client` may block: `MAX_BLOCK_MS`, less for a short socket timeout."""
+    timeout = _socket_timeout_s(client)
+    if timeout is None or timeout <= 0:
+        return MAX_BLOCK_MS
+    return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * _SOCKET_TIMEOUT_SHARE)))
+
+
+def build_block_ms(wanted_ms: float, cap_ms: int) -> int:
+    """The BLOCK of one read: what the caller wants, capped, and at least 1 ms (BLOCK 0 waits forever)."""
+    return max(1, min(cap_ms, int(wanted_ms)))
+
+
+def build_step_ms(deadline: float, now: float, cap_ms: int) -> int | None:
+    """The block of the next step of a wait until `deadline` (the clock of `now`); None once it has passed."""
+    remaining_ms = (deadline - now) * 1000
+    if remaining_ms <= 0:
+        return None
+    return build_block_ms(remaining_ms, cap_ms)

@@ -1,0 +1,73 @@
+"""What the stores ask of Redis, as values (sans-IO): an operation and the parser of its reply.
+
+An `Operation` is one round trip — a `Command`, a `ScriptCall` or a `Transaction` — built by a pure function
+of `orchestrator.store.operations`, with the function that turns the raw reply into a typed value. A flow
+(`orchestrator.store.flows`, `orchestrator.direct`) is a generator that yields operations and receives their
+parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`) performs it
+on a sync or an asyncio Redis client. Two more steps a flow may yield: `BlockingCall`, a blocking call that is
+not Redis (a Celery publish; run in a thread under asyncio), and `Emit`, a value handed to whoever iterates
+the flow (an event of a followed turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+from workers.scripts import Script
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Command(Generic[T]):
+    """One Redis command (its words, as for redis-py's `execute_command`) and the parser of its reply."""
+
+    args: tuple[str | int | float, ...]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class ScriptCall(Generic[T]):
+    """One call of a Lua script with its KEYS and ARGV, and the parser of its reply."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class Transaction(Generic[T]):
+    """Commands run together in one MULTI/EXEC; `parse` gets the list of their (callback-parsed) replies."""
+
+    commands: tuple[tuple[str | int | float, ...], ...]
+    parse: Callable[[list[Any]], T]
+
+
+@dataclass(frozen=True)
+class BlockingCall(Generic[T]):
+    """A blocking call that is not Redis (publishing to Celery): the async runner runs it in a thread."""
+
+    call: Callable[[], T]
+
+
+@dataclass(frozen=True)
+class Emit(Generic[T]):
+    """A value a flow hands to its consumer (`iter_flow`); the flow gets None back."""
+
+    value: T
+
+
+Operation: TypeAlias = Command[T] | ScriptCall[T] | Transaction[T]
+Step: TypeAlias = Command[Any] | ScriptCall[Any] | Transaction[Any] | BlockingCall[Any]
+# A flow yields steps, receives each one's parsed reply, and returns its result.
+Flow: TypeAlias = Generator[Step, Any, T]
+# A flow whose consumer iterates the values it emits.
+Stream: TypeAlias = Generator[Step | Emit[T], Any, None]
+
+
+def parse_reply(reply: Any) -> Any:
+    """The parser of an operation whose reply nobody reads."""
+    return reply

@@ -1,0 +1,147 @@
+"""The multi-step flows of the stores, written once as generators (sans-IO) for the sync and async runners.
+
+A flow yields operations (`orchestrator.store.operations`) and gets each one's parsed reply back; it never
+touches Redis or sleeps, and takes the clock it measures deadlines with as an argument, so a test drives it
+by hand with made-up replies and times. Blocking reads are cut into steps of at most `cap_ms` (the client's
+`block_cap_ms`), so a wait longer than the socket timeout loops until its own deadline instead of failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orchestrator.errors import UnknownTurnError
+from orchestrator.model import Message, TurnOutcome, TurnRequest
+from orchestrator.store import codec, operations
+from orchestrator.store.codec import TurnEvent
+from orchestrator.store.connection import build_block_ms, build_step_ms
+from orchestrator.store.effects import Emit, Flow, Stream
+from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
+from workers.contract import ToolOutcome
+
+Clock = Callable[[], float]
+
+
+class Unread:
+    """The type of `UNREAD`."""
+
+
+# A value not read yet (as opposed to None, a value known to be absent).
+UNREAD = Unread()
+
+
+def submit(request: TurnRequest, turn_id: str | None, now: float) -> Flow[str]:
+    """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given)."""
+    codec.check_turn_request(request)
+    tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
+    yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
+    return tid
+
+
+def claim(
+    orchestrator_id: str, *, timeout_s: float, ttl_ms: int, cap_ms: int, clock: Clock
+) -> Flow[str | None]:
+    """The next queued turn, leased to `orchestrator_id`; None when none came within `timeout_s`.
+
+    Pops into the claiming list (a claimer dying here leaves a trace `find_orphans` reports) in steps of at
+    most `cap_ms`; terminal or already leased ids are skipped."""
+    deadline = clock() + timeout_s
+    while (step_ms := build_step_ms(deadline, clock(), cap_ms)) is not None:
+        turn_id: str | None = yield operations.pop_queued(step_ms / 1000)
+        if turn_id is None:
+            continue
+        if (yield operations.claim(turn_id, orchestrator_id, ttl_ms)) is ClaimResult.CLAIMED:
+            return turn_id
+    return None
+
+
+def wait_reply(reply_key: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[bool]:
+    """Block on a direct call's reply list, in steps of at most `cap_ms`; False when `timeout_s` passed."""
+    deadline = clock() + timeout_s
+    while (step_ms := build_step_ms(deadline, clock(), cap_ms)) is not None:
+        if (yield operations.pop_reply(reply_key, step_ms / 1000)):
+            return True
+    return False
+
+
+def conversation_history(conversation_id: str) -> Flow[list[Message]]:
+    """The whole history of the conversation's last finished turn ([] for a new conversation)."""
+    head = yield operations.get_conversation_head(conversation_id)
+    if head is None:
+        return []
+    outcome: TurnOutcome | None = yield operations.get_outcome(head)
+    return list(outcome.messages) if outcome else []
+
+
+def save_outcome(
+    turn_id: str, outcome: TurnOutcome, conversation_id: str | Unread | None, now: float
+) -> Flow[FinishResult]:
+    """The terminal write; the turn's conversation is read from its request when `UNREAD`."""
+    if isinstance(conversation_id, Unread):
+        request: TurnRequest | None = yield operations.get_request(turn_id)
+        conversation_id = request.conversation_id if request else None
+    result: FinishResult = yield operations.save_outcome(turn_id, outcome, conversation_id, now)
+    return result
+
+
+def write_outcome(outcome: ToolOutcome) -> Flow[ToolOutcome]:
+    """First writer wins: the outcome stored for the call, `outcome` or an earlier one."""
+    if (yield operations.write_outcome(outcome)) is WriteResult.WON:
+        return outcome
+    winner: ToolOutcome | None = yield operations.get_tool_outcome(outcome.call_id)
+    return winner if winner is not None else outcome
+
+
+def send_control(
+    turn_id: str, kind: str, call_id: str | None, approved: bool | None, now: float
+) -> Flow[bool]:
+    """Record a cancel or an approval for the turn's owner: False when the turn had ended already."""
+    result = yield operations.control(turn_id, kind, call_id, approved, now)
+    if result is ControlResult.UNKNOWN:
+        raise UnknownTurnError(turn_id)
+    return result is ControlResult.RECORDED
+
+
+def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[TurnOutcome]:
+    """Block on the events stream (no tight polling) until the turn is terminal; else `TimeoutError`.
+
+    Each read blocks at most `cap_ms`, so a turn silent for longer (a long tool, a wait for approval) never
+    trips the Redis client's socket timeout."""
+    deadline = clock() + timeout_s
+    after: str = yield operations.get_last_event_id(turn_id)
+    while True:
+        outcome: TurnOutcome | None = yield operations.get_outcome(turn_id)
+        if outcome is not None:
+            return outcome
+        if (yield operations.get_status(turn_id)) is None:
+            raise UnknownTurnError(turn_id)
+        step_ms = build_step_ms(deadline, clock(), cap_ms)
+        if step_ms is None:
+            raise TimeoutError(f"turn {turn_id} did not finish within {timeout_s:g} s")
+        batch: list[TurnEvent] = yield operations.read_events(turn_id, after, step_ms)
+        if batch:
+            after = batch[-1].id
+
+
+def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int) -> Stream[TurnEvent]:
+    """Emit every event from `after` on, as they come, ending after `turn_finished` (UnknownTurnError).
+
+    However long the turn stays silent: each read blocks at most `block_ms` (default and cap: `cap_ms`),
+    then the turn's status is checked and the next read starts."""
+    if (yield operations.get_status(turn_id)) is None:
+        raise UnknownTurnError(turn_id)
+    while True:
+        # Checked before the read: the terminal status and `turn_finished` are written together, so a turn
+        # that had ended already has all its events in the stream for this read to return.
+        status = yield operations.get_status(turn_id)
+        ended = status is None or status.terminal
+        block = None if ended else build_block_ms(block_ms or cap_ms, cap_ms)
+        batch: list[TurnEvent] = yield operations.read_events(turn_id, after, block)
+        for event in batch:
+            yield Emit(event)
+            if event.name == codec.TURN_FINISHED:
+                return
+        if batch:
+            after = batch[-1].id
+        elif ended:
+            return  # ended (or expired) and its turn_finished is not in the stream any more

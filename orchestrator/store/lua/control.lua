@@ -1,0 +1,18 @@
+-- Record a cancel or approval request for a turn and tell its owner, if it has one.
+-- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED.
+-- KEYS: control stream, lease, status.
+-- ARGV: inbox prefix, turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
+--       (spaced).
+local terminal = {}
+for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
+local st = redis.call('GET', KEYS[3])
+if not st then return -1 end
+if terminal[st] then return 0 end
+local id = redis.call('XADD', KEYS[1], '*',
+                      'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6])
+local owner = redis.call('GET', KEYS[2])
+if owner then
+  redis.call('XADD', ARGV[1] .. owner, 'MAXLEN', '~', ARGV[7], '*', 'kind', 'control', 'turn', ARGV[2],
+             'control', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'id', id)
+end
+return 1

@@ -1,0 +1,373 @@
+"""The table of pure operations on turns: each round trip's command or script call, and its reply parser.
+
+Every Redis read and write of the stores is built here, once, as a value (`orchestrator.store.effects`); the
+async `TurnStore`, the sync `SyncTurnStore` and direct tool calls only perform them (`runner`), alone or in
+the multi-step flows of `orchestrator.store.flows`. No I/O and no clock here: the time of a write is an
+argument. Every constant a script needs comes from Python as ARGV: statuses (`TurnStatus`), event names
+(`codec`), stream caps and TTLs (`workers.keys`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from orchestrator.errors import UnknownTurnError
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.store import codec, scripts, turn_view
+from orchestrator.store.codec import ControlRequest, TurnEvent
+from orchestrator.store.effects import Command, ScriptCall, Transaction, parse_reply
+from orchestrator.store.scripts import (
+    ClaimResult,
+    ControlResult,
+    FinishResult,
+    ReleaseResult,
+    SaveResult,
+    SubmitResult,
+    TakeOverResult,
+    WriteResult,
+)
+from orchestrator.store.turn_view import TurnView
+from workers import keys
+from workers.contract import ToolOutcome
+from workers.scripts import build_write_outcome_call, parse_release_result, parse_write_result
+
+T = TypeVar("T")
+
+
+def build_status_set(statuses: Iterable[TurnStatus]) -> str:
+    """Statuses as one ARGV: their values separated by spaces, which a script reads into a set."""
+    return " ".join(status.value for status in statuses)
+
+
+TERMINAL_STATUSES = build_status_set(s for s in TurnStatus if s.terminal)
+# The statuses in which a turn has an owner holding its lease: without one, it is an orphan.
+LEASED_STATUSES = build_status_set((TurnStatus.RUNNING, TurnStatus.WAITING))
+
+
+def _text_or_none(reply: Any) -> str | None:
+    return None if reply is None else codec.text(reply)
+
+
+def _script(
+    script: scripts.Script, keys_: Sequence[str], args: Sequence[str | int], parse: Callable[[Any], T]
+) -> ScriptCall[T]:
+    return ScriptCall(script, tuple(keys_), tuple(str(a) for a in args), parse)
+
+
+# --- submitting, claiming, leases ------------------------------------------------------------------------
+
+
+def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitResult]:
+    """Store a checked request and queue it, or park it behind its conversation (`submit.lua`)."""
+    conversation = request.conversation_id
+    event = {"turn_id": turn_id, "conversation_id": conversation, "model": request.model}
+    keys_ = [
+        keys.turn_request(turn_id),
+        keys.turn_status(turn_id),
+        keys.TURNS_ACTIVE,
+        keys.turn_events(turn_id),
+        keys.TURN_QUEUE,
+        keys.conversation_lock(conversation) if conversation else "",
+        keys.conversation_waiting(conversation) if conversation else "",
+    ]
+    args: list[str | int] = [turn_id, request.model_dump_json(), repr(now), json.dumps(event)]
+    args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED]
+    return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
+
+
+def pop_queued(block_s: float) -> Command[str | None]:
+    """Move the next queued turn id to the claiming list, blocking up to `block_s` (None: none came).
+
+    By hand rather than redis-py's `blmove`, which types the timeout as int: Redis takes fractional seconds.
+    """
+    words = ("BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", f"{block_s:.3f}")
+    return Command(words, _text_or_none)
+
+
+def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | int]:
+    # ARGV of claim.lua and take_over.lua: a queued turn leased becomes running; a terminal one never is.
+    return [
+        turn_id,
+        orchestrator_id,
+        ttl_ms,
+        TurnStatus.QUEUED.value,
+        TurnStatus.RUNNING.value,
+        TERMINAL_STATUSES,
+    ]
+
+
+def claim(turn_id: str, orchestrator_id: str, ttl_ms: int) -> ScriptCall[ClaimResult]:
+    """Lease a popped turn to `orchestrator_id` (`claim.lua`)."""
+    keys_ = [keys.TURNS_CLAIMING, keys.turn_lease(turn_id), keys.turn_status(turn_id)]
+    args = _lease_args(turn_id, orchestrator_id, ttl_ms)
+    return _script(scripts.CLAIM, keys_, args, lambda reply: ClaimResult(int(reply)))
+
+
+def take_over(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[TakeOverResult]:
+    """Lease an orphaned turn (`take_over.lua`)."""
+    keys_ = [keys.turn_lease(turn_id), keys.turn_status(turn_id), keys.TURNS_CLAIMING]
+    args = _lease_args(turn_id, orchestrator_id, ttl_ms)
+    return _script(scripts.TAKE_OVER, keys_, args, lambda reply: TakeOverResult(int(reply)))
+
+
+def renew_leases(orchestrator_id: str, turn_ids: Sequence[str], ttl_ms: int) -> ScriptCall[set[str]]:
+    """Extend these leases; the reply is the set of ids whose lease `orchestrator_id` no longer holds."""
+    ids = list(turn_ids)
+    return _script(
+        scripts.RENEW,
+        [keys.turn_lease(t) for t in ids],
+        [orchestrator_id, ttl_ms],
+        lambda lost: {ids[int(i) - 1] for i in lost},
+    )
+
+
+def release(orchestrator_id: str, turn_id: str) -> ScriptCall[ReleaseResult]:
+    """Delete the turn's lease if `orchestrator_id` holds it (`release.lua`, shared with the workers)."""
+    if not orchestrator_id:
+        raise ValueError("orchestrator_id must not be empty: release.lua reads '' as 'whoever holds it'")
+    return _script(scripts.RELEASE, [keys.turn_lease(turn_id)], [orchestrator_id], parse_release_result)
+
+
+def find_orphans(limit: int) -> ScriptCall[list[str]]:
+    """Non-terminal turns nobody leases, at most `limit` (`find_orphans.lua`)."""
+    status_prefix, status_suffix = keys.turn_status("\0").split("\0")
+    lease_prefix, lease_suffix = keys.turn_lease("\0").split("\0")
+    args: list[str | int] = [limit, status_prefix, status_suffix, lease_prefix, lease_suffix, LEASED_STATUSES]
+    return _script(
+        scripts.FIND_ORPHANS,
+        [keys.TURNS_ACTIVE, keys.TURNS_CLAIMING],
+        args,
+        lambda found: [codec.text(t) for t in found],
+    )
+
+
+# --- state and outcome -----------------------------------------------------------------------------------
+
+
+def get_request(turn_id: str) -> Command[TurnRequest | None]:
+    """The submitted request."""
+    return Command(("GET", keys.turn_request(turn_id)), codec.parse_request)
+
+
+def get_state(turn_id: str) -> Command[str | None]:
+    """The serialised machine state last saved."""
+    return Command(("GET", keys.turn_state(turn_id)), _text_or_none)
+
+
+def get_state_and_request(turn_id: str) -> Command[tuple[str | None, TurnRequest | None]]:
+    """The state and the request in one MGET (what adopting a turn reads)."""
+    return Command(
+        ("MGET", keys.turn_state(turn_id), keys.turn_request(turn_id)),
+        lambda raw: (_text_or_none(raw[0]), codec.parse_request(raw[1])),
+    )
+
+
+def get_status(turn_id: str) -> Command[TurnStatus | None]:
+    """The turn's status; None for an unknown turn."""
+    return Command(("GET", keys.turn_status(turn_id)), codec.parse_status)
+
+
+def get_outcome(turn_id: str) -> Command[TurnOutcome | None]:
+    """The turn's terminal outcome; None while it runs (or when unknown)."""
+    return Command(("GET", keys.turn_outcome(turn_id)), codec.parse_outcome)
+
+
+def get_view(turn_id: str) -> Command[TurnView | None]:
+    """Status, request, transcript so far and outcome in one MGET; None for an unknown turn."""
+    return Command(
+        ("MGET", *turn_view.view_keys(turn_id)), lambda raw: turn_view.build_turn_view(turn_id, *raw)
+    )
+
+
+def require_view(turn_id: str) -> Command[TurnView]:
+    """`get_view`, whose reply raises `UnknownTurnError` for an unknown turn (what the clients' `get` is)."""
+
+    def parse(raw: Any) -> TurnView:
+        view = turn_view.build_turn_view(turn_id, *raw)
+        if view is None:
+            raise UnknownTurnError(turn_id)
+        return view
+
+    return Command(("MGET", *turn_view.view_keys(turn_id)), parse)
+
+
+def get_conversation_head(conversation_id: str) -> Command[str | None]:
+    """The id of the conversation's last finished turn."""
+    return Command(("GET", keys.conversation_head(conversation_id)), _text_or_none)
+
+
+def save_step(
+    turn_id: str,
+    state_json: str,
+    status: TurnStatus,
+    events: Iterable[tuple[str, Mapping[str, Any]]],
+    *,
+    orchestrator_id: str | None,
+    now: float,
+) -> ScriptCall[SaveResult]:
+    """A step's state, status and events, fenced by the lease when `orchestrator_id` is given
+    (`save_step.lua`). `turn_finished` is left out: only `save_outcome` publishes it."""
+    args: list[str | int] = [state_json, status.value, orchestrator_id or "", keys.EVENTS_MAXLEN]
+    args.append(TERMINAL_STATUSES)
+    for name, data in events:
+        if name != codec.TURN_FINISHED:
+            fields = codec.build_event_fields(name, data, now)
+            args += [fields["name"], fields["at"], fields["data"]]
+    keys_ = [keys.turn_state(turn_id), keys.turn_status(turn_id), keys.turn_lease(turn_id)]
+    keys_.append(keys.turn_events(turn_id))
+    return _script(scripts.SAVE_STEP, keys_, args, lambda reply: SaveResult(int(reply)))
+
+
+def save_outcome(
+    turn_id: str, outcome: TurnOutcome, conversation_id: str | None, now: float
+) -> ScriptCall[FinishResult]:
+    """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`)."""
+    keys_ = [
+        keys.turn_outcome(turn_id),
+        keys.turn_status(turn_id),
+        keys.TURNS_ACTIVE,
+        keys.turn_events(turn_id),
+        keys.turn_request(turn_id),
+        keys.turn_state(turn_id),
+        keys.turn_control(turn_id),
+        keys.TURN_QUEUE,
+        keys.conversation_head(conversation_id) if conversation_id else "",
+        keys.conversation_lock(conversation_id) if conversation_id else "",
+        keys.conversation_waiting(conversation_id) if conversation_id else "",
+    ]
+    summary = {
+        "turn_id": turn_id,
+        "status": outcome.status,
+        "stop_reason": outcome.stop_reason,
+        "limit_reached": outcome.limit_reached,
+        "llm_calls": outcome.llm_calls,
+        "tool_executions": outcome.tool_executions,
+        "usage": outcome.usage.model_dump(mode="json"),
+    }
+    args: list[str | int] = [turn_id, outcome.model_dump_json(), outcome.status, keys.TURN_TTL_S]
+    args += [json.dumps(summary), keys.EVENTS_MAXLEN, repr(now), TERMINAL_STATUSES, codec.TURN_FINISHED]
+    return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
+
+
+# --- events and control ----------------------------------------------------------------------------------
+
+
+def append_event(turn_id: str, name: str, data: Mapping[str, Any], now: float) -> Command[str]:
+    """Add one progress event (redacted) to the turn's stream; the reply is its stream id."""
+    fields = codec.build_event_fields(name, data, now)
+    words = ("XADD", keys.turn_events(turn_id), "MAXLEN", "~", keys.EVENTS_MAXLEN, "*")
+    return Command((*words, *(w for pair in fields.items() for w in pair)), codec.text)
+
+
+def _xread(stream: str, after: str, block_ms: int | None, count: int | None) -> tuple[str | int, ...]:
+    count_words: tuple[str | int, ...] = () if count is None else ("COUNT", count)
+    block_words: tuple[str | int, ...] = () if block_ms is None else ("BLOCK", block_ms)
+    return ("XREAD", *count_words, *block_words, "STREAMS", stream, after)
+
+
+def read_events(
+    turn_id: str, after: str, block_ms: int | None = None, count: int | None = None
+) -> Command[list[TurnEvent]]:
+    """Events after the stream id `after`; with `block_ms` (already capped), waits that long for one."""
+    return Command(
+        _xread(keys.turn_events(turn_id), after, block_ms, count),
+        lambda reply: [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)],
+    )
+
+
+def get_last_event_id(turn_id: str) -> Command[str]:
+    """The id of the turn's newest event, "0" when it has none."""
+    return Command(
+        ("XREVRANGE", keys.turn_events(turn_id), "+", "-", "COUNT", 1),
+        lambda newest: codec.text(newest[0][0]) if newest else "0",
+    )
+
+
+def control(
+    turn_id: str, kind: str, call_id: str | None, approved: bool | None, now: float
+) -> ScriptCall[ControlResult]:
+    """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner (`control.lua`)."""
+    if kind == "approval" and not call_id:
+        raise ValueError("call_id must not be empty")
+    keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
+    approved_arg = "" if approved is None else ("1" if approved else "0")
+    args: list[str | int] = [keys.INBOX_PREFIX, turn_id, kind, call_id or "", approved_arg, repr(now)]
+    args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
+    return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
+
+
+def read_control(turn_id: str, after: str) -> Command[list[ControlRequest]]:
+    """Cancel and approval requests after the stream id `after`."""
+    return Command(
+        _xread(keys.turn_control(turn_id), after, None, None),
+        lambda reply: [codec.parse_control(i, f) for i, f in codec.parse_stream_reply(reply)],
+    )
+
+
+# --- tool outcomes, the inbox, the orchestrator registry -------------------------------------------------
+
+
+def read_outcomes(call_ids: Sequence[str]) -> Command[dict[str, ToolOutcome]]:
+    """The stored outcomes of these calls (at least one), those that have one, in one MGET."""
+    ids = list(call_ids)
+
+    def parse(raw: list[Any]) -> dict[str, ToolOutcome]:
+        found = {c: codec.parse_tool_outcome(v) for c, v in zip(ids, raw, strict=True)}
+        return {c: o for c, o in found.items() if o is not None}
+
+    return Command(("MGET", *(keys.outcome(c) for c in ids)), parse)
+
+
+def get_tool_outcome(call_id: str) -> Command[ToolOutcome | None]:
+    """The call's winning outcome, if any."""
+    return Command(("GET", keys.outcome(call_id)), codec.parse_tool_outcome)
+
+
+def write_outcome(outcome: ToolOutcome) -> ScriptCall[WriteResult]:
+    """First writer wins (SPEC §4.9), notifying the turn's owner (`write_outcome.lua`, the workers' own)."""
+    keys_, args = build_write_outcome_call(outcome.call_id, outcome.turn_id, outcome.model_dump_json())
+    return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_result)
+
+
+def pop_reply(reply_key: str, block_s: float) -> Command[bool]:
+    """Block up to `block_s` on a direct call's reply list; True when the outcome was announced."""
+    return Command(("BLPOP", reply_key, block_s), lambda reply: reply is not None)
+
+
+def delete(key: str) -> Command[Any]:
+    """Delete one key."""
+    return Command(("DEL", key), parse_reply)
+
+
+def read_inbox(
+    orchestrator_id: str, after: str, block_ms: int, count: int
+) -> Command[list[tuple[str, dict[str, str]]]]:
+    """Notifications for this orchestrator after `after`, blocking up to `block_ms` (already capped)."""
+    return Command(
+        _xread(keys.inbox(orchestrator_id), after, block_ms, count),
+        lambda reply: [(i, codec.parse_fields(f)) for i, f in codec.parse_stream_reply(reply)],
+    )
+
+
+def ack_inbox(orchestrator_id: str, up_to_id: str) -> Command[Any]:
+    """Trim the inbox up to and including `up_to_id`."""
+    words = ("XTRIM", keys.inbox(orchestrator_id), "MINID", "~", codec.build_inbox_ack_id(up_to_id))
+    return Command(words, parse_reply)
+
+
+def heartbeat(orchestrator_id: str, now: float) -> Command[Any]:
+    """Record that the orchestrator is alive at `now`."""
+    return Command(("ZADD", keys.ORCHESTRATORS, now, orchestrator_id), parse_reply)
+
+
+def unregister(orchestrator_id: str) -> Transaction[Any]:
+    """Remove a stopping orchestrator and its inbox, together."""
+    commands = (("ZREM", keys.ORCHESTRATORS, orchestrator_id), ("DEL", keys.inbox(orchestrator_id)))
+    return Transaction(commands, parse_reply)
+
+
+def ping() -> Command[bool]:
+    """True when Redis answers."""
+    return Command(("PING",), bool)

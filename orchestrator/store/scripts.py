@@ -1,0 +1,104 @@
+"""The turn scripts (`orchestrator/store/lua/*.lua`) and the typed result of each.
+
+Loaded with the workers' loader (`workers.scripts.load_script`), which also gives the two scripts both sides
+share: `write_outcome.lua` (first writer wins) and `release.lua` (a turn's lease is released like a call's
+running guard). Each file's header states its KEYS, ARGV and reply; the builders of those KEYS/ARGV are in
+`orchestrator.store.operations`, which passes every constant (statuses, event names, stream caps) as ARGV.
+
+| script              | result                                                  |
+| ------------------- | ------------------------------------------------------- |
+| `submit.lua`        | `SubmitResult`: EXISTS / QUEUED / WAITING                |
+| `claim.lua`         | `ClaimResult`: CLAIMED / SKIPPED                         |
+| `take_over.lua`     | `TakeOverResult`: TAKEN / REFUSED                        |
+| `find_orphans.lua`  | the orphaned turn ids                                    |
+| `renew.lua`         | the 1-based indexes of the leases no longer held         |
+| `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST              |
+| `save_outcome.lua`  | `FinishResult`: FINISHED / ALREADY_TERMINAL              |
+| `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
+| `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
+| `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from workers.scripts import RELEASE, WRITE_OUTCOME, ReleaseResult, Script, WriteResult, load_script
+
+__all__ = [
+    "CLAIM",
+    "CONTROL",
+    "FIND_ORPHANS",
+    "RELEASE",
+    "RENEW",
+    "SAVE_OUTCOME",
+    "SAVE_STEP",
+    "SUBMIT",
+    "TAKE_OVER",
+    "WRITE_OUTCOME",
+    "ClaimResult",
+    "ControlResult",
+    "FinishResult",
+    "ReleaseResult",
+    "SaveResult",
+    "Script",
+    "SubmitResult",
+    "TakeOverResult",
+    "WriteResult",
+]
+
+_PACKAGE = "orchestrator.store"
+
+SUBMIT = load_script(_PACKAGE, "submit")
+CLAIM = load_script(_PACKAGE, "claim")
+TAKE_OVER = load_script(_PACKAGE, "take_over")
+FIND_ORPHANS = load_script(_PACKAGE, "find_orphans")
+RENEW = load_script(_PACKAGE, "renew")
+SAVE_STEP = load_script(_PACKAGE, "save_step")
+SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
+CONTROL = load_script(_PACKAGE, "control")
+
+
+class SubmitResult(IntEnum):
+    """What `submit.lua` did with a turn."""
+
+    EXISTS = 0  # a turn with this id was stored before: a retried submit
+    QUEUED = 1
+    WAITING = 2  # parked behind its conversation's queued-or-running turn
+
+
+class ClaimResult(IntEnum):
+    """What `claim.lua` did with a popped turn id."""
+
+    SKIPPED = 0  # terminal, unknown, or leased by someone else
+    CLAIMED = 1
+
+
+class TakeOverResult(IntEnum):
+    """What `take_over.lua` did with an orphan."""
+
+    REFUSED = 0  # terminal, still queued normally, or already leased
+    TAKEN = 1
+
+
+class SaveResult(IntEnum):
+    """What `save_step.lua` did with a step."""
+
+    LEASE_LOST = -1  # another orchestrator holds the lease: drop the turn
+    TERMINAL = 0  # the turn already ended
+    SAVED = 1
+
+
+class FinishResult(IntEnum):
+    """What `save_outcome.lua` did with a terminal outcome."""
+
+    ALREADY_TERMINAL = 0  # an earlier terminal write won
+    FINISHED = 1
+
+
+class ControlResult(IntEnum):
+    """What `control.lua` did with a cancel or approval request."""
+
+    UNKNOWN = -1  # no such turn
+    TERMINAL = 0  # the turn already ended
+    RECORDED = 1

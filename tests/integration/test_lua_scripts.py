@@ -1,0 +1,167 @@
+"""Every `.lua` file loads and answers with each value of its typed result, on a real redis-server.
+
+The turn scripts run as the stores run them (operations performed by a runner, on a decoding client and on
+one that does not); the workers' through `CallStore`. `RUN_BY` says which test runs which file, and a test
+checks that it names every script file there is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import resources
+
+import pytest
+import redis
+
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.store import operations
+from orchestrator.store import scripts as lua
+from orchestrator.store.runner import SyncRunner
+from tests.integration.store_support import store_db_url
+from workers import keys, scripts
+from workers.call_store import CallStore
+from workers.connect import connect_redis
+from workers.contract import ToolCallRequest, ToolOutcome
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+SCRIPTS_DB = 4
+
+
+@pytest.fixture(params=[True, False], ids=["decoded", "bytes"])
+def runner(redis_url: str, request: pytest.FixtureRequest) -> Iterator[SyncRunner]:
+    client = connect_redis(store_db_url(redis_url, SCRIPTS_DB), decode_responses=request.param)
+    client.flushdb()
+    yield SyncRunner(client)
+    client.close()
+
+
+@pytest.fixture
+def call_store(redis_url: str) -> Iterator[CallStore]:
+    client = connect_redis(store_db_url(redis_url, SCRIPTS_DB), decode_responses=False)
+    client.flushdb()
+    yield CallStore(client)
+    client.close()
+
+
+def done(turn_id: str) -> TurnOutcome:
+    return TurnOutcome(turn_id=turn_id, status="completed", text="ok")
+
+
+def test_submit_claim_take_over_and_find_orphans(runner: SyncRunner) -> None:
+    run = runner.run
+    assert (
+        run(operations.submit(TurnRequest(prompt="a", conversation_id="c"), "t1", 1.0))
+        is lua.SubmitResult.QUEUED
+    )
+    assert run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0)) is lua.SubmitResult.EXISTS
+    assert (
+        run(operations.submit(TurnRequest(prompt="b", conversation_id="c"), "t2", 2.0))
+        is lua.SubmitResult.WAITING
+    )
+    assert run(operations.pop_queued(0.1)) == "t1"
+    assert run(operations.claim("t1", "orch-a", 100)) is lua.ClaimResult.CLAIMED
+    assert run(operations.claim("t1", "orch-b", 100)) is lua.ClaimResult.SKIPPED  # leased already
+    assert run(operations.claim("t_unknown", "orch-b", 100)) is lua.ClaimResult.SKIPPED
+    assert run(operations.take_over("orch-b", "t2", 10_000)) is lua.TakeOverResult.REFUSED  # waiting its turn
+    runner.client.delete(keys.turn_lease("t1"))
+    assert run(operations.find_orphans(10)) == ["t1"]
+    assert run(operations.take_over("orch-b", "t1", 10_000)) is lua.TakeOverResult.TAKEN
+    assert run(operations.find_orphans(10)) == []
+    assert run(operations.renew_leases("orch-b", ["t1", "t2"], 20_000)) == {"t2"}
+
+
+def test_save_step_save_outcome_release_and_control(runner: SyncRunner) -> None:
+    run = runner.run
+    run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))
+    assert run(operations.pop_queued(0.1)) == "t1" and run(operations.claim("t1", "orch-a", 10_000))
+    events = [("round_completed", {"n": 1})]
+    step = operations.save_step("t1", "{}", TurnStatus.WAITING, events, orchestrator_id="orch-a", now=2.0)
+    assert run(step) is lua.SaveResult.SAVED
+    fenced = operations.save_step("t1", "{}", TurnStatus.RUNNING, events, orchestrator_id="orch-b", now=3.0)
+    assert run(fenced) is lua.SaveResult.LEASE_LOST
+    assert run(operations.control("t1", "cancel", None, None, 4.0)) is lua.ControlResult.RECORDED
+    [(_, notified)] = run(operations.read_inbox("orch-a", "0", 10, 10))
+    assert notified == {"kind": "control", "turn": "t1", "control": "cancel", "call": "", "approved": ""} | {
+        "id": notified["id"]
+    }
+    assert run(operations.release("orch-b", "t1")) is scripts.ReleaseResult.NOT_HELD
+    assert run(operations.release("orch-a", "t1")) is scripts.ReleaseResult.RELEASED
+    assert run(operations.save_outcome("t1", done("t1"), None, 5.0)) is lua.FinishResult.FINISHED
+    assert run(operations.save_outcome("t1", done("t1"), None, 6.0)) is lua.FinishResult.ALREADY_TERMINAL
+    late_step = operations.save_step("t1", "{}", TurnStatus.RUNNING, (), orchestrator_id=None, now=7.0)
+    assert run(late_step) is lua.SaveResult.TERMINAL
+    assert run(operations.control("t1", "cancel", None, None, 8.0)) is lua.ControlResult.TERMINAL
+    assert run(operations.control("t_none", "cancel", None, None, 8.0)) is lua.ControlResult.UNKNOWN
+    names = [e.name for e in run(operations.read_events("t1", "0"))]
+    assert names == ["turn_queued", "round_completed", "turn_finished"]
+
+
+def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: SyncRunner) -> None:
+    run = runner.run
+    run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))
+    assert run(operations.pop_queued(0.1)) == "t1" and run(operations.claim("t1", "orch-a", 10_000))
+    small = ToolOutcome(call_id="c1", tool="echo", turn_id="t1", ok=True, result="x", content="x")
+    big = small.model_copy(update={"call_id": "c2", "content": "y" * keys.INBOX_OUTCOME_MAX_BYTES})
+    assert run(operations.write_outcome(small)) is scripts.WriteResult.WON
+    assert run(operations.write_outcome(small)) is scripts.WriteResult.LOST
+    assert run(operations.write_outcome(big)) is scripts.WriteResult.WON
+    inbox = [fields for _, fields in run(operations.read_inbox("orch-a", "0", 10, 10))]
+    assert [(f["call"], f["outcome"]) for f in inbox] == [("c1", small.model_dump_json()), ("c2", "")]
+    assert runner.client.llen(keys.late_outcomes("c1")) == 1
+
+
+def test_the_workers_start_idempotency_and_release_scripts(call_store: CallStore) -> None:
+    request = ToolCallRequest(call_id="c1", tool="echo", arguments={})
+    assert call_store.start(request, token="w:1", running_ttl_s=10, worker="w") == (1, 0)
+    assert call_store.start(request, token="w:1", running_ttl_s=10, worker="w") == (1, 0)  # a lost reply
+    attempt, held_ms = call_store.start(request, token="w:2", running_ttl_s=10, worker="w")
+    assert attempt is scripts.StartResult.HELD and 0 < held_ms <= 10_000
+    call_store.release("c1", "w:1")
+    outcome = ToolOutcome(call_id="c1", tool="echo", ok=True, result="x", content="x")
+    assert call_store.finish(outcome, reply_key=None, token=None)
+    assert call_store.start(request, token="w:3", running_ttl_s=10, worker="w") == (
+        scripts.StartResult.FINISHED,
+        0,
+    )
+    key = keys.idempotency("echo", "digest")
+    claim = call_store.claim_idempotency
+    assert claim(key, call_id="c1", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
+    assert claim(key, call_id="c2", lock_ttl_s=5) == (scripts.IdempotencyClaim.BUSY, None)
+    call_store.client.set(key, '{"result": 1}')
+    assert claim(key, call_id="c2", lock_ttl_s=5) == (scripts.IdempotencyClaim.STORED, '{"result": 1}')
+
+
+# Which test above runs each script file (with each value of its result).
+RUN_BY = {
+    "submit": test_submit_claim_take_over_and_find_orphans,
+    "claim": test_submit_claim_take_over_and_find_orphans,
+    "take_over": test_submit_claim_take_over_and_find_orphans,
+    "find_orphans": test_submit_claim_take_over_and_find_orphans,
+    "renew": test_submit_claim_take_over_and_find_orphans,
+    "save_step": test_save_step_save_outcome_release_and_control,
+    "save_outcome": test_save_step_save_outcome_release_and_control,
+    "control": test_save_step_save_outcome_release_and_control,
+    "release": test_save_step_save_outcome_release_and_control,
+    "write_outcome": test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit,
+    "start": test_the_workers_start_idempotency_and_release_scripts,
+    "claim_idempotency": test_the_workers_start_idempotency_and_release_scripts,
+}
+
+
+def test_every_script_file_is_run_here() -> None:
+    files = {
+        entry.name.removesuffix(".lua")
+        for package in ("orchestrator.store", "workers")
+        for entry in resources.files(package).joinpath("lua").iterdir()
+        if entry.name.endswith(".lua")
+    }
+    assert files == set(RUN_BY)
+
+
+def test_a_script_redis_forgot_is_loaded_again(runner: SyncRunner) -> None:
+    assert runner.run(operations.control("t_none", "cancel", None, None, 1.0)) is lua.ControlResult.UNKNOWN
+    client = runner.client
+    assert isinstance(client, redis.Redis)
+    client.script_flush()
+    assert runner.run(operations.control("t_none", "cancel", None, None, 1.0)) is lua.ControlResult.UNKNOWN

@@ -1,0 +1,367 @@
+"""The store's flows driven by hand (sans-IO: made-up replies and clocks), the two runners on fake clients,
+the direct-call flow, and the one-signature decorator of the clients."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.client import AsyncClient, Client, build_submission
+from orchestrator.direct import build_call_flow, build_direct_call
+from orchestrator.errors import UnknownTurnError
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.settings import Settings
+from orchestrator.store import flows, operations
+from orchestrator.store.codec import TurnEvent
+from orchestrator.store.effects import BlockingCall, Command, Emit, ScriptCall, Transaction
+from orchestrator.store.runner import AsyncRunner, SyncRunner
+from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, SubmitResult, WriteResult
+from workers import keys
+from workers.contract import FailureKind, ToolOutcome, ToolSpec
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def drive_with(flow: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> tuple[list[Any], Any]:
+    """Answer each step of `flow` with `answer(step)`: (the steps it yielded, what it returned)."""
+    steps: list[Any] = []
+    reply: Any = None
+    while True:
+        try:
+            step = flow.send(reply)
+        except StopIteration as stop:
+            return steps, stop.value
+        steps.append(step)
+        reply = answer(step)
+
+
+def drive(flow: Generator[Any, Any, Any], replies: list[Any]) -> tuple[list[Any], Any]:
+    """Answer the flow's steps with `replies`, in order."""
+    pending = list(replies)
+    steps, result = drive_with(flow, lambda _step: pending.pop(0))
+    assert not pending, "the flow ended before using every reply"
+    return steps, result
+
+
+def clock(*times: float) -> Callable[[], float]:
+    ticks = iter(times)
+    return lambda: next(ticks)
+
+
+def event(entry_id: str, name: str = "tool_started") -> TurnEvent:
+    return TurnEvent(id=entry_id, name=name, turn_id="t", at=1.0)
+
+
+def words(steps: list[Any]) -> list[Any]:
+    return [step.args[0] if isinstance(step, Command) else step.script.name for step in steps]
+
+
+DONE = TurnOutcome(turn_id="t", status="completed", text="4")
+
+
+def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
+    flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0, 1.0, 4.5))
+    steps, turn_id = drive(flow, [None, "t1", ClaimResult.SKIPPED, "t2", ClaimResult.CLAIMED])
+    assert words(steps) == ["BLMOVE", "BLMOVE", "claim", "BLMOVE", "claim"]
+    assert [s.args[-1] for s in steps if isinstance(s, Command)] == ["2.000", "2.000", "0.500"]
+    assert steps[4].args[:3] == ("t2", "orch", "9000") and turn_id == "t2"
+    assert drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), []) == ([], None)
+
+
+def test_wait_outcome_reads_events_until_the_outcome_is_there() -> None:
+    flow = flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5, 1.75))
+    replies = ["3-0", None, TurnStatus.RUNNING, [event("4-0")], None, TurnStatus.WAITING, [], DONE]
+    steps, outcome = drive(flow, replies)
+    assert words(steps) == ["XREVRANGE", "GET", "GET", "XREAD", "GET", "GET", "XREAD", "GET"]
+    reads = [s.args for s in steps if s.args[0] == "XREAD"]
+    assert reads[0][1:3] == ("BLOCK", 1000) and reads[0][-1] == "3-0"  # capped, from the newest id
+    assert reads[1][1:3] == ("BLOCK", 250) and reads[1][-1] == "4-0"  # what is left of the timeout
+    assert outcome == DONE
+
+
+def test_wait_outcome_raises_for_an_unknown_turn_and_at_its_deadline() -> None:
+    with pytest.raises(UnknownTurnError):
+        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0)), ["0", None, None])
+    with pytest.raises(TimeoutError, match="turn t did not finish within 2 s"):
+        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 2.0)), ["0", None, TurnStatus.QUEUED])
+
+
+def test_follow_events_emits_until_turn_finished_and_reads_an_ended_turn_without_blocking() -> None:
+    flow = flows.follow_events("t", "0", block_ms=None, cap_ms=1500)
+    finished = event("6-0", "turn_finished")
+    replies = [TurnStatus.RUNNING, TurnStatus.RUNNING, [event("5-0")], None]  # None: what an Emit gets
+    replies += [TurnStatus.COMPLETED, [finished], None]
+    steps, _ = drive(flow, replies)
+    assert [s.value for s in steps if isinstance(s, Emit)] == [event("5-0"), finished]
+    reads = [s.args for s in steps if isinstance(s, Command) and s.args[0] == "XREAD"]
+    assert reads == [
+        ("XREAD", "BLOCK", 1500, "STREAMS", keys.turn_events("t"), "0"),
+        ("XREAD", "STREAMS", keys.turn_events("t"), "5-0"),
+    ]
+    with pytest.raises(UnknownTurnError):
+        drive(flows.follow_events("t", "0", block_ms=10, cap_ms=5), [None])
+    expired = flows.follow_events("t", "0", block_ms=10, cap_ms=5)
+    assert drive(expired, [TurnStatus.FAILED, None, []])[1] is None
+
+
+def test_control_write_outcome_and_save_outcome_flows() -> None:
+    assert drive(flows.send_control("t", "cancel", None, None, 1.0), [ControlResult.RECORDED])[1]
+    assert not drive(flows.send_control("t", "cancel", None, None, 1.0), [ControlResult.TERMINAL])[1]
+    with pytest.raises(UnknownTurnError):
+        drive(flows.send_control("t", "cancel", None, None, 1.0), [ControlResult.UNKNOWN])
+    ours = ToolOutcome(call_id="c", tool="add", ok=True, result=1, content="1")
+    theirs = ours.model_copy(update={"result": 2})
+    assert drive(flows.write_outcome(ours), [WriteResult.WON])[1] is ours
+    assert drive(flows.write_outcome(ours), [WriteResult.LOST, theirs])[1] is theirs
+    request = TurnRequest(prompt="x", conversation_id="conv")
+    steps, result = drive(flows.save_outcome("t", DONE, flows.UNREAD, 1.0), [request, FinishResult.FINISHED])
+    assert words(steps) == ["GET", "save_outcome"] and steps[1].keys[9] == keys.conversation_lock("conv")
+    assert result is FinishResult.FINISHED
+    assert words(drive(flows.save_outcome("t", DONE, None, 1.0), [0])[0]) == ["save_outcome"]
+
+
+def test_submit_history_and_reply_flows() -> None:
+    steps, turn_id = drive(flows.submit(TurnRequest(prompt="x"), "turn_web", 1.0), [SubmitResult.EXISTS])
+    assert turn_id == "turn_web" and steps[0].args[0] == "turn_web"
+    with pytest.raises(ValueError, match="invalid turn id"):
+        drive(flows.submit(TurnRequest(prompt="x"), "has space", 1.0), [])
+    assert drive(flows.conversation_history("c"), [None])[1] == []
+    assert drive(flows.conversation_history("c"), ["t", DONE.model_copy(update={"messages": []})])[1] == []
+    waited = flows.wait_reply("r", 1.0, cap_ms=500, clock=clock(0, 0, 0.5, 0.75, 1.0))
+    steps, arrived = drive(waited, [False, False, False])
+    assert not arrived and [s.args for s in steps] == [
+        ("BLPOP", "r", 0.5),
+        ("BLPOP", "r", 0.5),
+        ("BLPOP", "r", 0.25),
+    ]
+
+
+# --- runners on fake clients -----------------------------------------------------------------------------
+
+
+class FakeRedis:
+    """A sync client that records what it is asked and answers from a table by command."""
+
+    def __init__(self, replies: dict[str, Any]) -> None:
+        self.replies = replies
+        self.calls: list[tuple[Any, ...]] = []
+        self.registered: list[str] = []
+
+    def deliver(self, value: Any) -> Any:
+        return value
+
+    def answer(self, words: tuple[Any, ...]) -> Any:
+        self.calls.append(words)
+        return self.replies[words[0]]
+
+    def execute_command(self, *words: Any) -> Any:
+        return self.deliver(self.answer(words))
+
+    def register_script(self, source: str) -> Callable[..., Any]:
+        self.registered.append(source)
+        return lambda keys, args: self.execute_command("EVALSHA", *keys, *args)
+
+    def pipeline(self, transaction: bool) -> FakePipeline:
+        assert transaction
+        return FakePipeline(self)
+
+
+class FakePipeline:
+    """Queues commands (at once, on both kinds of client) and answers them all on `execute`."""
+
+    def __init__(self, client: FakeRedis) -> None:
+        self.client = client
+        self.queued: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *words: Any) -> FakePipeline:
+        self.queued.append(words)
+        return self
+
+    def execute(self) -> Any:
+        return self.client.deliver([self.client.answer(words) for words in self.queued])
+
+
+class FakeAsyncRedis(FakeRedis):
+    """The same, with redis.asyncio's shape: replies come as coroutines."""
+
+    def deliver(self, value: Any) -> Any:
+        async def later() -> Any:
+            return value
+
+        return later()
+
+
+def sample_flow(thread_ids: list[int]) -> Generator[Any, Any, Any]:
+    status = yield operations.get_status("t")
+    yield Emit(status)
+    result = yield operations.claim("t", "orch", 10)
+    yield Emit(result)
+    yield BlockingCall(lambda: thread_ids.append(threading.get_ident()))
+    return (yield operations.unregister("orch"))
+
+
+def test_the_sync_runner_performs_operations_flows_and_streams() -> None:
+    fake = FakeRedis({"GET": "running", "EVALSHA": 1, "ZREM": 1, "DEL": 0})
+    runner = SyncRunner(fake)  # type: ignore[arg-type]
+    assert runner.run(operations.get_status("t")) is TurnStatus.RUNNING
+    assert runner.run(operations.claim("t", "orch", 10)) is ClaimResult.CLAIMED
+    assert runner.run(operations.claim("u", "orch", 10)) is ClaimResult.CLAIMED
+    assert len(fake.registered) == 1  # registered once per runner and script
+    threads: list[int] = []
+    emitted: Iterator[Any] = runner.iter_flow(sample_flow(threads))  # type: ignore[arg-type]
+    assert list(emitted) == [TurnStatus.RUNNING, ClaimResult.CLAIMED]
+    assert threads == [threading.get_ident()]
+    assert isinstance(operations.unregister("o"), Transaction)
+    assert (
+        runner.run_flow(flows.write_outcome(ToolOutcome(call_id="c", tool="t", ok=True, content=""))).call_id
+        == "c"
+    )
+
+
+async def test_the_async_runner_awaits_the_same_operations_and_runs_blocking_calls_in_a_thread() -> None:
+    fake = FakeAsyncRedis({"GET": b"waiting", "EVALSHA": 1, "ZREM": 1, "DEL": 0})
+    runner = AsyncRunner(fake)  # type: ignore[arg-type]
+    assert await runner.run(operations.get_status("t")) is TurnStatus.WAITING
+    threads: list[int] = []
+    emitted = [value async for value in runner.iter_flow(sample_flow(threads))]  # type: ignore[arg-type]
+    assert emitted == [TurnStatus.WAITING, ClaimResult.CLAIMED]
+    assert threads and threads[0] != threading.get_ident()
+    assert await runner.run_flow(flows.submit(TurnRequest(prompt="x"), "turn_a", 1.0)) == "turn_a"
+    assert isinstance(fake.calls[-1][0], str) and len(fake.registered) == 2
+
+
+# --- the direct-call flow --------------------------------------------------------------------------------
+
+SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0")
+ECHO = ToolSpec(name="echo", parameters={"type": "object", "properties": {"text": {"type": "string"}}})
+
+
+def answer_direct_call(step: Any, outcome: ToolOutcome | None, wins: bool) -> Any:
+    """The parsed reply a direct call's flow gets for `step`: the catalogue holds `echo`, the reply list
+    says whether `outcome` came, and the outcome key holds `outcome` (or the synthetic one, once written)."""
+    match step:
+        case BlockingCall():
+            return "task-1"
+        case Command(args=("HGETALL", *_)):
+            return {"echo": ECHO}
+        case Command(args=("BLPOP", *_)):
+            return outcome is not None
+        case Command(args=("GET", *_)):
+            return outcome
+        case ScriptCall():
+            return WriteResult.WON if wins else WriteResult.LOST
+        case _:
+            return 1
+
+
+def run_direct_call(
+    call: Any, clock_times: tuple[float, ...], outcome: ToolOutcome | None, wins: bool
+) -> Any:
+    flow = build_call_flow(call, SETTINGS, cap_ms=1000, now=lambda: 100.0, clock=clock(*clock_times))
+    found = [outcome]
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, ScriptCall):  # what the next read finds: the synthetic one, or the late real one
+            synthetic = ToolOutcome.model_validate_json(step.args[0])
+            found[0] = synthetic if wins else synthetic.model_copy(update={"ok": True, "synthetic": False})
+        return answer_direct_call(step, found[0], wins)
+
+    return drive_with(flow, answer)
+
+
+def kinds(steps: list[Any]) -> list[str]:
+    return [s.args[0] if isinstance(s, Command) else type(s).__name__ for s in steps]
+
+
+def test_a_direct_call_to_an_unknown_tool_ends_before_dispatch() -> None:
+    steps, outcome = run_direct_call(build_direct_call("nope", {}), (), None, wins=True)
+    assert kinds(steps) == ["HGETALL"] and not outcome.ok and outcome.attempts == 0
+
+
+def test_a_direct_call_publishes_waits_and_reads_the_outcome() -> None:
+    call = build_direct_call("echo", {"text": "hi"}, timeout_s=5.0)
+    done = ToolOutcome(call_id="direct-x", tool="echo", ok=True, result="hi", content="hi")
+    steps, outcome = run_direct_call(call, (0, 0), done, wins=False)
+    assert kinds(steps) == ["HGETALL", "BlockingCall", "BLPOP", "GET", "DEL"] and outcome is done
+    dispatch = steps[1].call
+    assert dispatch.func.__name__ == "dispatch_call"
+    request = dispatch.args[2]
+    assert request.deadline_at == 105.0 and request.reply_key == keys.reply(request.call_id)
+    assert steps[2].args == ("BLPOP", request.reply_key, 1.0)  # one capped step of the wait
+    assert steps[3].args == ("GET", keys.outcome(request.call_id)) and steps[4].args == (
+        "DEL",
+        request.reply_key,
+    )
+
+
+def test_a_direct_call_that_times_out_writes_the_synthetic_outcome_and_revokes() -> None:
+    call = build_direct_call("echo", {"text": "hi"}, timeout_s=1.0)
+    steps, outcome = run_direct_call(call, (0, 0, 2.0), None, wins=True)
+    assert kinds(steps) == [
+        "HGETALL",
+        "BlockingCall",
+        "BLPOP",
+        "GET",
+        "ScriptCall",
+        "BlockingCall",
+        "GET",
+        "DEL",
+    ]
+    revoke = steps[5].call
+    assert (
+        revoke.func.__name__ == "revoke_call"
+        and revoke.args[1] == "task-1"
+        and revoke.keywords == {"terminate": True}
+    )
+    assert outcome.failure_kind is FailureKind.TIMEOUT and outcome.synthetic
+
+
+def test_a_late_real_outcome_beats_the_synthetic_one_and_nothing_is_revoked() -> None:
+    call = build_direct_call("echo", {"text": "hi"}, timeout_s=1.0)
+    steps, outcome = run_direct_call(call, (0, 0, 2.0), None, wins=False)
+    assert kinds(steps) == ["HGETALL", "BlockingCall", "BLPOP", "GET", "ScriptCall", "GET", "DEL"]
+    assert outcome.ok and not outcome.synthetic
+
+
+# --- one signature for both clients ----------------------------------------------------------------------
+
+
+def test_both_clients_take_the_builders_signature() -> None:
+    built = list(inspect.signature(build_submission).parameters)
+    for method in (Client.submit, AsyncClient.submit):
+        assert list(inspect.signature(method).parameters) == ["self", *built]
+        assert method.__name__ == "submit" and method.__doc__
+    assert inspect.iscoroutinefunction(AsyncClient.submit) and not inspect.iscoroutinefunction(Client.submit)
+    call_parameters = ["self", "name", "arguments", "timeout_s", "context"]
+    assert list(inspect.signature(Client.call_tool).parameters) == call_parameters
+    assert inspect.signature(AsyncClient.call_tool).return_annotation == "ToolOutcome"
+
+
+class Probe:
+    """Just enough of a client for the decorated `submit` methods: it records what they hand on."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, str | None]] = []
+
+    def submit_request(self, request: TurnRequest, *, turn_id: str | None) -> str:
+        self.seen.append((request.prompt, turn_id))
+        return "turn_1"
+
+
+def test_submit_takes_positional_arguments_and_checks_them_when_called_or_awaited() -> None:
+    submission = build_submission("hi", None, ["add"], "scripted:demo", {"max_llm_calls": 2}, turn_id="t")
+    assert submission.turn_id == "t" and submission.request.tools == ["add"]
+    assert submission.request.limits.max_llm_calls == 2
+    probe = Probe()
+    assert Client.submit(probe, "hello", turn_id="t1") == "turn_1"  # type: ignore[arg-type]
+    assert probe.seen == [("hello", "t1")]
+    with pytest.raises(ValueError, match="list of tool names"):
+        Client.submit(probe, "hi", tools="add")  # type: ignore[arg-type]
+    pending = AsyncClient.submit(probe, prompt="")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prompt"):  # raised where it is awaited, as by any coroutine
+        asyncio.run(pending)

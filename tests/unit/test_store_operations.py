@@ -1,0 +1,205 @@
+"""The table of store operations (pure): the words, KEYS and ARGV each builds, and the typed replies.
+
+Also the rule that a script spells no constant: caps, limits and statuses come in as ARGV from Python.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from orchestrator.errors import UnknownTurnError
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.store import operations
+from orchestrator.store.effects import Command, ScriptCall, Transaction
+from orchestrator.store.scripts import (
+    CLAIM,
+    CONTROL,
+    SAVE_STEP,
+    SUBMIT,
+    ClaimResult,
+    ControlResult,
+    FinishResult,
+    SaveResult,
+    SubmitResult,
+    TakeOverResult,
+)
+from workers import keys, scripts
+from workers.contract import ToolOutcome
+
+pytestmark = pytest.mark.timeout(10)
+
+TERMINAL = "completed stopped failed cancelled"
+
+
+def lua_files() -> list[tuple[str, str]]:
+    found = []
+    for package in ("orchestrator.store", "workers"):
+        for entry in resources.files(package).joinpath("lua").iterdir():
+            if entry.name.endswith(".lua"):
+                found.append((f"{package}:{entry.name}", entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def test_every_script_is_a_lua_file_loaded_once() -> None:
+    names = [name for name, _ in lua_files()]
+    assert len(names) == 12, names
+    assert SUBMIT.source == resources.files("orchestrator.store").joinpath("lua/submit.lua").read_text()
+
+
+@pytest.mark.parametrize(("name", "source"), lua_files())
+def test_no_script_spells_a_constant_python_owns(name: str, source: str) -> None:
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
+    spelled = [str(keys.INBOX_MAXLEN), str(keys.EVENTS_MAXLEN), str(keys.INBOX_OUTCOME_MAX_BYTES)]
+    spelled += [f"'{status.value}'" for status in TurnStatus] + ["'turn_queued'", "'turn_finished'"]
+    assert [word for word in spelled if word in code] == [], name
+
+
+def test_submit_queues_with_the_status_event_and_cap_from_python() -> None:
+    request = TurnRequest(prompt="hi", conversation_id="conv")
+    op = operations.submit(request, "turn_1", 12.5)
+    assert isinstance(op, ScriptCall) and op.script is SUBMIT
+    assert op.keys[4:] == (keys.TURN_QUEUE, keys.conversation_lock("conv"), keys.conversation_waiting("conv"))
+    assert op.args[0] == "turn_1" and op.args[2] == "12.5"
+    assert json.loads(op.args[3]) == {"turn_id": "turn_1", "conversation_id": "conv", "model": None}
+    assert op.args[4:] == (str(keys.EVENTS_MAXLEN), "queued", "turn_queued")
+    assert [op.parse(n) for n in (0, 1, b"2")] == list(SubmitResult)
+    without = operations.submit(TurnRequest(prompt="hi"), "turn_2", 1.0)
+    assert without.keys[5:] == ("", "")
+
+
+def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:
+    claim = operations.claim("turn_1", "orch", 1500)
+    assert claim.script is CLAIM
+    assert claim.keys == (keys.TURNS_CLAIMING, keys.turn_lease("turn_1"), keys.turn_status("turn_1"))
+    assert claim.args == ("turn_1", "orch", "1500", "queued", "running", TERMINAL)
+    assert claim.parse(1) is ClaimResult.CLAIMED and claim.parse(0) is ClaimResult.SKIPPED
+    take = operations.take_over("orch", "turn_1", 9000)
+    assert take.args == (*claim.args[:2], "9000", *claim.args[3:])
+    assert take.parse(b"1") is TakeOverResult.TAKEN
+
+
+def test_pop_queued_blocks_for_fractional_seconds() -> None:
+    op = operations.pop_queued(0.25)
+    assert op.args == ("BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", "0.250")
+    assert op.parse(None) is None and op.parse(b"turn_9") == "turn_9"
+
+
+def test_renew_leases_reads_back_the_ids_it_lost() -> None:
+    op = operations.renew_leases("orch", ["a", "b", "c"], 30_000)
+    assert op.keys == tuple(keys.turn_lease(t) for t in "abc") and op.args == ("orch", "30000")
+    assert op.parse([1, 3]) == {"a", "c"} and op.parse([]) == set()
+
+
+def test_release_uses_the_workers_script_and_refuses_an_empty_holder() -> None:
+    op = operations.release("orch", "turn_1")
+    assert op.script is scripts.RELEASE and op.keys == (keys.turn_lease("turn_1"),)
+    assert op.parse(1) is scripts.ReleaseResult.RELEASED
+    with pytest.raises(ValueError, match="orchestrator_id"):
+        operations.release("", "turn_1")
+
+
+def test_find_orphans_builds_key_names_from_the_key_module() -> None:
+    op = operations.find_orphans(5)
+    status_prefix, status_suffix = keys.turn_status("X").split("X")
+    assert op.args == ("5", status_prefix, status_suffix, *keys.turn_lease("X").split("X"), "running waiting")
+    assert op.parse([b"t1", "t2"]) == ["t1", "t2"]
+
+
+def test_save_step_carries_the_events_but_never_turn_finished() -> None:
+    events = [("round_completed", {"api_key": "k"}), ("turn_finished", {}), ("model_called", {"n": 1})]
+    op = operations.save_step("t", "{}", TurnStatus.WAITING, events, orchestrator_id=None, now=3.0)
+    assert op.script is SAVE_STEP and op.keys[3] == keys.turn_events("t")
+    assert op.args[:5] == ("{}", "waiting", "", str(keys.EVENTS_MAXLEN), TERMINAL)
+    assert op.args[5::3] == ("round_completed", "model_called") and op.args[6] == "3.0"
+    assert json.loads(op.args[7]) == {"api_key": "***"}
+    assert [op.parse(n) for n in (-1, 0, 1)] == list(SaveResult)
+
+
+def test_save_outcome_passes_ttl_caps_statuses_and_the_event_name() -> None:
+    outcome = TurnOutcome(turn_id="t", status="completed", text="ok")
+    op = operations.save_outcome("t", outcome, None, 7.0)
+    assert op.keys[8:] == ("", "", "")
+    assert op.args[3] == str(keys.TURN_TTL_S)
+    assert op.args[5:] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
+    assert json.loads(op.args[4])["status"] == "completed"
+    assert op.parse(0) is FinishResult.ALREADY_TERMINAL
+    assert operations.save_outcome("t", outcome, "c", 7.0).keys[8] == keys.conversation_head("c")
+
+
+def test_control_needs_a_call_id_for_an_approval_and_caps_the_inbox() -> None:
+    op = operations.control("t", "approval", "call_1", False, 2.0)
+    assert op.script is CONTROL
+    assert op.args == (
+        keys.INBOX_PREFIX,
+        "t",
+        "approval",
+        "call_1",
+        "0",
+        "2.0",
+        str(keys.INBOX_MAXLEN),
+        TERMINAL,
+    )
+    assert [op.parse(n) for n in (-1, 0, 1)] == list(ControlResult)
+    assert operations.control("t", "cancel", None, None, 2.0).args[3:5] == ("", "")
+    with pytest.raises(ValueError, match="call_id"):
+        operations.control("t", "approval", "", True, 2.0)
+
+
+def test_write_outcome_is_the_workers_script_with_both_limits_as_arguments() -> None:
+    outcome = ToolOutcome(call_id="c", tool="add", turn_id="t", ok=True, result=1, content="1")
+    op = operations.write_outcome(outcome)
+    assert op.script is scripts.WRITE_OUTCOME
+    assert op.keys == (keys.outcome("c"), keys.late_outcomes("c"), keys.turn_lease("t"), "")
+    assert op.args[5:] == (str(keys.INBOX_MAXLEN), str(keys.INBOX_OUTCOME_MAX_BYTES))
+    assert op.parse(1) is scripts.WriteResult.WON and op.parse(0) is scripts.WriteResult.LOST
+
+
+def test_reads_parse_both_reply_shapes_and_both_encodings() -> None:
+    blocking = operations.read_events("t", "5-0", 100, 10)
+    assert blocking.args == ("XREAD", "COUNT", 10, "BLOCK", 100, "STREAMS", keys.turn_events("t"), "5-0")
+    assert operations.read_events("t", "0").args == ("XREAD", "STREAMS", keys.turn_events("t"), "0")
+    entry = (b"6-0", {b"name": b"x", b"at": b"1.5", b"data": b"{}"})
+    resp2 = [[keys.turn_events("t"), [entry]]]
+    resp3 = {keys.turn_events("t"): [[entry]]}
+    for reply in (resp2, resp3):
+        [event] = blocking.parse(reply)
+        assert (event.id, event.name, event.at, event.turn_id) == ("6-0", "x", 1.5, "t")
+    assert blocking.parse(None) == []
+    last = operations.get_last_event_id("t")
+    assert last.parse([]) == "0" and last.parse([(b"9-1", {})]) == "9-1"
+
+
+def test_views_and_outcomes() -> None:
+    request = TurnRequest(prompt="p").model_dump_json()
+    view = operations.get_view("t")
+    assert view.args[0] == "MGET" and view.parse([request, "queued", None, None]).status == "queued"
+    assert view.parse([None, None, None, None]) is None
+    with pytest.raises(UnknownTurnError):
+        operations.require_view("t").parse([None, None, None, None])
+    outcome = ToolOutcome(call_id="c", tool="add", ok=True, result=1, content="1")
+    read = operations.read_outcomes(["c", "d"])
+    assert read.args == ("MGET", keys.outcome("c"), keys.outcome("d"))
+    assert read.parse([outcome.model_dump_json(), None]) == {"c": outcome}
+
+
+def test_registry_and_inbox_commands() -> None:
+    assert operations.heartbeat("o", 4.5).args == ("ZADD", keys.ORCHESTRATORS, 4.5, "o")
+    unregister = operations.unregister("o")
+    assert isinstance(unregister, Transaction)
+    assert unregister.commands == (("ZREM", keys.ORCHESTRATORS, "o"), ("DEL", keys.inbox("o")))
+    assert operations.ack_inbox("o", "7-3").args == ("XTRIM", keys.inbox("o"), "MINID", "~", "7-4")
+    inbox = operations.read_inbox("o", "$", 50, 1000)
+    assert inbox.parse([["s", [("1-0", {b"kind": b"outcome"})]]]) == [("1-0", {"kind": "outcome"})]
+    assert isinstance(operations.ping(), Command) and operations.ping().parse(True) is True
+
+
+def test_worker_script_replies_are_typed() -> None:
+    assert scripts.parse_start_reply([0, 3]) == (3, 0)
+    assert scripts.parse_start_reply([-1, 0]) == (scripts.StartResult.FINISHED, 0)
+    assert scripts.parse_start_reply([-2, 1200]) == (scripts.StartResult.HELD, 1200)
+    assert scripts.parse_idempotency_claim([1, b'{"r": 1}']) == (scripts.IdempotencyClaim.STORED, '{"r": 1}')
+    assert scripts.parse_idempotency_claim([2, b"300"]) == (scripts.IdempotencyClaim.BUSY, None)
+    assert scripts.parse_idempotency_claim([0, b""]) == (scripts.IdempotencyClaim.CLAIMED, None)

@@ -1,0 +1,124 @@
+"""The Lua scripts as files: the loader, the scripts workers run, and the typed result of each.
+
+Every atomic step toolloop takes in Redis is a `.lua` file beside the package that runs it (`workers/lua/`,
+`orchestrator/store/lua/`), shipped as package data and read once with `importlib.resources`; each file's
+header states its KEYS, ARGV and result. A script answers with small integers, and an `IntEnum` per script
+names them, so no caller compares a reply with a bare number. Constants a script needs (stream caps, the
+inline payload limit, statuses) come in as ARGV from Python (`workers.keys`), never spelled in Lua.
+
+Scripts here, all run by workers; the orchestrator shares `WRITE_OUTCOME` (its timers and direct calls write
+synthetic outcomes through the same first-writer-wins step) and `RELEASE` (a turn's lease):
+- `write_outcome.lua` → `WriteResult`: WON / LOST.
+- `start.lua` → `StartResult`: STARTED / FINISHED / HELD.
+- `claim_idempotency.lua` → `IdempotencyClaim`: CLAIMED / STORED / BUSY.
+- `release.lua` → `ReleaseResult`: RELEASED / NOT_HELD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from importlib import resources
+from typing import Any
+
+from workers import keys
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua script: its name (the file's stem) and its source."""
+
+    name: str
+    source: str
+
+
+def load_script(package: str, name: str) -> Script:
+    """The script `lua/<name>.lua` shipped inside `package` (works from a wheel as from a checkout)."""
+    source = resources.files(package).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    return Script(name, source)
+
+
+WRITE_OUTCOME = load_script("workers", "write_outcome")
+START = load_script("workers", "start")
+CLAIM_IDEMPOTENCY = load_script("workers", "claim_idempotency")
+RELEASE = load_script("workers", "release")
+
+
+class WriteResult(IntEnum):
+    """What `write_outcome.lua` did: this outcome is the call's one outcome, or an earlier one was."""
+
+    LOST = 0
+    WON = 1
+
+
+class StartResult(IntEnum):
+    """How `start.lua` turned out. `CallStore.start` gives a started execution's attempt number (≥ 1) in place
+    of STARTED, and FINISHED or HELD themselves otherwise."""
+
+    STARTED = 0
+    FINISHED = -1  # the call already has an outcome
+    HELD = -2  # another execution holds the running guard
+
+
+class IdempotencyClaim(IntEnum):
+    """What `claim_idempotency.lua` found for an idempotency key."""
+
+    CLAIMED = 0  # this call holds the key's lock: run the tool
+    STORED = 1  # a stored success: replay it
+    BUSY = 2  # another call holds the lock
+
+
+class ReleaseResult(IntEnum):
+    """What `release.lua` did."""
+
+    NOT_HELD = 0
+    RELEASED = 1
+
+
+def build_write_outcome_call(
+    call_id: str, turn_id: str | None, outcome_json: str, reply_key: str | None = None
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically."""
+    script_keys = [
+        keys.outcome(call_id),
+        keys.late_outcomes(call_id),
+        keys.turn_lease(turn_id) if turn_id else "",
+        reply_key or "",
+    ]
+    args = [
+        outcome_json,
+        str(keys.OUTCOME_TTL_S),
+        keys.INBOX_PREFIX,
+        call_id,
+        turn_id or "",
+        str(keys.INBOX_MAXLEN),
+        str(keys.INBOX_OUTCOME_MAX_BYTES),
+    ]
+    return script_keys, args
+
+
+def parse_write_result(reply: Any) -> WriteResult:
+    """The reply of `write_outcome.lua`."""
+    return WriteResult(int(reply))
+
+
+def parse_release_result(reply: Any) -> ReleaseResult:
+    """The reply of `release.lua`."""
+    return ReleaseResult(int(reply))
+
+
+def parse_start_reply(reply: Any) -> tuple[int, int]:
+    """The reply of `start.lua` as `CallStore.start` gives it: (attempt, 0) for a started execution,
+    (StartResult.FINISHED, 0), or (StartResult.HELD, pttl ms)."""
+    result, value = StartResult(int(reply[0])), int(reply[1])
+    if result is StartResult.STARTED:
+        return value, 0
+    return result, value
+
+
+def parse_idempotency_claim(reply: Any) -> tuple[IdempotencyClaim, str | None]:
+    """The reply of `claim_idempotency.lua`: the claim, and the stored success JSON when STORED."""
+    claim, value = IdempotencyClaim(int(reply[0])), reply[1]
+    if claim is not IdempotencyClaim.STORED:
+        return claim, None
+    return claim, value.decode("utf-8") if isinstance(value, bytes) else value
