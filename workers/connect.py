@@ -16,40 +16,24 @@ import redis.asyncio as aioredis
 DEFAULT_SSL_CERT_REQS = "required"
 
 
-def build_redis_options(redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS) -> dict[str, Any]:
-    """Connection options for a Redis URL: `rediss://` always gets an explicit certificate policy."""
+def build_redis_options(
+    redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any
+) -> dict[str, Any]:
+    """Client options for a Redis URL: decoded replies unless `options` say otherwise, redis-py's `options`
+    (e.g. `socket_connect_timeout`), and for `rediss://` always an explicit certificate policy."""
+    built: dict[str, Any] = {"decode_responses": True, **options}
     if redis_url.startswith("rediss://"):
-        return {"ssl_cert_reqs": ssl_cert_reqs}
-    return {}
+        built["ssl_cert_reqs"] = ssl_cert_reqs
+    return built
 
 
-def connect_redis(
-    redis_url: str,
-    ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
-    *,
-    decode_responses: bool = True,
-    **options: Any,
-) -> redis.Redis:
-    """A sync client for `redis_url`; `options` are redis-py's (e.g. `socket_connect_timeout`)."""
-    return redis.Redis.from_url(
-        redis_url,
-        decode_responses=decode_responses,
-        **build_redis_options(redis_url, ssl_cert_reqs),
-        **options,
-    )
+def connect_redis(redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any) -> redis.Redis:
+    """A sync client for `redis_url` with the options of `build_redis_options`."""
+    return redis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
 
 
 def connect_redis_async(
-    redis_url: str,
-    ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
-    *,
-    decode_responses: bool = True,
-    **options: Any,
+    redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any
 ) -> aioredis.Redis:
     """`connect_redis` for asyncio."""
-    return aioredis.Redis.from_url(
-        redis_url,
-        decode_responses=decode_responses,
-        **build_redis_options(redis_url, ssl_cert_reqs),
-        **options,
-    )
+    return aioredis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
