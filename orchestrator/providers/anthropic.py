@@ -55,6 +55,7 @@ from orchestrator.providers.common import (
     parse_sse,
     parse_usage,
 )
+from orchestrator.providers.traits import traits_of
 from workers.contract import ToolSpec
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ MESSAGES_PATH = "/v1/messages"
 API_VERSION = "2023-06-01"
 # Anthropic requires max_tokens on every request.
 DEFAULT_MAX_TOKENS = 4096
-VALID_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 _THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -248,7 +248,7 @@ def build_tool_choice(choice: str | None) -> dict[str, Any] | None:
 
 def clean_tool_id(tool_id: str) -> str:
     """`tool_id` when Anthropic accepts it, else a valid id derived from it (the same for the same input)."""
-    if VALID_TOOL_ID.match(tool_id):
+    if traits_of(PROVIDER).tool_call_id_pattern.match(tool_id):
         return tool_id
     # The digest keeps two ids that clean to the same characters apart ("a.b" and "a:b").
     digest = hashlib.sha256(tool_id.encode()).hexdigest()[:10]

@@ -19,7 +19,10 @@ from orchestrator.model import (
 )
 from orchestrator.providers import anthropic
 from orchestrator.providers.base import ModelRequest
+from orchestrator.providers.traits import traits_of
 from workers.contract import ToolSpec
+
+ANTHROPIC_IDS = traits_of("anthropic").tool_call_id_pattern
 
 THINKING = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-abc"}
 REDACTED = {"type": "redacted_thinking", "data": "opaque-data"}
@@ -224,7 +227,7 @@ def assert_pairing_and_ids(body: dict[str, Any]) -> None:
         for block in entry["content"]:
             for key in ("id", "tool_use_id"):
                 if key in block:
-                    assert anthropic.VALID_TOOL_ID.match(block[key]), block[key]
+                    assert ANTHROPIC_IDS.match(block[key]), block[key]
         if uses:
             answers = [b["tool_use_id"] for b in messages[index + 1]["content"] if b["type"] == "tool_result"]
             assert answers == uses
@@ -278,7 +281,7 @@ def test_to_wire_drops_foreign_thinking_and_cleans_invalid_ids_consistently() ->
 @pytest.mark.parametrize("raw_id", ["", "a b", "x" * 200, "toolu_01AbC-_"])
 def test_clean_tool_id_is_always_valid_and_stable(raw_id: str) -> None:
     cleaned = anthropic.clean_tool_id(raw_id)
-    assert anthropic.VALID_TOOL_ID.match(cleaned)
+    assert ANTHROPIC_IDS.match(cleaned)
     assert cleaned == anthropic.clean_tool_id(raw_id)
-    if anthropic.VALID_TOOL_ID.match(raw_id):
+    if ANTHROPIC_IDS.match(raw_id):
         assert cleaned == raw_id
