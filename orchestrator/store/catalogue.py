@@ -19,7 +19,7 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from orchestrator.store.effects import Command
+from orchestrator.store.effects import RedisCommand
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from workers import keys
 from workers.contract import ToolSpec
@@ -70,9 +70,9 @@ def _parse_entry(worker: bytes | str, raw: bytes | str) -> tuple[float, list[Too
     return parsed
 
 
-def get_catalogue(now: float) -> Command[dict[str, ToolSpec]]:
+def get_catalogue(now: float) -> RedisCommand[dict[str, ToolSpec]]:
     """The operation that reads the catalogue hash and merges it as of `now` (epoch seconds)."""
-    return Command(("HGETALL", keys.CATALOGUE), lambda entries: build_catalogue(entries, now))
+    return RedisCommand(("HGETALL", keys.CATALOGUE), lambda entries: build_catalogue(entries, now))
 
 
 def read_catalogue(client: redis.Redis) -> dict[str, ToolSpec]:

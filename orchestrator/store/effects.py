@@ -1,12 +1,12 @@
 """What the stores ask of Redis, as values (sans-IO): an operation and the parser of its reply.
 
-An `Operation` is one round trip — a `Command`, a `ScriptCall` or a `Transaction` — built by a pure function
-of `orchestrator.store.operations`, with the function that turns the raw reply into a typed value. A flow
-(`orchestrator.store.flows`, `orchestrator.direct`) is a generator that yields operations and receives their
-parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`) performs it
-on a sync or an asyncio Redis client. Two more steps a flow may yield: `BlockingCall`, a blocking call that is
-not Redis (a Celery publish; run in a thread under asyncio), and `Emit`, a value handed to whoever iterates
-the flow (an event of a followed turn).
+An `Operation` is one round trip — a `RedisCommand`, a `ScriptCall` or a `Transaction` — built by a pure
+function of `orchestrator.store.operations`, with the function that turns the raw reply into a typed value.
+A flow (`orchestrator.store.flows`, `orchestrator.direct`) is a generator that yields effects and receives
+their parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`)
+performs it on a sync or an asyncio Redis client. An `Effect` is an operation or a `BlockingCall` (a
+blocking call that is not Redis: a Celery publish, run in a thread under asyncio); a stream may also yield an
+`Item`, a value handed to whoever iterates it (an event of a followed turn).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Command(Generic[T]):
+class RedisCommand(Generic[T]):
     """One Redis command (its words, as for redis-py's `execute_command`) and the parser of its reply."""
 
     args: tuple[str | int | float, ...]
@@ -54,18 +54,18 @@ class BlockingCall(Generic[T]):
 
 
 @dataclass(frozen=True)
-class Emit(Generic[T]):
+class Item(Generic[T]):
     """A value a flow hands to its consumer (`iter_flow`); the flow gets None back."""
 
     value: T
 
 
-Operation: TypeAlias = Command[T] | ScriptCall[T] | Transaction[T]
-Step: TypeAlias = Command[Any] | ScriptCall[Any] | Transaction[Any] | BlockingCall[Any]
+Operation: TypeAlias = RedisCommand[T] | ScriptCall[T] | Transaction[T]
+Effect: TypeAlias = RedisCommand[Any] | ScriptCall[Any] | Transaction[Any] | BlockingCall[Any]
 # A flow yields steps, receives each one's parsed reply, and returns its result.
-Flow: TypeAlias = Generator[Step, Any, T]
+Flow: TypeAlias = Generator[Effect, Any, T]
 # A flow whose consumer iterates the values it emits.
-Stream: TypeAlias = Generator[Step | Emit[T], Any, None]
+Stream: TypeAlias = Generator[Effect | Item[T], Any, None]
 
 
 def parse_reply(reply: Any) -> Any:

@@ -15,7 +15,7 @@ from orchestrator.model import Message, TurnOutcome, TurnRequest
 from orchestrator.store import codec, operations
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
-from orchestrator.store.effects import Emit, Flow, Stream
+from orchestrator.store.effects import Flow, Item, Stream
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
 from workers.contract import ToolOutcome
 
@@ -124,7 +124,7 @@ def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -
 
 
 def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int) -> Stream[TurnEvent]:
-    """Emit every event from `after` on, as they come, ending after `turn_finished` (UnknownTurnError).
+    """Item every event from `after` on, as they come, ending after `turn_finished` (UnknownTurnError).
 
     However long the turn stays silent: each read blocks at most `block_ms` (default and cap: `cap_ms`),
     then the turn's status is checked and the next read starts."""
@@ -138,7 +138,7 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
         block = None if ended else build_block_ms(block_ms or cap_ms, cap_ms)
         batch: list[TurnEvent] = yield operations.read_events(turn_id, after, block)
         for event in batch:
-            yield Emit(event)
+            yield Item(event)
             if event.name == codec.TURN_FINISHED:
                 return
         if batch:

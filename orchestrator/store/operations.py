@@ -17,7 +17,7 @@ from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, scripts, turn_view
 from orchestrator.store.codec import ControlRequest, TurnEvent
-from orchestrator.store.effects import Command, ScriptCall, Transaction, parse_reply
+from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.scripts import (
     ClaimResult,
     ControlResult,
@@ -77,13 +77,13 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
 
 
-def pop_queued(block_s: float) -> Command[str | None]:
+def pop_queued(block_s: float) -> RedisCommand[str | None]:
     """Move the next queued turn id to the claiming list, blocking up to `block_s` (None: none came).
 
     By hand rather than redis-py's `blmove`, which types the timeout as int: Redis takes fractional seconds.
     """
     words = ("BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", f"{block_s:.3f}")
-    return Command(words, _text_or_none)
+    return RedisCommand(words, _text_or_none)
 
 
 def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | int]:
@@ -146,42 +146,42 @@ def find_orphans(limit: int) -> ScriptCall[list[str]]:
 # --- state and outcome -----------------------------------------------------------------------------------
 
 
-def get_request(turn_id: str) -> Command[TurnRequest | None]:
+def get_request(turn_id: str) -> RedisCommand[TurnRequest | None]:
     """The submitted request."""
-    return Command(("GET", keys.turn_request(turn_id)), codec.parse_request)
+    return RedisCommand(("GET", keys.turn_request(turn_id)), codec.parse_request)
 
 
-def get_state(turn_id: str) -> Command[str | None]:
+def get_state(turn_id: str) -> RedisCommand[str | None]:
     """The serialised machine state last saved."""
-    return Command(("GET", keys.turn_state(turn_id)), _text_or_none)
+    return RedisCommand(("GET", keys.turn_state(turn_id)), _text_or_none)
 
 
-def get_state_and_request(turn_id: str) -> Command[tuple[str | None, TurnRequest | None]]:
+def get_state_and_request(turn_id: str) -> RedisCommand[tuple[str | None, TurnRequest | None]]:
     """The state and the request in one MGET (what adopting a turn reads)."""
-    return Command(
+    return RedisCommand(
         ("MGET", keys.turn_state(turn_id), keys.turn_request(turn_id)),
         lambda raw: (_text_or_none(raw[0]), codec.parse_request(raw[1])),
     )
 
 
-def get_status(turn_id: str) -> Command[TurnStatus | None]:
+def get_status(turn_id: str) -> RedisCommand[TurnStatus | None]:
     """The turn's status; None for an unknown turn."""
-    return Command(("GET", keys.turn_status(turn_id)), codec.parse_status)
+    return RedisCommand(("GET", keys.turn_status(turn_id)), codec.parse_status)
 
 
-def get_outcome(turn_id: str) -> Command[TurnOutcome | None]:
+def get_outcome(turn_id: str) -> RedisCommand[TurnOutcome | None]:
     """The turn's terminal outcome; None while it runs (or when unknown)."""
-    return Command(("GET", keys.turn_outcome(turn_id)), codec.parse_outcome)
+    return RedisCommand(("GET", keys.turn_outcome(turn_id)), codec.parse_outcome)
 
 
-def get_view(turn_id: str) -> Command[TurnView | None]:
+def get_view(turn_id: str) -> RedisCommand[TurnView | None]:
     """Status, request, transcript so far and outcome in one MGET; None for an unknown turn."""
-    return Command(
+    return RedisCommand(
         ("MGET", *turn_view.view_keys(turn_id)), lambda raw: turn_view.build_turn_view(turn_id, *raw)
     )
 
 
-def require_view(turn_id: str) -> Command[TurnView]:
+def require_view(turn_id: str) -> RedisCommand[TurnView]:
     """`get_view`, whose reply raises `UnknownTurnError` for an unknown turn (what the clients' `get` is)."""
 
     def parse(raw: Any) -> TurnView:
@@ -190,12 +190,12 @@ def require_view(turn_id: str) -> Command[TurnView]:
             raise UnknownTurnError(turn_id)
         return view
 
-    return Command(("MGET", *turn_view.view_keys(turn_id)), parse)
+    return RedisCommand(("MGET", *turn_view.view_keys(turn_id)), parse)
 
 
-def get_conversation_head(conversation_id: str) -> Command[str | None]:
+def get_conversation_head(conversation_id: str) -> RedisCommand[str | None]:
     """The id of the conversation's last finished turn."""
-    return Command(("GET", keys.conversation_head(conversation_id)), _text_or_none)
+    return RedisCommand(("GET", keys.conversation_head(conversation_id)), _text_or_none)
 
 
 def save_step(
@@ -254,11 +254,11 @@ def save_outcome(
 # --- events and control ----------------------------------------------------------------------------------
 
 
-def append_event(turn_id: str, name: str, data: Mapping[str, Any], now: float) -> Command[str]:
+def append_event(turn_id: str, name: str, data: Mapping[str, Any], now: float) -> RedisCommand[str]:
     """Add one progress event (redacted) to the turn's stream; the reply is its stream id."""
     fields = codec.build_event_fields(name, data, now)
     words = ("XADD", keys.turn_events(turn_id), "MAXLEN", "~", keys.EVENTS_MAXLEN, "*")
-    return Command((*words, *(w for pair in fields.items() for w in pair)), codec.text)
+    return RedisCommand((*words, *(w for pair in fields.items() for w in pair)), codec.text)
 
 
 def _xread(stream: str, after: str, block_ms: int | None, count: int | None) -> tuple[str | int, ...]:
@@ -269,17 +269,17 @@ def _xread(stream: str, after: str, block_ms: int | None, count: int | None) -> 
 
 def read_events(
     turn_id: str, after: str, block_ms: int | None = None, count: int | None = None
-) -> Command[list[TurnEvent]]:
+) -> RedisCommand[list[TurnEvent]]:
     """Events after the stream id `after`; with `block_ms` (already capped), waits that long for one."""
-    return Command(
+    return RedisCommand(
         _xread(keys.turn_events(turn_id), after, block_ms, count),
         lambda reply: [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)],
     )
 
 
-def get_last_event_id(turn_id: str) -> Command[str]:
+def get_last_event_id(turn_id: str) -> RedisCommand[str]:
     """The id of the turn's newest event, "0" when it has none."""
-    return Command(
+    return RedisCommand(
         ("XREVRANGE", keys.turn_events(turn_id), "+", "-", "COUNT", 1),
         lambda newest: codec.text(newest[0][0]) if newest else "0",
     )
@@ -298,9 +298,9 @@ def control(
     return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
 
 
-def read_control(turn_id: str, after: str) -> Command[list[ControlRequest]]:
+def read_control(turn_id: str, after: str) -> RedisCommand[list[ControlRequest]]:
     """Cancel and approval requests after the stream id `after`."""
-    return Command(
+    return RedisCommand(
         _xread(keys.turn_control(turn_id), after, None, None),
         lambda reply: [codec.parse_control(i, f) for i, f in codec.parse_stream_reply(reply)],
     )
@@ -309,7 +309,7 @@ def read_control(turn_id: str, after: str) -> Command[list[ControlRequest]]:
 # --- tool outcomes, the inbox, the orchestrator registry -------------------------------------------------
 
 
-def read_outcomes(call_ids: Sequence[str]) -> Command[dict[str, ToolOutcome]]:
+def read_outcomes(call_ids: Sequence[str]) -> RedisCommand[dict[str, ToolOutcome]]:
     """The stored outcomes of these calls (at least one), those that have one, in one MGET."""
     ids = list(call_ids)
 
@@ -317,12 +317,12 @@ def read_outcomes(call_ids: Sequence[str]) -> Command[dict[str, ToolOutcome]]:
         found = {c: codec.parse_tool_outcome(v) for c, v in zip(ids, raw, strict=True)}
         return {c: o for c, o in found.items() if o is not None}
 
-    return Command(("MGET", *(keys.outcome(c) for c in ids)), parse)
+    return RedisCommand(("MGET", *(keys.outcome(c) for c in ids)), parse)
 
 
-def get_tool_outcome(call_id: str) -> Command[ToolOutcome | None]:
+def get_tool_outcome(call_id: str) -> RedisCommand[ToolOutcome | None]:
     """The call's winning outcome, if any."""
-    return Command(("GET", keys.outcome(call_id)), codec.parse_tool_outcome)
+    return RedisCommand(("GET", keys.outcome(call_id)), codec.parse_tool_outcome)
 
 
 def write_outcome(outcome: ToolOutcome) -> ScriptCall[WriteResult]:
@@ -331,35 +331,35 @@ def write_outcome(outcome: ToolOutcome) -> ScriptCall[WriteResult]:
     return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_result)
 
 
-def pop_reply(reply_key: str, block_s: float) -> Command[bool]:
+def pop_reply(reply_key: str, block_s: float) -> RedisCommand[bool]:
     """Block up to `block_s` on a direct call's reply list; True when the outcome was announced."""
-    return Command(("BLPOP", reply_key, block_s), lambda reply: reply is not None)
+    return RedisCommand(("BLPOP", reply_key, block_s), lambda reply: reply is not None)
 
 
-def delete(key: str) -> Command[Any]:
+def delete(key: str) -> RedisCommand[Any]:
     """Delete one key."""
-    return Command(("DEL", key), parse_reply)
+    return RedisCommand(("DEL", key), parse_reply)
 
 
 def read_inbox(
     orchestrator_id: str, after: str, block_ms: int, count: int
-) -> Command[list[tuple[str, dict[str, str]]]]:
+) -> RedisCommand[list[tuple[str, dict[str, str]]]]:
     """Notifications for this orchestrator after `after`, blocking up to `block_ms` (already capped)."""
-    return Command(
+    return RedisCommand(
         _xread(keys.inbox(orchestrator_id), after, block_ms, count),
         lambda reply: [(i, codec.parse_fields(f)) for i, f in codec.parse_stream_reply(reply)],
     )
 
 
-def ack_inbox(orchestrator_id: str, up_to_id: str) -> Command[Any]:
+def ack_inbox(orchestrator_id: str, up_to_id: str) -> RedisCommand[Any]:
     """Trim the inbox up to and including `up_to_id`."""
     words = ("XTRIM", keys.inbox(orchestrator_id), "MINID", "~", codec.build_inbox_ack_id(up_to_id))
-    return Command(words, parse_reply)
+    return RedisCommand(words, parse_reply)
 
 
-def heartbeat(orchestrator_id: str, now: float) -> Command[Any]:
+def heartbeat(orchestrator_id: str, now: float) -> RedisCommand[Any]:
     """Record that the orchestrator is alive at `now`."""
-    return Command(("ZADD", keys.ORCHESTRATORS, now, orchestrator_id), parse_reply)
+    return RedisCommand(("ZADD", keys.ORCHESTRATORS, now, orchestrator_id), parse_reply)
 
 
 def unregister(orchestrator_id: str) -> Transaction[Any]:
@@ -368,6 +368,6 @@ def unregister(orchestrator_id: str) -> Transaction[Any]:
     return Transaction(commands, parse_reply)
 
 
-def ping() -> Command[bool]:
+def ping() -> RedisCommand[bool]:
     """True when Redis answers."""
-    return Command(("PING",), bool)
+    return RedisCommand(("PING",), bool)

@@ -19,12 +19,12 @@ import redis.asyncio as aioredis
 
 from orchestrator.store.effects import (
     BlockingCall,
-    Command,
-    Emit,
+    Effect,
     Flow,
+    Item,
     Operation,
+    RedisCommand,
     ScriptCall,
-    Step,
     Stream,
     Transaction,
 )
@@ -39,7 +39,7 @@ def send(client: Any, operation: Operation[Any], registered: dict[Script, Any]) 
     Scripts are registered on the client once (`registered` is the runner's cache) and called by SHA,
     loaded again by redis-py when Redis has forgotten them."""
     match operation:
-        case Command(args=words):
+        case RedisCommand(args=words):
             return client.execute_command(*words)
         case ScriptCall(script=script, keys=keys, args=args):
             if script not in registered:
@@ -61,10 +61,10 @@ class Done(Generic[T]):
     value: T
 
 
-def advance(flow: Generator[Any, Any, T], reply: Any) -> Step | Emit[Any] | Done[T]:
+def advance(flow: Generator[Any, Any, T], reply: Any) -> Effect | Item[Any] | Done[T]:
     """Send `reply` into `flow` (None to start it): its next step, or `Done` when it returned."""
     try:
-        step: Step | Emit[Any] = flow.send(reply)
+        step: Effect | Item[Any] = flow.send(reply)
     except StopIteration as stop:
         return Done(stop.value)
     return step
@@ -81,9 +81,9 @@ class SyncRunner:
         """One round trip: the parsed reply of `operation`."""
         return operation.parse(send(self.client, operation, self._registered))
 
-    def perform(self, step: Step | Emit[Any]) -> Any:
-        """What a flow gets back for `step` (None for an `Emit`)."""
-        if isinstance(step, Emit):
+    def perform(self, step: Effect | Item[Any]) -> Any:
+        """What a flow gets back for `step` (None for an `Item`)."""
+        if isinstance(step, Item):
             return None
         if isinstance(step, BlockingCall):
             return step.call()
@@ -100,7 +100,7 @@ class SyncRunner:
         """Drive `flow`, yielding each value it emits, as it emits it."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
-            if isinstance(step, Emit):
+            if isinstance(step, Item):
                 yield step.value
             reply = self.perform(step)
 
@@ -116,9 +116,9 @@ class AsyncRunner:
         """One round trip: the parsed reply of `operation`."""
         return operation.parse(await send(self.client, operation, self._registered))
 
-    async def perform(self, step: Step | Emit[Any]) -> Any:
-        """What a flow gets back for `step` (None for an `Emit`)."""
-        if isinstance(step, Emit):
+    async def perform(self, step: Effect | Item[Any]) -> Any:
+        """What a flow gets back for `step` (None for an `Item`)."""
+        if isinstance(step, Item):
             return None
         if isinstance(step, BlockingCall):
             return await asyncio.to_thread(step.call)
@@ -135,6 +135,6 @@ class AsyncRunner:
         """Drive `flow`, yielding each value it emits, as it emits it."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
-            if isinstance(step, Emit):
+            if isinstance(step, Item):
                 yield step.value
             reply = await self.perform(step)

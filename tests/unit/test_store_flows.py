@@ -18,7 +18,7 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
 from orchestrator.store.codec import TurnEvent
-from orchestrator.store.effects import BlockingCall, Command, Emit, ScriptCall, Transaction
+from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, SubmitResult, WriteResult
 from workers import keys
@@ -58,7 +58,7 @@ def event(entry_id: str, name: str = "tool_started") -> TurnEvent:
 
 
 def words(steps: list[Any]) -> list[Any]:
-    return [step.args[0] if isinstance(step, Command) else step.script.name for step in steps]
+    return [step.args[0] if isinstance(step, RedisCommand) else step.script.name for step in steps]
 
 
 DONE = TurnOutcome(turn_id="t", status="completed", text="4")
@@ -68,7 +68,7 @@ def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
     flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0, 1.0, 4.5))
     steps, turn_id = drive(flow, [None, "t1", ClaimResult.SKIPPED, "t2", ClaimResult.CLAIMED])
     assert words(steps) == ["BLMOVE", "BLMOVE", "claim", "BLMOVE", "claim"]
-    assert [s.args[-1] for s in steps if isinstance(s, Command)] == ["2.000", "2.000", "0.500"]
+    assert [s.args[-1] for s in steps if isinstance(s, RedisCommand)] == ["2.000", "2.000", "0.500"]
     assert steps[4].args[:3] == ("t2", "orch", "9000") and turn_id == "t2"
     assert drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), []) == ([], None)
 
@@ -94,11 +94,11 @@ def test_wait_outcome_raises_for_an_unknown_turn_and_at_its_deadline() -> None:
 def test_follow_events_emits_until_turn_finished_and_reads_an_ended_turn_without_blocking() -> None:
     flow = flows.follow_events("t", "0", block_ms=None, cap_ms=1500)
     finished = event("6-0", "turn_finished")
-    replies = [TurnStatus.RUNNING, TurnStatus.RUNNING, [event("5-0")], None]  # None: what an Emit gets
+    replies = [TurnStatus.RUNNING, TurnStatus.RUNNING, [event("5-0")], None]  # None: what an Item gets
     replies += [TurnStatus.COMPLETED, [finished], None]
     steps, _ = drive(flow, replies)
-    assert [s.value for s in steps if isinstance(s, Emit)] == [event("5-0"), finished]
-    reads = [s.args for s in steps if isinstance(s, Command) and s.args[0] == "XREAD"]
+    assert [s.value for s in steps if isinstance(s, Item)] == [event("5-0"), finished]
+    reads = [s.args for s in steps if isinstance(s, RedisCommand) and s.args[0] == "XREAD"]
     assert reads == [
         ("XREAD", "BLOCK", 1500, "STREAMS", keys.turn_events("t"), "0"),
         ("XREAD", "STREAMS", keys.turn_events("t"), "5-0"),
@@ -198,9 +198,9 @@ class FakeAsyncRedis(FakeRedis):
 
 def sample_flow(thread_ids: list[int]) -> Generator[Any, Any, Any]:
     status = yield operations.get_status("t")
-    yield Emit(status)
+    yield Item(status)
     result = yield operations.claim("t", "orch", 10)
-    yield Emit(result)
+    yield Item(result)
     yield BlockingCall(lambda: thread_ids.append(threading.get_ident()))
     return (yield operations.unregister("orch"))
 
@@ -247,11 +247,11 @@ def answer_direct_call(step: Any, outcome: ToolOutcome | None, wins: bool) -> An
     match step:
         case BlockingCall():
             return "task-1"
-        case Command(args=("HGETALL", *_)):
+        case RedisCommand(args=("HGETALL", *_)):
             return {"echo": ECHO}
-        case Command(args=("BLPOP", *_)):
+        case RedisCommand(args=("BLPOP", *_)):
             return outcome is not None
-        case Command(args=("GET", *_)):
+        case RedisCommand(args=("GET", *_)):
             return outcome
         case ScriptCall():
             return WriteResult.WON if wins else WriteResult.LOST
@@ -275,7 +275,7 @@ def run_direct_call(
 
 
 def kinds(steps: list[Any]) -> list[str]:
-    return [s.args[0] if isinstance(s, Command) else type(s).__name__ for s in steps]
+    return [s.args[0] if isinstance(s, RedisCommand) else type(s).__name__ for s in steps]
 
 
 def test_a_direct_call_to_an_unknown_tool_ends_before_dispatch() -> None:

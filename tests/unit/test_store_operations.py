@@ -13,7 +13,7 @@ import pytest
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import operations
-from orchestrator.store.effects import Command, ScriptCall, Transaction
+from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
 from orchestrator.store.scripts import (
     CLAIM,
     CONTROL,
@@ -193,7 +193,7 @@ def test_registry_and_inbox_commands() -> None:
     assert operations.ack_inbox("o", "7-3").args == ("XTRIM", keys.inbox("o"), "MINID", "~", "7-4")
     inbox = operations.read_inbox("o", "$", 50, 1000)
     assert inbox.parse([["s", [("1-0", {b"kind": b"outcome"})]]]) == [("1-0", {"kind": "outcome"})]
-    assert isinstance(operations.ping(), Command) and operations.ping().parse(True) is True
+    assert isinstance(operations.ping(), RedisCommand) and operations.ping().parse(True) is True
 
 
 def test_worker_script_replies_are_typed() -> None:
