@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-faults lint bench clean
+.PHONY: setup setup-browser demo test test-faults lint bench clean
 
 setup: $(STAMP)
 
@@ -19,7 +19,23 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/toolloop demo
 
-test: setup
+# The Flower page test drives Debian's Chromium: Playwright's own browser download cannot run on our machines.
+# Installed with apt only when missing (root, Debian); otherwise one line says what to run.
+CHROMIUM := /usr/bin/chromium
+setup-browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make setup-browser: $(CHROMIUM) is missing; as root on Debian run: apt-get install -y chromium" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing chromium with apt-get (once)"; \
+	  { apt-get -qq -o DPkg::Lock::Timeout=600 update && DEBIAN_FRONTEND=noninteractive \
+	      apt-get -qq -y -o DPkg::Lock::Timeout=600 install chromium >/dev/null; } || { \
+	    echo "make setup-browser: apt-get could not install chromium; as root run: apt-get install -y chromium" >&2; \
+	    exit 1; }; \
+	}
+
+test: setup setup-browser
 	$(BIN)/python -m pytest -q -m "not faults"
 
 test-faults: setup

@@ -314,6 +314,6 @@ def _print_summary(out: Console, outcome: TurnOutcome, turn_id: str, redis_url: 
         "[bold]Where to look next[/bold]\n"
         f"  • the whole turn as JSON:   TOOLLOOP_REDIS_URL={redis_url} toolloop show {turn_id}\n"
         "    (the demo's embedded Redis stops with it: set TOOLLOOP_REDIS_URL to a Redis you keep)\n"
-        f"  • tool tasks in Flower:     celery --broker={redis_url} flower --port=5555\n"
+        f"  • tool tasks in Flower:     TOOLLOOP_REDIS_URL={redis_url} toolloop flower --port=5555\n"
         "  • your own turn:            toolloop submit --prompt '…' --wait"
     )

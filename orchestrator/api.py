@@ -5,7 +5,10 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns/{id}`, `GET /v1/turns/{i
 `GET /healthz`, `GET /metrics`. With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
 `Authorization: Bearer <token>` (401 otherwise). Bodies over `max_body_bytes` get 413, malformed ones 422
 with pydantic's messages (never echoing the body: it may hold what JSON cannot render, such as NaN or an
-unpaired surrogate, or secrets); unknown turns 404; requests for a turn that has already ended 409.
+unpaired surrogate, or secrets); a turn naming tools no live worker serves, or a model name that is neither
+`provider:model` nor a tier, 422 too, in the same shape (`loc`, `msg`, `type`; for tools, `ctx.available`
+lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
+`GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
 from orchestrator.client import AsyncClient
-from orchestrator.errors import UnknownTurnError
+from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
@@ -198,11 +201,33 @@ def build_sse(event: TurnEvent) -> ServerSentEvent:
 turns_router = APIRouter(prefix="/v1/turns")
 
 
+def build_refusal_detail(request: TurnRequest, exc: ValueError) -> list[dict[str, Any]]:
+    """The `detail` of a 422 for a turn the submit checks refused, shaped as pydantic's errors are."""
+    if isinstance(exc, UnknownToolError):
+        names = request.tools or []
+        return [
+            {
+                "type": "unknown_tool",
+                "loc": ["body", "tools", names.index(name) if name in names else 0],
+                "msg": f"unknown tool {name!r}; available: {', '.join(exc.available) or 'none'}",
+                "ctx": {"tool": name, "available": exc.available},
+            }
+            for name in exc.unknown
+        ]
+    loc = ["body", "model"] if isinstance(exc, ModelConfigError) else ["body"]
+    return [{"type": "value_error", "loc": loc, "msg": str(exc)}]
+
+
 @turns_router.post("", status_code=202, response_model=SubmitReply)
 async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
-    """Store and queue a turn; 202 with its id once it is durable in Redis."""
+    """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools or its model
+    cannot be served (`store.flows.submit`)."""
     turn_request = TurnRequest.model_validate(body.model_dump())
-    return SubmitReply(id=await _client(request).submit_request(turn_request))
+    try:
+        turn_id = await _client(request).submit_request(turn_request)
+    except ValueError as exc:
+        raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
+    return SubmitReply(id=turn_id)
 
 
 @turns_router.get("/{turn_id}")

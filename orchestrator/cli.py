@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.commands import normalize, tools, turns, turns_api
+from orchestrator.commands import flower, normalize, tools, turns, turns_api
 
 app = typer.Typer(
     name="toolloop",
@@ -14,7 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tools, normalize, turns, turns_api):
+for module in (tools, normalize, turns, turns_api, flower):
     module.register(app)
 
 

@@ -7,8 +7,14 @@ loop; `AsyncClient` has the same methods as coroutines. Both are thin faces over
 parameter lists of `submit` and `call_tool` are written once too, as the builders `build_submission` and
 `direct.build_direct_call`, whose signatures both clients' methods take (`takes_arguments_of`).
 
-Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with a clear message; an unknown
-turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
+Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with a clear message — among
+them `UnknownToolError` for a turn naming tools no live worker serves (`store.flows.check_tool_names`: when
+no worker has published its catalogue yet, the turn is accepted), and `ModelConfigError` for a model name
+that is neither `provider:model` nor a tier; an unknown turn id raises `UnknownTurnError` (a
+`LookupError`); `wait` raises `TimeoutError`.
+
+What the readers return is what a person may be shown: `get`, `outcome` and `wait` redact the values of
+sensitive keys (context, tool-call arguments; `store.turn_view`). Tools still receive them whole.
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ from pydantic import BaseModel
 
 from orchestrator import direct, metrics
 from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
-from orchestrator.errors import UnknownTurnError
+from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.sync_turns import SyncTurnStore
-from orchestrator.store.turn_view import PendingApproval, TurnView
+from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
 
@@ -39,10 +45,12 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
     "AsyncClient",
     "Client",
+    "ModelConfigError",
     "PendingApproval",
     "Submission",
     "TurnEvent",
     "TurnView",
+    "UnknownToolError",
     "UnknownTurnError",
     "build_submission",
     "takes_arguments_of",
@@ -148,29 +156,34 @@ class Client:
 
     @takes_arguments_of(build_submission)
     def submit(self, submission: Submission) -> str:
-        """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op."""
+        """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op.
+
+        `UnknownToolError` when it names tools no live worker serves (accepted while none has published)."""
         return self.submit_request(submission.request, turn_id=submission.turn_id)
 
     def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
-        """Store and queue an already built `TurnRequest`."""
+        """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
         turn_id = self.store.submit(request, turn_id=turn_id)
         metrics.record_turn_submitted()
         return turn_id
 
     def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
+        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
+        sensitive values redacted."""
         return self.store.require_view(turn_id)
 
     def outcome(self, turn_id: str) -> TurnOutcome | None:
-        """The terminal outcome, or None while the turn runs."""
-        return self.store.get_outcome(turn_id)
+        """The terminal outcome (sensitive values redacted), or None while the turn runs."""
+        outcome = self.store.get_outcome(turn_id)
+        return None if outcome is None else build_shown_outcome(outcome)
 
     def wait(self, turn_id: str, timeout: float) -> TurnOutcome:
         """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s.
 
-        A turn may stay silent for longer than the Redis socket timeout (a long tool, a wait for approval):
-        each read blocks at most `block_cap_ms` and the wait goes on until `timeout`."""
-        return self.store.wait_outcome(turn_id, timeout)
+        The outcome comes redacted, as `get` shows it. A turn may stay silent for longer than the Redis
+        socket timeout (a long tool, a wait for approval): each read blocks at most `block_cap_ms` and the
+        wait goes on until `timeout`."""
+        return build_shown_outcome(self.store.wait_outcome(turn_id, timeout))
 
     def events(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`.
@@ -188,7 +201,10 @@ class Client:
 
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
-        """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome."""
+        """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome.
+
+        A `requires_confirmation` tool runs only with `approve=True` (the caller is the person approving);
+        without it, the outcome is `confirmation_denied` and nothing is dispatched."""
         return direct.run_call(self.redis_url, call, self.settings)
 
     def ping(self) -> bool:
@@ -226,27 +242,31 @@ class AsyncClient:
 
     @takes_arguments_of(build_submission)
     async def submit(self, submission: Submission) -> str:
-        """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op."""
+        """Store and queue a turn; returns its id once it is in Redis. A repeated `turn_id` is a no-op.
+
+        `UnknownToolError` when it names tools no live worker serves (accepted while none has published)."""
         return await self.submit_request(submission.request, turn_id=submission.turn_id)
 
     async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
-        """Store and queue an already built `TurnRequest`."""
+        """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
         turn_id = await self.store.submit(request, turn_id=turn_id)
         metrics.record_turn_submitted()
         return turn_id
 
     async def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal."""
+        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
+        sensitive values redacted."""
         return await self.store.require_view(turn_id)
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
-        """The terminal outcome, or None while the turn runs."""
-        return await self.store.get_outcome(turn_id)
+        """The terminal outcome (sensitive values redacted), or None while the turn runs."""
+        outcome = await self.store.get_outcome(turn_id)
+        return None if outcome is None else build_shown_outcome(outcome)
 
     # `timeout` rather than asyncio.timeout: the same signature as the sync `Client.wait` (the contract).
     async def wait(self, turn_id: str, timeout: float) -> TurnOutcome:  # noqa: ASYNC109
-        """Block until the turn is terminal; `TimeoutError` after `timeout` s."""
-        return await self.store.wait_outcome(turn_id, timeout)
+        """Block until the turn is terminal; `TimeoutError` after `timeout` s. Redacted, as by `get`."""
+        return build_shown_outcome(await self.store.wait_outcome(turn_id, timeout))
 
     def events(
         self, turn_id: str, after: str = "0", *, block_ms: int | None = None
@@ -264,7 +284,7 @@ class AsyncClient:
 
     @takes_arguments_of(build_direct_call)
     async def call_tool(self, call: DirectCall) -> ToolOutcome:
-        """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome."""
+        """Run one tool call through the workers (SPEC §4.10); a confirmed tool only with `approve=True`."""
         return await direct.arun_call(self.redis_url, call, self.settings)
 
     async def ping(self) -> bool:

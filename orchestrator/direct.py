@@ -1,8 +1,10 @@
 """Direct execution of one tool call, no model involved (SPEC §4.10): `toolloop call`, `Client.call_tool`.
 
 Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
-dispatched), publish the task with a reply list, block on that list, read the outcome. The flow is written
-once (`build_call_flow`, sans-IO) and run by the store's runners: `run_call` / `call_tool` on a sync client,
+dispatched), refuse a `requires_confirmation` tool the caller did not approve (`approve=True`, `toolloop call
+--approve`: the caller is the person who confirms; otherwise a `confirmation_denied` outcome saying how to
+approve), publish the task with a reply list, block on that list, read the outcome. The flow is written once
+(`build_call_flow`, sans-IO) and run by the store's runners: `run_call` / `call_tool` on a sync client,
 `arun_call` on an asyncio one (where the publish runs in a thread). The Redis client is the one every reader
 uses (`store.connect_sync` / `connect_async`: same URL options, `rediss://` certificate policy, default socket
 timeout), so the wait is a loop of BLPOPs of at most the client's `block_cap_ms` each, until the caller's
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from orchestrator.machine.validation import offered_tools, validate_call
+from orchestrator.machine.validation import Rejection, offered_tools, validate_call
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import flows, operations
 from orchestrator.store.catalogue import get_catalogue
@@ -42,12 +44,16 @@ REPLY_GRACE_S = 0.25
 
 @dataclass(frozen=True)
 class DirectCall:
-    """What a caller asks for: one call of tool `name`, answered within `timeout_s`."""
+    """What a caller asks for: one call of tool `name`, answered within `timeout_s`.
+
+    `approve` says the caller confirms the call, as a person answering a turn's approval does: a
+    `requires_confirmation` tool runs only with it (SPEC §5.8)."""
 
     name: str
     arguments: dict[str, Any]
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     context: dict[str, Any] = field(default_factory=dict)
+    approve: bool = False
 
 
 def build_direct_call(
@@ -55,9 +61,11 @@ def build_direct_call(
     arguments: Mapping[str, Any],
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     context: Mapping[str, Any] | None = None,
+    *,
+    approve: bool = False,
 ) -> DirectCall:
     """A `DirectCall` from the arguments of `Client.call_tool` (whose signature this is)."""
-    return DirectCall(name, dict(arguments), timeout_s, dict(context or {}))
+    return DirectCall(name, dict(arguments), timeout_s, dict(context or {}), approve)
 
 
 def build_direct_request(
@@ -77,17 +85,23 @@ def build_direct_request(
 
 
 def build_rejection_outcome(
-    name: str, arguments: Mapping[str, Any], catalogue: Mapping[str, ToolSpec]
+    name: str, arguments: Mapping[str, Any], catalogue: Mapping[str, ToolSpec], *, approved: bool = False
 ) -> tuple[ToolOutcome | None, ToolSpec | None]:
     """(failure outcome, None) when the call is refused before dispatch, else (None, the tool's spec).
 
     A direct call names its tool, so a sensitive tool is callable here — but an unknown-tool message lists
-    only the public ones.
+    only the public ones. A valid call of a `requires_confirmation` tool is refused unless `approved`.
     """
     offered = offered_tools(catalogue, None)
     if name in catalogue:
         offered[name] = catalogue[name]
     rejection = validate_call(name, arguments, None, catalogue, offered)
+    if rejection is None and catalogue[name].requires_confirmation and not approved:
+        rejection = Rejection(
+            FailureKind.CONFIRMATION_DENIED,
+            f"tool '{name}' requires confirmation and was not approved; nothing was run. To run it, "
+            "approve the call: `toolloop call --approve`, or `call_tool(..., approve=True)`",
+        )
     if rejection is not None:
         call_id = f"direct-{uuid.uuid4().hex}"
         return build_failure((call_id, name, None), rejection.kind, rejection.message, attempts=0), None
@@ -120,7 +134,7 @@ def build_call_flow(
     from orchestrator.runtime.publish import dispatch_call, get_producer_app, revoke_call
 
     catalogue = yield get_catalogue(now())
-    rejected, spec = build_rejection_outcome(call.name, call.arguments, catalogue)
+    rejected, spec = build_rejection_outcome(call.name, call.arguments, catalogue, approved=call.approve)
     if rejected is not None or spec is None:
         assert rejected is not None
         return rejected
@@ -175,7 +189,9 @@ def call_tool(
     *,
     timeout_s: float,
     context: Mapping[str, Any] | None = None,
+    approve: bool = False,
     settings: Settings | None = None,
 ) -> ToolOutcome:
     """`run_call` of tool `name` with `arguments`, answered within `timeout_s` (`toolloop call`)."""
-    return run_call(redis_url, build_direct_call(name, arguments, timeout_s, context), settings)
+    call = build_direct_call(name, arguments, timeout_s, context, approve=approve)
+    return run_call(redis_url, call, settings)

@@ -6,9 +6,13 @@ errors, and the few things a caller must handle:
 
     ToolloopError(Exception)                 workers.errors: the root, in the leaf package
     ├── ToolDefinitionError(ValueError)      workers.errors: a bad @tool, at import time
+    ├── ToolModuleError(ImportError)         workers.errors: a tool module a worker could not import
     ├── TransientToolError                   workers.errors: raised by a tool to be retried
     ├── InvalidResultError(ValueError)       workers.errors: a tool result JSON cannot carry
+    ├── ToolCallFailed                       workers.errors: the tool task's end after a failure outcome
+    ├── ToolCallRetried                      workers.errors: why a tool task is retried (seen in Flower)
     ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
+    ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
     ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
@@ -28,7 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from workers.errors import InvalidResultError, ToolDefinitionError, ToolloopError, TransientToolError
+from workers.errors import (
+    InvalidResultError,
+    ToolDefinitionError,
+    ToolloopError,
+    ToolModuleError,
+    TransientToolError,
+)
 
 __all__ = [
     "BenchError",
@@ -41,8 +51,10 @@ __all__ = [
     "RedisServerError",
     "StateVersionError",
     "ToolDefinitionError",
+    "ToolModuleError",
     "ToolloopError",
     "TransientToolError",
+    "UnknownToolError",
     "UnknownTurnError",
 ]
 
@@ -53,6 +65,23 @@ class UnknownTurnError(ToolloopError, LookupError):
     def __init__(self, turn_id: str) -> None:
         super().__init__(f"unknown turn {turn_id!r}")
         self.turn_id = turn_id
+
+
+class UnknownToolError(ToolloopError, ValueError):
+    """A turn names tools that no live worker serves; nothing was stored.
+
+    `unknown` are the names refused, in the order given; `available` the public tools of the catalogue
+    (sorted): a sensitive tool the turn did not name is never listed.
+    """
+
+    def __init__(self, unknown: Iterable[str], available: Iterable[str]) -> None:
+        self.unknown = list(unknown)
+        self.available = list(available)
+        names = ", ".join(repr(name) for name in self.unknown)
+        word = "tool" if len(self.unknown) == 1 else "tools"
+        super().__init__(
+            f"unknown {word} {names} in 'tools'; available: {', '.join(self.available) or 'none'}"
+        )
 
 
 class StateVersionError(ToolloopError, ValueError):

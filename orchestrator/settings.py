@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 
 from workers.settings import WorkerSettings
 
@@ -22,6 +22,7 @@ class Settings(WorkerSettings):
     model_fast: str | None = None
     model_default: str | None = None
     model_smart: str | None = None
+    # A blank token is no token: no client could send it, and `toolloop api` treats it as unset.
     api_token: SecretStr | None = None
     # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
     lost_call_grace_s: float = 5.0
@@ -43,6 +44,11 @@ class Settings(WorkerSettings):
 
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
+
+    @field_validator("api_token", mode="after")
+    @classmethod
+    def _blank_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
+        return None if token is None or not token.get_secret_value().strip() else token
 
     @property
     def model_tiers(self) -> dict[str, str]:

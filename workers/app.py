@@ -2,17 +2,26 @@
 
 `create_app(settings)` is what both sides build on: it imports no tool module, so the orchestrator can use
 it to publish tasks by name. `create_worker_app(settings)` is the worker's app: it imports the tool modules
-of `settings.tool_modules`, registers one task `tool.<name>` per tool, and publishes the catalogue.
+of `settings.tool_modules` (from the current folder too, as `celery -A` does), registers one task
+`tool.<name>` per tool, publishes the catalogue, and answers a tool task it does not serve
+(`workers.unserved`). `build_worker_queues` says which queues a worker consumes: exactly its tools' own.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import ssl
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
+from workers.contract import ToolSpec
+from workers.errors import ToolDefinitionError, ToolModuleError
 from workers.settings import WorkerSettings, get_worker_settings
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
@@ -48,7 +57,6 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
         # Tool outcomes travel in our own keys; Celery results exist only for other tasks, and expire.
         "result_backend": settings.redis_url,
         "result_expires": RESULT_EXPIRES_S,
-        "task_default_queue": settings.default_queue,
         "broker_connection_retry_on_startup": True,
         # A Redis blip must not kill running tools: a redelivered copy meets the running guard instead.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
@@ -86,16 +94,18 @@ def create_app(settings: WorkerSettings | None = None, *, main: str = "toolloop"
 def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     """The worker's app: imports the tool modules and registers one `tool.<name>` task per tool.
 
-    Tools registered later in this process (a tool module imported at run time) get their task too.
+    Raises `ToolModuleError` for a module that does not import or defines a bad tool. Tools registered
+    later in this process (a tool module imported at run time) get their task too; the worker consumes
+    their queue only if it already did (a queue they share with a tool it was started with).
     """
     from workers.catalogue import connect_catalogue_publisher
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
+    from workers.unserved import connect_unserved_answer
 
     settings = settings or get_worker_settings()
     app = create_app(settings, main="toolloop-worker")
-    for module in settings.tool_module_list:
-        importlib.import_module(module)
+    import_tool_modules(settings.tool_module_list)
     for tool in registry:
         register_tool_task(app, tool)
 
@@ -105,4 +115,74 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     registry.on_add(serve_new_tool)
     register_worker_signals(app)
     connect_catalogue_publisher(app)
+    connect_unserved_answer(app)
     return app
+
+
+def import_tool_modules(modules: Iterable[str]) -> None:
+    """Import each tool module, the current folder first on the path (`myapp.tools` beside you imports).
+
+    The folder stays on the path for the life of the process, not only while importing as `celery -A` has
+    it: a tool that imports a sibling module lazily, in the pool child, must find it too. Raises
+    `ToolModuleError` naming the module and its error in a line.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a tool module may raise anything while it is imported
+            raise ToolModuleError(module, describe_import_error(module, exc, cwd)) from exc
+
+
+def describe_import_error(module: str, exc: BaseException, cwd: str) -> str:
+    """One line on why tool module `module` did not import: its error, and where in the module's code."""
+    if isinstance(exc, ToolDefinitionError):
+        what = f"tool module '{module}' defines a bad tool: {exc}"
+    else:
+        what = f"tool module '{module}' did not import: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name and _is_prefix(exc.name, module):
+        return f"{what} (looked in the current folder {cwd} and on sys.path)"
+    where = _user_frame(exc, cwd)
+    return f"{what} (at {where})" if where else what
+
+
+def _is_prefix(package: str, module: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _user_frame(exc: BaseException, cwd: str) -> str | None:
+    """`file, line N` of the innermost frame outside toolloop's `workers` and the import machinery."""
+    machinery = (Path(__file__).resolve().parent, Path(importlib.__file__).resolve().parent)
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename.startswith("<"):
+            continue
+        path = Path(frame.filename).resolve()
+        if any(path.is_relative_to(folder) for folder in machinery):
+            continue
+        shown = path.relative_to(cwd) if path.is_relative_to(cwd) else path
+        return f"{shown}, line {frame.lineno}"
+    return None
+
+
+def build_worker_queues(specs: Iterable[ToolSpec], requested: Sequence[str] | None) -> list[str]:
+    """The queues a worker serving `specs` consumes: all of its tools' queues, or the `requested` ones.
+
+    Raises ValueError (one line) when there is no tool to serve, or when a requested queue is one none of
+    the tools uses — a worker consuming it would take calls it cannot run.
+    """
+    tool_queues = sorted({spec.queue for spec in specs})
+    if not tool_queues:
+        raise ValueError("no tool to serve: TOOLLOOP_TOOL_MODULES defines no @tool")
+    if requested is None:
+        return tool_queues
+    chosen = list(dict.fromkeys(q.strip() for q in requested if q.strip()))
+    foreign = [queue for queue in chosen if queue not in tool_queues]
+    if foreign or not chosen:
+        raise ValueError(
+            f"--queues {', '.join(foreign) or '(empty)'}: no tool of this worker uses "
+            f"{'that queue' if len(foreign) == 1 else 'these queues'}, so it could not run what arrives "
+            f"there; its tools' queues are {', '.join(tool_queues)}"
+        )
+    return chosen

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TASK_NAME_PREFIX = "tool."
 CONTEXT_PARAM_NAMES = ("ctx", "context")
@@ -65,7 +65,8 @@ class ToolSpec(BaseModel):
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-    queue: str = "tools"
+    # Empty: the tool's own queue, `tool.<name>` (see `_own_queue_by_default`).
+    queue: str = ""
     soft_time_limit_s: float = 30.0
     time_limit_s: float = 60.0
     retries: int = 0
@@ -77,8 +78,18 @@ class ToolSpec(BaseModel):
     sensitive: bool = False
     requires_confirmation: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_queue_by_default(cls, data: Any) -> Any:
+        # A spec that names no queue is on its tool's own, as `@tool` puts it: a worker consumes exactly the
+        # queues of the tools it serves, so no call lands on a worker that does not have its tool.
+        if isinstance(data, dict) and not data.get("queue") and isinstance(data.get("name"), str):
+            return {**data, "queue": build_task_name(data["name"])}
+        return data
+
     @property
     def task_name(self) -> str:
+        """The Celery task name of this tool (`tool.<name>`)."""
         return build_task_name(self.name)
 
 
@@ -224,13 +235,18 @@ TASK_REPR_MAX_CHARS = 2048
 
 
 def build_task_reprs(request: ToolCallRequest) -> tuple[str, str]:
-    """Flower's `argsrepr`/`kwargsrepr` of a tool task: ids and redacted arguments and context (§7.3)."""
+    """Flower's `argsrepr`/`kwargsrepr` of a tool task (§7.3): `()`, and a JSON object with the turn id,
+    the call id, the attempt, the arguments with sensitive values redacted, and the context's keys only.
+
+    The context is the web app's (user ids, tenants, session data…) and never meant for eyes: its values are
+    hidden whatever their keys, where arguments lose only the values of sensitive keys.
+    """
     shown = {
         "turn_id": request.turn_id,
         "call_id": request.call_id,
         "attempt": request.attempt,
         "arguments": redact(request.arguments),
-        "context": redact(request.context),
+        "context": dict.fromkeys(request.context, REDACTED),
     }
     text = json.dumps(shown, ensure_ascii=False, default=str)
     if len(text) > TASK_REPR_MAX_CHARS:

@@ -91,9 +91,13 @@ class RetryLater:
 
 @dataclass(frozen=True)
 class Skipped:
-    """Nothing to do: the call already has its outcome."""
+    """Nothing to do: the call already has its outcome (`outcome`, None when it could not be read).
+
+    A redelivery of a call answered `worker_lost`, say: the task reports that outcome, not a success.
+    """
 
     reason: str
+    outcome: ToolOutcome | None = None
 
 
 Decision = Finished | RetryLater | Skipped
@@ -141,7 +145,7 @@ def execute_call(
     except (*UNAVAILABLE_ERRORS, *timeout_errors) as exc:
         return _hand_back(store, request.call_id, token, exc)
     if attempt == StartResult.FINISHED:
-        return Skipped("the call already has an outcome")
+        return Skipped("the call already has an outcome", _read_outcome(store, request.call_id))
     if attempt == StartResult.HELD:
         return RetryLater(
             min(max(held_ms / 1000, 0.1), DUPLICATE_RECHECK_MAX_S), "another execution holds the call"
@@ -158,6 +162,13 @@ def execute_call(
         if claimed is not None:
             return claimed
     return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
+
+
+def _read_outcome(store: CallStore, call_id: str) -> ToolOutcome | None:
+    # Only for how the task reports itself: Redis gone again now must not fail a call that has its outcome.
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        return store.read_outcome(call_id)
+    return None
 
 
 def _hand_back(store: CallStore, call_id: str, token: str, exc: BaseException) -> RetryLater:

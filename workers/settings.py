@@ -1,9 +1,11 @@
 """Worker settings (SPEC §8.1): environment variables with the prefix `TOOLLOOP_`.
 
 What a tool worker needs and nothing more: where Redis and the broker are, which tool modules to serve, the
-default queue, the broker's redelivery timeout. Model keys, tiers, the API token and leases are the
-orchestrator's (`orchestrator.settings.Settings`, which extends this class), so a tool worker never reads a
-model credential.
+broker's redelivery timeout. Model keys, tiers, the API token and leases are the orchestrator's
+(`orchestrator.settings.Settings`, which extends this class), so a tool worker never reads a model credential.
+
+There is no queue setting (`TOOLLOOP_DEFAULT_QUEUE` is gone): each tool names its queue (`@tool(queue=...)`,
+by default its own, `tool.<name>`), and a worker consumes exactly the queues of the tools it serves.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ class WorkerSettings(BaseSettings):
     # Broker URL when it is not the state Redis (e.g. RabbitMQ); default: the same Redis.
     broker_url: str | None = None
     tool_modules: str = "workers.examples"
-    default_queue: str = "tools"
     # Broker redelivery of an unacked message; above the longest hard limit plus queue wait (ARCHITECTURE).
     visibility_timeout_s: int = 3 * 3600
 

@@ -6,6 +6,17 @@ Celery-specific stays here:
 - in the pool child: soft time limit (`SoftTimeLimitExceeded`), retries (`Task.retry` with backoff);
 - in the worker's parent (`ToolRequest`): the hard time limit (the parent killed the child), a lost child
   (retried with backoff or answered `worker_lost`), and revocation (`cancelled` / `deadline_exceeded`).
+
+How a task ends tells Flower how the call ended (SPEC §7.3); the outcome in Redis is written first and stays
+the record, the orchestrator never reads Celery states:
+
+    SUCCESS   the call's outcome is a success
+    FAILURE   `ToolCallFailed("<kind>: <message>")` after a failure outcome (this run's, or the one a
+              redelivered call already has: `worker_lost` answered by the parent, say); `TimeLimitExceeded`
+              after the hard limit killed the child (the parent wrote `timeout`)
+    RETRY     `Task.retry` with `ToolCallRetried(<reason>)`, until a worker takes the retry message: then
+              RECEIVED (with its ETA and retry count), STARTED when it runs again
+    REVOKED   revoked or expired (`cancelled` / `deadline_exceeded` written by the parent)
 """
 
 from __future__ import annotations
@@ -14,13 +25,17 @@ import logging
 import os
 from typing import Any
 
-from billiard.einfo import ExceptionInfo
-from billiard.exceptions import SoftTimeLimitExceeded, WorkerLostError
+from billiard.einfo import (  # type: ignore[attr-defined]  # celery-types lacks ExceptionWithTraceback
+    ExceptionInfo,
+    ExceptionWithTraceback,
+)
+from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery import Celery, Task, signals
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from workers.contract import ToolCallRequest, build_task_name, build_task_reprs
+from workers.contract import ToolCallRequest, ToolOutcome, build_task_name, build_task_reprs
+from workers.errors import ToolCallFailed, ToolCallRetried
 from workers.execution import (
     CallStore,
     Finished,
@@ -62,8 +77,20 @@ def _parse_request(kwargs: dict[str, Any]) -> ToolCallRequest | None:
 class ToolRequest(Request):
     """The worker parent's view of one tool task: answers for a child that can no longer answer."""
 
+    # The exception a `task-failed` event names when Celery would name billiard's wrapper of it instead.
+    _failure: BaseException | None = None
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Celery's task event, with a failure named as itself: Celery names a hard time limit by billiard's
+        wrapper, which Flower shows as `ExceptionWithTraceback()`."""
+        if type == "task-failed" and self._failure is not None:
+            fields["exception"] = repr(self._failure)
+        super().send_event(type, **fields)
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """After the hard limit killed the child, write the call's `timeout` outcome (first writer wins)."""
+        if not soft:
+            self._failure = TimeLimitExceeded(timeout)
         super().on_timeout(soft, timeout)
         if soft:
             return
@@ -81,8 +108,13 @@ class ToolRequest(Request):
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
-        """A lost child: retry after a backoff (our own delayed message), or answer `worker_lost`."""
+        """A lost child: retry after a backoff (our own delayed message), or answer `worker_lost`.
+
+        Any other failure is Celery's to report, named as itself (`send_event`).
+        """
         exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc_info.exception, ExceptionWithTraceback):
+            self._failure = exc
         if isinstance(exc, WorkerLostError) and self._retry_lost(exc_info):
             return
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
@@ -126,6 +158,11 @@ class ToolTask(Task):  # type: ignore[type-arg]  # the body's signature is **kwa
     ignore_result = True
     # Attempts are counted in Redis against the tool's own `retries`; Celery must not cap them too.
     max_retries = None
+    # ToolCallFailed only reports an outcome already written: Celery logs it without a traceback, and a
+    # failed or timed-out task is acked (Celery's default, spelled out) — never redelivered to run again.
+    throws = (ToolCallFailed,)
+    acks_on_failure = True
+    acks_on_timeout = True
     typing = False
 
 
@@ -146,16 +183,24 @@ def _build_body(tool: Tool[Any, Any]) -> Any:
             timeout_errors=(SoftTimeLimitExceeded,),
         )
         match decision:
-            case RetryLater(countdown_s=countdown):
+            case RetryLater(countdown_s=countdown, reason=reason):
                 argsrepr, kwargsrepr = build_task_reprs(request)
                 reprs: dict[str, Any] = {"argsrepr": argsrepr, "kwargsrepr": kwargsrepr}
-                raise self.retry(countdown=countdown, **reprs)
+                raise self.retry(exc=ToolCallRetried(reason), countdown=countdown, **reprs)
+            case Finished(outcome=outcome) | Skipped(outcome=ToolOutcome() as outcome) if not outcome.ok:
+                raise build_task_failure(outcome)
             case Finished() | Skipped():
                 return None
 
     run_tool_call.__name__ = f"tool_{tool.name}".replace(".", "_").replace("-", "_")
     run_tool_call.__doc__ = tool.spec.description
     return run_tool_call
+
+
+def build_task_failure(outcome: ToolOutcome) -> ToolCallFailed:
+    """What a task whose call ended in a failure outcome raises: Flower's FAILURE, "<kind>: <message>"."""
+    kind = outcome.failure_kind.value if outcome.failure_kind is not None else "failed"
+    return ToolCallFailed(kind, outcome.error or outcome.content)
 
 
 def register_tool_task(app: Celery, tool: Tool[Any, Any]) -> Task[Any, Any]:

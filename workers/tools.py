@@ -18,7 +18,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
 
-from workers.contract import ToolContext, ToolSpec, build_listing
+from workers.contract import ToolContext, ToolSpec, build_listing, build_task_name
 from workers.errors import ToolDefinitionError, TransientToolError
 from workers.tool_schema import build_arguments_model, build_schema, parse_docstring
 
@@ -183,7 +183,7 @@ def tool(
     idempotency: str | None = None,
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
-    queue: str = "tools",
+    queue: str | None = None,
     registry: ToolRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
@@ -204,7 +204,7 @@ def tool(
     idempotency: str | None = None,
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
-    queue: str = "tools",
+    queue: str | None = None,
     registry: ToolRegistry | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Define a tool from a typed function; usable bare (`@tool`) or with guardrails (`@tool(...)`).
@@ -213,6 +213,8 @@ def tool(
     and they are 30 s / 60 s. A tool is sensitive when `sensitive=True` or when a word of its name is
     sensitive (§3.3).
     `idempotency`: None, "args" (key from the arguments) or "key:<fixed key>" (scoped to this tool).
+    `queue`: the Celery queue of its calls. By default the tool's own, `tool.<name>` (`build_queue_name`),
+    so a worker is only ever sent the tools it serves; tools that name one queue share it.
     """
     target = registry if registry is not None else _DEFAULT_REGISTRY
 
@@ -229,13 +231,14 @@ def tool(
             queue=queue,
         )
         _check_idempotency(tool_name, idempotency)
+        tool_queue = queue if queue is not None else build_queue_name(tool_name)
         arguments_model, context_param, input_param = build_arguments_model(tool_name, fn)
         summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
         spec = ToolSpec(
             name=tool_name,
             description=description if description is not None else summary,
             parameters=build_schema(arguments_model, arg_docs, input_param is not None),
-            queue=queue,
+            queue=tool_queue,
             soft_time_limit_s=soft,
             time_limit_s=hard,
             retries=retries,
@@ -256,6 +259,11 @@ def tool(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+def build_queue_name(tool_name: str) -> str:
+    """The queue of a tool that names none: its own, spelled like its Celery task (`tool.<name>`)."""
+    return build_task_name(tool_name)
 
 
 def _resolve_limits(name: str, soft: float | None, hard: float | None) -> tuple[float, float]:
@@ -290,7 +298,7 @@ def _check_guardrails(
     backoff_max: float,
     max_args_bytes: int,
     max_result_bytes: int,
-    queue: str,
+    queue: str | None,
 ) -> None:
     if retries < 0:
         raise ToolDefinitionError(f"tool '{name}': retries must be 0 or more, not {retries}")
@@ -304,7 +312,7 @@ def _check_guardrails(
             raise ToolDefinitionError(
                 f"tool '{name}': {label} must be a positive number of bytes, not {value}"
             )
-    if not queue or not queue.strip():
+    if queue is not None and not queue.strip():
         raise ToolDefinitionError(f"tool '{name}': queue must be a non-empty name")
 
 
@@ -330,6 +338,7 @@ __all__ = [
     "ToolRegistry",
     "TransientToolError",
     "build_listing",
+    "build_queue_name",
     "is_sensitive_name",
     "registry",
     "split_name_words",

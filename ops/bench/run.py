@@ -16,7 +16,7 @@ from ops.bench import scenarios
 from ops.bench.procs import Proc, measure_idle_cpu_pct, read_rss_mb, start_orchestrator, start_worker
 from ops.bench.report import Metric, compared, with_goal
 from ops.bench.scenarios import Sizes, summarise
-from ops.bench.tools import NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
+from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
 from ops.redis_server import RedisServer
 from orchestrator import Client
 from orchestrator.settings import Settings
@@ -58,7 +58,7 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
             procs.append(orchestrator)
             for workers in sizes.worker_counts:
                 progress(f"{workers} worker process(es)")
-                worker = start_worker(url, queues=["tools"], concurrency=workers)
+                worker = start_worker(url, queues=[BENCH_QUEUE], concurrency=workers)
                 procs.append(worker)
                 _warm_up(client, app, sizes)
                 if workers == ROUNDTRIP_WORKERS:
@@ -83,7 +83,7 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
 
 def _warm_up(client: Client, app: Celery, sizes: Sizes) -> None:
     for _ in range(max(1, sizes.warmup // 4)):
-        app.send_task(PLAIN_TASK, queue="tools").get(timeout=30)
+        app.send_task(PLAIN_TASK, queue=BENCH_QUEUE).get(timeout=30)
         scenarios.wait_completed(client, scenarios.submit_turn(client, NOOP_TOOL, 1))
 
 

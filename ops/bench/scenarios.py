@@ -21,7 +21,7 @@ from celery import Celery
 
 from ops.bench.instant import INSTANT_MODEL
 from ops.bench.report import percentile
-from ops.bench.tools import NOOP_TOOL, PARK_TOOL, PLAIN_TASK, SLOW_QUEUE
+from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, PARK_TOOL, PLAIN_TASK, SLOW_QUEUE
 from orchestrator import Client
 from orchestrator.errors import BenchError
 from orchestrator.store import codec
@@ -120,7 +120,7 @@ def measure_roundtrips(client: Client, app: Celery, sizes: Sizes) -> Roundtrips:
     result = Roundtrips([], [], [])
     for i in range(sizes.warmup + sizes.roundtrips):
         t0 = time.perf_counter()
-        app.send_task(PLAIN_TASK, queue="tools").get(timeout=30)
+        app.send_task(PLAIN_TASK, queue=BENCH_QUEUE).get(timeout=30)
         celery_ms = (time.perf_counter() - t0) * 1000
         submitted_at = time.time()
         turn_id = submit_turn(client, NOOP_TOOL, 1)
@@ -142,7 +142,7 @@ def measure_roundtrips(client: Client, app: Celery, sizes: Sizes) -> Roundtrips:
 def measure_celery_throughput(app: Celery, tasks: int) -> float:
     """Plain Celery: publish `tasks` no-op tasks, then read every result; tasks per second."""
     t0 = time.perf_counter()
-    results = [app.send_task(PLAIN_TASK, queue="tools") for _ in range(tasks)]
+    results = [app.send_task(PLAIN_TASK, queue=BENCH_QUEUE) for _ in range(tasks)]
     for r in results:
         r.get(timeout=300)
     return tasks / (time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """What the benchmark's workers serve (`TOOLLOOP_TOOL_MODULES=ops.bench.tools`).
 
-- `bench_noop`: a tool that does nothing, on the default `tools` queue: one round trip through toolloop.
+- `bench_noop`: a tool that does nothing, on the `bench` queue: one round trip through toolloop.
 - `bench.noop`: a plain Celery task that does nothing, on the same queue and workers: the baseline.
 - `bench_park`: a slow tool on its own queue, served by one single-process worker, so that the calls of
   thousands of turns wait for it (parked turns) or outlast their deadline (deadline lag).
@@ -15,12 +15,14 @@ from celery import shared_task
 from workers import tool
 
 SLOW_QUEUE = "bench-slow"
+# The no-op tool and the plain Celery task share one queue: same workers, same path to them.
+BENCH_QUEUE = "bench"
 NOOP_TOOL = "bench_noop"
 PARK_TOOL = "bench_park"
 PLAIN_TASK = "bench.noop"
 
 
-@tool(soft_time_limit=5, time_limit=10)
+@tool(soft_time_limit=5, time_limit=10, queue=BENCH_QUEUE)
 def bench_noop() -> str:
     """Do nothing and say so."""
     return "ok"

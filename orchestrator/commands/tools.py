@@ -1,12 +1,14 @@
 """`toolloop tools`, `toolloop call`, `toolloop worker`, `toolloop redis`: the tool runtime's commands.
 
-Exit codes: 0 ok; 1 the call's outcome is a failure; 2 usage error (bad JSON, wrong pool); 3 Redis is
-unreachable. Errors are one line on stderr, never a traceback.
+Exit codes: 0 ok; 1 the call's outcome is a failure; 2 usage error (bad JSON, wrong pool, a tool module that
+does not import, a queue no tool uses); 3 Redis is unreachable. Errors are one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -94,8 +96,18 @@ def call_command(
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the outcome.")
     ] = 60.0,
+    approve: Annotated[
+        bool,
+        typer.Option(
+            "--approve",
+            help="Approve the call of a tool that requires confirmation (without it: confirmation_denied).",
+        ),
+    ] = False,
 ) -> None:
-    """Run one tool call through the workers and print its outcome envelope as JSON."""
+    """Run one tool call through the workers and print its outcome envelope as JSON.
+
+    A tool that requires confirmation runs only with --approve: you are the person confirming it.
+    """
     from orchestrator.direct import call_tool
 
     try:
@@ -104,7 +116,7 @@ def call_command(
         _fail(str(exc), EXIT_USAGE)
     url = get_settings().redis_url
     try:
-        outcome = call_tool(url, tool, arguments, timeout_s=timeout)
+        outcome = call_tool(url, tool, arguments, timeout_s=timeout, approve=approve)
     except redis.RedisError as exc:
         _redis_unreachable(url, exc)
     typer.echo(outcome.model_dump_json(indent=2))
@@ -113,7 +125,10 @@ def call_command(
 
 
 def worker_command(
-    queues: Annotated[str | None, typer.Option("--queues", "-Q", help="Comma-separated queues.")] = None,
+    queues: Annotated[
+        str | None,
+        typer.Option("--queues", "-Q", help="Comma-separated queues (default: those of its tools)."),
+    ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Child processes.")] = 2,
     pool: Annotated[
         str, typer.Option("--pool", "-P", help="Celery pool; tool queues need prefork.")
@@ -121,18 +136,30 @@ def worker_command(
     hostname: Annotated[str | None, typer.Option("--hostname", "-n", help="Worker node name.")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
-    """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES."""
-    from workers.app import create_worker_app
+    """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES, on their queues only."""
+    from workers.app import build_worker_queues, create_worker_app
+    from workers.errors import ToolModuleError
     from workers.tools import registry
 
     settings = get_settings()
-    app = create_worker_app(settings)
-    tool_queues = {spec.queue for spec in registry.specs()} or {settings.default_queue}
-    chosen = [q.strip() for q in queues.split(",") if q.strip()] if queues else sorted(tool_queues)
-    served = sorted(set(chosen) & tool_queues)
-    if pool != TOOL_POOL and served:
+    if os.environ.get("TOOLLOOP_DEFAULT_QUEUE"):
+        # Retired setting: said once here rather than ignored silently (settings ignore unknown variables).
+        typer.echo(
+            "warning: TOOLLOOP_DEFAULT_QUEUE is ignored: each tool has its own queue (tool.<name>) "
+            "unless @tool(queue=...) names one",
+            err=True,
+        )
+    try:
+        app = create_worker_app(settings)
+    except ToolModuleError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    try:
+        chosen = build_worker_queues(registry.specs(), queues.split(",") if queues is not None else None)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if pool != TOOL_POOL:
         _fail(
-            f"--pool {pool} cannot serve tool queues ({', '.join(served)}): "
+            f"--pool {pool} cannot serve tool queues ({', '.join(chosen)}): "
             "only prefork enforces time limits",
             EXIT_USAGE,
         )

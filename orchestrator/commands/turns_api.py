@@ -1,7 +1,10 @@
 """`toolloop submit`, `toolloop show`, `toolloop api`: turns from the command line, and the HTTP API server.
 
-Exit codes: 0 ok; 1 unknown turn, or `--wait` timed out; 2 usage error (bad JSON, a turn with nothing to
-answer); 3 Redis is unreachable. Errors are one line on stderr, never a traceback.
+Exit codes: 0 ok (for `submit --wait`: the turn completed); 1 the turn ended without completing (stopped,
+failed or cancelled: its outcome is printed all the same), or `show` of an unknown turn; 2 usage error (bad
+JSON, a turn with nothing to answer, tools no live worker serves, a model name that is neither
+`provider:model` nor a tier); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
+running or waiting (it goes on). Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import redis
 import typer
 from pydantic import ValidationError
 
+from orchestrator.model import TurnStatus
 from orchestrator.settings import get_settings
 
 EXIT_NOT_FOUND = 1
+# A turn that ended stopped, failed or cancelled: `submit --wait` fails as `toolloop call` does for a failed
+# outcome, with the same code.
+EXIT_NOT_COMPLETED = 1
 EXIT_USAGE = 2
 EXIT_REDIS = 3
+EXIT_TIMEOUT = 4
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -59,11 +67,31 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
 
 
+def build_timeout_message(turn_id: str, status: TurnStatus | None, timeout_s: float) -> str:
+    """What `submit --wait` says when the turn has not ended in time: where it stands, and what to check."""
+    if status is TurnStatus.QUEUED:
+        return (
+            f"turn {turn_id} is still queued after {timeout_s:g} s: is an orchestrator running? "
+            "(start one: toolloop orchestrator)"
+        )
+    if status is TurnStatus.WAITING:
+        return (
+            f"turn {turn_id} did not end within {timeout_s:g} s: it waits for a person to approve a tool "
+            f"call (toolloop show {turn_id})"
+        )
+    state = f"still {status.value}" if status is not None else "its status is unknown"
+    return f"turn {turn_id} did not end within {timeout_s:g} s ({state}; toolloop show {turn_id})"
+
+
 def submit_command(
     *,
     prompt: Annotated[str, typer.Option("--prompt", help="The user's message.")],
     model: Annotated[
-        str | None, typer.Option(help="provider:model or a tier (fast, default, smart).")
+        str | None,
+        typer.Option(
+            help="provider:model or a tier (fast, default, smart); default: the orchestrator's "
+            "TOOLLOOP_MODEL."
+        ),
     ] = None,
     tools: Annotated[str | None, typer.Option(help="Comma-separated tool names the model may call.")] = None,
     max_llm_calls: Annotated[
@@ -77,7 +105,12 @@ def submit_command(
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
     timeout: Annotated[float, typer.Option(help="How long --wait waits (s).")] = 300.0,
 ) -> None:
-    """Submit a turn; print its id, or with --wait its terminal outcome as JSON."""
+    """Submit a turn; print its id, or with --wait its terminal outcome as JSON.
+
+    With --wait, the exit code says how the turn ended: 0 completed, 1 stopped, failed or cancelled.
+
+    4: not ended within --timeout (the turn goes on). 2: bad input (unknown tool, bad model). 3: no Redis.
+    """
     from orchestrator.client import Client
 
     settings = get_settings()
@@ -95,16 +128,22 @@ def submit_command(
             if not wait:
                 typer.echo(turn_id)
                 return
-            outcome = client.wait(turn_id, timeout=timeout)
+            try:
+                outcome = client.wait(turn_id, timeout=timeout)
+            except TimeoutError:
+                status = client.store.get_status(turn_id)
+                _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
     except ValidationError as exc:
         _fail(_one_line(exc), EXIT_USAGE)
     except ValueError as exc:
         _fail(str(exc), EXIT_USAGE)
-    except TimeoutError as exc:
-        _fail(str(exc), EXIT_NOT_FOUND)
     except redis.RedisError as exc:
         _fail(f"cannot reach Redis at {settings.redis_url}: {exc}", EXIT_REDIS)
     typer.echo(json.dumps(outcome.model_dump(mode="json"), indent=2, ensure_ascii=False))
+    if outcome.status != TurnStatus.COMPLETED.value:
+        reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
+        typer.echo(f"error: turn {turn_id} ended {outcome.status}{reason}", err=True)
+        raise typer.Exit(EXIT_NOT_COMPLETED)
 
 
 def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit printed.")]) -> None:
@@ -122,16 +161,57 @@ def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit
     typer.echo(json.dumps(view.model_dump(mode="json"), indent=2, ensure_ascii=False))
 
 
+# How long a stopping API lets requests in progress finish before it closes them (an SSE stream ends at
+# once; a request waiting on an unresponsive Redis would otherwise hold the stop for its socket timeout).
+API_STOP_S = 3
+
+
 def api_command(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    allow_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--allow-no-token",
+            envvar="TOOLLOOP_API_ALLOW_NO_TOKEN",
+            help="Serve without TOOLLOOP_API_TOKEN on a non-loopback address: anyone who reaches it may "
+            "submit turns and list tools.",
+        ),
+    ] = False,
 ) -> None:
-    """Serve the HTTP API (uvicorn)."""
+    """Serve the HTTP API (uvicorn) until SIGTERM/SIGINT.
+
+    Bound to an address other machines reach, it needs TOOLLOOP_API_TOKEN, or --allow-no-token
+    (TOOLLOOP_API_ALLOW_NO_TOKEN=1) to serve it open on purpose.
+    """
     import uvicorn
 
     from orchestrator.api import create_app
+    from orchestrator.commands.exposure import build_exposure_refusal
 
-    uvicorn.run(create_app(get_settings()), host=host, port=port, log_level="info")
+    settings = get_settings()
+    token = settings.api_token.get_secret_value().strip() if settings.api_token else ""
+    refusal = build_exposure_refusal(
+        what="the API",
+        host=host,
+        authenticated=bool(token),
+        allowed_open=allow_no_token,
+        how_to_authenticate="set TOOLLOOP_API_TOKEN",
+        opt_out="--allow-no-token or TOOLLOOP_API_ALLOW_NO_TOKEN=1",
+    )
+    if refusal is not None:
+        _fail(refusal, EXIT_USAGE)
+    if not token:
+        # A blank TOOLLOOP_API_TOKEN (compose passes `${TOOLLOOP_API_TOKEN:-}`) is no token, not one no client
+        # could ever send.
+        settings = settings.model_copy(update={"api_token": None})
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=API_STOP_S,
+    )
 
 
 def register(app: typer.Typer) -> None:

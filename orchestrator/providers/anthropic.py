@@ -334,7 +334,9 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
 def _resendable_thinking(raw: object) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for block in raw if isinstance(raw, list) else []:
-        if not isinstance(block, dict) or block.get("type") not in _THINKING_BLOCKS:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            continue
+        if block["type"] not in _THINKING_BLOCKS:
             continue
         if block["type"] == "thinking" and isinstance(block.get("signature"), str) and block["signature"]:
             blocks.append(

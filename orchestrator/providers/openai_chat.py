@@ -112,7 +112,7 @@ def _read_content(content: object) -> tuple[list[str], list[str]]:
     thinking: list[str] = []
     for i, raw in enumerate(opt_list(content, "message.content")):
         part = req_map(raw, f"message.content[{i}]")
-        kind = part.get("type")
+        kind = opt_str(part.get("type"), f"message.content[{i}].type")
         if kind in _THINKING_PART_TYPES:
             thinking.extend(_nested_text(part.get(str(kind))))
         elif kind in ("text", "output_text", None):

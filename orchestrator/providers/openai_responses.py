@@ -163,7 +163,7 @@ class _Accumulator:
         self.finished = False
 
     def add(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
+        kind = opt_str(event.get("type"), "event.type")
         if isinstance(event.get("response"), dict):
             self.response = event["response"]
             self.finished = self.finished or kind in _TERMINAL_EVENTS

@@ -5,25 +5,33 @@ OpenAI-compatible server), `openai_responses` (the Responses API at the same bas
 (Messages at ANTHROPIC_BASE_URL, which does not include `/v1`, as in the Anthropic SDK) and `scripted` (the
 project's own deterministic model: the Chat Completions adapter pointed at a scripted server's base URL).
 
-`build_model_client` builds one client. `ModelClients` is what a process asks for clients: one per model
-name, and the scripted server's lifecycle — a `scripted:` model with no `TOOLLOOP_SCRIPTED_BASE_URL` starts
-the in-process scripted server once, the first time one is asked for, and `aclose()` stops it.
+`build_model_client` builds one client. A provider's own API (OPENAI_BASE_URL unset or api.openai.com,
+ANTHROPIC_BASE_URL unset or api.anthropic.com) without its key in this process's environment gets a
+`MissingKeyClient`: every call answers a non-retryable `ProviderError` that names the variable to set, so a
+turn fails at its first model call with that message instead of retrying a 401 (a local OpenAI-compatible
+server needs no key). `ModelClients` is what a process asks for clients: one per model name, and the scripted
+server's lifecycle — a `scripted:` model with no `TOOLLOOP_SCRIPTED_BASE_URL` starts the in-process scripted
+server once, the first time one is asked for, and `aclose()` stops it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
 from orchestrator.errors import ModelConfigError
+from orchestrator.model import ProviderError, Turn
 from orchestrator.providers import anthropic, openai_chat, openai_responses
 from orchestrator.providers.base import (
     DEFAULT_TIMEOUT,
     HttpModelClient,
     ModelClient,
     ModelRef,
+    ModelRequest,
     RetryPolicy,
     WireFormat,
     parse_model_ref,
@@ -35,6 +43,42 @@ log = logging.getLogger("toolloop.orchestrator")
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
+MISSING_KEY_ERROR = "missing_api_key"
+
+
+@dataclass
+class MissingKeyClient:
+    """The client of a provider's own API when this process has no key for it: a `ModelClient` whose every
+    call answers a non-retryable `ProviderError` saying which variable to set, and where."""
+
+    provider: str
+    message: str
+
+    async def complete(self, request: ModelRequest) -> Turn | ProviderError:
+        """The missing-key error; nothing is sent."""
+        del request  # the answer is the same whatever is asked
+        return ProviderError(
+            provider=self.provider, type=MISSING_KEY_ERROR, code=MISSING_KEY_ERROR, message=self.message
+        )
+
+
+def build_missing_key_client(
+    ref: ModelRef, base_url: str, key_variable: str, url_variable: str
+) -> ModelClient:
+    """A `MissingKeyClient` for `ref`, logging once (per model) what the orchestrator lacks."""
+    message = (
+        f"model {ref} needs {key_variable} in the orchestrator's environment: {base_url} is the provider's "
+        f"own API and this orchestrator has no key for it. Set {key_variable} where `toolloop orchestrator` "
+        f"runs (a submitting process's environment is not read), or point {url_variable} at a compatible "
+        "server that needs none"
+    )
+    log.error("%s", message)
+    return MissingKeyClient(ref.provider, message)
+
+
+def is_official_api(base_url: str, default_base_url: str) -> bool:
+    """True when `base_url` is on the host of the provider's own API (`default_base_url`)."""
+    return urlsplit(base_url).hostname == urlsplit(default_base_url).hostname
 
 
 def build_model_client(
@@ -49,12 +93,15 @@ def build_model_client(
     """A client for `ref`. The runtime passes `max_retries=0`: its state machine counts model retries.
 
     Raises `ModelConfigError` for an unknown provider, or a scripted model with no server URL (neither the
-    argument nor `TOOLLOOP_SCRIPTED_BASE_URL`).
+    argument nor `TOOLLOOP_SCRIPTED_BASE_URL`). A provider's own API without its key gets a
+    `MissingKeyClient`.
     """
     retry = RetryPolicy(max_retries=max_retries)
     if ref.provider in ("openai", "openai_responses"):
         base_url = (settings.openai_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/")
         key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+        if not key and is_official_api(base_url, OPENAI_DEFAULT_BASE_URL):
+            return build_missing_key_client(ref, base_url, "OPENAI_API_KEY", "OPENAI_BASE_URL")
         headers = {"authorization": f"Bearer {key}"} if key else {}
         wire: WireFormat = openai_chat if ref.provider == "openai" else openai_responses
         path = openai_chat.CHAT_PATH if ref.provider == "openai" else openai_responses.RESPONSES_PATH
@@ -62,6 +109,8 @@ def build_model_client(
         return HttpModelClient(ref.provider, wire, http, url, headers, timeout, retry)
     if ref.provider == "anthropic":
         base_url = (settings.anthropic_base_url or ANTHROPIC_DEFAULT_BASE_URL).rstrip("/")
+        if not settings.anthropic_api_key and is_official_api(base_url, ANTHROPIC_DEFAULT_BASE_URL):
+            return build_missing_key_client(ref, base_url, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
         headers = {"anthropic-version": anthropic.API_VERSION}
         if settings.anthropic_api_key:
             headers["x-api-key"] = settings.anthropic_api_key.get_secret_value()

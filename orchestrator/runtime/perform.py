@@ -9,8 +9,9 @@ another:
     Emit            at once: the turn event appended → nothing
     AwaitApproval   at once: a log line → nothing
     CallModel       later: the model's answer → ModelResponded, or ModelFailed (errors are values)
-    DispatchTools   later: published through the `Publisher` → ToolFinished of each call that could not be
-                    published (its synthetic `worker_lost` outcome, as written: the winner)
+    DispatchTools   later: routed by the live catalogue (`route_call`), published through the `Publisher`
+                    → ToolFinished of each call that was not sent: `not_found` when no live worker serves
+                    its tool, `worker_lost` when publishing failed (synthetic, as written: the winner)
     Revoke          later: one batched revoke broadcast → nothing
 
 Timers and `Finish` are not performed here: they are the turn's own bookkeeping, kept by the driver.
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, assert_never
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol, assert_never
+
+import redis
 
 from orchestrator import metrics
 from orchestrator.machine.events import (
@@ -43,8 +46,9 @@ from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.runtime.publish import Publisher
+from orchestrator.store.catalogue import LiveCatalogue
 from orchestrator.store.turns import TurnStore
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -54,7 +58,42 @@ IoCommand = WriteOutcomes | Emit | AwaitApproval | CallModel | DispatchTools | R
 Later = Coroutine[Any, Any, Sequence[Event]]
 """Slow work of one command: run it as a task; it returns the events to step when it ends."""
 
+
+class CatalogueView(Protocol):
+    """The live tool catalogue as the dispatcher reads it (`store.catalogue.LiveCatalogue`)."""
+
+    async def read(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec]:
+        """Name → spec of every tool a live worker serves; with `newer_than` (epoch seconds), as read by
+        a read that started then or later. May raise `redis.RedisError`."""
+        ...
+
+
+Unsent = tuple[FailureKind, str]
+"""Why a call is answered without being sent: the failure kind and its message."""
+
 _NOTHING: tuple[Event, ...] = ()
+
+
+def route_call(
+    tool: str, offered: Mapping[str, ToolSpec], live: Mapping[str, ToolSpec] | None
+) -> ToolSpec | Unsent:
+    """The spec to publish a call of `tool` with, or why it is not sent (pure).
+
+    A tool no live worker serves fails now as `not_found` rather than at the turn's deadline. The queue is
+    the live one — a rolling deploy may have moved the tool to another queue since the turn started — and
+    the limits stay those the turn was offered, which its timers count with. `live` None (the catalogue
+    could not be read): published as offered, the publisher's retries and the turn's timers still stand.
+    """
+    spec = offered.get(tool)
+    if spec is None:
+        message = f"could not send '{tool}' to the workers: tool not in the turn catalogue"
+        return FailureKind.WORKER_LOST, message
+    if live is None:
+        return spec
+    served = live.get(tool)
+    if served is None:
+        return FailureKind.NOT_FOUND, f"tool '{tool}' is not served by any live worker; the call was not sent"
+    return spec if served.queue == spec.queue else spec.model_copy(update={"queue": served.queue})
 
 
 class Performer:
@@ -67,11 +106,14 @@ class Performer:
         publisher: Publisher,
         models: ModelClients,
         clock: Callable[[], float] = time.time,
+        catalogue: CatalogueView | None = None,
     ) -> None:
+        """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's)."""
         self._store = store
         self._publisher = publisher
         self._models = models
         self._clock = clock
+        self._catalogue = catalogue or LiveCatalogue(store.redis)
 
     async def perform(self, turn_id: str, state: TurnState, command: IoCommand) -> list[Event] | Later:
         """Perform `command` of the turn in `state`: the events it produces now (a list), or its slow work."""
@@ -153,31 +195,47 @@ class Performer:
     # --- tools -----------------------------------------------------------------------------------------
 
     async def _dispatch(self, turn_id: str, state: TurnState, calls: list[Dispatch]) -> Sequence[Event]:
-        offered = state.offered
-        requests = [self._build_request(turn_id, call) for call in calls]
+        live = await self._read_live()
+        if live is not None and any(c.tool in state.offered and c.tool not in live for c in calls):
+            # The cached view may predate the turn's own snapshot of the catalogue (a worker that started
+            # since then): a tool is judged gone only by a read at least as recent as that snapshot.
+            live = await self._read_live(newer_than=state.started_at)
+        routes = {call.task_id: route_call(call.tool, state.offered, live) for call in calls}
         sends = [
-            (spec, request, call.task_id)
-            for call, request in zip(calls, requests, strict=True)
-            if (spec := offered.get(call.tool)) is not None
+            (route, self._build_request(turn_id, call), call.task_id)
+            for call in calls
+            if isinstance(route := routes[call.task_id], ToolSpec)
         ]
         errors = await self._publisher.publish(sends)
         unsent: list[Event] = []
         for call in calls:
-            if call.tool in offered and call.task_id not in errors:
-                continue
-            error = errors.get(call.task_id) or "tool not in the turn catalogue"
-            message = f"could not send '{call.tool}' to the workers: {error}"
+            route = routes[call.task_id]
+            if isinstance(route, ToolSpec):
+                if call.task_id not in errors:
+                    continue
+                kind = FailureKind.WORKER_LOST
+                message = f"could not send '{call.tool}' to the workers: {errors[call.task_id]}"
+            else:
+                kind, message = route
             # Built under the model's call id, like every outcome the machine asks for: `_write` puts it
             # under the wire id once (from the request it would be prefixed twice, and never answer).
             outcome = build_failure(
                 (call.call_id, call.tool, turn_id),
-                FailureKind.WORKER_LOST,
+                kind,
                 message,
-                attempts=call.attempt,
+                # No worker could have run a tool none serves; a lost publish counts as the attempt it was.
+                attempts=0 if kind is FailureKind.NOT_FOUND else call.attempt,
                 synthetic=True,
             )
             unsent.append(await self._write(outcome))
         return unsent
+
+    async def _read_live(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec] | None:
+        try:
+            return await self._catalogue.read(newer_than=newer_than)
+        except redis.RedisError as exc:
+            log.warning("dispatching without the live catalogue (%s): tools are sent as offered", exc)
+            return None
 
     def _build_request(self, turn_id: str, call: Dispatch) -> ToolCallRequest:
         return ToolCallRequest(

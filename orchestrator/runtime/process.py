@@ -11,6 +11,12 @@ the one inbox stream for all of them, renews their leases, and starts and stops 
 Outcomes never come through `AsyncResult.get`: a small one comes in its notification, a large one is read
 from its key, and every pending call's is read once more whenever a turn is claimed or taken over (an outcome
 written while nobody owned the turn notified nobody).
+
+Stopping (SIGTERM, SIGINT, `request_stop`) cancels whatever the process waits on — registering, a blocking
+read, a pause before retrying — so it ends within seconds whatever state Redis is in; what it still owes
+Redis then (releasing leases, unregistering) gets `STOP_REDIS_S` at most, as a lease left behind expires and
+its turn is taken over. While Redis is unreachable, `RedisOutage` says so once — not a warning per failed
+read of every loop — then every `OUTAGE_REPORT_S`, and once more when it is back.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 from celery import Celery
+from kombu.utils.url import maybe_sanitize_url
 
 from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.providers.registry import ModelClients
@@ -40,17 +47,67 @@ from orchestrator.store.turns import TurnStore
 
 log = logging.getLogger("toolloop.orchestrator")
 
-# How long one blocking Redis read waits: bounds how fast a stopping orchestrator notices.
+# How long one blocking Redis read waits (a stop request cancels it at once).
 BLOCK_S = 1.0
 # Pause after a Redis error before a loop tries again (Redis briefly unavailable must not kill the process).
 REDIS_RETRY_S = 0.5
 # How often the inbox stream is trimmed up to what was handled.
 INBOX_ACK_S = 1.0
+# How long a stopping orchestrator waits for Redis at most (releasing leases, unregistering): past it a lease
+# is left to expire, and its turn is taken over as after a crash.
+STOP_REDIS_S = 3.0
+# While Redis stays unreachable, how often that is said again (the first failure is said at once).
+OUTAGE_REPORT_S = 10.0
 
 
 def build_orchestrator_id() -> str:
     """A unique, readable id: host, pid and a random suffix (a restarted process never reuses one)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class RedisOutage:
+    """Tells an operator plainly that Redis is unreachable, instead of a warning per failed read.
+
+    One line naming the URL (its password hidden) at the first failure, one every `report_s` while the
+    outage lasts, and one when Redis answers again. Every loop reports to the same instance, so an outage
+    is one story however many loops notice it.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        report_s: float = OUTAGE_REPORT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = maybe_sanitize_url(redis_url)
+        self.report_s = report_s
+        self._clock = clock
+        self._since: float | None = None
+        self._reported_at = 0.0
+
+    @property
+    def ongoing(self) -> bool:
+        """True from a failure until the next success."""
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """A Redis call failed for want of Redis: say so now, or if the last time is `report_s` ago."""
+        now = self._clock()
+        if self._since is None:
+            self._since = self._reported_at = now
+            log.warning("Redis at %s is unreachable (%s); retrying until it is back", self.url, exc)
+        elif now - self._reported_at >= self.report_s:
+            self._reported_at = now
+            log.warning(
+                "Redis at %s still unreachable after %.0f s (%s); retrying", self.url, now - self._since, exc
+            )
+
+    def succeeded(self) -> None:
+        """A Redis call succeeded: if an outage was told, tell that it is over."""
+        if self._since is not None:
+            log.info("Redis at %s is back after %.1f s", self.url, self._clock() - self._since)
+            self._since = None
 
 
 @dataclass
@@ -94,6 +151,7 @@ class Runtime:
         self.options = options or RuntimeOptions.from_settings(settings)
         self.orchestrator_id = orchestrator_id or build_orchestrator_id()
         self._stopping = asyncio.Event()
+        self.outage = RedisOutage(settings.redis_url)
         self.performer = Performer(
             store=store,
             publisher=Publisher(celery_app),
@@ -123,8 +181,23 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop)
 
     async def run(self) -> None:
-        """Serve until stopped: claim, take over, read the inbox, renew leases, fire timers."""
-        await self._retrying(lambda: self.store.register_orchestrator(self.orchestrator_id))
+        """Serve until stopped: register, then claim, take over, read the inbox, renew leases, fire timers."""
+        # Everything serving waits on (registering while Redis is away included) runs in one task that a
+        # stop request cancels: no wait of its own can keep the process from stopping.
+        serving = asyncio.create_task(self._serve(), name="serve")
+        stop = asyncio.create_task(self._stopping.wait(), name="stop")
+        try:
+            done, _ = await asyncio.wait([stop, serving], return_when=asyncio.FIRST_COMPLETED)
+            if serving in done:
+                serving.result()  # a loop that ended on its own is a bug: surface it
+        finally:
+            for task in (serving, stop):
+                task.cancel()
+            await asyncio.gather(serving, stop, return_exceptions=True)
+            await self._shutdown()
+
+    async def _serve(self) -> None:
+        await self._register()
         log.info("orchestrator %s started", self.orchestrator_id)
         loops = [
             asyncio.create_task(self._claim_loop(), name="claim"),
@@ -134,23 +207,44 @@ class Runtime:
             asyncio.create_task(self.driver.timers.run(), name="timers"),
         ]
         try:
-            stop = asyncio.create_task(self._stopping.wait())
-            done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
-            for task in done - {stop}:
-                task.result()  # a loop that ended on its own is a bug: surface it
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
         finally:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            await self._shutdown()
+
+    async def _register(self) -> None:
+        while True:
+            try:
+                await self.store.register_orchestrator(self.orchestrator_id)
+            except REDIS_ERRORS as exc:
+                self.outage.failed(exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            self.outage.succeeded()
+            return
 
     async def _shutdown(self) -> None:
         # Every step persists its state before acting, so stopping is: wait for steps in progress, drop the
-        # in-flight work (the next owner redoes or re-reads it), release the leases.
-        await self.driver.drop_all()
+        # in-flight work (the next owner redoes or re-reads it), release the leases. A Redis that does not
+        # answer gets STOP_REDIS_S in all: what is left undone then is what a crash leaves.
+        deadline = asyncio.get_running_loop().time() + STOP_REDIS_S
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.driver.drop_all()
+        except TimeoutError:
+            log.warning(
+                "Redis at %s did not answer within %.0f s while stopping: the leases not released expire "
+                "and their turns are taken over",
+                self.outage.url,
+                STOP_REDIS_S,
+            )
         await self.performer.aclose()
         with contextlib.suppress(*REDIS_ERRORS):
-            await self.store.unregister(self.orchestrator_id)
+            async with asyncio.timeout_at(deadline):
+                await self.store.unregister(self.orchestrator_id)
         log.info("orchestrator %s stopped", self.orchestrator_id)
 
     # --- the loops -------------------------------------------------------------------------------------
@@ -165,9 +259,10 @@ class Runtime:
                     self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
                 )
             except REDIS_ERRORS as exc:
-                log.warning("claim failed: %s", exc)
+                self.outage.failed(exc)
                 await asyncio.sleep(REDIS_RETRY_S)
                 continue
+            self.outage.succeeded()
             if turn_id is not None:
                 await self.driver.adopt(turn_id, how="claimed")
 
@@ -184,7 +279,9 @@ class Runtime:
                     ):
                         await self.driver.adopt(turn_id, how="taken_over")
             except REDIS_ERRORS as exc:
-                log.warning("orphan scan failed: %s", exc)
+                self.outage.failed(exc)
+            else:
+                self.outage.succeeded()
 
     async def _lease_loop(self) -> None:
         while True:
@@ -195,8 +292,9 @@ class Runtime:
                     self.orchestrator_id, list(self.turns), self.options.lease_ttl_s
                 )
             except REDIS_ERRORS as exc:
-                log.warning("lease renewal failed: %s", exc)
+                self.outage.failed(exc)
                 continue
+            self.outage.succeeded()
             for turn_id in lost:
                 handle = self.turns.get(turn_id)
                 if handle is not None:
@@ -221,8 +319,10 @@ class Runtime:
                     await self.store.ack_inbox(self.orchestrator_id, after)
                     acked, acked_at = after, time.monotonic()
             except REDIS_ERRORS as exc:
-                log.warning("inbox read failed: %s", exc)
+                self.outage.failed(exc)
                 await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            self.outage.succeeded()
 
     async def _handle_inbox(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         batch = parse_inbox(entries)
@@ -248,15 +348,6 @@ class Runtime:
                 self.driver.deliver(handle, started + finished, read_control=control)
             elif started:
                 self.driver.defer(handle, started)
-
-    async def _retrying(self, action: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            try:
-                await action()
-                return
-            except REDIS_ERRORS as exc:
-                log.warning("Redis unavailable (%s); retrying", exc)
-                await asyncio.sleep(REDIS_RETRY_S)
 
 
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:

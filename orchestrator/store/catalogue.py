@@ -1,7 +1,8 @@
 """Reading the live tool catalogue that workers publish to Redis (SPEC §3.4), sync and async.
 
 `get_catalogue` is the operation (`orchestrator.store.effects`); `read_catalogue` / `aread_catalogue` run it
-on a sync or an asyncio client.
+on a sync or an asyncio client. `LiveCatalogue` is the orchestrator's view at dispatch time: read at most
+once per `LIVE_CATALOGUE_MAX_AGE_S`, so a burst of dispatches costs one HGETALL.
 
 The orchestrator never imports tool code: this merged view (name → ToolSpec) is all it knows of tools.
 Entries of workers not seen for `keys.CATALOGUE_STALE_S` are ignored; when several live workers serve a
@@ -10,10 +11,11 @@ tool, the most recently published spec wins.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import redis
 import redis.asyncio as aioredis
@@ -26,6 +28,10 @@ from workers.contract import ToolSpec
 
 logger = logging.getLogger(__name__)
 
+
+# How long the dispatcher trusts its last read: well under a worker's refresh period, so a stopped worker
+# (whose entry its clean shutdown removes) is noticed within about a second.
+LIVE_CATALOGUE_MAX_AGE_S = 1.0
 
 # Parsed entries by (worker, raw JSON): every turn started while a worker's entry is unchanged gets the same
 # (frozen) ToolSpec objects instead of a private copy each — a parked turn's state shares them.
@@ -83,3 +89,37 @@ def read_catalogue(client: redis.Redis) -> dict[str, ToolSpec]:
 async def aread_catalogue(client: aioredis.Redis) -> dict[str, ToolSpec]:
     """The live catalogue, read with an asyncio client."""
     return await AsyncRunner(client).run(get_catalogue(time.time()))
+
+
+class LiveCatalogue:
+    """The live catalogue on an asyncio client, read at most once per `max_age_s` (seconds).
+
+    Concurrent readers of a stale view wait for the one read under way instead of each starting their own.
+    Times are epoch seconds, comparable with a turn's `started_at`. Redis errors propagate
+    (`redis.RedisError`); a failed read is not cached.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        max_age_s: float = LIVE_CATALOGUE_MAX_AGE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._value: dict[str, ToolSpec] | None = None
+        self._read_at = 0.0
+
+    async def read(self, *, newer_than: float | None = None) -> dict[str, ToolSpec]:
+        """Tool name → spec of every tool a live worker serves, as read at most `max_age_s` ago — and, with
+        `newer_than`, by a read that started at or after that time."""
+        async with self._lock:
+            age_s = self._clock() - self._read_at
+            if self._value is None or age_s >= self._max_age_s or self._read_at < (newer_than or 0.0):
+                started = self._clock()
+                self._value = await aread_catalogue(self._client)
+                self._read_at = started
+            return self._value

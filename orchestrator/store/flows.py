@@ -8,16 +8,18 @@ by hand with made-up replies and times. Blocking reads are cut into steps of at 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-from orchestrator.errors import UnknownTurnError
+from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Message, TurnOutcome, TurnRequest
+from orchestrator.providers.base import parse_model_ref
 from orchestrator.store import codec, operations
+from orchestrator.store.catalogue import get_catalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
-from workers.contract import ToolOutcome
+from workers.contract import ToolOutcome, ToolSpec, build_listing
 
 Clock = Callable[[], float]
 
@@ -30,10 +32,51 @@ class Unread:
 UNREAD = Unread()
 
 
+# The tiers a turn may name instead of a model (SPEC §6.3). Which model each one means is the orchestrator's
+# configuration, not the submitting process's: a submit checks only that the word is one of them.
+MODEL_TIERS = ("fast", "default", "smart")
+
+
+def check_model_name(model: str | None) -> None:
+    """A turn's `model` must be None or blank (the orchestrator's default), a tier, or `provider:model` with a
+    known provider; `ModelConfigError` (a `ValueError`) otherwise, before anything is stored."""
+    name = (model or "").strip()
+    if not name or name in MODEL_TIERS:
+        return
+    if ":" not in name:
+        raise ModelConfigError(
+            f"model {model!r} is neither `provider:model` (e.g. openai:gpt-4.1-mini, scripted:demo) "
+            f"nor a tier ({', '.join(MODEL_TIERS)})"
+        )
+    parse_model_ref(name)
+
+
+def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, ToolSpec]) -> None:
+    """Every tool a turn names must be served by a live worker: `UnknownToolError` lists the others.
+
+    The rule when no worker has published a catalogue yet (`catalogue` empty: none started, or all gone for
+    longer than `keys.CATALOGUE_STALE_S`): the turn is accepted unchecked, as a Celery task is queued before
+    any worker runs, so a web app may submit while its workers start. Its tools are then matched against the
+    catalogue when an orchestrator starts the turn. The error lists public tools only (SPEC §3.3).
+    """
+    if not requested or not catalogue:
+        return
+    unknown = list(dict.fromkeys(name for name in requested if name not in catalogue))
+    if unknown:
+        raise UnknownToolError(unknown, (spec.name for spec in build_listing(catalogue.values())))
+
+
 def submit(request: TurnRequest, turn_id: str | None, now: float) -> Flow[str]:
-    """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given)."""
+    """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given).
+
+    Checked before anything is stored: the request's own rules, its model's name, and its tools against the
+    live catalogue (`check_tool_names`, read only when the turn names tools)."""
     codec.check_turn_request(request)
+    check_model_name(request.model)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
+    if request.tools:
+        catalogue: dict[str, ToolSpec] = yield get_catalogue(now)
+        check_tool_names(request.tools, catalogue)
     yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid
 

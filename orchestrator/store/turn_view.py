@@ -3,17 +3,32 @@
 `build_turn_view` takes the four values one MGET of `view_keys` returns. Before the turn ends, its
 transcript and the calls waiting for approval come from the machine's persisted state
 (`orchestrator.machine.state`); once it ends, from its outcome.
+
+Everything a view shows is redacted with `workers.contract.redact` (SPEC §3.5, §7.4): the values of
+sensitive keys in the request's context, in the arguments of every tool call (request messages, transcript,
+outcome), and in the provider's raw argument strings. `build_shown_outcome` does the same for whoever shows
+a bare outcome (`Client.wait`, `toolloop submit --wait`). The stored turn stays whole: tools receive their
+context and arguments as submitted and asked for.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
 
 from orchestrator.machine.state import load_state
-from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.model import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    TurnOutcome,
+    TurnRequest,
+    TurnStatus,
+    UserMessage,
+)
 from orchestrator.store.codec import parse_outcome, parse_request, parse_status
 from workers import keys
 from workers.contract import redact
@@ -98,6 +113,55 @@ def parse_pending_approvals(state_json: bytes | str | None) -> list[PendingAppro
     ]
 
 
+def build_shown_raw_arguments(raw: str | None) -> str | None:
+    """A provider's argument string as shown: a JSON object or array redacted and written again compactly.
+
+    Text that is not JSON is kept: it never became arguments (the call was answered `validation`), and
+    there is no key in it to find a sensitive value under.
+    """
+    if raw is None:
+        return None
+    try:
+        decoded = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(decoded, dict | list):
+        return raw
+    return json.dumps(redact(decoded), ensure_ascii=False, separators=(",", ":"))
+
+
+def build_shown_call(call: ToolCall) -> ToolCall:
+    """A tool call as shown: sensitive values of its arguments (and of its raw argument string) redacted."""
+    return call.model_copy(
+        update={
+            "arguments": redact(call.arguments),
+            "raw_arguments": build_shown_raw_arguments(call.raw_arguments),
+        }
+    )
+
+
+def build_shown_messages(messages: Sequence[Message]) -> list[Message]:
+    """The messages as shown: every assistant message's tool calls through `build_shown_call`."""
+    return [
+        message.model_copy(update={"tool_calls": [build_shown_call(c) for c in message.tool_calls]})
+        if isinstance(message, AssistantMessage) and message.tool_calls
+        else message
+        for message in messages
+    ]
+
+
+def build_shown_request(request: TurnRequest) -> TurnRequest:
+    """The request as shown: its context and its messages' tool-call arguments redacted."""
+    return request.model_copy(
+        update={"context": redact(request.context), "messages": build_shown_messages(request.messages)}
+    )
+
+
+def build_shown_outcome(outcome: TurnOutcome) -> TurnOutcome:
+    """The outcome as shown: the tool-call arguments of its history redacted."""
+    return outcome.model_copy(update={"messages": build_shown_messages(outcome.messages)})
+
+
 def build_turn_view(
     turn_id: str,
     request_raw: bytes | str | None,
@@ -105,21 +169,24 @@ def build_turn_view(
     state_raw: bytes | str | None,
     outcome_raw: bytes | str | None,
 ) -> TurnView | None:
-    """A `TurnView` from the four stored values, or None when the turn is unknown (or expired)."""
-    request = parse_request(request_raw)
+    """A `TurnView` from the four stored values, redacted; None when the turn is unknown (or expired)."""
+    stored_request = parse_request(request_raw)
     status = parse_status(status_raw)
-    if request is None or status is None:
+    if stored_request is None or status is None:
         return None
-    outcome = parse_outcome(outcome_raw)
-    if outcome is not None:
+    request = build_shown_request(stored_request)
+    stored_outcome = parse_outcome(outcome_raw)
+    if stored_outcome is not None:
+        outcome = build_shown_outcome(stored_outcome)
         return TurnView(
             id=turn_id, status=status, request=request, messages=list(outcome.messages), outcome=outcome
         )
+    messages = parse_state_messages(state_raw) or build_initial_messages(stored_request)
     return TurnView(
         id=turn_id,
         status=status,
         request=request,
-        messages=parse_state_messages(state_raw) or build_initial_messages(request),
+        messages=build_shown_messages(messages),
         pending_approvals=parse_pending_approvals(state_raw),
     )
 

@@ -32,7 +32,7 @@ from ops.bench.procs import Proc, start_orchestrator
 from ops.redis_server import RedisServer
 from orchestrator import Client
 from orchestrator.model import AssistantMessage, ToolMessage, TurnOutcome
-from tests.faults.fault_tools import DONE, STARTS
+from tests.faults.fault_tools import DONE, DONE_BY, STARTS
 from tests.support.processes import WorkerHandle, start_worker
 
 TERMINAL = {"completed", "stopped", "failed", "cancelled"}
@@ -139,6 +139,10 @@ class FaultEnv:
             check_turn(outcome)
             outcomes.append(outcome)
         return outcomes
+
+    def completed_by(self, tag: str) -> list[int]:
+        """The pool processes that ran the fault tool under `tag` to completion, in order."""
+        return [int(pid) for pid in self.redis.lrange(DONE_BY + tag, 0, -1)]
 
     def runs(self, tag: str) -> tuple[int, int]:
         """(starts, completions) of the fault tools under `tag`."""

@@ -1,13 +1,15 @@
 """Tools the fault suite runs on real prefork workers (`TOOLLOOP_TOOL_MODULES=tests.faults.fault_tools`).
 
-Every execution is recorded in Redis: `starts` when a run begins, `done` when it returns, so a test can tell
-"started twice because its first worker was killed" (allowed) from "ran to completion twice" (never, for
-an idempotent tool).
+Every execution is recorded in Redis: `starts` when a run begins, `done` (and the pool process that got there)
+when it returns, so a test can tell "started twice because its first worker was killed" (allowed) from "ran
+to completion twice" (never for an idempotent tool — unless the process that completed it first was killed
+before its outcome was written, a window no worker can close without the tool's help).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from functools import lru_cache
 
@@ -18,6 +20,7 @@ from workers.settings import get_worker_settings
 
 STARTS = "faults:starts:"
 DONE = "faults:done:"
+DONE_BY = "faults:done-by:"
 
 
 @lru_cache(maxsize=1)
@@ -32,6 +35,7 @@ def fault_work(tag: str, seconds: float = 0.2) -> str:
     """Idempotent work that takes `seconds`; counts its starts and its completions under `tag`."""
     _redis().incr(STARTS + tag)
     time.sleep(seconds)
+    _redis().rpush(DONE_BY + tag, os.getpid())
     _redis().incr(DONE + tag)
     return f"done {tag}"
 

@@ -62,10 +62,15 @@ def _submit_work(env: FaultEnv, size: Size, *, rounds: int = 1) -> tuple[list[st
     return ids, tags
 
 
-def _check_idempotent(env: FaultEnv, tags: list[str], outcomes: list[TurnOutcome]) -> None:
+def _check_idempotent(
+    env: FaultEnv, tags: list[str], outcomes: list[TurnOutcome], killed: frozenset[int] = frozenset()
+) -> None:
     for tag in tags:
         _, done = env.runs(tag)
-        assert done <= 1, f"idempotent call {tag} ran to completion {done} times"
+        # A completion may repeat only when the process that got there first was SIGKILLed before it could
+        # write the outcome: the tool's side effect happened, its record did not. Any other repeat is a bug.
+        survivors = [pid for pid in env.completed_by(tag) if pid not in killed]
+        assert len(survivors) <= 1, f"idempotent call {tag} ran to completion {done} times ({survivors})"
     answered_ok = {
         m.content.removeprefix("done ")
         for o in outcomes
@@ -73,7 +78,7 @@ def _check_idempotent(env: FaultEnv, tags: list[str], outcomes: list[TurnOutcome
         if isinstance(m, ToolMessage) and not m.is_error
     }
     for tag in answered_ok & set(tags):
-        assert env.runs(tag)[1] == 1
+        assert env.runs(tag)[1] >= 1, f"call {tag} was answered ok but never completed"
 
 
 def _tool_messages(outcome: TurnOutcome) -> list[ToolMessage]:
@@ -86,13 +91,16 @@ def test_worker_children_sigkilled_under_load(size: Size) -> None:
         worker = env.start_worker(concurrency=2)
         env.start_orchestrator()
         ids, tags = _submit_work(env, size)
+        killed: set[int] = set()
         for _ in range(size.repeats):
             time.sleep(size.seconds * 0.7)
             children = worker.child_pids()
             if children:
-                os.kill(random.choice(children), signal.SIGKILL)
+                victim = random.choice(children)
+                os.kill(victim, signal.SIGKILL)
+                killed.add(victim)
         outcomes = env.wait_all(ids, size.timeout_s)
-        _check_idempotent(env, tags, outcomes)
+        _check_idempotent(env, tags, outcomes, frozenset(killed))
         assert worker.process.poll() is None, "the worker itself must survive its children's deaths"
         # Still serving: a fresh turn completes.
         env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 30)
@@ -165,7 +173,7 @@ def test_broker_redelivers_a_finished_task(size: Size) -> None:
             options = build_send_options(spec, request, time.time())
             app.send_task(**options)
             deadline = time.monotonic() + 10
-            while env.redis.llen("tools") and time.monotonic() < deadline:
+            while env.redis.llen(spec.queue) and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(0.5)  # the worker has the message; give it time to (not) run it
             assert env.runs(tag) == (1, 1)

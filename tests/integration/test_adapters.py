@@ -336,7 +336,7 @@ async def test_scripted_model_through_the_same_adapter(http: httpx.AsyncClient) 
         client = build_model_client(
             parse_model_ref("scripted:demo"), Settings(), http, scripted_base_url=base_url
         )
-        history: list[Message] = [UserMessage(content="What is 6 times 7?")]
+        history: list[Message] = [UserMessage(content="What is 6 plus 7, and 6 times 7?")]
         asked = await client.complete(
             ModelRequest(model="demo", messages=history, tools=TOOLS, id_prefix="t1_1")
         )

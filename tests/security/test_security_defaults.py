@@ -71,12 +71,13 @@ def test_a_pickled_message_is_refused_and_the_worker_keeps_serving(env: FaultEnv
         "origin": "attacker",
     }
     body = ((_Exploit(str(marker)),), {"call_id": tag, "tool": "fault_work", "arguments": {"tag": tag}}, {})
-    queue = Queue("tools", Exchange("tools"), routing_key="tools")
+    # The queue the worker consumes for fault_work: the tool's own.
+    queue = Queue("tool.fault_work", Exchange("tool.fault_work"), routing_key="tool.fault_work")
     with Connection(env.url) as connection:
         connection.Producer().publish(
             body,
             exchange=queue.exchange,
-            routing_key="tools",
+            routing_key=queue.routing_key,
             serializer="pickle",
             headers=headers,
             declare=[queue],

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from orchestrator.errors import ModelConfigError
-from orchestrator.model import Turn, UserMessage
+from orchestrator.model import ProviderError, Turn, UserMessage
 from orchestrator.providers.base import ModelRequest
 from orchestrator.providers.registry import ModelClients
 from orchestrator.settings import Settings
@@ -50,3 +50,41 @@ async def test_a_name_no_client_serves_is_a_model_config_error(model: str) -> No
         with pytest.raises(ModelConfigError):
             await models.get(model)
         assert models.scripted_base_url is None
+
+
+NO_KEYS = {
+    "openai_api_key": None,
+    "anthropic_api_key": None,
+    "openai_base_url": None,
+    "anthropic_base_url": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "settings", "variable"),
+    [
+        ("openai:gpt-4.1-mini", {}, "OPENAI_API_KEY"),
+        ("openai_responses:gpt-4.1", {"openai_base_url": "https://api.openai.com/v1/"}, "OPENAI_API_KEY"),
+        ("anthropic:claude-sonnet-4-5", {}, "ANTHROPIC_API_KEY"),
+    ],
+)
+async def test_a_providers_own_api_without_its_key_fails_at_once_naming_the_variable(
+    model: str, settings: dict[str, str], variable: str
+) -> None:
+    async with httpx.AsyncClient() as http:
+        models = ModelClients(Settings(**{**NO_KEYS, **settings}), http, max_retries=0)
+        client = await models.get(model)
+        error = await client.complete(ModelRequest(model="m", messages=[UserMessage(content="hi")]))
+    assert isinstance(error, ProviderError)
+    assert (error.type, error.retryable, error.provider) == (
+        "missing_api_key",
+        False,
+        model.partition(":")[0],
+    )
+    assert variable in error.message and "orchestrator" in error.message
+    # A local OpenAI-compatible server needs no key: its client really calls it.
+    local = Settings(**{**NO_KEYS, "openai_base_url": "http://127.0.0.1:9/v1"})
+    async with httpx.AsyncClient() as http:
+        client = await ModelClients(local, http, max_retries=0).get("openai:llama3.1")
+        error = await client.complete(ModelRequest(model="llama3.1", messages=[UserMessage(content="hi")]))
+    assert isinstance(error, ProviderError) and error.type == "transport_error"

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from orchestrator import machine
 from orchestrator.machine.events import (
@@ -80,11 +81,35 @@ def scripted_http() -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(answer))
 
 
+class Serving:
+    """A live catalogue in which live workers serve `specs` (`failure`: every read raises it instead)."""
+
+    def __init__(self, *specs: ToolSpec, failure: Exception | None = None) -> None:
+        self.specs = {spec.name: spec for spec in specs}
+        self.failure = failure
+        self.reads: list[float | None] = []
+
+    async def read(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec]:
+        self.reads.append(newer_than)
+        if self.failure is not None:
+            raise self.failure
+        return self.specs
+
+
 def build_performer(
-    http: httpx.AsyncClient, store: FakeStore, publisher: FakePublisher
+    http: httpx.AsyncClient,
+    store: FakeStore,
+    publisher: FakePublisher,
+    catalogue: Serving | None = None,
 ) -> tuple[Performer, ModelClients]:
     models = ModelClients(Settings(scripted_base_url="http://model.invalid/v1"), http, max_retries=0)
-    performer = Performer(store=store, publisher=publisher, models=models, clock=lambda: NOW)  # type: ignore[arg-type]
+    performer = Performer(
+        store=store,  # type: ignore[arg-type]
+        publisher=publisher,  # type: ignore[arg-type]
+        models=models,
+        clock=lambda: NOW,
+        catalogue=catalogue or Serving(ADD),
+    )
     return performer, models
 
 
@@ -217,3 +242,41 @@ async def test_a_revoke_is_slow_work_that_yields_nothing_and_close_stops_the_pub
     assert list(events) == []
     assert publisher.revoked == ["t-1", "t-2"]
     assert publisher.closed
+
+
+async def dispatch(catalogue: Serving) -> tuple[Sequence[Event], FakeStore, FakePublisher]:
+    store, publisher = FakeStore(), FakePublisher()
+    async with scripted_http() as http:
+        performer, _ = build_performer(http, store, publisher, catalogue)
+        events = await later(await performer.perform(TURN, new_state(), DispatchTools(calls=DISPATCHES[:1])))
+    return events, store, publisher
+
+
+async def test_a_tool_no_live_worker_serves_fails_at_dispatch_as_not_found() -> None:
+    catalogue = Serving()
+    events, store, publisher = await dispatch(catalogue)
+    # Judged by a read no older than the turn's own catalogue snapshot, not by a cached view alone.
+    assert catalogue.reads == [None, new_state().started_at]
+    assert publisher.published == []
+    [finished] = [e.outcome for e in events if isinstance(e, ToolFinished)]
+    assert (finished.call_id, finished.failure_kind, finished.synthetic) == (
+        "c1",
+        FailureKind.NOT_FOUND,
+        True,
+    )
+    assert "not served by any live worker" in (finished.error or "")
+    assert set(store.outcomes) == {f"{TURN}/c1"}
+
+
+async def test_a_call_goes_to_the_queue_its_live_workers_consume_with_the_limits_it_was_offered() -> None:
+    moved = ADD.model_copy(update={"queue": "tool.add", "time_limit_s": 99.0})
+    events, _, publisher = await dispatch(Serving(moved))
+    assert list(events) == []
+    [(spec, _, _)] = publisher.published
+    assert (spec.queue, spec.soft_time_limit_s, spec.time_limit_s) == ("tool.add", 5, 10)
+
+
+async def test_an_unreadable_catalogue_still_dispatches_as_offered() -> None:
+    events, _, publisher = await dispatch(Serving(failure=redis.ConnectionError("redis down")))
+    assert list(events) == []
+    assert [spec for spec, _, _ in publisher.published] == [ADD]

@@ -56,7 +56,9 @@ def arguments_of(message: dict[str, Any]) -> list[tuple[str, object]]:
 
 
 def test_demo_calls_the_offered_tools_in_parallel_with_the_prompts_numbers() -> None:
-    reply = build_reply({"model": "demo", "messages": [user("What is 12 plus 30?")], "tools": DEMO_TOOLS})
+    reply = build_reply(
+        {"model": "demo", "messages": [user("What is 12 plus 30, and 12 times 30?")], "tools": DEMO_TOOLS}
+    )
     assert reply.status == 200
     message = message_of(reply.body)
     assert arguments_of(message) == [("add", {"a": 12, "b": 30}), ("multiply", {"a": 12, "b": 30})]
@@ -66,13 +68,17 @@ def test_demo_calls_the_offered_tools_in_parallel_with_the_prompts_numbers() -> 
     assert reply.body["usage"]["total_tokens"] > 0
 
 
-def test_demo_without_numbers_calls_a_fixed_set_and_reads_argument_names_from_the_schema() -> None:
+def test_demo_reads_argument_names_from_the_schema() -> None:
     tools = [
         tool("add", {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}})
     ]
     tools.append(tool("get_weather", {"type": "object", "properties": {"location": {"type": "string"}}}))
     reply = build_reply(
-        {"model": "scripted:demo", "messages": [user("Tell me the weather in Oslo")], "tools": tools}
+        {
+            "model": "scripted:demo",
+            "messages": [user("Tell me the weather in Oslo, and 6 plus 7")],
+            "tools": tools,
+        }
     )
     assert arguments_of(message_of(reply.body)) == [
         ("add", {"x": 6, "y": 7}),
@@ -80,9 +86,75 @@ def test_demo_without_numbers_calls_a_fixed_set_and_reads_argument_names_from_th
     ]
 
 
+def play_demo(
+    prompt: str, tools: list[dict[str, Any]], answers: dict[str, str]
+) -> tuple[list[list[Any]], str]:
+    """Run the demo model to its final answer, each call answered from `answers` (tool name → content, with
+    `{a}` and `{b}` standing for the call's arguments): the calls of each round, and the final text."""
+    compute = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
+    messages: list[dict[str, Any]] = [user(prompt)]
+    rounds: list[list[Any]] = []
+    for _ in range(10):
+        message = message_of(build_reply({"model": "demo", "messages": messages, "tools": tools}).body)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return rounds, message["content"]
+        rounds.append(arguments_of(message))
+        for call in message["tool_calls"]:
+            name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+            content = answers.get(name) or json.dumps(float(compute[name](arguments["a"], arguments["b"])))
+            messages.append(tool_result(call["id"], content))
+    raise AssertionError(f"no final answer after 10 rounds: {rounds}")
+
+
+ARITHMETIC_TOOLS = [tool(name, ADD) for name in ("add", "subtract", "multiply", "divide")]
+
+
+def test_demo_computes_a_continued_clause_in_two_rounds() -> None:
+    rounds, text = play_demo("What is 2+3, times 4?", ARITHMETIC_TOOLS, {})
+    assert rounds == [[("add", {"a": 2, "b": 3})], [("multiply", {"a": 5, "b": 4})]]
+    assert text.startswith("(2 + 3) × 4 = 20\n")
+    assert "- multiply(a=5, b=4) → 20.0" in text
+
+
+@pytest.mark.parametrize(
+    ("prompt", "first_round", "answer"),
+    [
+        (
+            "What is 2*3 + 4*5?",
+            [("multiply", {"a": 2, "b": 3}), ("multiply", {"a": 4, "b": 5})],
+            "2 × 3 + 4 × 5 = 26",
+        ),
+        ("(1+2) x (3+4)", [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})], "(1 + 2) × (3 + 4) = 21"),
+        ("What is -3 plus 5?", [("add", {"a": -3, "b": 5})], "-3 + 5 = 2"),
+        ("What is 5, minus 3?", [("subtract", {"a": 5, "b": 3})], "5 - 3 = 2"),
+        ("10 minus 2 minus 3", [("subtract", {"a": 10, "b": 2})], "10 - 2 - 3 = 5"),
+        ("What is 4 multiplied by 2.5?", [("multiply", {"a": 4, "b": 2.5})], "4 × 2.5 = 10"),
+    ],
+)
+def test_demo_follows_precedence_and_calls_what_it_can_in_parallel(
+    prompt: str, first_round: list[Any], answer: str
+) -> None:
+    rounds, text = play_demo(prompt, ARITHMETIC_TOOLS, {})
+    assert rounds[0] == first_round
+    assert text.splitlines()[0] == answer
+
+
+def test_demo_reports_a_failed_call_and_a_tool_the_turn_does_not_offer() -> None:
+    _, text = play_demo(
+        "What is 1/0?", ARITHMETIC_TOOLS, {"divide": "Error: ZeroDivisionError: division by zero"}
+    )
+    assert (
+        text.splitlines()[0] == "1 ÷ 0: divide(a=1, b=0) answered Error: ZeroDivisionError: division by zero"
+    )
+    rounds, text = play_demo("What is 2+3, times 4?", [tool("add", ADD)], {})
+    assert rounds == [[("add", {"a": 2, "b": 3})]]
+    assert text.splitlines()[0] == "(2 + 3) × 4: the multiply tool is not offered in this turn"
+
+
 def test_demo_states_the_tool_results_in_its_final_answer() -> None:
     messages = [
-        user("add 2 and 3"),
+        user("What is 2 plus 3, and 2 times 3?"),
         assistant_calls(("c1", "add", {"a": 2, "b": 3}), ("c2", "multiply", {"a": 2, "b": 3})),
         tool_result("c1", "5"),
         tool_result("c2", "6"),
@@ -90,14 +162,16 @@ def test_demo_states_the_tool_results_in_its_final_answer() -> None:
     reply = build_reply({"model": "demo", "messages": messages, "tools": DEMO_TOOLS})
     message = message_of(reply.body)
     assert "tool_calls" not in message
+    assert message["content"].startswith("2 + 3 = 5\n2 × 3 = 6\n")
     assert "add(a=2, b=3) → 5" in message["content"]
     assert "multiply(a=2, b=3) → 6" in message["content"]
     assert reply.body["choices"][0]["finish_reason"] == "stop"
 
 
 def test_demo_with_no_fitting_tool_answers_in_text() -> None:
-    reply = build_reply({"model": "demo", "messages": [user("hello")]})
-    assert "No demo tool fits" in message_of(reply.body)["content"]
+    for prompt in ("hello", "3 and 4"):
+        content = message_of(build_reply({"model": "demo", "messages": [user(prompt)]}).body)["content"]
+        assert "No demo tool fits" in content and "What is 2+3, times 4?" in content
 
 
 def test_echo_repeats_the_last_user_message() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from orchestrator.client import AsyncClient, Client, build_submission
-from orchestrator.direct import build_call_flow, build_direct_call
-from orchestrator.errors import UnknownTurnError
+from orchestrator.direct import build_call_flow, build_direct_call, build_rejection_outcome
+from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
@@ -123,6 +123,56 @@ def test_control_write_outcome_and_save_outcome_flows() -> None:
     assert words(steps) == ["GET", "save_outcome"] and steps[1].keys[9] == keys.conversation_lock("conv")
     assert result is FinishResult.FINISHED
     assert words(drive(flows.save_outcome("t", DONE, None, 1.0), [0])[0]) == ["save_outcome"]
+
+
+CATALOGUE = {
+    "add": ToolSpec(name="add"),
+    "echo": ToolSpec(name="echo"),
+    "drop_tables": ToolSpec(name="drop_tables", sensitive=True),
+}
+
+
+def test_submit_refuses_tools_no_live_worker_serves_listing_public_ones_only() -> None:
+    request = TurnRequest(prompt="x", tools=["add", "addd", "ecoh", "addd"])
+    flow = flows.submit(request, "t", 1.0)
+    assert words([next(flow)]) == ["HGETALL"]
+    with pytest.raises(UnknownToolError) as refused:
+        flow.send(CATALOGUE)  # refused before the submit script: nothing is stored
+    assert (refused.value.unknown, refused.value.available) == (["addd", "ecoh"], ["add", "echo"])
+    assert str(refused.value) == "unknown tools 'addd', 'ecoh' in 'tools'; available: add, echo"
+    assert isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("tools", "catalogue"),
+    [
+        (["add", "drop_tables"], CATALOGUE),  # a sensitive tool, named: offered
+        (["addd"], {}),  # no worker has published yet: accepted unchecked
+    ],
+)
+def test_submit_accepts_known_tools_and_any_while_no_catalogue_is_published(
+    tools: list[str], catalogue: dict[str, ToolSpec]
+) -> None:
+    flow = flows.submit(TurnRequest(prompt="x", tools=tools), "t", 1.0)
+    steps, turn_id = drive(flow, [catalogue, SubmitResult.QUEUED])
+    assert words(steps) == ["HGETALL", "submit"] and turn_id == "t"
+    for nothing_to_check in (None, []):  # every public tool, or none: no catalogue read
+        steps, _ = drive(flows.submit(TurnRequest(prompt="x", tools=nothing_to_check), "t", 1.0), [1])
+        assert words(steps) == ["submit"]
+
+
+@pytest.mark.parametrize("model", [None, "", "fast", "default", "smart", "scripted:demo", "openai:qwen3:8b"])
+def test_submit_takes_a_model_name_or_a_tier(model: str | None) -> None:
+    flows.check_model_name(model)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [("gpt-4", "neither `provider:model`"), ("nowhere:x", "unknown provider"), ("openai:", "provider:model")],
+)
+def test_submit_refuses_a_model_name_no_orchestrator_can_serve(model: str, message: str) -> None:
+    with pytest.raises(ModelConfigError, match=message):
+        drive(flows.submit(TurnRequest(prompt="x", model=model), "t", 1.0), [])
 
 
 def test_submit_history_and_reply_flows() -> None:
@@ -283,6 +333,15 @@ def test_a_direct_call_to_an_unknown_tool_ends_before_dispatch() -> None:
     assert kinds(steps) == ["HGETALL"] and not outcome.ok and outcome.attempts == 0
 
 
+def test_a_direct_call_of_a_tool_that_requires_confirmation_needs_the_callers_approval() -> None:
+    catalogue = {"transfer": ToolSpec(name="transfer", requires_confirmation=True)}
+    refused, spec = build_rejection_outcome("transfer", {}, catalogue)
+    assert refused is not None and spec is None and refused.attempts == 0
+    assert refused.failure_kind is FailureKind.CONFIRMATION_DENIED
+    assert "approve=True" in refused.content and "--approve" in refused.content
+    assert build_rejection_outcome("transfer", {}, catalogue, approved=True) == (None, catalogue["transfer"])
+
+
 def test_a_direct_call_publishes_waits_and_reads_the_outcome() -> None:
     call = build_direct_call("echo", {"text": "hi"}, timeout_s=5.0)
     done = ToolOutcome(call_id="direct-x", tool="echo", ok=True, result="hi", content="hi")
@@ -337,7 +396,7 @@ def test_both_clients_take_the_builders_signature() -> None:
         assert list(inspect.signature(method).parameters) == ["self", *built]
         assert method.__name__ == "submit" and method.__doc__
     assert inspect.iscoroutinefunction(AsyncClient.submit) and not inspect.iscoroutinefunction(Client.submit)
-    call_parameters = ["self", "name", "arguments", "timeout_s", "context"]
+    call_parameters = ["self", "name", "arguments", "timeout_s", "context", "approve"]
     assert list(inspect.signature(Client.call_tool).parameters) == call_parameters
     assert inspect.signature(AsyncClient.call_tool).return_annotation == "ToolOutcome"
 

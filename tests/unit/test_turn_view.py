@@ -1,4 +1,5 @@
-"""The reader's view of a turn (`store.turn_view`): calls waiting for approval from the real state."""
+"""The reader's view of a turn (`store.turn_view`): calls waiting for approval from the real state, and what
+it redacts."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ import pytest
 
 from orchestrator.machine.events import ApprovalGiven
 from orchestrator.machine.state import dump_state
-from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
-from orchestrator.store.turn_view import PendingApproval, TurnView, build_turn_view, parse_pending_approvals
-from tests.unit.machine.harness import Driver, calls
+from orchestrator.model import AssistantMessage, ToolCall, TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.store.turn_view import (
+    PendingApproval,
+    TurnView,
+    build_shown_outcome,
+    build_shown_raw_arguments,
+    build_shown_request,
+    build_turn_view,
+    parse_pending_approvals,
+)
+from tests.unit.machine.harness import Driver, calls, ok
 from workers.contract import REDACTED
 
 pytestmark = pytest.mark.timeout(30)
@@ -88,3 +97,51 @@ def test_a_state_this_code_cannot_read_lists_nothing(state_json: str | bytes | N
 def test_bytes_from_a_client_that_does_not_decode() -> None:
     state = dump_state(waiting_driver().state).encode()
     assert [p.call_id for p in parse_pending_approvals(state)] == ["call_0", "call_2"]
+
+
+# --- redaction: what a view shows, and what stays stored -------------------------------------------------
+
+SECRET_CONTEXT = {"user_id": 7, "password": "hunter2", "tenant": {"api_key": "sk-live-1"}}
+
+
+def secret_call(call_id: str) -> ToolCall:
+    return ToolCall(id=call_id, name="delete", arguments=SECRET_ARGS, raw_arguments=json.dumps(SECRET_ARGS))
+
+
+def test_a_view_redacts_the_context_and_every_tool_calls_arguments() -> None:
+    history = [UserMessage(content="do it"), AssistantMessage(tool_calls=[secret_call("c0")])]
+    request = TurnRequest(prompt="go on", messages=history, context=SECRET_CONTEXT)
+    driver = Driver()
+    driver.respond(calls(("add", {"a": 1, "token": "tok-1"})))
+    driver.finish(ok("call_0", "add", "1"))  # the round is in the history once its calls are answered
+    running = build_turn_view("t", request.model_dump_json(), "running", dump_state(driver.state), None)
+    outcome = TurnOutcome(
+        turn_id="t", status="completed", messages=[*history, AssistantMessage(content="ok")]
+    )
+    ended = build_turn_view("t", request.model_dump_json(), "completed", None, outcome.model_dump_json())
+    assert running is not None and ended is not None
+    for view in (running, ended):
+        assert view.request.context == {"user_id": 7, "password": REDACTED, "tenant": {"api_key": REDACTED}}
+        dumped = view.model_dump_json()
+        assert "hunter2" not in dumped and "sk-live-1" not in dumped and "tok-1" not in dumped
+        assert '"id":7' in dumped  # a value under an ordinary key stays
+    (shown,) = ended.request.messages[1].tool_calls  # type: ignore[union-attr]
+    assert shown.arguments == {"id": 7, "api_key": REDACTED, "options": {"password": REDACTED, "force": True}}
+    assert json.loads(shown.raw_arguments or "") == shown.arguments
+    assert ended.outcome is not None and ended.outcome.messages == ended.messages
+    (asked,) = [m for m in running.messages if isinstance(m, AssistantMessage) and m.tool_calls]
+    assert asked.tool_calls[0].arguments == {"a": 1, "token": REDACTED}
+
+
+def test_showing_leaves_the_stored_values_and_what_is_no_json_alone() -> None:
+    outcome = TurnOutcome(
+        turn_id="t", status="completed", messages=[AssistantMessage(tool_calls=[secret_call("c")])]
+    )
+    shown = build_shown_outcome(outcome)
+    assert outcome.messages[0].tool_calls[0].arguments == SECRET_ARGS  # type: ignore[union-attr]
+    assert shown.messages[0].tool_calls[0].arguments["api_key"] == REDACTED  # type: ignore[union-attr]
+    request = TurnRequest(prompt="x", context=SECRET_CONTEXT)
+    assert build_shown_request(request).context["password"] == REDACTED
+    assert request.context == SECRET_CONTEXT
+    assert build_shown_raw_arguments('{"password": "x"') == '{"password": "x"'  # broken: never arguments
+    assert build_shown_raw_arguments("null") == "null" and build_shown_raw_arguments(None) is None

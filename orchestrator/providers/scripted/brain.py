@@ -3,8 +3,8 @@
 `scripted:<name>` is a deterministic local model served over the OpenAI-compatible wire format by
 `scripted.server`, so the demo and the tests exercise the same HTTP path as a real provider. Models:
 
-- `demo` — when the last message is the user's, calls the offered demo tools in parallel (numbers in the
-  prompt become their arguments); once tool results are present, a final answer that states them.
+- `demo` — answers arithmetic ("What is 2+3, times 4?": add, then multiply) and weather questions with the
+  offered demo tools, calling in parallel what it can, then states the results (`scripted.demo`).
 - `plan` — the first user message holds `{"plan": [round, ...]}`; the round used is the number of assistant
   messages after that message. A round is `{"calls": [{"name", "arguments" | "arguments_raw"}, ...]}`,
   `{"text": "..."}` or `{"error": {"status", "message", "retry_after"?, "times"?}}`; `{"repeat": true}` on
@@ -25,6 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.providers.scripted.conversation import (
+    all_tool_results,
+    assistant_count_after_first_user,
+    build_summary,
+    content_text,
+    last_user,
+)
+from orchestrator.providers.scripted.demo import build_demo_answer
 from orchestrator.providers.scripted.wire import (
     Answer,
     PlannedCall,
@@ -35,17 +43,6 @@ from orchestrator.providers.scripted.wire import (
 
 MODELS = ("demo", "plan", "echo")
 OWNER = "toolloop"
-
-# The demo tools (workers/examples). The brain only calls the ones a request offers, and reads argument
-# names from each offered tool's schema, so a renamed parameter does not break it.
-DEMO_ADD = "add"
-DEMO_MULTIPLY = "multiply"
-DEMO_WEATHER = "get_weather"
-DEMO_DEFAULT_NUMBERS = (6.0, 7.0)
-DEMO_DEFAULT_CITY = "Paris"
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_CITY = re.compile(r"\b(?:in|for|at)\s+([A-Z][\w\-]*(?:\s+[A-Z][\w\-]*)*)")
 
 
 def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> ScriptedReply:
@@ -63,11 +60,11 @@ def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> Scripted
     name = model.removeprefix("scripted:")
     wire_messages = [m for m in messages if isinstance(m, Mapping)]
     if name == "demo":
-        answer = _demo(wire_messages, _offered_tools(body.get("tools")))
+        answer = build_demo_answer(wire_messages, _offered_tools(body.get("tools")))
     elif name == "plan":
         answer = _plan(wire_messages, attempt)
     elif name == "echo":
-        answer = Answer(text=_content_text(_last_user(wire_messages)) or "(empty)")
+        answer = Answer(text=content_text(last_user(wire_messages)) or "(empty)")
     else:
         return build_error_reply(
             404,
@@ -77,7 +74,7 @@ def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> Scripted
         )
     if answer.error is not None:
         return answer.error
-    round_number = _assistant_count_after_first_user(wire_messages)
+    round_number = assistant_count_after_first_user(wire_messages)
     return ScriptedReply(200, build_completion(model, wire_messages, answer, round_number, created))
 
 
@@ -94,65 +91,7 @@ def request_fingerprint(body: object) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# --- demo ------------------------------------------------------------------------------------------------
-
-
-def _demo(messages: Sequence[Mapping[str, Any]], tools: Mapping[str, Mapping[str, Any]]) -> Answer:
-    results = _tool_results_after_last_user(messages)
-    if results:
-        return Answer(text=_summarise(results))
-    prompt = _content_text(_last_user(messages)) or ""
-    calls = _demo_calls(prompt, tools)
-    if not calls:
-        return Answer(text=f"No demo tool fits this request. You said: {prompt}")
-    return Answer(calls=tuple(calls))
-
-
-def _demo_calls(prompt: str, tools: Mapping[str, Mapping[str, Any]]) -> list[PlannedCall]:
-    numbers = [float(n) for n in _NUMBER.findall(prompt)] or list(DEMO_DEFAULT_NUMBERS)
-    if len(numbers) == 1:
-        numbers.append(1.0)
-    calls: list[PlannedCall] = []
-    for name in (DEMO_ADD, DEMO_MULTIPLY):
-        if name in tools:
-            calls.append(PlannedCall(name, _number_arguments(tools[name], numbers[0], numbers[1])))
-    wants_weather = "weather" in prompt.lower() or not _NUMBER.search(prompt)
-    if DEMO_WEATHER in tools and wants_weather:
-        match = _CITY.search(prompt)
-        city = match.group(1) if match else DEMO_DEFAULT_CITY
-        calls.append(PlannedCall(DEMO_WEATHER, _string_arguments(tools[DEMO_WEATHER], city)))
-    return calls
-
-
-def _number_arguments(schema: Mapping[str, Any], a: float, b: float) -> dict[str, Any]:
-    properties = _properties(schema)
-    names = [n for n, p in properties.items() if _json_type(p) in ("number", "integer")] or ["a", "b"]
-    integer = all(_json_type(properties.get(n, {})) == "integer" for n in names[:2])
-    values = [int(v) if integer or v.is_integer() else v for v in (a, b)]
-    return dict(zip(names[:2], values, strict=False))
-
-
-def _string_arguments(schema: Mapping[str, Any], value: str) -> dict[str, Any]:
-    names = [n for n, p in _properties(schema).items() if _json_type(p) == "string"] or ["city"]
-    return {names[0]: value}
-
-
-def _properties(schema: Mapping[str, Any]) -> dict[str, Any]:
-    properties = schema.get("properties")
-    return dict(properties) if isinstance(properties, Mapping) else {}
-
-
-def _json_type(prop: object) -> str | None:
-    if not isinstance(prop, Mapping):
-        return None
-    kind = prop.get("type")
-    if isinstance(kind, str):
-        return kind
-    # pydantic writes Optional fields as anyOf [{type}, {type: null}].
-    for option in prop.get("anyOf", []):
-        if isinstance(option, Mapping) and option.get("type") not in (None, "null"):
-            return str(option["type"])
-    return None
+# --- the tools a request offers, by name (their parameters schema) ---------------------------------------
 
 
 def _offered_tools(raw: object) -> dict[str, Mapping[str, Any]]:
@@ -172,16 +111,16 @@ def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> Answer:
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     if first_user is None:
         return Answer(error=build_error_reply(400, "plan: no user message", "invalid_request_error"))
-    plan = find_plan(_content_text(messages[first_user]) or "")
+    plan = find_plan(content_text(messages[first_user]) or "")
     if plan is None:
         return Answer(error=build_error_reply(400, 'plan: the first user message has no {"plan": [...]}'))
     steps = _group_steps(plan)
-    round_number = _assistant_count_after_first_user(messages)
+    round_number = assistant_count_after_first_user(messages)
     if round_number >= len(steps):
         if steps and steps[-1].repeat:
             round_number = len(steps) - 1
         else:
-            return Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+            return Answer(text=build_summary(all_tool_results(messages)) or "Done.")
     return _play_step(steps[round_number], attempt, messages)
 
 
@@ -229,7 +168,7 @@ def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]])
             return Answer(error=_error_round(error))
         used += times
     if step.entry is None:
-        return Answer(text=_summarise(_all_tool_results(messages)) or "Done.")
+        return Answer(text=build_summary(all_tool_results(messages)) or "Done.")
     if "calls" in step.entry:
         return Answer(calls=tuple(_planned_call(c) for c in step.entry["calls"] if isinstance(c, Mapping)))
     return Answer(text=str(step.entry.get("text", "")))
@@ -255,70 +194,3 @@ def _planned_call(raw: Mapping[str, Any]) -> PlannedCall:
         arguments=dict(arguments) if isinstance(arguments, Mapping) else None,
         arguments_raw=arguments_raw if isinstance(arguments_raw, str) else None,
     )
-
-
-# --- reading the conversation ------------------------------------------------------------------------------
-
-
-def _content_text(message: Mapping[str, Any] | None) -> str | None:
-    if message is None:
-        return None
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, Mapping)]
-        return "".join(p for p in parts if isinstance(p, str))
-    return None
-
-
-def _last_user(messages: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    return next((m for m in reversed(messages) if m.get("role") == "user"), None)
-
-
-def _assistant_count_after_first_user(messages: Sequence[Mapping[str, Any]]) -> int:
-    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages))
-    return sum(1 for m in messages[first_user + 1 :] if m.get("role") == "assistant")
-
-
-@dataclass(frozen=True)
-class _Result:
-    name: str
-    arguments: str
-    content: str
-
-
-def _all_tool_results(messages: Sequence[Mapping[str, Any]]) -> list[_Result]:
-    calls: dict[str, tuple[str, str]] = {}
-    results: list[_Result] = []
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", {}) if isinstance(call, Mapping) else {}
-            if isinstance(call, Mapping) and isinstance(function, Mapping):
-                calls[str(call.get("id"))] = (str(function.get("name")), str(function.get("arguments", "")))
-        if message.get("role") == "tool":
-            name, arguments = calls.get(str(message.get("tool_call_id")), (str(message.get("name")), ""))
-            results.append(_Result(name, arguments, _content_text(message) or ""))
-    return results
-
-
-def _tool_results_after_last_user(messages: Sequence[Mapping[str, Any]]) -> list[_Result]:
-    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    return _all_tool_results(messages[last_user + 1 :]) if last_user >= 0 else _all_tool_results(messages)
-
-
-def _summarise(results: Sequence[_Result]) -> str:
-    if not results:
-        return ""
-    lines = [f"- {r.name}({_compact(r.arguments)}) → {r.content}" for r in results]
-    return "Here are the tool results:\n" + "\n".join(lines)
-
-
-def _compact(arguments: str) -> str:
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
-        return arguments
-    if not isinstance(value, dict):
-        return arguments
-    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in value.items())

@@ -1,0 +1,169 @@
+"""A rolling deploy: workers with different tool sets on one Redis, and no call lost or left to its deadline.
+
+Worker A serves `tests.support.tools`; workers B and D serve `tests.support.rolling_tools`, each narrowed
+to one tool's queue (`--queues`). Turns run on the benchmark's instant orchestrator (`scripted:plan`), with
+deadlines far longer than the waits here: a call that was dropped would show as a wait that times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from ops.bench.instant import INSTANT_MODEL
+from ops.redis_server import RedisServer
+from orchestrator.model import ToolMessage, TurnOutcome
+from orchestrator.store.catalogue import LiveCatalogue
+from tests.faults.env import FaultEnv, call, check_turn
+from tests.support.processes import WorkerHandle, start_worker
+from workers import keys
+from workers.app import create_app
+from workers.contract import FailureKind, ToolSpec
+from workers.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+# Far beyond every wait below: a turn that needs it waited for its deadline, which is the bug.
+DEADLINE_S = 90.0
+WAIT_S = 20.0
+
+
+class Fleet:
+    """The environment, its workers by role, and the turn helpers of these tests."""
+
+    def __init__(self, env: FaultEnv) -> None:
+        self.env = env
+        self.a = env.start_worker(modules=("tests.support.tools",))
+        self.b = self.start("tool.shout")
+        self.d = self.start("tool.ship_parcel")
+        env.start_orchestrator()
+
+    def start(self, queue: str) -> WorkerHandle:
+        handle = start_worker(self.env.url, ["tests.support.rolling_tools"], queues=[queue], env=self.env.env)
+        self.env.workers.append(handle)
+        return handle
+
+    def submit(self, *calls: dict[str, Any]) -> str:
+        prompt = json.dumps({"plan": [{"calls": list(calls)}]})
+        tools = sorted({c["name"] for c in calls})
+        return self.env.client.submit(
+            prompt=prompt, tools=tools, model=INSTANT_MODEL, limits={"deadline_s": DEADLINE_S}
+        )
+
+    def wait(self, turn_id: str) -> TurnOutcome:
+        outcome = self.env.client.wait(turn_id, WAIT_S)
+        check_turn(outcome)
+        return outcome
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with FaultEnv() as env:
+        yield Fleet(env)
+
+
+def answers(outcome: TurnOutcome) -> dict[str, ToolMessage]:
+    return {m.name: m for m in outcome.messages if isinstance(m, ToolMessage)}
+
+
+def test_each_worker_consumes_exactly_the_queues_of_the_tools_it_serves(fleet: Fleet) -> None:
+    app = create_app(WorkerSettings(redis_url=fleet.env.url))
+    try:
+        replies = app.control.inspect(timeout=5).active_queues() or {}
+    finally:
+        app.close()
+    consumed = {host: sorted(q["name"] for q in queues) for host, queues in replies.items()}
+    raw = fleet.env.redis.hget(keys.CATALOGUE, fleet.a.hostname)
+    served_by_a = [spec["name"] for spec in json.loads(raw or "{}")["tools"]]
+    assert "echo" in served_by_a
+    assert consumed == {
+        fleet.a.hostname: sorted(f"tool.{name}" for name in served_by_a),
+        fleet.b.hostname: ["tool.shout"],
+        fleet.d.hostname: ["tool.ship_parcel"],
+    }
+
+
+def test_turns_calling_tools_of_two_workers_all_finish_without_waiting_for_the_deadline(fleet: Fleet) -> None:
+    started = time.monotonic()
+    turn_ids = [fleet.submit(call("echo", text=f"hi{i}"), call("shout", text=f"hey{i}")) for i in range(8)]
+    outcomes = [fleet.wait(turn_id) for turn_id in turn_ids]
+    assert time.monotonic() - started < WAIT_S
+    for i, outcome in enumerate(outcomes):
+        got = answers(outcome)
+        assert (got["echo"].content, got["shout"].content) == (f"hi{i}", f"HEY{i}!"), outcome.messages
+        assert not any(m.is_error for m in got.values())
+
+
+def test_a_worker_answers_a_tool_it_does_not_serve_at_once(fleet: Fleet) -> None:
+    # A worker of an older release still advertises `retired_tool` on a queue worker A consumes (tool.echo):
+    # the orchestrator sends it there, and A, which has no such tool, must answer it, not drop it.
+    retired = ToolSpec(name="retired_tool", queue="tool.echo", soft_time_limit_s=5, time_limit_s=10)
+    entry = {"seen_at": time.time() + 30, "tools": [retired.model_dump(mode="json")]}
+    fleet.env.redis.hset(keys.CATALOGUE, "old-release@host", json.dumps(entry))
+    try:
+        started = time.monotonic()
+        outcome = fleet.wait(fleet.submit(call("retired_tool")))
+    finally:
+        fleet.env.redis.hdel(keys.CATALOGUE, "old-release@host")
+    assert time.monotonic() - started < WAIT_S
+    answer = answers(outcome)["retired_tool"]
+    assert answer.failure_kind is FailureKind.NOT_FOUND and not answer.synthetic
+    assert "'retired_tool' is not served by worker" in answer.content
+    assert fleet.a.hostname in answer.content and "tool.echo" in answer.content
+
+
+def test_a_tool_whose_worker_is_gone_fails_at_dispatch_as_not_found(fleet: Fleet) -> None:
+    # The turn is offered ship_parcel while D serves it, then waits for approval; D stops meanwhile.
+    turn_id = fleet.submit(call("ship_parcel", parcel="p1"))
+    events = fleet.env.client.events(turn_id)
+    asked = next(e for e in events if e.name == "approval_requested")
+    fleet.d.stop()
+    assert fleet.env.redis.hget(keys.CATALOGUE, fleet.d.hostname) is None  # a clean stop removes its entry
+    time.sleep(1.2)  # past the dispatcher's one-second view of the catalogue
+    started = time.monotonic()
+    assert fleet.env.client.approve(turn_id, asked.data["call_ids"][0], True)
+    outcome = fleet.wait(turn_id)
+    assert time.monotonic() - started < 5
+    answer = answers(outcome)["ship_parcel"]
+    assert answer.failure_kind is FailureKind.NOT_FOUND and answer.synthetic
+    assert "not served by any live worker" in answer.content
+    # Direct calls read the same catalogue: the same verdict, before anything is sent.
+    direct = fleet.env.client.call_tool("ship_parcel", {"parcel": "p2"}, timeout_s=5)
+    assert direct.failure_kind is FailureKind.NOT_FOUND and direct.attempts == 0
+
+
+async def test_a_burst_of_dispatch_reads_costs_one_hgetall() -> None:
+    with RedisServer() as server:
+        client = aioredis.Redis.from_url(server.url)
+        spec = ToolSpec(name=f"t{uuid.uuid4().hex[:6]}")
+        await client.hset(
+            keys.CATALOGUE, "w@h", json.dumps({"seen_at": time.time(), "tools": [spec.model_dump()]})
+        )
+        live = LiveCatalogue(client, max_age_s=0.3)
+        try:
+            await client.config_resetstat()
+            views = await asyncio.gather(*(live.read() for _ in range(50)))
+            assert all(view == {spec.name: spec} for view in views)
+            assert await hgetall_calls(client) == 1
+            await asyncio.sleep(0.35)
+            await live.read()
+            assert await hgetall_calls(client) == 2
+            # A reader that must not trust a view older than a moment (a turn's snapshot) gets a new read,
+            # and readers asking for no more than that share it.
+            turn_started_at = time.time()
+            await asyncio.gather(*(live.read(newer_than=turn_started_at) for _ in range(10)))
+            assert await hgetall_calls(client) == 3
+        finally:
+            await client.aclose()
+
+
+async def hgetall_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))

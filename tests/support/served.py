@@ -1,0 +1,96 @@
+"""A `toolloop` command as an operator runs it in the background, for the stop and startup tests.
+
+    served = start_toolloop(["api", "--port", "8123"], env={"TOOLLOOP_REDIS_URL": url})
+    served.wait_for(lambda: ..., "the API answers")
+    code, elapsed_s = served.stop_with(signal.SIGTERM, within_s=15)   # the main process only, as `kill` does
+    served.kill()                                                     # the whole process group; idempotent
+
+Each runs in its own session (process group), so that `kill()` leaves nothing behind whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tests.support.processes import ROOT, TOOLLOOP_BIN
+
+
+class Served:
+    """A running `toolloop <command>` subprocess and its log (stdout and stderr)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        """The main process id."""
+        return self.process.pid
+
+    def log_text(self) -> str:
+        """What the process wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+        """Poll `predicate()` until true; fail with the log if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"exited with {self.process.returncode} before {what}:\n{self.log_text()}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{self.log_text()}")
+
+    def stop_with(self, signum: int, within_s: float) -> tuple[int | None, float]:
+        """Send `signum` to the main process and wait up to `within_s`: (exit code or None, seconds taken)."""
+        started = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
+        try:
+            code: int | None = self.process.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        return code, time.monotonic() - started
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (whatever is left of it) and reap the main process."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
+
+    def group_alive(self) -> bool:
+        """True while any process of its group (a pool child, a redis-server it started) is still there."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def start_toolloop(args: Sequence[str], env: Mapping[str, str] | None = None) -> Served:
+    """Start `toolloop *args` from the checkout in a session of its own, its output in a temp log."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    log = Path(tempfile.mkstemp(prefix=f"toolloop-{args[0]}-", suffix=".log")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(TOOLLOOP_BIN), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    return Served(process, log)
