@@ -99,6 +99,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     their queue only if it already did (a queue they share with a tool it was started with).
     """
     from workers.catalogue import connect_catalogue_publisher
+    from workers.shutdown import connect_stop_watchdog
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
     from workers.unserved import connect_unserved_answer
@@ -116,6 +117,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     register_worker_signals(app)
     connect_catalogue_publisher(app)
     connect_unserved_answer(app)
+    connect_stop_watchdog(settings)
     return app
 
 

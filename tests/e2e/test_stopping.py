@@ -258,6 +258,21 @@ def test_a_worker_whose_redis_is_gone_stops(own_redis: RedisServer, signum: int)
     assert_stops(served, signum, "worker, Redis gone")
 
 
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_worker_whose_redis_hangs_stops(own_redis: RedisServer, signum: int) -> None:
+    # A frozen Redis accepts connections and answers nothing: Celery's warm shutdown would wait on it forever.
+    served = start_worker(own_redis.url)
+    served.wait_for(lambda: worker_ready(own_redis.url), "the worker's catalogue")
+    assert own_redis.pid is not None
+    os.kill(own_redis.pid, signal.SIGSTOP)
+    try:
+        time.sleep(OUTAGE_S)
+        assert_stops(served, signum, "worker, Redis hung")
+    finally:
+        os.kill(own_redis.pid, signal.SIGCONT)
+    assert "does not answer: stopping now" in served.log_text()
+
+
 def test_a_worker_stops_after_redis_restarted(own_redis: RedisServer) -> None:
     served = start_worker(own_redis.url)
     served.wait_for(lambda: worker_ready(own_redis.url), "the worker's catalogue")

@@ -1,0 +1,105 @@
+"""A worker's stop when its Redis hangs: a warm shutdown that cannot finish becomes a prompt exit.
+
+A frozen Redis (SIGSTOPped, a stalled failover, a black-holed network) accepts connections and answers
+nothing. Celery's main thread then sits in a broker read or in kombu's reconnect loop (worker heartbeats are
+published with retries and no limit), so a warm shutdown asked for by SIGTERM or SIGINT never gets to run:
+the worker would stop only on SIGKILL. Once a shutdown starts, a watchdog thread gives it `grace_s`; if the
+process is still there and the worker's Redis does not answer a PING within `ping_timeout_s`, it kills the
+pool children and exits. That is what a crash does, and what toolloop survives by design: the tasks those
+children ran are unacknowledged, so the broker redelivers them, and a redelivered call meets its recorded
+outcome or its running guard (SPEC §4.8). While Redis answers, the warm shutdown is left alone: finishing
+the running tools (bounded by their hard limits) is its job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import signals
+
+from workers.connect import connect_redis
+from workers.settings import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+# A warm shutdown against a Redis that is merely down ends in about 2.5 s (Celery gives up its reconnect
+# loop): the watchdog waits longer than that before it looks, so it only ever ends the hung case.
+STOP_GRACE_S = 4.0
+PING_TIMEOUT_S = 1.0
+# The exit status of a worker that had to leave its warm shutdown unfinished.
+EXIT_FORCED = 1
+
+
+def connect_stop_watchdog(
+    settings: WorkerSettings, *, grace_s: float = STOP_GRACE_S, ping_timeout_s: float = PING_TIMEOUT_S
+) -> None:
+    """Start the watchdog when a shutdown of this worker process begins (Celery's `worker_shutting_down`)."""
+
+    def on_shutting_down(**_: Any) -> None:
+        watchdog = threading.Thread(
+            target=watch_stop,
+            args=(settings, grace_s, ping_timeout_s),
+            name="toolloop-stop-watchdog",
+            daemon=True,
+        )
+        watchdog.start()
+
+    signals.worker_shutting_down.connect(on_shutting_down, weak=False)
+
+
+def watch_stop(settings: WorkerSettings, grace_s: float, ping_timeout_s: float) -> None:
+    """After `grace_s`, exit now unless Redis answers (the warm shutdown is then merely slow, and legit)."""
+    time.sleep(grace_s)
+    if redis_answers(settings, ping_timeout_s):
+        return
+    logger.warning(
+        "Redis at %s does not answer: stopping now instead of waiting on it (running calls are redelivered)",
+        settings.redis_url.rsplit("@", 1)[-1],
+    )
+    kill_children()
+    logging.shutdown()
+    os._exit(EXIT_FORCED)
+
+
+def redis_answers(settings: WorkerSettings, timeout_s: float) -> bool:
+    """True when the worker's Redis answers a PING within `timeout_s`."""
+    client = connect_redis(
+        settings.redis_url,
+        settings.redis_ssl_cert_reqs,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry_on_timeout=False,
+    )
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def kill_children() -> None:
+    """SIGKILL this process's children (the prefork pool), read from /proc; nothing where there is none."""
+    for pid in child_pids(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of `pid`, from `/proc/<pid>/task/*/children` (Linux); [] elsewhere."""
+    children: list[int] = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children += [int(child) for child in listing.read_text().split()]
+        except OSError:
+            continue
+    return children
