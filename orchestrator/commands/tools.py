@@ -133,7 +133,10 @@ def worker_command(
     pool: Annotated[
         str, typer.Option("--pool", "-P", help="Celery pool; tool queues need prefork.")
     ] = TOOL_POOL,
-    hostname: Annotated[str | None, typer.Option("--hostname", "-n", help="Worker node name.")] = None,
+    hostname: Annotated[
+        str | None,
+        typer.Option("--hostname", "-n", help="Worker node name (default: toolloop-<pid>@<host>, unique)."),
+    ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES, on their queues only."""
@@ -175,8 +178,9 @@ def worker_command(
         f"--loglevel={loglevel}",
         "--without-mingle",
     ]
-    if hostname:
-        argv.append(f"--hostname={hostname}")
+    # The catalogue is keyed by node name: two workers on one host under Celery's default (celery@host)
+    # would overwrite each other's entry, and the first to stop would take both tool lists with it.
+    argv.append(f"--hostname={hostname or f'toolloop-{os.getpid()}@%h'}")
     app.worker_main(argv)
 
 
