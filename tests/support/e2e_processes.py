@@ -17,27 +17,19 @@ from pathlib import Path
 import redis
 
 from tests.support.processes import ROOT, TOOLLOOP_BIN
+from tests.support.served import Served
 from workers import keys
 
 
-class OrchestratorHandle:
-    """A running `toolloop orchestrator` subprocess."""
+class OrchestratorHandle(Served):
+    """A running `toolloop orchestrator` subprocess (its pid and log as for any `Served` process)."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], orchestrator_id: str, log_path: Path, env: Mapping[str, str]
     ) -> None:
+        super().__init__(process, log_path)
         self.env = dict(env)
-        self.process = process
         self.orchestrator_id = orchestrator_id
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_text(self) -> str:
-        """What the orchestrator logged so far."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def wait_registered(self, redis_url: str, timeout_s: float = 20.0) -> None:
         """Block until the process announced itself in Redis (it is claiming turns then)."""
