@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 
+from orchestrator.providers.traits import MODEL_TIERS
 from workers.settings import WorkerSettings
 
 
@@ -53,8 +54,8 @@ class Settings(WorkerSettings):
     @property
     def model_tiers(self) -> dict[str, str]:
         """The configured tiers (SPEC §6.3), tier name → `provider:model`."""
-        tiers = (("fast", self.model_fast), ("default", self.model_default), ("smart", self.model_smart))
-        return {tier: name for tier, name in tiers if name}
+        names = (self.model_fast, self.model_default, self.model_smart)
+        return {tier: name for tier, name in zip(MODEL_TIERS, names, strict=True) if name}
 
 
 @lru_cache(maxsize=1)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
 
 from workers.call_store import CallStore, get_store
+from workers.catalogue import build_served_specs
 from workers.contract import TASK_NAME_PREFIX, FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.parent import PARENT_RETRY_S
 from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
@@ -78,11 +79,6 @@ def answer_unserved(
     return won
 
 
-def build_served_names(tools: ToolRegistry, queues: Collection[str]) -> list[str]:
-    """Names of the tools of `tools` whose queue is one of `queues`, sorted."""
-    return [spec.name for spec in tools.specs() if spec.queue in queues]
-
-
 def connect_unserved_answer(app: Celery, tools: ToolRegistry = registry) -> None:
     """Answer every `tool.*` task the consumer of `app` receives but has no task for (`task_unknown`)."""
 
@@ -99,7 +95,7 @@ def connect_unserved_answer(app: Celery, tools: ToolRegistry = registry) -> None
             request,
             worker=str(getattr(sender, "hostname", "") or "?"),
             queue=queue,
-            served=build_served_names(tools, consumed),
+            served=[spec.name for spec in build_served_specs(tools, consumed)],
         )
 
     signals.task_unknown.connect(on_unknown, weak=False)

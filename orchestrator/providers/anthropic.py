@@ -66,7 +66,6 @@ MESSAGES_PATH = "/v1/messages"
 API_VERSION = "2023-06-01"
 # Anthropic requires max_tokens on every request.
 DEFAULT_MAX_TOKENS = 4096
-_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 # --- response -> Turn ------------------------------------------------------------------------------------
@@ -334,14 +333,12 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
 def _resendable_thinking(raw: object) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for block in raw if isinstance(raw, list) else []:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        if not isinstance(block, dict):
             continue
-        if block["type"] not in _THINKING_BLOCKS:
-            continue
-        if block["type"] == "thinking" and isinstance(block.get("signature"), str) and block["signature"]:
+        if block.get("type") == "thinking" and isinstance(block.get("signature"), str) and block["signature"]:
             blocks.append(
                 {"type": "thinking", "thinking": block.get("thinking", ""), "signature": block["signature"]}
             )
-        elif block["type"] == "redacted_thinking" and isinstance(block.get("data"), str):
+        elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
             blocks.append({"type": "redacted_thinking", "data": block["data"]})
     return blocks

@@ -30,6 +30,7 @@ from orchestrator.errors import ModelConfigError
 from orchestrator.model import Message, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
+from orchestrator.providers.traits import MODEL_TIERS
 from workers.contract import ToolSpec
 
 PROVIDERS = ("openai", "openai_responses", "anthropic", "scripted")
@@ -224,6 +225,20 @@ class HttpModelClient:
         ids = IdSource(request.id_prefix) if request.id_prefix else None
         turn = self.wire.from_wire(result, ids=ids)
         return turn.model_copy(update={"provider": self.provider})
+
+
+def check_model_name(model: str | None) -> None:
+    """A turn's `model` must be None or blank (the orchestrator's default), a tier, or `provider:model` with a
+    known provider; `ModelConfigError` (a `ValueError`) otherwise, before anything is stored."""
+    name = (model or "").strip()
+    if not name or name in MODEL_TIERS:
+        return
+    if ":" not in name:
+        raise ModelConfigError(
+            f"model {model!r} is neither `provider:model` (e.g. openai:gpt-4.1-mini, scripted:demo) "
+            f"nor a tier ({', '.join(MODEL_TIERS)})"
+        )
+    parse_model_ref(name)
 
 
 def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str, str]) -> str:

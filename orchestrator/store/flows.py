@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import UnknownToolError, UnknownTurnError
 from orchestrator.model import Message, TurnOutcome, TurnRequest
-from orchestrator.providers.base import parse_model_ref
+from orchestrator.providers.base import check_model_name
 from orchestrator.store import codec, operations
 from orchestrator.store.catalogue import get_catalogue
 from orchestrator.store.codec import TurnEvent
@@ -30,25 +30,6 @@ class Unread:
 
 # A value not read yet (as opposed to None, a value known to be absent).
 UNREAD = Unread()
-
-
-# The tiers a turn may name instead of a model (SPEC §6.3). Which model each one means is the orchestrator's
-# configuration, not the submitting process's: a submit checks only that the word is one of them.
-MODEL_TIERS = ("fast", "default", "smart")
-
-
-def check_model_name(model: str | None) -> None:
-    """A turn's `model` must be None or blank (the orchestrator's default), a tier, or `provider:model` with a
-    known provider; `ModelConfigError` (a `ValueError`) otherwise, before anything is stored."""
-    name = (model or "").strip()
-    if not name or name in MODEL_TIERS:
-        return
-    if ":" not in name:
-        raise ModelConfigError(
-            f"model {model!r} is neither `provider:model` (e.g. openai:gpt-4.1-mini, scripted:demo) "
-            f"nor a tier ({', '.join(MODEL_TIERS)})"
-        )
-    parse_model_ref(name)
 
 
 def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, ToolSpec]) -> None:

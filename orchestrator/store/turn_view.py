@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from orchestrator.machine.state import load_state
+from orchestrator.machine.state import TurnState, load_state
 from orchestrator.model import (
     AssistantMessage,
     Message,
@@ -98,13 +98,21 @@ def parse_pending_approvals(state_json: bytes | str | None) -> list[PendingAppro
     or a stop already on its way). A state this code cannot read gives [], as in `parse_state_messages`:
     a view never fails because of the state.
     """
+    return build_pending_approvals(_read_state(state_json))
+
+
+def _read_state(state_json: bytes | str | None) -> TurnState | None:
     if state_json is None:
-        return []
+        return None
     try:
-        state = load_state(state_json)
+        return load_state(state_json)
     except ValueError:  # StateVersionError, bad JSON and pydantic's ValidationError are all ValueErrors
-        return []
-    if state.current is None:
+        return None
+
+
+def build_pending_approvals(state: TurnState | None) -> list[PendingApproval]:
+    """The calls of a machine state waiting for approval (see `parse_pending_approvals`); [] for None."""
+    if state is None or state.current is None:
         return []
     return [
         PendingApproval(call_id=call.call_id, tool=call.tool, arguments=redact(call.arguments))
@@ -181,13 +189,15 @@ def build_turn_view(
         return TurnView(
             id=turn_id, status=status, request=request, messages=list(outcome.messages), outcome=outcome
         )
-    messages = parse_state_messages(state_raw) or build_initial_messages(stored_request)
+    # The state is parsed once; one this code cannot read still gives its history if it has one.
+    state = _read_state(state_raw)
+    history = list(state.history) if state is not None else parse_state_messages(state_raw)
     return TurnView(
         id=turn_id,
         status=status,
         request=request,
-        messages=build_shown_messages(messages),
-        pending_approvals=parse_pending_approvals(state_raw),
+        messages=build_shown_messages(history or build_initial_messages(stored_request)),
+        pending_approvals=build_pending_approvals(state),
     )
 
 

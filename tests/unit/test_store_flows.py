@@ -15,6 +15,7 @@ from orchestrator.client import AsyncClient, Client, build_submission
 from orchestrator.direct import build_call_flow, build_direct_call, build_rejection_outcome
 from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
 from orchestrator.store.codec import TurnEvent
@@ -163,7 +164,7 @@ def test_submit_accepts_known_tools_and_any_while_no_catalogue_is_published(
 
 @pytest.mark.parametrize("model", [None, "", "fast", "default", "smart", "scripted:demo", "openai:qwen3:8b"])
 def test_submit_takes_a_model_name_or_a_tier(model: str | None) -> None:
-    flows.check_model_name(model)
+    check_model_name(model)
 
 
 @pytest.mark.parametrize(
