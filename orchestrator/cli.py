@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from orchestrator.commands import flower, normalize, tools, turns, turns_api
+from workers.errors import RedisConfigError
 
 app = typer.Typer(
     name="toolloop",
@@ -19,4 +20,9 @@ for module in (tools, normalize, turns, turns_api, flower):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except RedisConfigError as exc:
+        # A configuration mistake (a Sentinel URL without its master name, say): one line, not a traceback.
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None

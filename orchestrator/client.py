@@ -15,12 +15,21 @@ that is neither `provider:model` nor a tier; an unknown turn id raises `UnknownT
 
 What the readers return is what a person may be shown: `get`, `outcome` and `wait` redact the values of
 sensitive keys (context, tool-call arguments; `store.turn_view`). Tools still receive them whole.
+
+A Redis restart or failover is ridden out, by both clients alike (the runners' one policy,
+`store.runner.Patience`): a call Redis cannot answer is retried with capped backoff — `wait` until its own
+`timeout`, `events` for as long as it takes, resuming after the last event it yielded (none lost, none
+repeated), every other call for `retry_s` (default `DEFAULT_RETRY_S`; `ping` never). When that time runs out
+Redis still away, `RedisUnavailableError` (a `redis.ConnectionError` and a `TimeoutError`) names the URL, its
+password hidden. A retried `submit` stores its turn once: its id is chosen before the first try, and a turn
+id already stored makes `submit.lua` a no-op.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,11 +40,13 @@ from pydantic import BaseModel
 
 from orchestrator import direct, metrics
 from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
-from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import ModelConfigError, RedisUnavailableError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store import codec
+from orchestrator.store import codec, flows, operations
 from orchestrator.store.codec import TurnEvent
+from orchestrator.store.connection import build_shown_url
+from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
 from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
@@ -43,10 +54,12 @@ from workers.contract import ToolOutcome
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
+    "DEFAULT_RETRY_S",
     "AsyncClient",
     "Client",
     "ModelConfigError",
     "PendingApproval",
+    "RedisUnavailableError",
     "Submission",
     "TurnEvent",
     "TurnView",
@@ -137,12 +150,23 @@ def takes_arguments_of(
 
 
 class Client:
-    """Synchronous client: `Client(redis_url=None)` uses `TOOLLOOP_REDIS_URL` (settings) by default."""
+    """Synchronous client: `Client(redis_url=None)` uses `TOOLLOOP_REDIS_URL` (settings) by default.
 
-    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+    `retry_s`: how long a call without a timeout of its own waits for Redis through a restart (None: forever).
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        retry_s: float | None = DEFAULT_RETRY_S,
+    ) -> None:
         self.settings = settings or get_settings()
         self.redis_url = redis_url or self.settings.redis_url
-        self.store = SyncTurnStore.from_url(self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs)
+        self.store = SyncTurnStore.from_url(
+            self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs, retry_s=retry_s
+        )
 
     @property
     def redis(self) -> redis.Redis:
@@ -182,13 +206,15 @@ class Client:
 
         The outcome comes redacted, as `get` shows it. A turn may stay silent for longer than the Redis
         socket timeout (a long tool, a wait for approval): each read blocks at most `block_cap_ms` and the
-        wait goes on until `timeout`."""
+        wait goes on until `timeout`, through a Redis restart too (`RedisUnavailableError` if Redis is still
+        away then)."""
         return build_shown_outcome(self.store.wait_outcome(turn_id, timeout))
 
     def events(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`.
 
-        Each read blocks at most `block_ms` (default and cap: `block_cap_ms`); quiet spells are waited out."""
+        Each read blocks at most `block_ms` (default and cap: `block_cap_ms`); quiet spells are waited out,
+        and so is a Redis restart: the next read starts after the last event yielded."""
         return self.store.iter_events(turn_id, after, block_ms=block_ms)
 
     def cancel(self, turn_id: str) -> bool:
@@ -233,12 +259,20 @@ class AsyncClient:
         *,
         settings: Settings | None = None,
         store: TurnStore | None = None,
+        retry_s: float | None = DEFAULT_RETRY_S,
     ) -> None:
         self.settings = settings or get_settings()
         self.redis_url = redis_url or self.settings.redis_url
         self.store = store or TurnStore.from_url(
             self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs
         )
+        self.retry_s = retry_s
+        # The store's operations and flows on the store's client, but patient (the runtime's store is not:
+        # its loops do their own retrying).
+        self._runner = AsyncRunner(self.store.redis, where=build_shown_url(self.redis_url))
+
+    def _patience(self) -> Patience:
+        return Patience.for_s(self.retry_s)
 
     @takes_arguments_of(build_submission)
     async def submit(self, submission: Submission) -> str:
@@ -249,38 +283,43 @@ class AsyncClient:
 
     async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
         """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
-        turn_id = await self.store.submit(request, turn_id=turn_id)
+        flow = flows.submit(request, turn_id, codec.now_s())
+        turn_id = await self._runner.run_flow(flow, self._patience())
         metrics.record_turn_submitted()
         return turn_id
 
     async def get(self, turn_id: str) -> TurnView:
         """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
         sensitive values redacted."""
-        return await self.store.require_view(turn_id)
+        return await self._runner.run(operations.require_view(turn_id), self._patience())
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (sensitive values redacted), or None while the turn runs."""
-        outcome = await self.store.get_outcome(turn_id)
+        outcome = await self._runner.run(operations.get_outcome(turn_id), self._patience())
         return None if outcome is None else build_shown_outcome(outcome)
 
     # `timeout` rather than asyncio.timeout: the same signature as the sync `Client.wait` (the contract).
     async def wait(self, turn_id: str, timeout: float) -> TurnOutcome:  # noqa: ASYNC109
         """Block until the turn is terminal; `TimeoutError` after `timeout` s. Redacted, as by `get`."""
-        return build_shown_outcome(await self.store.wait_outcome(turn_id, timeout))
+        flow = flows.wait_outcome(turn_id, timeout, cap_ms=self.store.block_cap_ms, clock=time.monotonic)
+        return build_shown_outcome(await self._runner.run_flow(flow, Patience.for_s(timeout)))
 
     def events(
         self, turn_id: str, after: str = "0", *, block_ms: int | None = None
     ) -> AsyncIterator[TurnEvent]:
-        """The turn's events as they come, from `after` on, ending after `turn_finished`."""
-        return self.store.iter_events(turn_id, after, block_ms=block_ms)
+        """The turn's events as they come, from `after` on, ending after `turn_finished`; as `Client`'s."""
+        flow = flows.follow_events(turn_id, after, block_ms=block_ms, cap_ms=self.store.block_cap_ms)
+        return self._runner.iter_flow(flow, Patience.for_s(None))
 
     async def cancel(self, turn_id: str) -> bool:
         """Ask for the turn to be cancelled; False when it had already ended."""
-        return await self.store.request_cancel(turn_id)
+        flow = flows.send_control(turn_id, "cancel", None, None, codec.now_s())
+        return await self._runner.run_flow(flow, self._patience())
 
     async def approve(self, turn_id: str, call_id: str, approved: bool) -> bool:
         """Approve or deny a call waiting for confirmation; False when the turn had ended."""
-        return await self.store.request_approval(turn_id, call_id, approved)
+        flow = flows.send_control(turn_id, "approval", call_id, approved, codec.now_s())
+        return await self._runner.run_flow(flow, self._patience())
 
     @takes_arguments_of(build_direct_call)
     async def call_tool(self, call: DirectCall) -> ToolOutcome:

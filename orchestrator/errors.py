@@ -11,11 +11,14 @@ errors, and the few things a caller must handle:
     ├── InvalidResultError(ValueError)       workers.errors: a tool result JSON cannot carry
     ├── ToolCallFailed                       workers.errors: the tool task's end after a failure outcome
     ├── ToolCallRetried                      workers.errors: why a tool task is retried (seen in Flower)
+    ├── RedisConfigError(ValueError)         workers.errors: a Redis URL that cannot be used as configured
     ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
     ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
     ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
+    ├── RedisUnavailableError                a client's retries ran out: Redis did not answer in time
+    │     (redis.ConnectionError, TimeoutError)
     └── OpsError(RuntimeError)               the local tooling (ops/) could not do its job
         ├── RedisServerError                 no redis-server, or it did not answer in time
         │   └── PortUnavailableError         our redis-server could not serve its port
@@ -25,15 +28,20 @@ errors, and the few things a caller must handle:
 Each also derives from the builtin a caller would catch without knowing toolloop (`ValueError` for bad
 input, `LookupError` for a missing turn), so `except ValueError` keeps working. Redis and httpx errors are
 not wrapped: the store lets `redis.RedisError` through (a caller retries or reports it), and the providers map
-httpx errors into `ProviderError` values at once.
+httpx errors into `ProviderError` values at once — except where a client rides out an outage
+(`store.runner.Patience`): when its patience runs out it raises `RedisUnavailableError`, still a
+`redis.ConnectionError` (and a `TimeoutError`: the caller's time ran out), whose message names the URL.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import redis
+
 from workers.errors import (
     InvalidResultError,
+    RedisConfigError,
     ToolDefinitionError,
     ToolloopError,
     ToolModuleError,
@@ -48,7 +56,9 @@ __all__ = [
     "ModelConfigError",
     "OpsError",
     "PortUnavailableError",
+    "RedisConfigError",
     "RedisServerError",
+    "RedisUnavailableError",
     "StateVersionError",
     "ToolDefinitionError",
     "ToolModuleError",
@@ -105,6 +115,20 @@ class MalformedBody(ToolloopError, ValueError):
 
 class ModelConfigError(ToolloopError, ValueError):
     """A model name, tier or provider this process cannot serve; the message names what is configured."""
+
+
+class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, TimeoutError):
+    """Redis did not answer within a client's patience (a restart or a failover that outlasted it).
+
+    A `redis.ConnectionError`, so code that reports an unreachable Redis keeps doing so, and a `TimeoutError`,
+    since the caller's own time (a `wait` timeout) is what ran out. One line naming the URL, password hidden.
+    """
+
+    def __init__(self, where: str, waited_s: float, last: BaseException) -> None:
+        reason = " ".join(str(last).split()) or type(last).__name__
+        super().__init__(f"cannot reach Redis at {where} (tried for {waited_s:.1f} s): {reason}")
+        self.where = where
+        self.waited_s = waited_s
 
 
 class OpsError(ToolloopError, RuntimeError):

@@ -97,3 +97,37 @@ def render_latest() -> tuple[bytes, str]:
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
     """Serve `/metrics` on `port` from a background thread (for the orchestrator process)."""
     start_http_server(port, addr=addr)
+
+
+REDIS_CALL_ERRORS = Counter(
+    "toolloop_redis_errors",
+    "Redis calls of the orchestrator that failed and are retried, by loop and exception class.",
+    ["loop", "kind"],
+)
+
+
+def record_redis_error(loop: str, exc: BaseException) -> None:
+    """Count one failed Redis call that is retried: `loop` names the loop (a small fixed set), `kind` is the
+    exception's class name (e.g. `ConnectionError`, `OutOfMemoryError`, `ResponseError`)."""
+    REDIS_CALL_ERRORS.labels(loop=loop, kind=type(exc).__name__).inc()
+
+
+TURNS_LOST = Counter(
+    "toolloop_turns_lost",
+    "Turns an orchestrator ran whose keys Redis lost (it came back without its data, or its latest writes).",
+)
+REDIS_DATA_LOSSES = Counter(
+    "toolloop_redis_data_losses",
+    "Times Redis came back without its data (kind=empty) or without turns it held (kind=partial).",
+    ["kind"],
+)
+
+
+def record_turns_lost(count: int) -> None:
+    """Count `count` turns lost with Redis's data."""
+    TURNS_LOST.inc(count)
+
+
+def record_redis_data_loss(kind: str) -> None:
+    """Count one time Redis came back without its data (`empty`) or some of it (`partial`)."""
+    REDIS_DATA_LOSSES.labels(kind=kind).inc()

@@ -29,6 +29,14 @@ class Settings(WorkerSettings):
     lost_call_grace_s: float = 5.0
     lease_ttl_s: float = 15.0
     orchestrator_max_turns: int = 10_000
+    # The API's Redis connections (`orchestrator.api_redis`): requests share a pool of at most this many
+    # (TOOLLOOP_API_REDIS_MAX_CONNECTIONS); every open SSE stream shares one more, /healthz one of its own.
+    api_redis_max_connections: int = Field(default=20, ge=1)
+    # Events held for one SSE stream whose client reads slower than its turn writes; past it the stream
+    # catches up from its own last event id instead (TOOLLOOP_API_STREAM_BUFFER_EVENTS).
+    api_stream_buffer_events: int = Field(default=256, ge=1)
+    # How often an SSE stream with nothing to send writes a keep-alive comment (TOOLLOOP_API_SSE_KEEPALIVE_S).
+    api_sse_keepalive_s: float = Field(default=10.0, gt=0)
 
     openai_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers.connect import build_sentinel_broker_url, is_sentinel_url, resolve_master_name
 from workers.contract import ToolSpec
 from workers.errors import ToolDefinitionError, ToolModuleError
 from workers.settings import WorkerSettings, get_worker_settings
@@ -48,22 +49,67 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # An unacked message is redelivered after this; it must exceed the longest hard limit + queue wait.
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
-        "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            **build_sentinel_options(settings.effective_broker_url, settings),
+        },
+        "result_backend_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            **build_sentinel_options(settings.redis_url, settings),
+        },
         # Flower is a window on these events (SPEC §7.3).
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,
         # Tool outcomes travel in our own keys; Celery results exist only for other tasks, and expire.
-        "result_backend": settings.redis_url,
+        "result_backend": (
+            build_sentinel_broker_url(settings.redis_url)
+            if is_sentinel_url(settings.redis_url)
+            else settings.redis_url
+        ),
         "result_expires": RESULT_EXPIRES_S,
         "broker_connection_retry_on_startup": True,
         # A Redis blip must not kill running tools: a redelivered copy meets the running guard instead.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # ... and the consumer's channels survive that blip with calls running (kombu would exit the worker).
+        "worker_consumer": "workers.broker:RestartSafeConsumer",
         "enable_utc": True,
     }
+    if is_sentinel_url(settings.effective_broker_url):
+        config["broker_failover_strategy"] = StayOnSentinels
     config.update(build_ssl_config(settings))
     return config
+
+
+class StayOnSentinels:
+    """kombu's failover strategy for a `sentinel://` broker URL: never switch to another part of the URL.
+
+    kombu reads a `;`-separated URL as alternative brokers and, when connecting fails, switches to the next.
+    For a Sentinel URL every part is already one of the sentinels its channel asks for the master, so a
+    switch finds nothing new — and it closes the connection under the consumer's channels, after which the
+    next lost connection kills the worker (AttributeError in kombu's channel close: "Unrecoverable error").
+    Falsy, so that `Connection.maybe_switch_next` never switches; an iterator, as kombu skips its first entry.
+    """
+
+    def __init__(self, alternates: Iterable[str]) -> None:
+        self._first = next(iter(alternates), "")
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self) -> StayOnSentinels:
+        return self
+
+    def __next__(self) -> str:
+        return self._first
+
+
+def build_sentinel_options(url: str, settings: WorkerSettings) -> dict[str, Any]:
+    """For a `sentinel://` broker or backend URL, the transport option naming its master (kombu and Celery
+    find no Redis without it); nothing for other URLs. Raises `RedisConfigError` when no name is set."""
+    if not is_sentinel_url(url):
+        return {}
+    return {"master_name": resolve_master_name(settings.redis_master_name)}
 
 
 def build_ssl_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -99,6 +145,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     their queue only if it already did (a queue they share with a tool it was started with).
     """
     from workers.catalogue import connect_catalogue_publisher
+    from workers.descendants import connect_descendant_reaper
     from workers.shutdown import connect_stop_watchdog
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
@@ -117,6 +164,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     register_worker_signals(app)
     connect_catalogue_publisher(app)
     connect_unserved_answer(app)
+    connect_descendant_reaper(app)
     connect_stop_watchdog(settings)
     return app
 

@@ -1,10 +1,11 @@
 """The Redis side of executing a call (SPEC §4.8–§4.9): `CallStore`, over the scripts of `workers.scripts`.
 
-One start script per execution (`start.lua`) does the redelivery dedupe, the running guard, the attempt
-count and the "started" notification in a single round trip; one pipeline writes the outcome and its
-companions. Every step takes an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a
-lost reply: the start script knows its execution's token, the idempotency claim its call id, and a repeated
-outcome write first looks whether the earlier try's outcome landed.
+One start script per execution (`start.lua`) does the redelivery dedupe, the fence (`workers.fence`), the
+running guard, the attempt count and the "started" notification in a single round trip; one pipeline writes
+the outcome and its companions (`OutcomeWrite`, which the spool keeps when Redis refuses it). Every step takes
+an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a lost reply: the start script
+knows its execution's token, the idempotency claim its holder, and a repeated outcome write first looks
+whether the earlier try's outcome landed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 import redis
+from pydantic import BaseModel, ConfigDict
 
 from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
@@ -21,6 +23,51 @@ from workers.contract import ToolCallRequest, ToolOutcome
 from workers.redis_retry import RedisRetry
 
 ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
+
+
+class OutcomeWrite(BaseModel):
+    """One outcome and everything written or dropped with it: what `CallStore.finish` performs in one round
+    trip, and what the spool keeps (as JSON) while Redis refuses it.
+
+    `holder` names the execution whose running guard and idempotency lock (`idempotency_lock`, a key) go
+    with the write — a token, or with `holder_is_prefix` the prefix the worker's parent names its pool
+    process by (`workers.fence`). `fence_attempt`/`fence_holder` fence the write (None: no fence).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    turn_id: str | None = None
+    outcome_json: str
+    reply_key: str | None = None
+    fence_attempt: int | None = None
+    fence_holder: str = ""
+    holder: str | None = None
+    holder_is_prefix: bool = False
+    idempotency_lock: str | None = None
+    full_result_key: str | None = None
+    full_result_json: str | None = None
+    idempotency_key: str | None = None
+    idempotency_record: str | None = None
+
+    @classmethod
+    def of(cls, outcome: ToolOutcome, fence: scripts.Fence | None, **fields: Any) -> OutcomeWrite:
+        """The write of `outcome`, fenced by `fence`, with the companions in `fields`."""
+        return cls(
+            call_id=outcome.call_id,
+            turn_id=outcome.turn_id,
+            outcome_json=outcome.model_dump_json(),
+            fence_attempt=fence.attempt if fence is not None else None,
+            fence_holder=fence.holder if fence is not None else "",
+            **fields,
+        )
+
+    @property
+    def fence(self) -> scripts.Fence | None:
+        """The fence of this write, if any."""
+        return (
+            scripts.Fence(self.fence_attempt, self.fence_holder) if self.fence_attempt is not None else None
+        )
 
 
 class CallStore:
@@ -42,12 +89,12 @@ class CallStore:
         worker: str,
         retry: RedisRetry | None = None,
     ) -> tuple[int, int]:
-        """Run the start script: (attempt, 0) when started, (StartResult.FINISHED, 0) when the call already
-        has an outcome, (StartResult.HELD, pttl ms) when another execution holds it.
+        """Run the start script: (attempt, 0) when started; else (StartResult.FINISHED, 0), (HELD, pttl ms),
+        (SUPERSEDED, current dispatch attempt) or (TURN_GONE, 0).
 
         With `retry`, tried again while Redis is unavailable (the script is safe to repeat per token).
         """
-        lease = keys.turn_lease(request.turn_id) if request.turn_id else ""
+        turn = request.turn_id
 
         def once(_failures: int) -> Any:
             return self._start(
@@ -55,7 +102,9 @@ class CallStore:
                     keys.outcome(request.call_id),
                     keys.running(request.call_id),
                     keys.attempts(request.call_id),
-                    lease,
+                    keys.turn_lease(turn) if turn else "",
+                    keys.fence(request.call_id),
+                    keys.turn_request(turn) if turn else "",
                 ],
                 args=[
                     token,
@@ -63,80 +112,86 @@ class CallStore:
                     ATTEMPTS_TTL_S,
                     keys.INBOX_PREFIX,
                     request.call_id,
-                    request.turn_id or "",
+                    turn or "",
                     worker,
                     f"{time.time():.3f}",
                     keys.INBOX_MAXLEN,
+                    request.attempt,
                 ],
             )
 
         reply = retry.call(once, "the start of a call") if retry is not None else once(0)
         return scripts.parse_start_reply(reply)
 
+    def is_current(self, call_id: str, token: str, retry: RedisRetry | None = None) -> bool:
+        """True while the execution holding `token` is the call's current one (the fence; no fence at all —
+        Redis lost it — counts as current, as `write_outcome.lua` has it)."""
+
+        def once(_failures: int) -> Any:
+            return self.client.get(keys.fence(call_id))
+
+        current = retry.call(once, "the fence of a call") if retry is not None else once(0)
+        return current is None or current == token.encode()
+
     def finish(
-        self,
-        outcome: ToolOutcome,
-        *,
-        reply_key: str | None,
-        token: str | None,
-        full_result_json: str | None = None,
-        idempotency: tuple[str, str] | None = None,
-        idempotency_lock: str | None = None,
-        retry: RedisRetry | None = None,
-    ) -> bool:
-        """Write the outcome (first writer wins), the full result and idempotency record; drop the guard
-        and the call's idempotency lock.
+        self, write: OutcomeWrite, *, retry: RedisRetry | None = None, check_landed: bool = False
+    ) -> scripts.WriteResult:
+        """Write the outcome (first writer wins, fenced), the full result and idempotency record; drop the
+        holder's guard and idempotency lock. One pipeline, one round trip.
 
-        One pipeline, one round trip. Returns True when this outcome won. The stored success is set before
-        the lock goes, so a waiting identical call always finds one or the other. With `retry`, written
-        again while Redis is unavailable; a try after a failed one first looks whether the failed one's
-        outcome landed (its reply was lost), so it is neither written twice nor filed as a late duplicate.
+        The stored success is set before the lock goes, so a waiting identical call always finds one or the
+        other — even when the write itself is FENCED: a superseded execution's success still replays. With
+        `retry`, written again while Redis is unavailable; a try after a failed one (every try with
+        `check_landed`) first looks whether an earlier one's outcome landed (its reply was lost), so it is
+        neither written twice nor filed as a late duplicate.
         """
-        outcome_json = outcome.model_dump_json()
 
-        def once(failures: int) -> bool:
-            landed = failures > 0 and self.client.get(keys.outcome(outcome.call_id)) == outcome_json.encode()
+        def once(failures: int) -> scripts.WriteResult:
+            landed = (failures > 0 or check_landed) and self.client.get(
+                keys.outcome(write.call_id)
+            ) == write.outcome_json.encode()
             pipe = self.client.pipeline(transaction=False)
-            if full_result_json is not None and outcome.full_result_key:
-                pipe.set(outcome.full_result_key, full_result_json, ex=keys.FULL_RESULT_TTL_S)
-            if idempotency is not None:
-                pipe.set(idempotency[0], idempotency[1], ex=keys.IDEMPOTENCY_TTL_S)
+            if write.full_result_json is not None and write.full_result_key:
+                pipe.set(write.full_result_key, write.full_result_json, ex=keys.FULL_RESULT_TTL_S)
+            if write.idempotency_key is not None and write.idempotency_record is not None:
+                pipe.set(write.idempotency_key, write.idempotency_record, ex=keys.IDEMPOTENCY_TTL_S)
             won_index = len(pipe)
             if not landed:
                 script_keys, script_args = scripts.build_write_outcome_call(
-                    outcome.call_id, outcome.turn_id, outcome_json, reply_key
+                    write.call_id, write.turn_id, write.outcome_json, write.reply_key, write.fence
                 )
                 self._write(keys=script_keys, args=script_args, client=pipe)
-            if token is not None:
-                self._release(keys=[keys.running(outcome.call_id)], args=[token], client=pipe)
-            if idempotency_lock is not None:
-                self._release(keys=[idempotency_lock], args=[outcome.call_id], client=pipe)
+            if write.holder is not None:
+                holder = [write.holder, "1" if write.holder_is_prefix else ""]
+                self._release(keys=[keys.running(write.call_id)], args=holder, client=pipe)
+                if write.idempotency_lock is not None:
+                    self._release(keys=[write.idempotency_lock], args=holder, client=pipe)
             results = pipe.execute()
-            return landed or scripts.parse_write_result(results[won_index]) is scripts.WriteResult.WON
+            return scripts.WriteResult.WON if landed else scripts.parse_write_result(results[won_index])
 
-        return retry.call(once, f"the outcome of {outcome.call_id}") if retry is not None else once(0)
+        return retry.call(once, f"the outcome of {write.call_id}") if retry is not None else once(0)
 
     def claim_idempotency(
-        self, key: str, *, call_id: str, lock_ttl_s: float, retry: RedisRetry | None = None
+        self, key: str, *, holder: str, lock_ttl_s: float, retry: RedisRetry | None = None
     ) -> tuple[scripts.IdempotencyClaim, str | None]:
-        """(STORED, stored success JSON); (CLAIMED, None): `call_id` holds the key's lock; (BUSY, None):
-        another call does.
+        """(STORED, stored success JSON); (CLAIMED, None): the execution `holder` holds the key's lock; (BUSY,
+        None): another does.
 
-        With `retry`, tried again while Redis is unavailable (the claim is safe to repeat per call id)."""
+        With `retry`, tried again while Redis is unavailable (the claim is safe to repeat per holder)."""
 
         def once(_failures: int) -> Any:
-            return self._claim(keys=[key, keys.idempotency_lock(key)], args=[call_id, int(lock_ttl_s * 1000)])
+            return self._claim(keys=[key, keys.idempotency_lock(key)], args=[holder, int(lock_ttl_s * 1000)])
 
         reply = retry.call(once, "an idempotency claim") if retry is not None else once(0)
         return scripts.parse_idempotency_claim(reply)
 
-    def release_idempotency_lock(self, key: str, call_id: str) -> None:
-        """Drop the lock on an idempotency key if `call_id` holds it."""
-        self._release(keys=[keys.idempotency_lock(key)], args=[call_id])
+    def release_idempotency_lock(self, key: str, holder: str, *, prefix: bool = False) -> None:
+        """Drop the lock on an idempotency key if `holder` holds it (`prefix`: a token starting with it)."""
+        self._release(keys=[keys.idempotency_lock(key)], args=[holder, "1" if prefix else ""])
 
-    def release(self, call_id: str, token: str) -> None:
-        """Drop the running guard if `token` holds it ('' drops it whoever holds it)."""
-        self._release(keys=[keys.running(call_id)], args=[token])
+    def release(self, call_id: str, holder: str, *, prefix: bool = False) -> None:
+        """Drop the running guard if `holder` holds it (`prefix`: a token starting with it; '': anyone)."""
+        self._release(keys=[keys.running(call_id)], args=[holder, "1" if prefix else ""])
 
     def read_attempts(self, call_id: str) -> int:
         """How many executions of the call have started."""

@@ -1,8 +1,9 @@
 """Workers publish the catalogue of the tools they serve to Redis (SPEC §3.4).
 
 Each worker keeps one field of the `keys.CATALOGUE` hash — its id → `{"seen_at": epoch, "tools": [spec…]}` —
-written when it is ready, refreshed every `keys.CATALOGUE_REFRESH_S` (so tools registered later appear),
-and removed on a clean shutdown. Readers ignore entries older than `keys.CATALOGUE_STALE_S`.
+written when it is ready, refreshed every `keys.CATALOGUE_REFRESH_S` (so tools registered later appear) and
+at once when it has vanished (Redis restarted empty, or a failover), and removed on a clean shutdown.
+Readers ignore entries older than `keys.CATALOGUE_STALE_S`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from workers.contract import ToolSpec
 from workers.tools import ToolRegistry, registry
 
 logger = logging.getLogger(__name__)
+
+# How often a worker looks whether its catalogue entry is still there (one HEXISTS).
+CHECK_S = 1.0
 
 
 def build_catalogue_entry(specs: Iterable[ToolSpec], now: float) -> str:
@@ -61,20 +65,37 @@ class CataloguePublisher:
         self.specs = specs
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._published_at = float("-inf")
         self._thread = threading.Thread(target=self._loop, name="toolloop-catalogue", daemon=True)
 
     def start(self) -> None:
-        """Publish once now (raising if Redis is unreachable), then keep refreshing in the background."""
-        publish_catalogue(self.client, self.worker_id, self.specs())
+        """Publish once now, then keep refreshing in the background (a first publish Redis refused — down,
+        out of memory — is only logged: the refresh publishes it as soon as Redis takes it)."""
+        self._publish()
         self._thread.start()
 
+    def _publish(self) -> None:
+        try:
+            publish_catalogue(self.client, self.worker_id, self.specs())
+        except redis.RedisError as exc:
+            # Redis briefly away: the next check republishes; readers tolerate a late entry. One line, no
+            # traceback: an outage repeats this every check.
+            logger.warning("could not publish the tool catalogue: %r", exc)
+            return
+        self._published_at = time.monotonic()
+
+    def _missing(self) -> bool:
+        # A Redis restarted empty (or failed over to a replica that never had the entry) drops it: without
+        # this check, every turn would find these tools unserved (`not_found`) until the next refresh.
+        try:
+            return not self.client.hexists(keys.CATALOGUE, self.worker_id)
+        except redis.RedisError:
+            return True
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                publish_catalogue(self.client, self.worker_id, self.specs())
-            except redis.RedisError:
-                # Redis briefly away: the next refresh republishes; readers tolerate a late entry.
-                logger.warning("could not refresh the tool catalogue", exc_info=True)
+        while not self._stop.wait(min(self.interval_s, CHECK_S)):
+            if time.monotonic() - self._published_at >= self.interval_s or self._missing():
+                self._publish()
 
     def stop(self, *, remove: bool = True) -> None:
         """Stop refreshing and (on a clean shutdown) remove the entry."""
@@ -84,8 +105,9 @@ class CataloguePublisher:
         if remove:
             try:
                 remove_catalogue(self.client, self.worker_id)
-            except redis.RedisError:
-                logger.warning("could not remove the tool catalogue entry", exc_info=True)
+            except redis.RedisError as exc:
+                # Left for readers to ignore once stale (`keys.CATALOGUE_STALE_S`).
+                logger.warning("could not remove the tool catalogue entry: %r", exc)
 
 
 def connect_catalogue_publisher(app: Celery, tools: ToolRegistry = registry) -> None:

@@ -4,16 +4,116 @@
 so every client — worker, orchestrator, API, clients, CLI, demo — goes through `connect_redis` or
 `connect_redis_async`, which always set the policy from `TOOLLOOP_REDIS_SSL_CERT_REQS` for such a URL. It
 lives in the leaf package so that workers use it without importing the orchestrator.
+
+A Redis behind Sentinel is named as Celery names it: `sentinel://h1:26379;sentinel://h2:26379/0`, one
+`sentinel://` part per sentinel, with the name of the master they monitor in `TOOLLOOP_REDIS_MASTER_NAME`.
+For such a URL the helpers return a client of the current master (redis-py's `Sentinel.master_for`): each
+new connection asks the sentinels where the master is, a connection that finds it demoted (READONLY) is
+dropped, and the pool asks the sentinels again at least every `MASTER_CHECK_S` while it is in use (see
+`MasterCheckingPool`), so the next command goes to the new master.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
+from kombu.utils.url import maybe_sanitize_url
+from redis.connection import parse_url
+
+from workers.errors import RedisConfigError
 
 DEFAULT_SSL_CERT_REQS = "required"
+SENTINEL_SCHEME = "sentinel://"
+DEFAULT_SENTINEL_PORT = 26379
+MASTER_NAME_VARIABLE = "TOOLLOOP_REDIS_MASTER_NAME"
+# The parts of one `sentinel://` URL that name the master's database and credentials, not a sentinel.
+_MASTER_KEYS = ("db", "username", "password")
+# How often a pool in use asks the sentinels whether the master moved (one SENTINEL MASTERS round trip).
+MASTER_CHECK_S = 1.0
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a `sentinel://` URL says: where the sentinels are, and how to talk to the master they name."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    # redis-py's query options (socket_timeout, …), for the master's connections and the sentinels' socket.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def is_sentinel_url(redis_url: str) -> bool:
+    """Whether `redis_url` is Celery's Sentinel form (`sentinel://h1:26379;sentinel://h2:26379/0`)."""
+    return redis_url.startswith(SENTINEL_SCHEME)
+
+
+def parse_sentinel_url(redis_url: str) -> SentinelTarget:
+    """The sentinels, database, credentials and options of a `sentinel://` URL.
+
+    As in kombu and Celery, every `;`-separated part is one sentinel (port 26379 unless given); the
+    database, user name and password may be written on any part but must agree where written twice.
+    Raises `RedisConfigError` for a part that is not `sentinel://`, or parts that disagree.
+    """
+    sentinels: list[tuple[str, int]] = []
+    master: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in redis_url.split(";"))):
+        if not is_sentinel_url(part):
+            raise RedisConfigError(f"every part of a Sentinel URL starts with sentinel://, not {part!r}")
+        try:
+            # redis-py's own parser: the same query options (typed) as a redis:// URL.
+            parsed: dict[str, Any] = parse_url("redis://" + part.removeprefix(SENTINEL_SCHEME))  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            raise RedisConfigError(f"bad Sentinel URL part {maybe_sanitize_url(part)!r}: {exc}") from exc
+        sentinels.append((parsed.pop("host", "localhost"), parsed.pop("port", DEFAULT_SENTINEL_PORT)))
+        for key, value in parsed.items():
+            into = master if key in _MASTER_KEYS else options
+            if into.setdefault(key, value) != value:
+                raise RedisConfigError(f"the parts of the Sentinel URL disagree on {key}")
+    if any(key.startswith("ssl") for key in options):
+        raise RedisConfigError(
+            "TLS through Sentinel is not supported: a sentinel:// URL has no ssl_* options"
+        )
+    return SentinelTarget(sentinels=tuple(sentinels), options=options, **master)
+
+
+def build_sentinel_broker_url(redis_url: str) -> str:
+    """A `sentinel://` URL as kombu and Celery read it: the master's database and credentials on every part.
+
+    Both take them from the first part only, so `sentinel://h1;sentinel://h2/3` would be database 0 there
+    and database 3 here; written on every part it is the same database everywhere. Query options go: kombu
+    would hand them to its Connection, which refuses redis-py's.
+    """
+    target = parse_sentinel_url(redis_url)
+    auth = ""
+    if target.username is not None or target.password is not None:
+        auth = f"{quote(target.username or '', safe='')}:{quote(target.password or '', safe='')}@"
+    return ";".join(f"{SENTINEL_SCHEME}{auth}{host}:{port}/{target.db}" for host, port in target.sentinels)
+
+
+def resolve_master_name(master_name: str | None = None) -> str:
+    """The master a Sentinel URL means: `master_name`, else `TOOLLOOP_REDIS_MASTER_NAME`.
+
+    Raises `RedisConfigError` when neither names one: a Sentinel URL without it names no Redis.
+    """
+    name = (master_name or os.environ.get(MASTER_NAME_VARIABLE, "")).strip()
+    if not name:
+        raise RedisConfigError(
+            f"TOOLLOOP_REDIS_URL is a Sentinel URL (sentinel://…): set {MASTER_NAME_VARIABLE} to the name "
+            "of the master its sentinels monitor (`sentinel monitor <name> …` in their configuration)"
+        )
+    return name
 
 
 def build_redis_options(
@@ -27,13 +127,120 @@ def build_redis_options(
     return built
 
 
-def connect_redis(redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any) -> redis.Redis:
-    """A sync client for `redis_url` with the options of `build_redis_options`."""
-    return redis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
+class MasterCheckingPool(redis.sentinel.SentinelConnectionPool):
+    """redis-py's Sentinel pool, asking the sentinels where the master is before handing out a connection
+    when it last asked `MASTER_CHECK_S` ago.
+
+    redis-py asks only when it opens a connection. After SENTINEL FAILOVER the old master stays up and
+    writable until the sentinels reconfigure it, about ten seconds later, and then drops what it was sent
+    meanwhile: a pool of warm connections would write there all that time. Seeing the new address, redis-py
+    disconnects the idle connections and drops the busy ones when they come back.
+    """
+
+    _checked_at = float("-inf")
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection to the master the sentinels name now (asked at most every `MASTER_CHECK_S`)."""
+        now = time.monotonic()
+        if now - self._checked_at >= MASTER_CHECK_S:
+            self._checked_at = now
+            # Sentinels unreachable: the connection opened next asks again, and raises if they still are.
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                self.get_master_address()  # type: ignore[no-untyped-call]
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncMasterCheckingPool(aiosentinel.SentinelConnectionPool):
+    """`MasterCheckingPool` for asyncio."""
+
+    _checked_at = float("-inf")
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection to the master the sentinels name now (asked at most every `MASTER_CHECK_S`)."""
+        now = time.monotonic()
+        if now - self._checked_at >= MASTER_CHECK_S:
+            self._checked_at = now
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+class SentinelRedis(redis.Redis):
+    """A client of the master the sentinels name; closing it closes its connections to the sentinels too."""
+
+    sentinels: redis.sentinel.Sentinel | None = None
+
+    def close(self) -> None:
+        """Close the master's connections, then the sentinels'."""
+        try:
+            super().close()
+        finally:
+            if self.sentinels is not None:
+                self.sentinels.close()
+
+
+class AsyncSentinelRedis(aioredis.Redis):
+    """`SentinelRedis` for asyncio: without `aclose`, the sentinels' connections would be left unclosed."""
+
+    sentinels: aiosentinel.Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close the master's connections, then the sentinels'."""
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            if self.sentinels is not None:
+                await self.sentinels.aclose()
+
+
+def _build_sentinel_kwargs(
+    redis_url: str, master_name: str | None, options: dict[str, Any]
+) -> tuple[str, SentinelTarget, dict[str, Any]]:
+    # The master's name, the URL's parts, and the keyword arguments of its master's connections.
+    name = resolve_master_name(master_name)
+    target = parse_sentinel_url(redis_url)
+    credentials = {"username": target.username, "password": target.password}
+    built = build_redis_options(redis_url, **{**target.options, **options})
+    return name, target, {"db": target.db, **{k: v for k, v in credentials.items() if v is not None}, **built}
+
+
+def connect_redis(
+    redis_url: str,
+    ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
+    *,
+    master_name: str | None = None,
+    **options: Any,
+) -> redis.Redis:
+    """A sync client for `redis_url` with the options of `build_redis_options`.
+
+    For a `sentinel://` URL, a client of the current master of `master_name` (default:
+    `TOOLLOOP_REDIS_MASTER_NAME`; `RedisConfigError` when neither is set).
+    """
+    if not is_sentinel_url(redis_url):
+        return redis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
+    name, target, kwargs = _build_sentinel_kwargs(redis_url, master_name, options)
+    manager = redis.sentinel.Sentinel(list(target.sentinels), **kwargs)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
+        name, redis_class=SentinelRedis, connection_pool_class=MasterCheckingPool
+    )
+    client.sentinels = manager
+    return client
 
 
 def connect_redis_async(
-    redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any
+    redis_url: str,
+    ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
+    *,
+    master_name: str | None = None,
+    **options: Any,
 ) -> aioredis.Redis:
     """`connect_redis` for asyncio."""
-    return aioredis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
+    if not is_sentinel_url(redis_url):
+        return aioredis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
+    name, target, kwargs = _build_sentinel_kwargs(redis_url, master_name, options)
+    manager = aiosentinel.Sentinel(list(target.sentinels), **kwargs)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    client: AsyncSentinelRedis = manager.master_for(
+        name, redis_class=AsyncSentinelRedis, connection_pool_class=AsyncMasterCheckingPool
+    )
+    client.sentinels = manager
+    return client

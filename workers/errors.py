@@ -9,13 +9,15 @@ importing the orchestrator, and the orchestrator's errors derive from the same r
     ├── TransientToolError                raised BY a tool for a failure another attempt may fix (retried)
     ├── InvalidResultError(ValueError)    a tool returned something JSON cannot carry (→ `invalid_result`)
     ├── ToolCallFailed                    raised by the tool TASK after a failure outcome (Flower: FAILURE)
-    └── ToolCallRetried                   why the tool task is retried (the exception Flower shows with RETRY)
+    ├── ToolCallRetried                   why the tool task is retried (the exception Flower shows with RETRY)
+    └── RedisConfigError(ValueError)      a Redis URL that names no Redis (a Sentinel URL without its master)
 """
 
 from __future__ import annotations
 
 __all__ = [
     "InvalidResultError",
+    "RedisConfigError",
     "ToolCallFailed",
     "ToolCallRetried",
     "ToolDefinitionError",
@@ -76,3 +78,8 @@ class ToolCallRetried(ToolloopError):
 
     Carried by Celery's `Retry` into the `task-retried` event, it is the exception Flower shows with RETRY.
     """
+
+
+class RedisConfigError(ToolloopError, ValueError):
+    """A Redis URL that cannot be connected as configured: a `sentinel://` URL without
+    `TOOLLOOP_REDIS_MASTER_NAME`, or whose parts disagree. Raised at startup, before anything runs."""

@@ -6,51 +6,56 @@ child cannot answer for itself, `workers.parent` answers from the worker's paren
 
 The Redis steps (start script, idempotency claim, outcome write) are `workers.call_store`'s.
 
+A hung worker (SIGSTOPped, a paused VM) cannot answer twice: each execution carries a token, the start script
+makes it the call's current one (the fence, `workers.fence`), and an execution superseded meanwhile — the
+orchestrator found the call lost and dispatched it again — neither starts the tool's body (checked just
+before it) nor writes (checked atomically by the write).
+
 Redis down (SPEC §8.3): a call that cannot start waits a little for Redis (`START_WAIT_MAX_S`, at most half
 its soft limit) and is otherwise handed back to Celery unstarted — never run blind. Once the tool has run,
 its outcome is kept and written again with capped backoff until Redis is back, up to `WRITE_MARGIN_S` before
-the hard limit (`workers.redis_retry`); both scripts and the write may be repeated after a reply that was
-lost, so each recognises its own earlier success.
+the hard limit (`workers.redis_retry`), and then handed to the spool (`workers.spool`), which the worker's
+main process writes from until Redis takes it; both scripts and the write may be repeated after a reply that
+was lost, so each recognises its own earlier success.
 
 Idempotent tools (SPEC §4.8) take one more step: a claim script either finds the stored success (a replay)
-or takes a short lock on the idempotency key, so that two identical calls running at the same moment do not
-both run — the second polls until the first's success is stored (and replays it), or the first failed (and
-then runs itself), or its own soft limit is near (and gives up with a `timeout` that says why).
+or takes a lock on the idempotency key held by the execution (its token), so that two identical calls — or two
+executions of one call, the second dispatched while the first's worker was frozen — do not both run: the
+second polls until the first's success is stored (and replays it), or the first failed (and then runs
+itself), or its own soft limit is near (and gives up with a `timeout` that says why). The lock outlives the
+hard limit by another hard limit (`build_lock_ttl_s`), so that a redispatched execution still finds it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 
-from workers import keys
-from workers.call_store import CallStore, get_store
+from workers.call_store import CallStore, OutcomeWrite, get_store
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
-from workers.errors import InvalidResultError
+from workers.fence import build_execution_token
 from workers.outcomes import (
     build_args_digest,
     build_idempotency_key,
-    build_idempotency_record,
-    build_success,
     decide_retry,
     describe_exception,
     describe_validation_error,
     format_seconds,
 )
-from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
-from workers.scripts import IdempotencyClaim, StartResult
+from workers.redis_retry import RedisRetry, ignoring_unavailable, is_unavailable
+from workers.run import Decision, Finished, RetryLater, Run, Skipped, finish_write
+from workers.scripts import Fence, IdempotencyClaim, StartResult
+from workers.spool import Spool
 from workers.tools import Tool, ToolContext, TransientToolError
 
-# `get_store` is re-exported: the task body takes its store from here.
+# Re-exported: the task body takes its store and the decisions from here.
 __all__ = ["CallStore", "Decision", "Finished", "RetryLater", "Skipped", "execute_call", "get_store"]
 
 logger = logging.getLogger(__name__)
@@ -66,41 +71,19 @@ IDEMPOTENCY_POLL_MAX_S = 0.25
 IDEMPOTENCY_WAIT_RESERVE_S = 0.2
 # Redis down before the tool ran: wait this long at most (and at most half the soft limit, so the tool keeps
 # most of its time), then hand the call back to Celery. After the tool ran: keep writing the outcome until
-# this long before the hard limit, when the parent may kill the child.
+# this long before the hard limit, when the parent may kill the child, then spool it.
 START_WAIT_MAX_S = 10.0
 WRITE_MARGIN_S = 1.0
 # Countdown of the Celery retry of a call handed back unstarted because Redis was down.
 REDIS_DOWN_RETRY_S = 1.0
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The call ended here; `won` is False when another writer's outcome was already there."""
-
-    outcome: ToolOutcome
-    won: bool
-
-
-@dataclass(frozen=True)
-class RetryLater:
-    """Publish the call again after `countdown_s` (a transient failure, or a duplicate delivery)."""
-
-    countdown_s: float
-    reason: str
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """Nothing to do: the call already has its outcome (`outcome`, None when it could not be read).
-
-    A redelivery of a call answered `worker_lost`, say: the task reports that outcome, not a success.
-    """
-
-    reason: str
-    outcome: ToolOutcome | None = None
-
-
-Decision = Finished | RetryLater | Skipped
+def build_lock_ttl_s(hard_limit_s: float) -> float:
+    """How long an execution's idempotency lock lives: its running guard's life plus another hard limit and
+    margin. The orchestrator dispatches a call again once hard limit + grace passed with no outcome; that
+    execution's whole wait (at most its soft limit) falls within this, so it waits for a frozen first one
+    instead of running beside it. A whole worker killed (its parent too) holds the key this long."""
+    return 2 * (hard_limit_s + RUNNING_MARGIN_S)
 
 
 def execute_call(
@@ -109,18 +92,19 @@ def execute_call(
     request: ToolCallRequest,
     *,
     worker: str,
-    token: str,
+    pid: int,
     soft_limit_s: float,
     hard_limit_s: float,
     timeout_errors: tuple[type[BaseException], ...] = (),
+    spool: Spool | None = None,
     now: Callable[[], float] = time.time,
     jitter: Callable[[], float] = random.random,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Decision:
     """Run one delivery of a call in the pool child and write its outcome.
 
-    `timeout_errors` are the exceptions a soft time limit raises (Celery's SoftTimeLimitExceeded). `token`
-    names the process; a suffix makes it unique to this execution.
+    `timeout_errors` are the exceptions a soft time limit raises (Celery's SoftTimeLimitExceeded). `pid` is
+    the pool process's: with `worker` and the dispatch attempt it starts this execution's token.
     """
     started = now()
     write_retry = RedisRetry(started + hard_limit_s - WRITE_MARGIN_S, now, sleep, timeout_errors)
@@ -132,159 +116,112 @@ def execute_call(
             worker=worker,
             finished_at=started,
         )
-        won = store.finish(outcome, reply_key=request.reply_key, token=None, retry=write_retry)
-        return Finished(outcome, won)
-    token = f"{token}:{uuid.uuid4().hex[:12]}"
+        write = OutcomeWrite.of(outcome, Fence(request.attempt, ""), reply_key=request.reply_key)
+        return finish_write(store, write, outcome, write_retry, spool)
+    token = build_execution_token(request.attempt, worker, pid)
     start_wait_s = min(START_WAIT_MAX_S, soft_limit_s / 2, hard_limit_s - WRITE_MARGIN_S)
     start_retry = RedisRetry(started + start_wait_s, now, sleep)
     running_ttl_s = hard_limit_s + RUNNING_MARGIN_S
+    refusals: tuple[type[BaseException], ...] = (redis.RedisError, *timeout_errors)
     try:
-        attempt, held_ms = store.start(
+        attempt, value = store.start(
             request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
         )
-    except (*UNAVAILABLE_ERRORS, *timeout_errors) as exc:
-        return _hand_back(store, request.call_id, token, exc)
-    if attempt == StartResult.FINISHED:
-        return Skipped("the call already has an outcome", _read_outcome(store, request.call_id))
-    if attempt == StartResult.HELD:
-        return RetryLater(
-            min(max(held_ms / 1000, 0.1), DUPLICATE_RECHECK_MAX_S), "another execution holds the call"
-        )
-    run = _Run(store, tool, request, attempt, worker, token, now, now(), running_ttl_s, write_retry)
+    except refusals as exc:
+        return _hand_back(store, request.call_id, token, None, exc)
+    if attempt < 0:
+        return _not_started(store, request, StartResult(attempt), value)
+    run = Run(store, tool, request, attempt, worker, token, now, now(), write_retry, spool)
     idem_key = build_idempotency_key(tool.spec, request.arguments)
     if idem_key is not None:
         try:
             claimed = _claim_idempotency(
-                run, idem_key, soft_limit_s, timeout_errors, sleep, retry=start_retry
+                run,
+                idem_key,
+                soft_limit_s=soft_limit_s,
+                lock_ttl_s=build_lock_ttl_s(hard_limit_s),
+                timeout_errors=timeout_errors,
+                sleep=sleep,
+                retry=start_retry,
             )
-        except UNAVAILABLE_ERRORS as exc:
-            return _hand_back(store, request.call_id, token, exc)
+        except redis.RedisError as exc:
+            return _hand_back(store, request.call_id, token, idem_key, exc)
         if claimed is not None:
             return claimed
+    try:
+        current = store.is_current(request.call_id, token, retry=start_retry)
+    except redis.RedisError as exc:
+        return _hand_back(store, request.call_id, token, run.idem_key_held, exc)
+    if not current:
+        run.release()
+        logger.warning(
+            "%s: superseded by a later execution before its body started; not run", request.call_id
+        )
+        return Skipped("superseded by a later execution before the tool started")
     return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
+
+
+def _not_started(store: CallStore, request: ToolCallRequest, result: StartResult, value: int) -> Decision:
+    """The delivery runs nothing: the call has its outcome, another execution holds it, a later dispatch
+    superseded it, or its turn is gone."""
+    match result:
+        case StartResult.FINISHED:
+            return Skipped("the call already has an outcome", _read_outcome(store, request.call_id))
+        case StartResult.HELD:
+            countdown_s = min(max(value / 1000, 0.1), DUPLICATE_RECHECK_MAX_S)
+            return RetryLater(countdown_s, "another execution holds the call")
+        case StartResult.SUPERSEDED:
+            reason = f"dispatch attempt {request.attempt} superseded by attempt {value}"
+        case _:
+            reason = f"its turn {request.turn_id} no longer exists"
+    logger.warning("%s: not run: %s", request.call_id, reason)
+    return Skipped(reason)
 
 
 def _read_outcome(store: CallStore, call_id: str) -> ToolOutcome | None:
     # Only for how the task reports itself: Redis gone again now must not fail a call that has its outcome.
-    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+    with ignoring_unavailable():
         return store.read_outcome(call_id)
     return None
 
 
-def _hand_back(store: CallStore, call_id: str, token: str, exc: BaseException) -> RetryLater:
+def _hand_back(
+    store: CallStore, call_id: str, token: str, idem_key: str | None, exc: BaseException
+) -> RetryLater:
     """Redis stayed unavailable before the tool ran: Celery retries the call later, unstarted.
 
-    The running guard goes if Redis lets it; otherwise it expires, and the retry waits for it."""
-    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+    The running guard and idempotency lock go if Redis lets them; otherwise they expire, and the retry waits
+    for them. A Redis error that is not an outage is a bug: it propagates."""
+    if isinstance(exc, redis.RedisError) and not is_unavailable(exc):
+        raise exc
+    with ignoring_unavailable():
         store.release(call_id, token)
+        if idem_key is not None:
+            store.release_idempotency_lock(idem_key, token)
     reason = f"redis unavailable before the call started: {exc!r}"
     logger.warning("%s: %s; Celery retries it in %g s", call_id, reason, REDIS_DOWN_RETRY_S)
     return RetryLater(REDIS_DOWN_RETRY_S, reason)
 
 
-@dataclass
-class _Run:
-    """One started execution: what its outcome needs, and how to write it."""
-
-    store: CallStore
-    tool: Tool[Any, Any]
-    request: ToolCallRequest
-    attempt: int
-    worker: str
-    token: str
-    now: Callable[[], float]
-    started: float
-    lock_ttl_s: float
-    # How the outcome is written again while Redis is down: the tool ran, its outcome must not be lost.
-    write_retry: RedisRetry
-    # The idempotency key whose lock this execution holds (dropped with its outcome), once claimed.
-    idem_key_held: str | None = None
-
-    def fail(self, kind: FailureKind, message: str, *, retryable: bool = False) -> Finished:
-        finished_at = self.now()
-        outcome = build_failure(
-            self.request,
-            kind,
-            message,
-            attempts=self.attempt,
-            retryable=retryable,
-            duration_ms=(finished_at - self.started) * 1000,
-            worker=self.worker,
-            finished_at=finished_at,
-        )
-        won = self.store.finish(
-            outcome,
-            reply_key=self.request.reply_key,
-            token=self.token,
-            idempotency_lock=self._lock_key(),
-            retry=self.write_retry,
-        )
-        return Finished(outcome, won)
-
-    def _lock_key(self) -> str | None:
-        return keys.idempotency_lock(self.idem_key_held) if self.idem_key_held is not None else None
-
-    def succeed(self, result: Any, *, replay: bool = False) -> Finished:
-        finished_at = self.now()
-        try:
-            record = build_success(
-                self.request,
-                self.tool.spec,
-                result,
-                attempts=self.attempt,
-                duration_ms=(finished_at - self.started) * 1000,
-                worker=self.worker,
-                finished_at=finished_at,
-                replay=replay,
-            )
-        except InvalidResultError as exc:
-            return self.fail(FailureKind.INVALID_RESULT, f"'{self.tool.spec.name}' returned {exc}")
-        idempotency = None
-        if self.idem_key_held is not None and not replay:
-            idempotency = (
-                self.idem_key_held,
-                build_idempotency_record(self.request.arguments, record.result),
-            )
-        won = self.store.finish(
-            record.outcome,
-            reply_key=self.request.reply_key,
-            token=self.token,
-            full_result_json=record.full_result_json,
-            idempotency=idempotency,
-            idempotency_lock=self._lock_key(),
-            retry=self.write_retry,
-        )
-        return Finished(record.outcome, won)
-
-    def release(self) -> None:
-        """Drop the running guard and the idempotency lock without an outcome (a retry follows)."""
-
-        def once(_failures: int) -> None:
-            self.store.release(self.request.call_id, self.token)
-            if self.idem_key_held is not None:
-                self.store.release_idempotency_lock(self.idem_key_held, self.request.call_id)
-
-        self.write_retry.call(once, "the release of a call before its retry")
-
-
 def _claim_idempotency(
-    run: _Run,
+    run: Run,
     idem_key: str,
+    *,
     soft_limit_s: float,
+    lock_ttl_s: float,
     timeout_errors: tuple[type[BaseException], ...],
     sleep: Callable[[float], None],
-    *,
     retry: RedisRetry,
 ) -> Decision | None:
     """None when this execution holds the key and runs the tool; else the call's end: a replay of the
-    stored success, a conflict, or giving up while an identical call still runs."""
-    spec, request = run.tool.spec, run.request
+    stored success, a conflict, or giving up while an identical call (or execution) still runs."""
+    spec = run.tool.spec
     give_up_at = run.started + soft_limit_s - IDEMPOTENCY_WAIT_RESERVE_S
     pause = IDEMPOTENCY_POLL_MIN_S
     try:
         while True:
             state, record = run.store.claim_idempotency(
-                idem_key, call_id=request.call_id, lock_ttl_s=run.lock_ttl_s, retry=retry
+                idem_key, holder=run.token, lock_ttl_s=lock_ttl_s, retry=retry
             )
             if state is IdempotencyClaim.CLAIMED:
                 run.idem_key_held = idem_key
@@ -306,7 +243,7 @@ def _claim_idempotency(
     )
 
 
-def _replay(run: _Run, record: dict[str, Any]) -> Finished:
+def _replay(run: Run, record: dict[str, Any]) -> Decision:
     if record.get("args_digest") != build_args_digest(run.request.arguments):
         return run.fail(
             FailureKind.IDEMPOTENCY_CONFLICT,
@@ -316,7 +253,7 @@ def _replay(run: _Run, record: dict[str, Any]) -> Finished:
 
 
 def _run_started(
-    run: _Run,
+    run: Run,
     *,
     soft_limit_s: float,
     timeout_errors: tuple[type[BaseException], ...],

@@ -48,12 +48,19 @@ def running(call_id: str) -> str:
     return f"{PREFIX}running:{call_id}"
 
 
+def fence(call_id: str) -> str:
+    """The token of the call's current execution (`workers.fence`), set by its start script: an execution
+    that finds another's token here was superseded and neither starts its tool nor writes an outcome."""
+    return f"{PREFIX}fence:{call_id}"
+
+
 def idempotency(tool: str, key_digest: str) -> str:
     return f"{PREFIX}idem:{tool}:{key_digest}"
 
 
 def idempotency_lock(idempotency_key: str) -> str:
-    """Held (value: call id) while a call runs under `idempotency_key`; an identical call waits for it."""
+    """Held (value: the execution's token) while a call runs under `idempotency_key`; an identical call, or
+    another execution of the same call, waits for it."""
     return f"{idempotency_key}:lock"
 
 
@@ -122,3 +129,8 @@ def conversation_waiting(conversation_id: str) -> str:
 def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
     return f"{PREFIX}conversation:{conversation_id}:lock"
+
+# --- Redis itself ------------------------------------------------------------------------------------------
+# Written once under each Redis run id: a run id that changed without it means Redis came back empty.
+REDIS_MARKER = PREFIX + "redis:marker"  # string, no TTL: the run id it was written under
+REDIS_LOSSES = PREFIX + "redis:losses"  # hash: new run id -> JSON of one data loss (TURN_TTL_S)

@@ -4,6 +4,12 @@ Hard time limit (the parent killed the child), a lost child (retried, or answere
 or expired task. Each writes through the same first-writer-wins path as the child, and drops what the dead
 child held: its running guard and its idempotency lock, so that a retry or an identical call is not held up.
 
+The parent names the child's execution by the prefix of its token (`workers.fence`: dispatch attempt, worker,
+pool process id), so its answer is fenced like the child's own write: when a later execution of the call has
+started (the worker was frozen, and the call dispatched again), the parent writes nothing and drops only what
+its own child held. An outcome waiting in the spool (`workers.spool`) is a real result: the parent then
+answers nothing and leaves the spool to write it.
+
 Redis down: the parent retries its writes for `PARENT_RETRY_S` at most (it is the worker's main process and
 must not stall for long), then logs and gives up; the orchestrator's lost-call timer is the backstop.
 """
@@ -16,11 +22,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from workers import keys
-from workers.call_store import CallStore
-from workers.contract import FailureKind, ToolCallRequest, build_failure
+from workers.call_store import CallStore, OutcomeWrite
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
+from workers.fence import build_delivery_fence
 from workers.outcomes import build_idempotency_key, decide_retry, format_seconds
-from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
+from workers.redis_retry import RedisRetry, is_unavailable
+from workers.scripts import WriteResult
+from workers.spool import Spool
 from workers.tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -32,41 +43,85 @@ def _retry(now: Callable[[], float] = time.time) -> RedisRetry:
     return RedisRetry(now() + PARENT_RETRY_S, now, time.sleep)
 
 
+def _log_unanswered(exc: redis.RedisError, request: ToolCallRequest, what: str) -> None:
+    # The parent is the worker's main process: no Redis error may escape into Celery's consumer and stop it.
+    # The orchestrator's lost-call timer, or the turn's deadline, answers the call instead.
+    why = "redis unavailable" if is_unavailable(exc) else "redis refused the write"
+    logger.error("%s: %s: %s: %r", request.call_id, what, why, exc)
+
+
+def _spooled(spool: Spool | None, request: ToolCallRequest, what: str) -> bool:
+    if spool is None or not spool.holds(request.call_id):
+        return False
+    logger.warning("%s: no %s answer: its outcome waits in the spool", request.call_id, what)
+    return True
+
+
+def _write(
+    store: CallStore,
+    outcome: ToolOutcome,
+    request: ToolCallRequest,
+    *,
+    worker: str,
+    pid: int | None,
+    idempotency_key: str | None,
+    retry: RedisRetry,
+) -> bool:
+    """Write the parent's answer for the delivery pool process `pid` ran (None: it never started), fenced,
+    dropping what that process held. True when it won."""
+    fence = build_delivery_fence(request.attempt, worker, pid)
+    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
+    write = OutcomeWrite.of(
+        outcome,
+        fence,
+        reply_key=request.reply_key,
+        holder=fence.holder or None,
+        holder_is_prefix=True,
+        idempotency_lock=lock,
+    )
+    result = store.finish(write, retry=retry)
+    if result is WriteResult.FENCED:
+        logger.warning(
+            "%s: no %s answer: a later execution of the call answers it",
+            outcome.call_id,
+            outcome.failure_kind,
+        )
+    return result is WriteResult.WON
+
+
 def handle_hard_timeout(
     store: CallStore,
     request: ToolCallRequest,
     *,
     limit_s: float,
     worker: str,
+    pid: int | None,
     idempotency_key: str | None = None,
+    spool: Spool | None = None,
 ) -> bool:
-    """In the worker's parent, after it killed a child at the hard limit: write `timeout` (first wins).
-
-    The child's idempotency lock on `idempotency_key` goes too, so that an identical call can run.
-    Returns False also when Redis stayed unavailable.
+    """In the worker's parent, after it killed pool process `pid` at the hard limit: write `timeout` (first
+    wins, fenced). The child's running guard and idempotency lock on `idempotency_key` go too, so that an
+    identical call can run. Returns False also when Redis stayed unavailable.
     """
-    try:
-        return _write_hard_timeout(store, request, limit_s, worker, idempotency_key)
-    except UNAVAILABLE_ERRORS:
-        logger.exception("no timeout outcome for %s: redis unavailable", request.call_id)
+    if _spooled(spool, request, "timeout"):
         return False
-
-
-def _write_hard_timeout(
-    store: CallStore, request: ToolCallRequest, limit_s: float, worker: str, idempotency_key: str | None
-) -> bool:
-    retry = _retry()
-    outcome = build_failure(
-        request,
-        FailureKind.TIMEOUT,
-        f"timed out after {format_seconds(limit_s)} s (hard limit; the worker process was killed)",
-        attempts=_read_attempts(store, request.call_id, retry),
-        duration_ms=limit_s * 1000,
-        worker=worker,
-        finished_at=time.time(),
-    )
-    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
-    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock, retry=retry)
+    try:
+        retry = _retry()
+        outcome = build_failure(
+            request,
+            FailureKind.TIMEOUT,
+            f"timed out after {format_seconds(limit_s)} s (hard limit; the worker process was killed)",
+            attempts=_read_attempts(store, request.call_id, retry),
+            duration_ms=limit_s * 1000,
+            worker=worker,
+            finished_at=time.time(),
+        )
+        return _write(
+            store, outcome, request, worker=worker, pid=pid, idempotency_key=idempotency_key, retry=retry
+        )
+    except redis.RedisError as exc:
+        _log_unanswered(exc, request, "no timeout outcome")
+        return False
 
 
 def _read_attempts(store: CallStore, call_id: str, retry: RedisRetry) -> int:
@@ -79,19 +134,24 @@ def handle_worker_lost(
     request: ToolCallRequest,
     *,
     worker: str,
+    pid: int | None,
+    spool: Spool | None = None,
     now: Callable[[], float] = time.time,
     jitter: Callable[[], float] = random.random,
 ) -> float | None:
-    """In the worker's parent, after a child died under a call: the retry delay, or None once answered.
+    """In the worker's parent, after pool process `pid` died under a call: the retry delay, or None once
+    answered (or when there is nothing to answer: its outcome waits in the spool).
 
-    The dead run's guard is dropped at once, so the retry is never blocked by it. When attempts are used up
-    (or a retry would pass the deadline) the call is answered `worker_lost` here. With Redis unavailable,
-    None too (unanswered): Celery's requeue of the lost message is all that is left.
+    The dead run's guard and lock are dropped at once, so the retry is never blocked by them. When attempts
+    are used up (or a retry would pass the deadline) the call is answered `worker_lost` here, fenced. With
+    Redis unavailable, None too (unanswered): Celery's requeue of the lost message is all that is left.
     """
+    if _spooled(spool, request, "worker_lost"):
+        return None
     try:
-        return _answer_worker_lost(store, tool, request, worker=worker, now=now, jitter=jitter)
-    except UNAVAILABLE_ERRORS:
-        logger.exception("lost child under %s left unanswered: redis unavailable", request.call_id)
+        return _answer_worker_lost(store, tool, request, worker=worker, pid=pid, now=now, jitter=jitter)
+    except redis.RedisError as exc:
+        _log_unanswered(exc, request, "lost child left unanswered")
         return None
 
 
@@ -101,16 +161,20 @@ def _answer_worker_lost(
     request: ToolCallRequest,
     *,
     worker: str,
+    pid: int | None,
     now: Callable[[], float],
     jitter: Callable[[], float],
 ) -> float | None:
     retry = _retry(now)
     idem_key = build_idempotency_key(tool.spec, request.arguments)
+    holder = build_delivery_fence(request.attempt, worker, pid).holder
 
     def release(_failures: int) -> None:
-        store.release(request.call_id, "")
+        if not holder:
+            return  # the process never took anything it could be named by
+        store.release(request.call_id, holder, prefix=True)
         if idem_key is not None:
-            store.release_idempotency_lock(idem_key, request.call_id)
+            store.release_idempotency_lock(idem_key, holder, prefix=True)
 
     retry.call(release, "the guards of a lost child")
     attempt = _read_attempts(store, request.call_id, retry)
@@ -127,7 +191,7 @@ def _answer_worker_lost(
         worker=worker,
         finished_at=now(),
     )
-    store.finish(outcome, reply_key=request.reply_key, token=None, retry=retry)
+    _write(store, outcome, request, worker=worker, pid=pid, idempotency_key=None, retry=retry)
     return None
 
 
@@ -137,35 +201,35 @@ def handle_revoked(
     *,
     expired: bool,
     worker: str,
+    pid: int | None = None,
     idempotency_key: str | None = None,
+    spool: Spool | None = None,
 ) -> bool:
     """A revoked task (Flower, cancel) answers `cancelled`; an expired one `deadline_exceeded`.
 
-    A terminated child's idempotency lock on `idempotency_key` goes too. False also when Redis stayed
-    unavailable.
+    `pid` is the pool process a terminated delivery ran in (None: it never started); that process's running
+    guard and idempotency lock on `idempotency_key` go too. Fenced: the revoke of a superseded dispatch
+    answers nothing. False also when Redis stayed unavailable.
     """
-    try:
-        return _write_revoked(store, request, expired, worker, idempotency_key)
-    except UNAVAILABLE_ERRORS:
-        logger.exception("no outcome for revoked %s: redis unavailable", request.call_id)
+    if _spooled(spool, request, "revoked"):
         return False
-
-
-def _write_revoked(
-    store: CallStore, request: ToolCallRequest, expired: bool, worker: str, idempotency_key: str | None
-) -> bool:
-    retry = _retry()
-    if expired:
-        kind, message = FailureKind.DEADLINE_EXCEEDED, "the deadline passed before the call started"
-    else:
-        kind, message = FailureKind.CANCELLED, "the call was cancelled (task revoked)"
-    outcome = build_failure(
-        request,
-        kind,
-        message,
-        attempts=_read_attempts(store, request.call_id, retry),
-        worker=worker,
-        finished_at=time.time(),
-    )
-    lock = keys.idempotency_lock(idempotency_key) if idempotency_key else None
-    return store.finish(outcome, reply_key=request.reply_key, token="", idempotency_lock=lock, retry=retry)
+    try:
+        retry = _retry()
+        if expired:
+            kind, message = FailureKind.DEADLINE_EXCEEDED, "the deadline passed before the call started"
+        else:
+            kind, message = FailureKind.CANCELLED, "the call was cancelled (task revoked)"
+        outcome = build_failure(
+            request,
+            kind,
+            message,
+            attempts=_read_attempts(store, request.call_id, retry),
+            worker=worker,
+            finished_at=time.time(),
+        )
+        return _write(
+            store, outcome, request, worker=worker, pid=pid, idempotency_key=idempotency_key, retry=retry
+        )
+    except redis.RedisError as exc:
+        _log_unanswered(exc, request, "no outcome for a revoked call")
+        return False

@@ -5,15 +5,20 @@ keeps the outcome and writes it again until Redis answers (or the bound near the
 orchestrator never re-dispatches a call that already ran. A call that cannot start waits the same way, for a
 shorter while, and is otherwise handed back to Celery unstarted.
 
-Only connection-level failures are retried (`redis.ConnectionError`, which covers a Redis still loading its
-data after a restart, and `redis.TimeoutError`); a wrong command is a bug and raises at once.
+What is retried is one classification, `is_unavailable`, of "Redis is not there, or refuses for now": a lost
+connection or a timeout (`redis.ConnectionError`, which covers a Redis still loading its data after a restart,
+`BusyLoadingError`), a Redis out of memory under `noeviction` (`OOM`), a replica that was the master before a
+failover (`READONLY`), a cluster or replica set between masters (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`), a
+Redis that cannot persist (`MISCONF`), one short of replicas (`NOREPLICAS`) or busy with a script (`BUSY`). A
+wrong command is a bug and raises at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,13 +28,44 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Errors that say "Redis is not there right now", as opposed to "Redis refused this command".
+# Errors that say "Redis is not there right now" by their type, as opposed to "Redis refused this command".
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError,
+    redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) included
     redis.exceptions.TimeoutError,
+    redis.exceptions.OutOfMemoryError,  # OOM command not allowed (maxmemory with noeviction)
+    redis.exceptions.ReadOnlyError,  # READONLY: a replica, after a failover
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,  # MasterDownError (MASTERDOWN) included
 )
+# Refusals redis-py raises as a plain ResponseError, told apart by their error code. Inside a Lua script Redis
+# reports a refused write as "Error running script (…): @user_script:9: -OOM command not allowed…": the code
+# follows a dash there.
+UNAVAILABLE_CODES = ("OOM", "READONLY", "MISCONF", "MASTERDOWN", "NOREPLICAS", "BUSY", "LOADING", "TRYAGAIN")
+_UNAVAILABLE_REPLY = re.compile(r"(?:^|-)(?:" + "|".join(UNAVAILABLE_CODES) + r")\b")
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when `exc` says Redis is unavailable or refusing for now (retry later), False for a real error.
+
+    Catch `redis.RedisError` and ask this: `UNAVAILABLE_ERRORS` alone misses the refusals that only their
+    message tells apart (MISCONF, NOREPLICAS, BUSY, and any refusal met inside a script)."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return _UNAVAILABLE_REPLY.search(str(exc)) is not None
+    return False
+
+
+@contextlib.contextmanager
+def ignoring_unavailable() -> Iterator[None]:
+    """Swallow an error that `is_unavailable` (for a step whose failure is harmless); others propagate."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        if not is_unavailable(exc):
+            raise
 
 
 def build_backoff_s(failures: int) -> float:
@@ -59,7 +95,9 @@ class RedisRetry:
         while True:
             try:
                 return step(failures)
-            except UNAVAILABLE_ERRORS as exc:
+            except redis.RedisError as exc:
+                if not is_unavailable(exc):
+                    raise
                 failures += 1
                 pause = build_backoff_s(failures)
                 if self.now() + pause > self.give_up_at:

@@ -8,8 +8,8 @@ inline payload limit, statuses) come in as ARGV from Python (`workers.keys`), ne
 
 Scripts here, all run by workers; the orchestrator shares `WRITE_OUTCOME` (its timers and direct calls write
 synthetic outcomes through the same first-writer-wins step) and `RELEASE` (a turn's lease):
-- `write_outcome.lua` → `WriteResult`: WON / LOST.
-- `start.lua` → `StartResult`: STARTED / FINISHED / HELD.
+- `write_outcome.lua` → `WriteResult`: WON / LOST / FENCED.
+- `start.lua` → `StartResult`: STARTED / FINISHED / HELD / SUPERSEDED / TURN_GONE.
 - `claim_idempotency.lua` → `IdempotencyClaim`: CLAIMED / STORED / BUSY.
 - `release.lua` → `ReleaseResult`: RELEASED / NOT_HELD.
 """
@@ -45,10 +45,12 @@ RELEASE = load_script("workers", "release")
 
 
 class WriteResult(IntEnum):
-    """What `write_outcome.lua` did: this outcome is the call's one outcome, or an earlier one was."""
+    """What `write_outcome.lua` did: this outcome is the call's one outcome, or an earlier one was, or the
+    writer was superseded by a later execution of the call (the fence) and wrote nothing."""
 
     LOST = 0
     WON = 1
+    FENCED = 2
 
 
 class StartResult(IntEnum):
@@ -58,6 +60,8 @@ class StartResult(IntEnum):
     STARTED = 0
     FINISHED = -1  # the call already has an outcome
     HELD = -2  # another execution holds the running guard
+    SUPERSEDED = -3  # a later dispatch of the call has started (the fence): this delivery runs nothing
+    TURN_GONE = -4  # the call's turn no longer exists in Redis: nobody waits for an answer
 
 
 class IdempotencyClaim(IntEnum):
@@ -75,10 +79,24 @@ class ReleaseResult(IntEnum):
     RELEASED = 1
 
 
+@dataclass(frozen=True)
+class Fence:
+    """Who writes an outcome, for the fence of `write_outcome.lua` (`workers.fence`): the dispatch attempt,
+    and the execution's token or a prefix of it ('' stands for any execution of that attempt)."""
+
+    attempt: int
+    holder: str
+
+
 def build_write_outcome_call(
-    call_id: str, turn_id: str | None, outcome_json: str, reply_key: str | None = None
+    call_id: str,
+    turn_id: str | None,
+    outcome_json: str,
+    reply_key: str | None = None,
+    fence: Fence | None = None,
 ) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically."""
+    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically; with `fence`, the
+    write is refused (FENCED) once a later execution of the call has started."""
     script_keys = [
         keys.outcome(call_id),
         keys.late_outcomes(call_id),
@@ -94,6 +112,9 @@ def build_write_outcome_call(
         str(keys.INBOX_MAXLEN),
         str(keys.INBOX_OUTCOME_MAX_BYTES),
     ]
+    if fence is not None:
+        script_keys.append(keys.fence(call_id))
+        args += [str(fence.attempt), fence.holder]
     return script_keys, args
 
 
@@ -109,7 +130,8 @@ def parse_release_result(reply: Any) -> ReleaseResult:
 
 def parse_start_reply(reply: Any) -> tuple[int, int]:
     """The reply of `start.lua` as `CallStore.start` gives it: (attempt, 0) for a started execution,
-    (StartResult.FINISHED, 0), or (StartResult.HELD, pttl ms)."""
+    (StartResult.FINISHED, 0), (StartResult.HELD, pttl ms), (StartResult.SUPERSEDED, current attempt) or
+    (StartResult.TURN_GONE, 0)."""
     result, value = StartResult(int(reply[0])), int(reply[1])
     if result is StartResult.STARTED:
         return value, 0

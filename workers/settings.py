@@ -15,6 +15,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.connect import build_sentinel_broker_url, is_sentinel_url
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The query options of a Redis URL that kombu understands as a broker URL: it folds `ssl_*` into its SSL
 # settings and hands any other option to its Connection, which refuses redis-py's (socket_timeout, …).
@@ -30,6 +32,8 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOOLLOOP_", extra="ignore", populate_by_name=True)
 
     redis_url: str = DEFAULT_REDIS_URL
+    # For a Sentinel URL (`sentinel://h1:26379;sentinel://h2:26379/0`): the master its sentinels monitor.
+    redis_master_name: str | None = None
     # For rediss:// URLs: "required" (default), "optional" or "none" — never silently unchecked.
     redis_ssl_cert_reqs: str = "required"
     # Broker URL when it is not the state Redis (e.g. RabbitMQ); default: the same Redis.
@@ -37,6 +41,9 @@ class WorkerSettings(BaseSettings):
     tool_modules: str = "workers.examples"
     # Broker redelivery of an unacked message; above the longest hard limit plus queue wait (ARCHITECTURE).
     visibility_timeout_s: int = 3 * 3600
+    # Where a finished outcome Redis refused past its hard limit waits to be written (`workers.spool`);
+    # default: `toolloop-spool` in the temp folder. Keep it on a disk that survives the worker's restart.
+    spool_dir: str | None = None
 
     @property
     def tool_module_list(self) -> list[str]:
@@ -53,8 +60,11 @@ def build_broker_url(redis_url: str) -> str:
     """A redis-py URL as a Celery broker URL: its query keeps only the `ssl_*` options kombu understands.
 
     `redis://h:6379/0?socket_timeout=1&ssl_cert_reqs=required` → `redis://h:6379/0?ssl_cert_reqs=required`.
-    Other schemes (e.g. amqp://) are returned as they are.
+    A Sentinel URL gets its database and credentials on every part (`build_sentinel_broker_url`). Other
+    schemes (e.g. amqp://) are returned as they are.
     """
+    if is_sentinel_url(redis_url):
+        return build_sentinel_broker_url(redis_url)
     parts = urlsplit(redis_url)
     if parts.scheme not in {"redis", "rediss"} or not parts.query:
         return redis_url

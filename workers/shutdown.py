@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 from celery import signals
 
 from workers.connect import connect_redis
+from workers.descendants import end_descendants
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -63,7 +62,8 @@ def watch_stop(settings: WorkerSettings, grace_s: float, ping_timeout_s: float) 
         "Redis at %s does not answer: stopping now instead of waiting on it (running calls are redelivered)",
         settings.redis_url.rsplit("@", 1)[-1],
     )
-    kill_children()
+    # The pool and everything its calls started: nothing a tool spawned outlives its worker.
+    end_descendants(os.getpid(), timeout_s=1.0)
     logging.shutdown()
     os._exit(EXIT_FORCED)
 
@@ -83,23 +83,3 @@ def redis_answers(settings: WorkerSettings, timeout_s: float) -> bool:
         return False
     finally:
         client.close()
-
-
-def kill_children() -> None:
-    """SIGKILL this process's children (the prefork pool), read from /proc; nothing where there is none."""
-    for pid in child_pids(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-
-
-def child_pids(pid: int) -> list[int]:
-    """The children of `pid`, from `/proc/<pid>/task/*/children` (Linux); [] elsewhere."""
-    children: list[int] = []
-    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            children += [int(child) for child in listing.read_text().split()]
-        except OSError:
-            continue
-    return children

@@ -5,12 +5,15 @@ Celery-specific stays here:
 
 - in the pool child: soft time limit (`SoftTimeLimitExceeded`), retries (`Task.retry` with backoff);
 - in the worker's parent (`ToolRequest`): the hard time limit (the parent killed the child), a lost child
-  (retried with backoff or answered `worker_lost`), and revocation (`cancelled` / `deadline_exceeded`).
+  (retried with backoff or answered `worker_lost`), and revocation (`cancelled` / `deadline_exceeded`), each
+  naming the pool process that ran the delivery so that its answer is fenced (`workers.fence`);
+- in the worker's main process: the spool drainer (`workers.spool`), started by `register_worker_signals`.
 
 How a task ends tells Flower how the call ended (SPEC §7.3); the outcome in Redis is written first and stays
 the record, the orchestrator never reads Celery states:
 
-    SUCCESS   the call's outcome is a success
+    SUCCESS   the call's outcome is a success; or nothing was run or written: a later execution superseded
+              this one, or the call's turn is gone (logged in one line); or the outcome waits in the spool
     FAILURE   `ToolCallFailed("<kind>: <message>")` after a failure outcome (this run's, or the one a
               redelivered call already has: `worker_lost` answered by the parent, say); `TimeLimitExceeded`
               after the hard limit killed the child (the parent wrote `timeout`)
@@ -21,22 +24,28 @@ the record, the orchestrator never reads Celery states:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any
+import time
+from typing import Any, NoReturn
 
+import redis
 from billiard.einfo import (  # type: ignore[attr-defined]  # celery-types lacks ExceptionWithTraceback
     ExceptionInfo,
     ExceptionWithTraceback,
 )
 from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery import Celery, Task, signals
+from celery.exceptions import Reject
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from workers.acks import ensure_acked
 from workers.contract import ToolCallRequest, ToolOutcome, build_task_name, build_task_reprs
 from workers.errors import ToolCallFailed, ToolCallRetried
 from workers.execution import (
+    WRITE_MARGIN_S,
     CallStore,
     Finished,
     RetryLater,
@@ -46,18 +55,29 @@ from workers.execution import (
 )
 from workers.outcomes import build_idempotency_key
 from workers.parent import handle_hard_timeout, handle_revoked, handle_worker_lost
+from workers.redis_retry import build_backoff_s, is_unavailable
 from workers.settings import WorkerSettings, get_worker_settings
+from workers.spool import Spool, SpoolDrainer, build_spool_dir
 from workers.tools import Tool, registry
 
 logger = logging.getLogger(__name__)
 
 
+def _settings(app: Celery) -> WorkerSettings:
+    settings: WorkerSettings | None = getattr(app, "settings", None)
+    return settings if settings is not None else get_worker_settings()
+
+
 def _store(task: Task[Any, Any]) -> CallStore:
     """The process's call store, on the Redis (and TLS policy) of the task's app settings."""
-    settings: WorkerSettings | None = getattr(task.app, "settings", None)
-    if settings is None:
-        settings = get_worker_settings()
+    settings = _settings(task.app)
     return get_store(settings.redis_url, settings.redis_ssl_cert_reqs)
+
+
+def _spool(task: Task[Any, Any]) -> Spool:
+    """The worker's outcome spool (`workers.spool`) for the Redis of the task's app settings."""
+    settings = _settings(task.app)
+    return Spool(build_spool_dir(settings.redis_url, settings.spool_dir))
 
 
 def _idempotency_key(request: ToolCallRequest) -> str | None:
@@ -79,6 +99,28 @@ class ToolRequest(Request):
 
     # The exception a `task-failed` event names when Celery would name billiard's wrapper of it instead.
     _failure: BaseException | None = None
+    # Celery's (untyped in celery-types): the errors its ack and reject log instead of raising.
+    _connection_errors: tuple[type[BaseException], ...]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # kombu logs an ack or reject that fails for these, instead of letting the error stop the worker: a
+        # Redis out of memory refuses kombu's ack transaction (`workers.acks`).
+        self._connection_errors = (*self._connection_errors, redis.RedisError)
+
+    def acknowledge(self) -> None:
+        """Celery's ack, tried again later if Redis refused it (`workers.acks`)."""
+        asked = not self.acknowledged
+        super().acknowledge()
+        if asked:
+            ensure_acked(self.message)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Celery's reject, tried again later if Redis refused it (`workers.acks`)."""
+        asked = not self.acknowledged
+        super().reject(requeue=requeue)
+        if asked:
+            ensure_acked(self.message, requeue=requeue)
 
     def send_event(self, type: str, **fields: Any) -> None:
         """Celery's task event, with a failure named as itself: Celery names a hard time limit by billiard's
@@ -86,6 +128,10 @@ class ToolRequest(Request):
         if type == "task-failed" and self._failure is not None:
             fields["exception"] = repr(self._failure)
         super().send_event(type, **fields)
+
+    def _pool_pid(self) -> int | None:
+        """The pool process that ran this delivery (None before it was accepted)."""
+        return int(self.worker_pid) if self.worker_pid else None
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """After the hard limit killed the child, write the call's `timeout` outcome (first writer wins)."""
@@ -96,13 +142,32 @@ class ToolRequest(Request):
             return
         request = _parse_request(dict(self.kwargs))
         if request is not None:
-            store = _store(self.task)
             handle_hard_timeout(
-                store,
+                _store(self.task),
                 request,
                 limit_s=float(timeout),
                 worker=self.hostname,
+                pid=self._pool_pid(),
                 idempotency_key=_idempotency_key(request),
+                spool=_spool(self.task),
+            )
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
+        """Celery's announcement of a revoked delivery (discarded unstarted, expired, or terminated while it
+        ran), then our answer: `cancelled` or `deadline_exceeded`, fenced by the pool process that ran it (the
+        revoke of a superseded dispatch answers nothing). Celery's `task_revoked` signal gives no process id,
+        hence this hook rather than the signal."""
+        super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]
+        request = _parse_request(dict(self.kwargs))
+        if request is not None:
+            handle_revoked(
+                _store(self.task),
+                request,
+                expired=bool(expired),
+                worker=self.hostname,
+                pid=self._pool_pid() if self.time_start else None,
+                idempotency_key=_idempotency_key(request),
+                spool=_spool(self.task),
             )
 
     def on_failure(
@@ -124,7 +189,14 @@ class ToolRequest(Request):
         tool = registry.get(request.tool) if request is not None else None
         if request is None or tool is None:
             return False
-        delay = handle_worker_lost(_store(self.task), tool, request, worker=self.hostname)
+        delay = handle_worker_lost(
+            _store(self.task),
+            tool,
+            request,
+            worker=self.hostname,
+            pid=self._pool_pid(),
+            spool=_spool(self.task),
+        )
         if delay is None:
             return False  # answered worker_lost; Celery requeues and the redelivery is skipped
         argsrepr, kwargsrepr = build_task_reprs(request)
@@ -171,22 +243,22 @@ def _build_body(tool: Tool[Any, Any]) -> Any:
         request = ToolCallRequest.model_validate(kwargs)
         spec = tool.spec
         hard, soft = self.request.timelimit or (None, None)
-        token = f"{self.request.hostname}:{os.getpid()}"
+        hard_limit_s = float(hard or spec.time_limit_s)
+        give_up_at = time.time() + hard_limit_s - WRITE_MARGIN_S
         decision = execute_call(
             _store(self),
             tool,
             request,
             worker=self.request.hostname or "",
-            token=token,
+            pid=os.getpid(),
             soft_limit_s=float(soft or spec.soft_time_limit_s),
-            hard_limit_s=float(hard or spec.time_limit_s),
+            hard_limit_s=hard_limit_s,
             timeout_errors=(SoftTimeLimitExceeded,),
+            spool=_spool(self),
         )
         match decision:
             case RetryLater(countdown_s=countdown, reason=reason):
-                argsrepr, kwargsrepr = build_task_reprs(request)
-                reprs: dict[str, Any] = {"argsrepr": argsrepr, "kwargsrepr": kwargsrepr}
-                raise self.retry(exc=ToolCallRetried(reason), countdown=countdown, **reprs)
+                _publish_retry(self, request, countdown, reason, give_up_at)
             case Finished(outcome=outcome) | Skipped(outcome=ToolOutcome() as outcome) if not outcome.ok:
                 raise build_task_failure(outcome)
             case Finished() | Skipped():
@@ -195,6 +267,45 @@ def _build_body(tool: Tool[Any, Any]) -> Any:
     run_tool_call.__name__ = f"tool_{tool.name}".replace(".", "_").replace("-", "_")
     run_tool_call.__doc__ = tool.spec.description
     return run_tool_call
+
+
+def _publish_retry(
+    task: ToolTask, request: ToolCallRequest, countdown_s: float, reason: str, give_up_at: float
+) -> NoReturn:
+    """Celery's retry (it raises `Retry` once the retry message is published), published again while Redis
+    refuses it (out of memory, say): Celery would otherwise reject the delivery unrequeued, dropping the call.
+    Past `give_up_at` (the hard limit is near) the delivery is requeued instead, or — Redis refusing that
+    too — left unacked for the broker to restore."""
+    argsrepr, kwargsrepr = build_task_reprs(request)
+    reprs: dict[str, Any] = {"argsrepr": argsrepr, "kwargsrepr": kwargsrepr}
+    failures = 0
+    while True:
+        try:
+            raise task.retry(exc=ToolCallRetried(reason), countdown=countdown_s, **reprs)
+        except Reject as refused:
+            cause = refused.args[0] if refused.args else None
+            redis_error = find_redis_cause(cause)
+            if redis_error is None or not is_unavailable(redis_error):
+                raise
+        failures += 1
+        pause = build_backoff_s(failures)
+        if time.time() + pause > give_up_at:
+            logger.error("%s: could not publish its retry: %r; requeued", request.call_id, cause)
+            raise Reject(cause, requeue=True) from cause
+        if failures == 1:
+            logger.warning("%s: publishing its retry, redis refuses: %r", request.call_id, cause)
+        with contextlib.suppress(SoftTimeLimitExceeded):
+            time.sleep(pause)
+
+
+def find_redis_cause(exc: object) -> BaseException | None:
+    """The Redis error behind `exc`: kombu re-raises a failed publish as its own `OperationalError` or
+    `ConnectionError`, the Redis error as its `__cause__`."""
+    while isinstance(exc, BaseException):
+        if isinstance(exc, redis.RedisError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def build_task_failure(outcome: ToolOutcome) -> ToolCallFailed:
@@ -220,21 +331,23 @@ def register_tool_task(app: Celery, tool: Tool[Any, Any]) -> Task[Any, Any]:
 
 
 def register_worker_signals(app: Celery) -> None:
-    """Answer revoked tool tasks: `cancelled`, or `deadline_exceeded` when they expired unstarted."""
+    """Start the spool drainer in the worker's main process once it is ready; stop it at shutdown.
 
-    def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
-        name = getattr(sender, "name", "") or ""
-        if not name.startswith("tool.") or request is None:
+    (A revoked tool task is answered by `ToolRequest._announce_revoked`.)"""
+    drainers: list[SpoolDrainer] = []
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
             return
-        call = _parse_request(dict(getattr(request, "kwargs", None) or {}))
-        if call is not None:
-            store = _store(sender)
-            handle_revoked(
-                store,
-                call,
-                expired=bool(expired),
-                worker=getattr(request, "hostname", "") or "",
-                idempotency_key=_idempotency_key(call),
-            )
+        settings = _settings(app)
+        spool = Spool(build_spool_dir(settings.redis_url, settings.spool_dir))
+        drainer = SpoolDrainer(spool, lambda: get_store(settings.redis_url, settings.redis_ssl_cert_reqs))
+        drainer.start()
+        drainers.append(drainer)
 
-    signals.task_revoked.connect(on_revoked, weak=False)
+    def on_shutdown(**_: Any) -> None:
+        while drainers:
+            drainers.pop().stop()
+
+    signals.worker_ready.connect(on_ready, weak=False)
+    signals.worker_shutdown.connect(on_shutdown, weak=False)

@@ -18,13 +18,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from celery import Celery, signals
 
-from workers.call_store import CallStore, get_store
+from workers.call_store import CallStore, OutcomeWrite, get_store
 from workers.catalogue import build_served_specs
 from workers.contract import TASK_NAME_PREFIX, FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.parent import PARENT_RETRY_S
-from workers.redis_retry import UNAVAILABLE_ERRORS, RedisRetry
+from workers.redis_retry import RedisRetry
+from workers.scripts import Fence, WriteResult
 from workers.settings import WorkerSettings, get_worker_settings
 from workers.tools import ToolRegistry, registry
 
@@ -70,13 +72,16 @@ def answer_unserved(
     """
     outcome = build_unserved_outcome(request, worker=worker, queue=queue, served=served, now=time.time())
     retry = RedisRetry(time.time() + PARENT_RETRY_S, time.time, time.sleep)
+    # Fenced by its dispatch attempt: a stray delivery of a superseded dispatch answers nothing.
+    write = OutcomeWrite.of(outcome, Fence(request.attempt, ""), reply_key=request.reply_key)
     try:
-        won = store.finish(outcome, reply_key=request.reply_key, token=None, retry=retry)
-    except UNAVAILABLE_ERRORS:
-        logger.exception("no answer for unserved %s: redis unavailable", request.call_id)
+        result = store.finish(write, retry=retry)
+    except redis.RedisError as exc:
+        # The worker's main process: no Redis error may escape into Celery's consumer.
+        logger.error("no answer for unserved %s: %r", request.call_id, exc)
         return False
-    logger.warning("answered %s not_found: %s", request.call_id, outcome.error)
-    return won
+    logger.warning("answered %s not_found (%s): %s", request.call_id, result.name, outcome.error)
+    return result is WriteResult.WON
 
 
 def connect_unserved_answer(app: Celery, tools: ToolRegistry = registry) -> None:

@@ -2,11 +2,12 @@
 
 `celery flower` run without `--broker` watches AMQP on localhost, not toolloop's Redis. This command builds
 the Celery app the workers build (`workers.app.create_app`: the broker of `TOOLLOOP_BROKER_URL` or
-`TOOLLOOP_REDIS_URL`, with the same `broker_use_ssl` for `rediss://`) and runs Flower on it. Basic auth is
-Flower's own, from `FLOWER_BASIC_AUTH=user:password`; Flower's HTTP API stays behind it
-(`FLOWER_UNAUTHENTICATED_API=false` unless set). Bound to an address other machines reach, it refuses to
-start without authentication unless told `--allow-no-auth`. Any other option is Flower's own and passed on
-as is (`--tasks_columns=name,uuid,state,kwargs`, `--basic_auth=user:password`, …).
+`TOOLLOOP_REDIS_URL`, with the same `broker_use_ssl` for `rediss://`, and for a `sentinel://` URL the
+`master_name` transport option from `TOOLLOOP_REDIS_MASTER_NAME`, which Flower's broker view reads too) and
+runs Flower on it. Basic auth is Flower's own, from `FLOWER_BASIC_AUTH=user:password`; Flower's HTTP API
+stays behind it (`FLOWER_UNAUTHENTICATED_API=false` unless set). Bound to an address other machines reach,
+it refuses to start without authentication unless told `--allow-no-auth`. Any other option is Flower's own
+and passed on as is (`--tasks_columns=name,uuid,state,kwargs`, `--basic_auth=user:password`, …).
 
 Exit codes: 0 stopped (SIGTERM, SIGINT); 2 usage error (no authentication on a non-loopback address).
 """

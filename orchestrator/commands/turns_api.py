@@ -16,8 +16,10 @@ import redis
 import typer
 from pydantic import ValidationError
 
+from orchestrator.errors import RedisUnavailableError
 from orchestrator.model import TurnStatus
 from orchestrator.settings import get_settings
+from orchestrator.store.connection import build_shown_url
 
 EXIT_NOT_FOUND = 1
 # A turn that ended stopped, failed or cancelled: `submit --wait` fails as `toolloop call` does for a failed
@@ -83,6 +85,16 @@ def build_timeout_message(turn_id: str, status: TurnStatus | None, timeout_s: fl
     return f"turn {turn_id} did not end within {timeout_s:g} s ({state}; toolloop show {turn_id})"
 
 
+def build_redis_failure(redis_url: str, exc: redis.RedisError) -> str:
+    """The one line `submit` says when Redis failed it: the URL (password hidden) and why.
+
+    The clients ride out a restart (`store.runner.Patience`): what gets here outlasted their patience, and
+    says so itself, or is a refusal no retry mends (a wrong password)."""
+    if isinstance(exc, RedisUnavailableError):
+        return str(exc)
+    return f"cannot reach Redis at {build_shown_url(redis_url)}: {' '.join(str(exc).split())}"
+
+
 def submit_command(
     *,
     prompt: Annotated[str, typer.Option("--prompt", help="The user's message.")],
@@ -111,7 +123,7 @@ def submit_command(
 
     4: not ended within --timeout (the turn goes on). 2: bad input (unknown tool, bad model). 3: no Redis.
     """
-    from orchestrator.client import Client
+    from orchestrator.client import Client, RedisUnavailableError
 
     settings = get_settings()
     try:
@@ -130,6 +142,8 @@ def submit_command(
                 return
             try:
                 outcome = client.wait(turn_id, timeout=timeout)
+            except RedisUnavailableError:
+                raise  # a TimeoutError too, but the turn's status cannot be read: Redis is what failed
             except TimeoutError:
                 status = client.store.get_status(turn_id)
                 _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
@@ -138,7 +152,7 @@ def submit_command(
     except ValueError as exc:
         _fail(str(exc), EXIT_USAGE)
     except redis.RedisError as exc:
-        _fail(f"cannot reach Redis at {settings.redis_url}: {exc}", EXIT_REDIS)
+        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
     typer.echo(json.dumps(outcome.model_dump(mode="json"), indent=2, ensure_ascii=False))
     if outcome.status != TurnStatus.COMPLETED.value:
         reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
@@ -147,18 +161,29 @@ def submit_command(
 
 
 def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit printed.")]) -> None:
-    """Print a turn's status, request, transcript so far and outcome as JSON."""
+    """Print a turn's status, request, transcript so far and outcome as JSON.
+
+    A turn lost when Redis came back without its data shows as failed, its error saying so (and one line on
+    stderr); for an unknown id, the data losses Redis is known to have had are named.
+    """
     from orchestrator.client import Client, UnknownTurnError
+    from orchestrator.store import losses
+    from orchestrator.store.runner import SyncRunner
 
     settings = get_settings()
     try:
         with Client(settings=settings) as client:
-            view = client.get(turn_id)
-    except UnknownTurnError as exc:
-        _fail(f"{exc.args[0]} (never submitted, or expired)", EXIT_NOT_FOUND)
+            try:
+                view = client.get(turn_id)
+            except UnknownTurnError as exc:
+                known = SyncRunner(client.redis).run(losses.read_losses())
+                _fail(losses.build_unknown_turn_message(exc.args[0], known), EXIT_NOT_FOUND)
     except redis.RedisError as exc:
-        _fail(f"cannot reach Redis at {settings.redis_url}: {exc}", EXIT_REDIS)
+        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
     typer.echo(json.dumps(view.model_dump(mode="json"), indent=2, ensure_ascii=False))
+    if losses.is_lost_outcome(view.outcome):
+        assert view.outcome is not None and view.outcome.error is not None
+        typer.echo(f"error: turn {turn_id} was lost: {view.outcome.error.message}", err=True)
 
 
 # How long a stopping API lets requests in progress finish before it closes them (an SSE stream ends at

@@ -8,6 +8,7 @@ One module per thing owned, each calling only downwards (nothing calls back up i
     adopt     what adopting reads and filters: the model of a new turn, outcomes missed while unowned
     handle    TurnHandle: one turn's state (parsed, or parked as its saved JSON), lock and tasks
     perform   Performer: an I/O command in, the events it produces out (at once, or from slow work)
+    durability DurabilityWatcher: Redis's run id watched; turns lost with its data told, counted, recorded
     publish   Publisher (one thread, batched and retried publishes, batched revokes), send options, limits
     inbox     inbox entries → machine events, and call ids on the wire (pure)
     timers    the one timer heap of all turns

@@ -13,12 +13,16 @@ each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked 
 
 Steps of one turn are serialised by its lock; different turns interleave freely. The process hands events
 in through `deliver` / `defer` (inbox notifications) and the timer heap fires `TimerFired` here.
+
+Redis failing never abandons a turn: each Redis call of a step is retried (`RedisRetry`) under the turn's
+lock, its state kept, until it lands, is refused (lease lost: dropped) or the process stops (released).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -41,6 +45,7 @@ from orchestrator.machine.events import (
 )
 from orchestrator.machine.state import TurnState, dump_state, find_call, load_state
 from orchestrator.model import TurnStatus
+from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
 from orchestrator.runtime.adopt import Adopted, drop_dispatches, read_missed_outcomes, resolve_turn_model
 from orchestrator.runtime.handle import TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
@@ -54,7 +59,6 @@ log = logging.getLogger("toolloop.orchestrator")
 
 # How long a call's `started` notification may wait for its outcome, to be stepped with it (see `defer`).
 STARTED_DELAY_S = 0.05
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 class TurnDriver:
@@ -70,8 +74,10 @@ class TurnDriver:
         hydrated_turns: int,
         lost_call_grace_s: float,
         policy: machine.Policy | None = None,
+        retry: RedisRetry | None = None,
     ) -> None:
         self._store = store
+        self._retry = retry or RedisRetry(RedisOutage(settings.redis_url))
         self._performer = performer
         self._settings = settings
         self._orchestrator_id = orchestrator_id
@@ -88,44 +94,22 @@ class TurnDriver:
     async def adopt(self, turn_id: str, *, how: str) -> None:
         """Load or start a claimed turn, then catch up on what happened while nobody owned it."""
         try:
-            adopted = await self._load(turn_id)
+            adopted = await self._retry.call("adopt", lambda: self._load(turn_id))
         except StateVersionError as exc:
             # A newer (or older) orchestrator wrote this state: leave the turn to one that reads it.
             log.error("turn %s: %s; releasing it", turn_id, exc)
-            await self._store.release(self._orchestrator_id, turn_id)
-            return
+            adopted = None
         except REDIS_ERRORS as exc:
-            log.warning("turn %s: could not load (%s); releasing it", turn_id, exc)
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self._store.release(self._orchestrator_id, turn_id)
-            return
+            log.warning("turn %s: could not load (%s) while stopping; releasing it", turn_id, exc)
+            adopted = None
         if adopted is None:
-            await self._store.release(self._orchestrator_id, turn_id)
+            await self._release(turn_id)
             return
         handle = TurnHandle(turn_id, adopted.state, conversation_id=adopted.conversation_id)
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
-            if adopted.state.terminal:
-                # The previous owner died between persisting the end and storing the outcome: the commands
-                # are its Finish, performed without saving the state again (the turn is over).
-                await self._perform(handle, adopted.state, adopted.commands)
-                return
-            commands: Sequence[Command] = adopted.commands
-            missed: list[ToolFinished] = []
-            if adopted.resumed:
-                # A call `machine.resume` sends again whose outcome is already stored is left out: its
-                # worker would only skip the delivery, and the outcome read here answers it.
-                missed = await read_missed_outcomes(self._store, adopted.state)
-                commands = drop_dispatches(commands, {e.outcome.call_id for e in missed})
-            # The state is saved (with the events of `machine.start` or `resume`) before any command runs: a
-            # resumed turn's commands re-arm its timers and repeat what died with its last owner; the
-            # outcomes written meanwhile are stepped after them.
-            await self._advance(handle, (), commands, save=True)
-            if missed and not handle.dropped:
-                await self._advance(handle, missed)
-            if not handle.dropped:
-                await self._read_control(handle)
+            await self._guarded(handle, self._start(handle, adopted))
         self._stepped(handle)
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
@@ -147,12 +131,40 @@ class TurnDriver:
         async with handle.lock:
             await self._drop(handle, release=release)
 
+    def lose(self, handle: TurnHandle) -> None:
+        """The turn's lease is lost: drop it, in a task of its own, once its step in progress ends (a step
+        retrying its save holds the lock until refused: the lease loop must not wait for that)."""
+        self._spawn(handle, self.drop(handle, release=False))
+
     async def drop_all(self) -> None:
         """Drop and release every turn (stopping): each state was persisted by the step that made it."""
         for handle in list(self.turns.values()):
             await self.drop(handle, release=True)
 
     # --- adopting --------------------------------------------------------------------------------------
+
+    async def _start(self, handle: TurnHandle, adopted: Adopted) -> None:
+        if adopted.state.terminal:
+            # The previous owner died between persisting the end and storing the outcome: the commands are
+            # its Finish, performed without saving the state again (the turn is over).
+            await self._perform(handle, adopted.state, adopted.commands)
+            return
+        commands: Sequence[Command] = adopted.commands
+        missed: list[ToolFinished] = []
+        if adopted.resumed:
+            # A call `machine.resume` sends again whose outcome is already stored is left out: its worker
+            # would only skip the delivery, and the outcome read here answers it.
+            read = functools.partial(read_missed_outcomes, self._store, adopted.state)
+            missed = await self._retry.call("adopt", read)
+            commands = drop_dispatches(commands, {e.outcome.call_id for e in missed})
+        # The state is saved (with the events of `machine.start` or `resume`) before any command runs: a
+        # resumed turn's commands re-arm its timers and repeat what died with its last owner; the outcomes
+        # written meanwhile are stepped after them.
+        await self._advance(handle, (), commands, save=True)
+        if missed and not handle.dropped:
+            await self._advance(handle, missed)
+        if not handle.dropped:
+            await self._read_control(handle)
 
     async def _load(self, turn_id: str) -> Adopted | None:
         """The turn's persisted state resumed, or a new one started from its request; None for neither."""
@@ -189,7 +201,8 @@ class TurnDriver:
         self._stepped(handle)
 
     async def _read_control(self, handle: TurnHandle) -> None:
-        requests = await self._store.read_control(handle.turn_id, handle.control_after)
+        read = functools.partial(self._store.read_control, handle.turn_id, handle.control_after)
+        requests = await self._retry.call("steps", read)
         if not requests:
             return
         handle.control_after = requests[-1].id
@@ -246,10 +259,21 @@ class TurnDriver:
         # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
         status = TurnStatus.RUNNING if state.terminal else state.status
         state_json = dump_state(state)
-        saved = await self._store.save_step(
-            handle.turn_id, state_json, status, emits, orchestrator_id=self._orchestrator_id
-        )
-        if not saved:
+        unsure = False
+
+        async def save() -> bool:
+            nonlocal unsure
+            # After a lost connection a try may have saved all but its reply; a refused one wrote nothing.
+            write = self._store.resave_step if unsure else self._store.save_step
+            try:
+                return await write(
+                    handle.turn_id, state_json, status, emits, orchestrator_id=self._orchestrator_id
+                )
+            except REDIS_ERRORS as exc:
+                unsure = unsure or not isinstance(exc, redis.exceptions.ResponseError)
+                raise
+
+        if not await self._retry.call("steps", save):
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.
             log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
             await self._drop(handle, release=False)
@@ -269,9 +293,14 @@ class TurnDriver:
             elif isinstance(command, CancelTimer):
                 self.timers.cancel(handle.turn_id, command.timer_id)
             elif isinstance(command, Finish):
-                await self._store.save_outcome(
-                    handle.turn_id, command.outcome, conversation_id=handle.conversation_id
+                # Retried until stored: a second try after a lost reply finds the turn terminal (False).
+                save = functools.partial(
+                    self._store.save_outcome,
+                    handle.turn_id,
+                    command.outcome,
+                    conversation_id=handle.conversation_id,
                 )
+                await self._retry.call("finish", save)
                 finishing = True
             else:
                 done = await self._performer.perform(handle.turn_id, state, command)
@@ -299,7 +328,7 @@ class TurnDriver:
                 await self._feed(handle, events)
         except asyncio.CancelledError:
             raise
-        except REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # only while stopping: until then, a step retries its Redis calls
             log.warning(
                 "turn %s: Redis error (%s); the turn resumes from its last state", handle.turn_id, exc
             )
@@ -353,8 +382,12 @@ class TurnDriver:
             if task is not current:
                 task.cancel()
         if release:
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self._store.release(self._orchestrator_id, handle.turn_id)
+            await self._release(handle.turn_id)
+
+    async def _release(self, turn_id: str) -> None:
+        # Best effort: a lease not released expires, and its turn is taken over as after a crash.
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self._store.release(self._orchestrator_id, turn_id)
 
 
 def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:

@@ -15,10 +15,15 @@ another:
     Revoke          later: one batched revoke broadcast → nothing
 
 Timers and `Finish` are not performed here: they are the turn's own bookkeeping, kept by the driver.
+
+A Redis write that fails (Redis unreachable, out of memory, read-only) is retried with capped backoff
+(`RedisRetry`) until it lands or the process stops; a publish that fails for want of Redis is retried by the
+`Publisher` until it goes out. Neither answers a call for the want of Redis.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -42,6 +47,7 @@ from orchestrator.machine.events import (
 )
 from orchestrator.machine.state import TurnState
 from orchestrator.model import ProviderError, Turn
+from orchestrator.outage import RedisOutage, RedisRetry
 from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
@@ -107,9 +113,12 @@ class Performer:
         models: ModelClients,
         clock: Callable[[], float] = time.time,
         catalogue: CatalogueView | None = None,
+        retry: RedisRetry | None = None,
     ) -> None:
-        """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's)."""
+        """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
+        `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis)."""
         self._store = store
+        self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
         self._models = models
         self._clock = clock
@@ -121,7 +130,10 @@ class Performer:
             case WriteOutcomes():
                 return [await self._write(outcome) for outcome in command.outcomes]
             case Emit():
-                await self._store.append_event(turn_id, command.event_name, command.data)
+                append = functools.partial(
+                    self._store.append_event, turn_id, command.event_name, command.data
+                )
+                await self._retry.call("events", append)
             case AwaitApproval():
                 log.info("turn %s waits for approval of %s", turn_id, ", ".join(command.call_ids))
             case CallModel():
@@ -140,7 +152,9 @@ class Performer:
         await self._models.aclose()
 
     async def _write(self, outcome: ToolOutcome) -> ToolFinished:
-        winner = await self._store.write_outcome(to_wire_outcome(outcome))
+        write = functools.partial(self._store.write_outcome, to_wire_outcome(outcome))
+        # First writer wins: a try again after a lost reply gets the outcome stored, ours or an earlier one.
+        winner = await self._retry.call("outcomes", write)
         return ToolFinished(outcome=to_local_outcome(winner), at=self._clock())
 
     # --- model calls -----------------------------------------------------------------------------------

@@ -15,8 +15,13 @@ written while nobody owned the turn notified nobody).
 Stopping (SIGTERM, SIGINT, `request_stop`) cancels whatever the process waits on — registering, a blocking
 read, a pause before retrying — so it ends within seconds whatever state Redis is in; what it still owes
 Redis then (releasing leases, unregistering) gets `STOP_REDIS_S` at most, as a lease left behind expires and
-its turn is taken over. While Redis is unreachable, `RedisOutage` says so once — not a warning per failed
-read of every loop — then every `OUTAGE_REPORT_S`, and once more when it is back.
+its turn is taken over.
+
+No Redis failure ends the process: Redis unreachable, out of memory (`noeviction`) or read-only, every loop
+retries with capped backoff (`orchestrator.outage`), and a turn's step retries its save until it lands.
+`RedisOutage` tells the operator once what kind of outage it is — not a warning per failed call of every
+loop — then every `OUTAGE_REPORT_S`, and once more when it is over; `toolloop_redis_errors_total` counts
+every retry by loop and exception class.
 """
 
 from __future__ import annotations
@@ -29,16 +34,16 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 from celery import Celery
-from kombu.utils.url import maybe_sanitize_url
 
 from orchestrator.machine.events import Event, ToolFinished
+from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
 from orchestrator.providers.registry import ModelClients
-from orchestrator.runtime.driver import REDIS_ERRORS, TurnDriver
+from orchestrator.runtime.driver import TurnDriver
+from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.runtime.perform import Performer
 from orchestrator.runtime.publish import Publisher, get_producer_app
@@ -47,67 +52,28 @@ from orchestrator.store.turns import TurnStore
 
 log = logging.getLogger("toolloop.orchestrator")
 
+__all__ = [
+    "OUTAGE_REPORT_S",
+    "STOP_REDIS_S",
+    "RedisOutage",
+    "Runtime",
+    "RuntimeOptions",
+    "build_orchestrator_id",
+    "serve",
+]
+
 # How long one blocking Redis read waits (a stop request cancels it at once).
 BLOCK_S = 1.0
-# Pause after a Redis error before a loop tries again (Redis briefly unavailable must not kill the process).
-REDIS_RETRY_S = 0.5
 # How often the inbox stream is trimmed up to what was handled.
 INBOX_ACK_S = 1.0
 # How long a stopping orchestrator waits for Redis at most (releasing leases, unregistering): past it a lease
 # is left to expire, and its turn is taken over as after a crash.
 STOP_REDIS_S = 3.0
-# While Redis stays unreachable, how often that is said again (the first failure is said at once).
-OUTAGE_REPORT_S = 10.0
 
 
 def build_orchestrator_id() -> str:
     """A unique, readable id: host, pid and a random suffix (a restarted process never reuses one)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-class RedisOutage:
-    """Tells an operator plainly that Redis is unreachable, instead of a warning per failed read.
-
-    One line naming the URL (its password hidden) at the first failure, one every `report_s` while the
-    outage lasts, and one when Redis answers again. Every loop reports to the same instance, so an outage
-    is one story however many loops notice it.
-    """
-
-    def __init__(
-        self,
-        redis_url: str,
-        *,
-        report_s: float = OUTAGE_REPORT_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.url = maybe_sanitize_url(redis_url)
-        self.report_s = report_s
-        self._clock = clock
-        self._since: float | None = None
-        self._reported_at = 0.0
-
-    @property
-    def ongoing(self) -> bool:
-        """True from a failure until the next success."""
-        return self._since is not None
-
-    def failed(self, exc: BaseException) -> None:
-        """A Redis call failed for want of Redis: say so now, or if the last time is `report_s` ago."""
-        now = self._clock()
-        if self._since is None:
-            self._since = self._reported_at = now
-            log.warning("Redis at %s is unreachable (%s); retrying until it is back", self.url, exc)
-        elif now - self._reported_at >= self.report_s:
-            self._reported_at = now
-            log.warning(
-                "Redis at %s still unreachable after %.0f s (%s); retrying", self.url, now - self._since, exc
-            )
-
-    def succeeded(self) -> None:
-        """A Redis call succeeded: if an outage was told, tell that it is over."""
-        if self._since is not None:
-            log.info("Redis at %s is back after %.1f s", self.url, self._clock() - self._since)
-            self._since = None
 
 
 @dataclass
@@ -150,13 +116,16 @@ class Runtime:
         self.settings = settings
         self.options = options or RuntimeOptions.from_settings(settings)
         self.orchestrator_id = orchestrator_id or build_orchestrator_id()
-        self._stopping = asyncio.Event()
         self.outage = RedisOutage(settings.redis_url)
+        # One retry policy for every loop and turn: a stop request ends their pauses at once.
+        self.retry = RedisRetry(self.outage)
+        self._stopping = self.retry.stopping
         self.performer = Performer(
             store=store,
-            publisher=Publisher(celery_app),
+            publisher=Publisher(celery_app, self.retry),
             # No retries inside a client: the state machine counts model retries.
             models=ModelClients(settings, http, max_retries=0),
+            retry=self.retry,
         )
         self.driver = TurnDriver(
             store=store,
@@ -165,8 +134,16 @@ class Runtime:
             orchestrator_id=self.orchestrator_id,
             hydrated_turns=self.options.hydrated_turns,
             lost_call_grace_s=self.options.lost_call_grace_s,
+            retry=self.retry,
         )
         self.turns = self.driver.turns
+        self.durability = DurabilityWatcher(
+            store=store,
+            driver=self.driver,
+            orchestrator_id=self.orchestrator_id,
+            redis_url=self.outage.url,
+            interval_s=build_watch_interval(self.options.lease_ttl_s),
+        )
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -191,6 +168,8 @@ class Runtime:
             if serving in done:
                 serving.result()  # a loop that ended on its own is a bug: surface it
         finally:
+            # However `run` ends (its task cancelled included), the turns' retries give up from here on.
+            self._stopping.set()
             for task in (serving, stop):
                 task.cancel()
             await asyncio.gather(serving, stop, return_exceptions=True)
@@ -205,6 +184,7 @@ class Runtime:
             asyncio.create_task(self._lease_loop(), name="leases"),
             asyncio.create_task(self._orphan_loop(), name="orphans"),
             asyncio.create_task(self.driver.timers.run(), name="timers"),
+            asyncio.create_task(self.durability.run(), name="durability"),
         ]
         try:
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
@@ -216,30 +196,24 @@ class Runtime:
             await asyncio.gather(*loops, return_exceptions=True)
 
     async def _register(self) -> None:
-        while True:
-            try:
-                await self.store.register_orchestrator(self.orchestrator_id)
-            except REDIS_ERRORS as exc:
-                self.outage.failed(exc)
-                await asyncio.sleep(REDIS_RETRY_S)
-                continue
-            self.outage.succeeded()
-            return
+        await self.retry.call("register", lambda: self.store.register_orchestrator(self.orchestrator_id))
 
     async def _shutdown(self) -> None:
         # Every step persists its state before acting, so stopping is: wait for steps in progress, drop the
         # in-flight work (the next owner redoes or re-reads it), release the leases. A Redis that does not
-        # answer gets STOP_REDIS_S in all: what is left undone then is what a crash leaves.
+        # answer gets STOP_REDIS_S in all: what is left undone then is what a crash leaves. Whatever Redis
+        # does meanwhile (unreachable, out of memory, read-only), this never raises.
         deadline = asyncio.get_running_loop().time() + STOP_REDIS_S
         try:
             async with asyncio.timeout_at(deadline):
                 await self.driver.drop_all()
-        except TimeoutError:
+        except REDIS_ERRORS as exc:  # TimeoutError included
             log.warning(
-                "Redis at %s did not answer within %.0f s while stopping: the leases not released expire "
-                "and their turns are taken over",
+                "Redis at %s did not do what stopping asks within %.0f s (%s): the leases not released "
+                "expire and their turns are taken over",
                 self.outage.url,
                 STOP_REDIS_S,
+                str(exc) or "timed out",
             )
         await self.performer.aclose()
         with contextlib.suppress(*REDIS_ERRORS):
@@ -250,6 +224,7 @@ class Runtime:
     # --- the loops -------------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        backoff = Backoff(self.retry, "claim")
         while not self._stopping.is_set():
             if len(self.turns) >= self.options.max_turns:
                 await asyncio.sleep(BLOCK_S)
@@ -259,15 +234,16 @@ class Runtime:
                     self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
                 )
             except REDIS_ERRORS as exc:
-                self.outage.failed(exc)
-                await asyncio.sleep(REDIS_RETRY_S)
+                await self.retry.pause(backoff.failed(exc))
                 continue
-            self.outage.succeeded()
+            backoff.succeeded()
             if turn_id is not None:
                 await self.driver.adopt(turn_id, how="claimed")
 
     async def _orphan_loop(self) -> None:
+        backoff = Backoff(self.retry, "orphans")
         while True:
+            # The scan period is the pause after a failure too: orphans are only ever waited for.
             await asyncio.sleep(self.options.orphan_scan_s)
             try:
                 orphans = await self.store.find_orphans()
@@ -279,29 +255,50 @@ class Runtime:
                     ):
                         await self.driver.adopt(turn_id, how="taken_over")
             except REDIS_ERRORS as exc:
-                self.outage.failed(exc)
+                backoff.failed(exc)
             else:
-                self.outage.succeeded()
+                backoff.succeeded()
 
     async def _lease_loop(self) -> None:
+        # The renewal period is the pause after a failure too: a longer one would let the leases expire.
+        renewing, beating = Backoff(self.retry, "leases"), Backoff(self.retry, "heartbeat")
         while True:
             await asyncio.sleep(self.options.lease_ttl_s / 3)
+            # Leases first, whatever the heartbeat does: renewing adds no memory (PEXPIRE), so a Redis out of
+            # memory that refuses the heartbeat still leaves this process its turns.
             try:
-                await self.store.heartbeat(self.orchestrator_id)
                 lost = await self.store.renew_leases(
                     self.orchestrator_id, list(self.turns), self.options.lease_ttl_s
                 )
             except REDIS_ERRORS as exc:
-                self.outage.failed(exc)
-                continue
-            self.outage.succeeded()
+                renewing.failed(exc)
+                lost = set()
+            else:
+                renewing.succeeded()
+            try:
+                await self.store.heartbeat(self.orchestrator_id)
+            except REDIS_ERRORS as exc:
+                beating.failed(exc)
+            else:
+                beating.succeeded()
+            if lost:
+                # A lease gone with the whole of Redis's data is a loss, told and recorded as such (not as a
+                # lease taken by a peer): the watcher looks first.
+                lost -= await self._check_durability()
             for turn_id in lost:
                 handle = self.turns.get(turn_id)
                 if handle is not None:
                     log.warning("lease of %s lost: dropping the turn", turn_id)
-                    await self.driver.drop(handle, release=False)
+                    self.driver.lose(handle)
+
+    async def _check_durability(self) -> set[str]:
+        try:
+            return await self.durability.check()
+        except REDIS_ERRORS:
+            return set()  # the watcher's own loop says why, and looks again
 
     async def _inbox_loop(self) -> None:
+        backoff = Backoff(self.retry, "inbox")
         after = "0"
         acked = "0"
         acked_at = time.monotonic()
@@ -311,6 +308,8 @@ class Runtime:
                     self.orchestrator_id, after, block_ms=int(BLOCK_S * 1000)
                 )
                 if entries:
+                    # `after` moves past entries only once they are handled: a batch whose outcomes could
+                    # not be read is read again (nothing of it was delivered).
                     await self._handle_inbox(entries)
                     after = entries[-1][0]
                 # Trimming only bounds the stream's memory (entries are read by id, never twice): once per
@@ -319,10 +318,9 @@ class Runtime:
                     await self.store.ack_inbox(self.orchestrator_id, after)
                     acked, acked_at = after, time.monotonic()
             except REDIS_ERRORS as exc:
-                self.outage.failed(exc)
-                await asyncio.sleep(REDIS_RETRY_S)
+                await self.retry.pause(backoff.failed(exc))
                 continue
-            self.outage.succeeded()
+            backoff.succeeded()
 
     async def _handle_inbox(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         batch = parse_inbox(entries)

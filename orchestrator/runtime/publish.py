@@ -4,8 +4,9 @@
 just past the turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still
 queued then never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call
 id. `Publisher` is what the orchestrator process publishes and revokes through: one thread, batched
-publishes retried with backoff, batched revocations. `dispatch_call` / `revoke_call` publish or revoke one
-call directly (short blocking calls: run them off the event loop with `asyncio.to_thread`).
+publishes retried with backoff (for want of Redis, until they go out), batched revocations. `dispatch_call`
+/ `revoke_call` publish or revoke one call directly (short blocking calls: run them off the event loop with
+`asyncio.to_thread`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from celery import Celery
 
+from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_redis_failure
 from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import WorkerSettings
@@ -33,9 +35,9 @@ log = logging.getLogger("toolloop.orchestrator")
 DEADLINE_MARGIN_S = 1.0
 # A capped soft limit falls this far into the margin: after the deadline, still before the hard limit.
 _SOFT_MARGIN_FRACTION = 0.5
-# Publishing is retried a few times (Redis briefly unavailable) before the call is answered as lost.
+# A publish that fails for another reason than Redis (a message the broker refuses) is tried this many times
+# before its call is answered as lost; one that fails for want of Redis is retried until it goes out.
 PUBLISH_ATTEMPTS = 4
-PUBLISH_BACKOFF_S = 0.5
 # Revocations asked for within this window go out in one broadcast.
 REVOKE_BATCH_S = 0.02
 
@@ -122,7 +124,8 @@ _producers_lock = threading.Lock()
 
 def get_producer_app(settings: WorkerSettings) -> Celery:
     """One producer app per broker URL and process (building a Celery app per call is wasteful)."""
-    key = f"{settings.effective_broker_url}|{settings.redis_url}"
+    # The master name is part of where a Sentinel URL leads.
+    key = f"{settings.effective_broker_url}|{settings.redis_url}|{settings.redis_master_name}"
     with _producers_lock:
         app = _producers.get(key)
         if app is None:
@@ -140,28 +143,43 @@ class Publisher:
     contend for the GIL with the event loop.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, retry: RedisRetry | None = None) -> None:
         self._app = app
+        self._retry = retry or RedisRetry(RedisOutage(str(app.conf.broker_url or "")))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
         # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
         self._revokes: tuple[list[str], asyncio.Future[None]] | None = None
 
     async def publish(self, sends: Sequence[Send]) -> dict[str, Exception]:
-        """Publish each (spec, request, task id), retrying failures up to PUBLISH_ATTEMPTS times with backoff.
+        """Publish each (spec, request, task id), retrying failures with capped backoff.
 
-        Returns the last error of each send never published, by task id (empty when all went out).
+        A send that fails for want of Redis (unreachable, out of memory, read-only) is retried until it goes
+        out — the turn's deadline answers a call that never does, and a task cancelled (its turn dropped)
+        leaves the dispatch to the turn's next owner; one that fails otherwise, PUBLISH_ATTEMPTS times.
+        Returns the last error of each send given up, by task id (empty when all went out).
         """
-        errors: dict[str, Exception] = {}
-        for attempt in range(PUBLISH_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(PUBLISH_BACKOFF_S * 2 ** (attempt - 1))
+        lost: dict[str, Exception] = {}
+        failures = down = 0  # rounds with another failure; rounds with Redis failing
+        while sends:
             errors = await self._publish_once(sends)
+            redis_errors = [exc for exc in errors.values() if is_redis_failure(exc)]
+            if redis_errors:
+                down += 1
+                self._retry.outage.failed(redis_errors[0], "publish")
+            else:
+                self._retry.outage.succeeded()
+            if len(redis_errors) < len(errors):
+                failures += 1
             for task_id, exc in errors.items():
-                log.warning("publishing %s failed (%s); attempt %d", task_id, exc, attempt + 1)
-            sends = [send for send in sends if send[2] in errors]
-            if not sends:
-                break
-        return errors
+                if not is_redis_failure(exc):
+                    log.warning("publishing %s failed (%s); attempt %d", task_id, exc, failures)
+                    if failures >= PUBLISH_ATTEMPTS:
+                        lost[task_id] = exc
+            sends = [send for send in sends if send[2] in errors and send[2] not in lost]
+            if sends:
+                # Not cut short by a stop: the task is cancelled then, if its turn is dropped.
+                await asyncio.sleep(build_backoff_s(max(failures, down)))
+        return lost
 
     async def _publish_once(self, sends: Sequence[Send]) -> dict[str, Exception]:
         if not sends:

@@ -10,6 +10,7 @@ well under that timeout, and whoever waits longer loops in steps until its own d
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import redis
@@ -21,21 +22,37 @@ from workers.connect import connect_redis, connect_redis_async
 MAX_BLOCK_MS = 2000
 _SOCKET_TIMEOUT_SHARE = 0.4
 _ASSUMED_SOCKET_TIMEOUT_S = 5.0
+# The password of a URL's user part (`redis://user:secret@host`), in each URL of a `;`-separated list
+# (Celery's Sentinel form), and a `password=` query option.
+_URL_PASSWORD = re.compile(r"(?<=://)([^:/@;]*):[^/;]*@")
+_QUERY_PASSWORD = re.compile(r"(?<=[?&]password=)[^&;]*")
 
 
-def connect_sync(redis_url: str, ssl_cert_reqs: str = "required") -> redis.Redis:
+def connect_sync(
+    redis_url: str, ssl_cert_reqs: str = "required", *, master_name: str | None = None
+) -> redis.Redis:
     """The sync Redis client every sync reader uses (`Client`, direct calls): decoded replies, and for
-    `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout."""
-    return connect_redis(redis_url, ssl_cert_reqs)
+    `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout. For a
+    `sentinel://` URL, a client of the current master of `master_name` (default:
+    `TOOLLOOP_REDIS_MASTER_NAME`)."""
+    return connect_redis(redis_url, ssl_cert_reqs, master_name=master_name)
 
 
-def connect_async(redis_url: str, ssl_cert_reqs: str = "required") -> aioredis.Redis:
+def connect_async(
+    redis_url: str, ssl_cert_reqs: str = "required", *, master_name: str | None = None
+) -> aioredis.Redis:
     """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
-    return connect_redis_async(redis_url, ssl_cert_reqs)
+    return connect_redis_async(redis_url, ssl_cert_reqs, master_name=master_name)
+
+
+def build_shown_url(redis_url: str) -> str:
+    """`redis_url` as a person may be shown it (an error, a log line): every password replaced by `**`."""
+    return _QUERY_PASSWORD.sub("**", _URL_PASSWORD.sub(r"\1:**@", redis_url))
 
 
 def _socket_timeout_s(client: Any) -> float | None:
-    # The read timeout redis-py applies on `client`'s connections (sync or asyncio); None: no timeout.
+    # The read timeout redis-py applies on `client`'s connections (sync or asyncio); None: no timeout. A
+    # Sentinel pool is a connection pool too: its kwargs and connection class say the same of the master's.
     pool = client.connection_pool
     if "socket_timeout" in pool.connection_kwargs:
         value = pool.connection_kwargs["socket_timeout"]

@@ -5,18 +5,33 @@ only in whether the reply must be awaited, so `send` starts any operation on eit
 reply, `AsyncRunner` awaits it. A flow is driven step by step: each step performed, its parsed reply sent
 back in, until the flow returns (`run_flow`) or, for a stream, ends (`iter_flow`, yielding what it emits).
 Redis errors propagate as `redis.RedisError`; an error a parser or a flow raises propagates as it is.
+
+Riding out an outage (a restart, a failover) is the runners' one retry policy, for whoever passes a
+`Patience`: an operation Redis could not answer for want of Redis (`is_transient`) is sent again with capped
+backoff (`workers.redis_retry.build_backoff_s`) until it is answered or the patience runs out, then
+`RedisUnavailableError` (a `redis.ConnectionError` naming the URL, password hidden). A flow never sees the
+failure: it gets the reply of the retried operation, so a follower of a stream reads again from the last id
+it handed out (nothing lost, nothing repeated). Only operations are retried, never a `BlockingCall`.
+Retrying a write is safe for the writes the clients make: `submit.lua` stores a turn id once (a retry finds
+it and is a no-op), and a repeated cancel or approval changes nothing (the machine ignores a second one).
+Without a patience (the orchestrator runtime's own calls, which retry in their loops) an error propagates at
+once, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Iterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, assert_never
 
 import redis
 import redis.asyncio as aioredis
+from redis import exceptions as rx
 
+from orchestrator.errors import RedisUnavailableError
 from orchestrator.store.effects import (
     BlockingCall,
     Effect,
@@ -28,9 +43,79 @@ from orchestrator.store.effects import (
     Stream,
     Transaction,
 )
+from workers.redis_retry import build_backoff_s, is_unavailable
 from workers.scripts import Script
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+# How long a client's call without a deadline of its own (submit, get, cancel…) waits for Redis to come back:
+# longer than a restart, well under what a web request may take.
+DEFAULT_RETRY_S = 10.0
+# Connection errors that no wait mends: a wrong password or a user without the right.
+NEVER_RETRIED: tuple[type[Exception], ...] = (rx.AuthenticationError, rx.AuthorizationError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a failure that says "Redis is not there right now": down, restarting, still loading its data,
+    a master demoted by a failover, a Sentinel without a master, out of memory until something frees it.
+
+    The workers' classification (`workers.redis_retry.is_unavailable`, refusals met inside a script
+    included), so both sides ride out the same failures; a wrong password is not among them."""
+    return is_unavailable(exc) and not isinstance(exc, NEVER_RETRIED)
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long a runner retries an operation Redis could not answer: until `until` on `clock`; None: as long
+    as it takes (a follower of events, which has no deadline of its own)."""
+
+    until: float | None
+    clock: Clock = time.monotonic
+
+    @classmethod
+    def for_s(cls, seconds: float | None, clock: Clock = time.monotonic) -> Patience:
+        """Patience for `seconds` from now (None: endless)."""
+        return cls(None if seconds is None else clock() + seconds, clock)
+
+    def build_pause_s(self, failures: int) -> float | None:
+        """The pause after `failures` failed tries: capped backoff, ending by `until`; None once past it."""
+        backoff = build_backoff_s(failures)
+        if self.until is None:
+            return backoff
+        left = self.until - self.clock()
+        return None if left <= 0 else min(backoff, left)
+
+
+class Outage:
+    """The failed tries of one operation: the pause before the next, one log line at the first failure and
+    one when Redis answers again, and `RedisUnavailableError` once the patience has run out."""
+
+    def __init__(self, patience: Patience, where: str) -> None:
+        self.patience = patience
+        self.where = where
+        self.failures = 0
+        self.since = patience.clock()
+
+    def failed(self, exc: Exception) -> float:
+        """The pause before the next try of the operation that raised `exc`; raises when not to retry."""
+        if not is_transient(exc):
+            raise exc
+        self.failures += 1
+        pause = self.patience.build_pause_s(self.failures)
+        waited = self.patience.clock() - self.since
+        if pause is None:
+            raise RedisUnavailableError(self.where, waited, exc) from exc
+        if self.failures == 1:
+            log.warning("Redis at %s unavailable (%s); retrying until it is back", self.where, exc)
+        return pause
+
+    def ended(self) -> None:
+        """The operation was answered: say so if it had failed."""
+        if self.failures:
+            waited = self.patience.clock() - self.since
+            log.info("Redis at %s answered again after %.1f s", self.where, waited)
 
 
 def send(client: Any, operation: Operation[Any], registered: dict[Script, Any]) -> Any:
@@ -71,70 +156,102 @@ def advance(flow: Generator[Any, Any, T], reply: Any) -> Effect | Item[Any] | Do
 
 
 class SyncRunner:
-    """Performs operations and flows on a sync Redis client."""
+    """Performs operations and flows on a sync Redis client; `where` names it in errors (password hidden)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(
+        self, client: redis.Redis, *, where: str = "Redis", sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.client = client
+        self.where = where
+        self._sleep = sleep
         self._registered: dict[Script, Any] = {}
 
-    def run(self, operation: Operation[T]) -> T:
-        """One round trip: the parsed reply of `operation`."""
-        return operation.parse(send(self.client, operation, self._registered))
+    def run(self, operation: Operation[T], patience: Patience | None = None) -> T:
+        """One round trip: the parsed reply of `operation`, retried while Redis is away within `patience`."""
+        if patience is None:
+            return operation.parse(send(self.client, operation, self._registered))
+        outage = Outage(patience, self.where)
+        while True:
+            try:
+                reply = send(self.client, operation, self._registered)
+            except rx.RedisError as exc:
+                self._sleep(outage.failed(exc))
+                continue
+            outage.ended()
+            return operation.parse(reply)
 
-    def perform(self, step: Effect | Item[Any]) -> Any:
+    def perform(self, step: Effect | Item[Any], patience: Patience | None = None) -> Any:
         """What a flow gets back for `step` (None for an `Item`)."""
         if isinstance(step, Item):
             return None
         if isinstance(step, BlockingCall):
             return step.call()
-        return self.run(step)
+        return self.run(step, patience)
 
-    def run_flow(self, flow: Flow[T]) -> T:
+    def run_flow(self, flow: Flow[T], patience: Patience | None = None) -> T:
         """Drive `flow` to its end; its result."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
-            reply = self.perform(step)
+            reply = self.perform(step, patience)
         return step.value
 
-    def iter_flow(self, flow: Stream[T]) -> Iterator[T]:
+    def iter_flow(self, flow: Stream[T], patience: Patience | None = None) -> Iterator[T]:
         """Drive `flow`, yielding each value it emits, as it emits it."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
             if isinstance(step, Item):
                 yield step.value
-            reply = self.perform(step)
+            reply = self.perform(step, patience)
 
 
 class AsyncRunner:
     """`SyncRunner` on an asyncio Redis client; a `BlockingCall` runs in a thread, off the event loop."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        where: str = "Redis",
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.client = client
+        self.where = where
+        self._sleep = sleep
         self._registered: dict[Script, Any] = {}
 
-    async def run(self, operation: Operation[T]) -> T:
-        """One round trip: the parsed reply of `operation`."""
-        return operation.parse(await send(self.client, operation, self._registered))
+    async def run(self, operation: Operation[T], patience: Patience | None = None) -> T:
+        """One round trip: the parsed reply of `operation`, retried while Redis is away within `patience`."""
+        if patience is None:
+            return operation.parse(await send(self.client, operation, self._registered))
+        outage = Outage(patience, self.where)
+        while True:
+            try:
+                reply = await send(self.client, operation, self._registered)
+            except rx.RedisError as exc:
+                await self._sleep(outage.failed(exc))
+                continue
+            outage.ended()
+            return operation.parse(reply)
 
-    async def perform(self, step: Effect | Item[Any]) -> Any:
+    async def perform(self, step: Effect | Item[Any], patience: Patience | None = None) -> Any:
         """What a flow gets back for `step` (None for an `Item`)."""
         if isinstance(step, Item):
             return None
         if isinstance(step, BlockingCall):
             return await asyncio.to_thread(step.call)
-        return await self.run(step)
+        return await self.run(step, patience)
 
-    async def run_flow(self, flow: Flow[T]) -> T:
+    async def run_flow(self, flow: Flow[T], patience: Patience | None = None) -> T:
         """Drive `flow` to its end; its result."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
-            reply = await self.perform(step)
+            reply = await self.perform(step, patience)
         return step.value
 
-    async def iter_flow(self, flow: Stream[T]) -> AsyncIterator[T]:
+    async def iter_flow(self, flow: Stream[T], patience: Patience | None = None) -> AsyncIterator[T]:
         """Drive `flow`, yielding each value it emits, as it emits it."""
         reply: Any = None
         while not isinstance(step := advance(flow, reply), Done):
             if isinstance(step, Item):
                 yield step.value
-            reply = await self.perform(step)
+            reply = await self.perform(step, patience)

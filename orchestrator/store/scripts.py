@@ -57,6 +57,7 @@ RENEW = load_script(_PACKAGE, "renew")
 SAVE_STEP = load_script(_PACKAGE, "save_step")
 SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
 CONTROL = load_script(_PACKAGE, "control")
+RECORD_LOST = load_script(_PACKAGE, "record_lost")
 
 
 class SubmitResult(IntEnum):

@@ -176,6 +176,23 @@ class TurnStore:
         flow = flows.save_outcome(turn_id, outcome, conversation_id, codec.now_s())
         return await self._runner.run_flow(flow) is FinishResult.FINISHED
 
+    async def resave_step(
+        self,
+        turn_id: str,
+        state_json: str,
+        status: TurnStatus,
+        events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        *,
+        orchestrator_id: str | None = None,
+    ) -> bool:
+        """`save_step` again after a try whose reply was lost: True at once if that try saved `state_json`.
+
+        Saving twice would append the step's events twice; the state stored is the proof that the first try
+        landed, as a step's state differs from every other (it carries the step's times)."""
+        if await self.load_state(turn_id) == state_json:
+            return True
+        return await self.save_step(turn_id, state_json, status, events, orchestrator_id=orchestrator_id)
+
     async def get_status(self, turn_id: str) -> TurnStatus | None:
         """The turn's status, or None for an unknown turn."""
         return await self._runner.run(operations.get_status(turn_id))

@@ -301,3 +301,37 @@ def test_the_token_is_enforced(api_base_url: str, http: httpx.Client) -> None:
                 assert reply.headers["www-authenticate"] == "Bearer"
     outcome = poll_turn(http, turn_id, 30)["outcome"]
     assert (outcome["status"], outcome["text"]) == ("completed", "all fine")  # nothing above touched it
+
+
+def sse_ids(text: str) -> list[str]:
+    """The `id` fields of an SSE body, in order."""
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("id:")]
+
+
+def read_sse_ids(
+    http: httpx.Client, turn_id: str, headers: dict[str, str], stop_after: int | None = None
+) -> list[str]:
+    """The SSE ids of the turn's stream: all of it, or the first `stop_after` (then the client hangs up)."""
+    ids: list[str] = []
+    with http.stream("GET", f"/v1/turns/{turn_id}/events", headers=headers) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            ids += sse_ids(line)
+            if stop_after is not None and len(ids) == stop_after:
+                break
+    return ids
+
+
+def test_a_client_that_reconnects_with_last_event_id_gets_the_rest_once(http: httpx.Client) -> None:
+    calls = [{"name": "e2e_sleep", "arguments": {"seconds": 1}}]
+    turn_id = submit(http, [{"calls": calls}, {"calls": calls}])
+    # An EventSource cut after three events reconnects with the last id it saw, as browsers do.
+    first = read_sse_ids(http, turn_id, {}, stop_after=3)
+    rest = read_sse_ids(http, turn_id, {"Last-Event-ID": first[-1]})
+    whole = read_sse_ids(http, turn_id, {})
+    assert first + rest == whole and len(set(whole)) == len(whole)
+    # The query's `after` does the same for a client that is not an EventSource; the header wins over it.
+    path = f"/v1/turns/{turn_id}/events"
+    assert sse_ids(http.get(path, params={"after": whole[1]}).text) == whole[2:]
+    both = http.get(path, params={"after": whole[1]}, headers={"Last-Event-ID": whole[-2]})
+    assert sse_ids(both.text) == whole[-1:]

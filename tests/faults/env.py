@@ -47,9 +47,12 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 class FaultEnv:
     """Redis, workers and orchestrators of one scenario; a context manager that leaves nothing behind."""
 
-    def __init__(self, *, lease_ttl_s: float = 3.0, lost_grace_s: float = 2.0) -> None:
+    def __init__(
+        self, *, lease_ttl_s: float = 3.0, lost_grace_s: float = 2.0, persistent: bool = True
+    ) -> None:
         self.mark = uuid.uuid4().hex
-        self.server = RedisServer(appendonly=True).start()
+        # persistent=False: a Redis without persistence, which a restart empties (test_redis_lost.py).
+        self.server = RedisServer(appendonly=persistent).start()
         self.url = self.server.url
         self.env = {
             MARK_VAR: self.mark,

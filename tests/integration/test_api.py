@@ -12,6 +12,7 @@ import redis
 from pydantic import SecretStr
 
 from orchestrator.api import create_app
+from orchestrator.client import Client
 from orchestrator.settings import Settings
 from tests.integration.store_support import serve_app, store_db_url
 from tests.integration.test_client import finish_in_thread
@@ -176,11 +177,17 @@ def test_healthz_is_503_when_redis_is_down() -> None:
     from ops.redis_server import find_free_port
 
     settings = Settings(redis_url=f"redis://127.0.0.1:{find_free_port()}/0")
-    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as test_client:
+    # A request rides out a Redis that does not answer for a few seconds (api_redis.REQUEST_RETRY_S) first.
+    with (
+        serve_app(create_app(settings)) as base_url,
+        httpx.Client(base_url=base_url, timeout=20) as test_client,
+    ):
         reply = test_client.get("/healthz")
-        assert reply.status_code == 503
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
         assert reply.json()["status"] == "unavailable"
-        assert test_client.post("/v1/turns", json={"prompt": "x"}).status_code == 503
+        reply = test_client.post("/v1/turns", json={"prompt": "x"})
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+        assert reply.json()["detail"].startswith("Redis unavailable: ")
 
 
 def test_tools_listing_hides_sensitive_tools_unless_asked(api: httpx.Client, db_url: str) -> None:
@@ -214,3 +221,37 @@ def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> N
         names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("event:")]
         thread.join()
     assert names == ["turn_queued", "tool_started", "turn_finished"]
+
+
+@pytest.mark.parametrize("refusal", ["out_of_memory", "read_only"])
+def test_a_redis_that_refuses_writes_gets_503_with_retry_after_and_healthz_stays_200(refusal: str) -> None:
+    from ops.redis_server import RedisServer, find_free_port
+
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        with Client(server.url) as client:
+            turn_id = client.submit(prompt="stored before Redis refused writes")
+        if refusal == "out_of_memory":
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+        else:  # a replica of a master that is not there: what a client meets mid-failover
+            admin.replicaof("127.0.0.1", find_free_port())
+        admin.close()
+        settings = Settings(redis_url=server.url)
+        with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url, timeout=20) as http:
+            reply = http.post("/v1/turns", json={"prompt": "x"})
+            assert reply.status_code == 503, reply.text
+            assert reply.headers["retry-after"] == "1"
+            needle = "out of memory" if refusal == "out_of_memory" else "read-only"
+            assert needle in reply.json()["detail"]
+            assert http.post(f"/v1/turns/{turn_id}/cancel").status_code == 503
+            # Reads still work, and Redis answers: the API is degraded, not down.
+            assert http.get(f"/v1/turns/{turn_id}").json()["status"] == "queued"
+            assert http.get("/healthz").json() == {"status": "ok", "redis": "ok"}
+            assert 'loop="api_request"' in http.get("/metrics").text  # toolloop_redis_errors_total
+
+
+def test_a_malformed_last_event_id_is_422(api: httpx.Client) -> None:
+    turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
+    reply = api.get(f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": "not-an-id"})
+    assert reply.status_code == 422

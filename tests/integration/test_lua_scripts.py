@@ -19,7 +19,7 @@ from orchestrator.store import scripts as lua
 from orchestrator.store.runner import SyncRunner
 from tests.integration.store_support import store_db_url
 from workers import keys, scripts
-from workers.call_store import CallStore
+from workers.call_store import CallStore, OutcomeWrite
 from workers.connect import connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome
 
@@ -113,27 +113,75 @@ def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: 
 
 def test_the_workers_start_idempotency_and_release_scripts(call_store: CallStore) -> None:
     request = ToolCallRequest(call_id="c1", tool="echo", arguments={})
-    assert call_store.start(request, token="w:1", running_ttl_s=10, worker="w") == (1, 0)
-    assert call_store.start(request, token="w:1", running_ttl_s=10, worker="w") == (1, 0)  # a lost reply
-    attempt, held_ms = call_store.start(request, token="w:2", running_ttl_s=10, worker="w")
+    assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)
+    assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)  # a lost reply
+    attempt, held_ms = call_store.start(request, token="1|w:2:b", running_ttl_s=10, worker="w")
     assert attempt is scripts.StartResult.HELD and 0 < held_ms <= 10_000
-    call_store.release("c1", "w:1")
+    call_store.release("c1", "1|w:1:a")
     outcome = ToolOutcome(call_id="c1", tool="echo", ok=True, result="x", content="x")
-    assert call_store.finish(outcome, reply_key=None, token=None)
-    assert call_store.start(request, token="w:3", running_ttl_s=10, worker="w") == (
+    assert call_store.finish(OutcomeWrite.of(outcome, None)) is scripts.WriteResult.WON
+    assert call_store.start(request, token="1|w:3:c", running_ttl_s=10, worker="w") == (
         scripts.StartResult.FINISHED,
         0,
     )
     key = keys.idempotency("echo", "digest")
     claim = call_store.claim_idempotency
-    assert claim(key, call_id="c1", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
-    assert claim(key, call_id="c2", lock_ttl_s=5) == (scripts.IdempotencyClaim.BUSY, None)
+    assert claim(key, holder="1|w:1:a", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
+    assert claim(key, holder="1|w:1:a", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
+    # Another execution of the same call waits like an identical call does: the lock is per execution.
+    assert claim(key, holder="2|w:2:b", lock_ttl_s=5) == (scripts.IdempotencyClaim.BUSY, None)
+    call_store.release_idempotency_lock(key, "1|w:9:", prefix=True)  # another process: not released
+    assert claim(key, holder="2|w:2:b", lock_ttl_s=5) == (scripts.IdempotencyClaim.BUSY, None)
+    call_store.release_idempotency_lock(key, "1|w:1:", prefix=True)  # the parent, for its dead process
+    assert claim(key, holder="2|w:2:b", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
     call_store.client.set(key, '{"result": 1}')
-    assert claim(key, call_id="c2", lock_ttl_s=5) == (scripts.IdempotencyClaim.STORED, '{"result": 1}')
+    assert claim(key, holder="3|w:3:c", lock_ttl_s=5) == (scripts.IdempotencyClaim.STORED, '{"result": 1}')
+
+
+def test_the_fence_refuses_a_superseded_execution_and_a_gone_turn(call_store: CallStore) -> None:
+    db = call_store.client
+    first = ToolCallRequest(call_id="c2", tool="echo", turn_id="t2", attempt=1)
+    assert call_store.start(first, token="1|w:1:a", running_ttl_s=10, worker="w") == (
+        scripts.StartResult.TURN_GONE,
+        0,
+    )
+    assert db.exists(keys.running("c2"), keys.attempts("c2"), keys.fence("c2")) == 0, "nothing was started"
+    db.set(keys.turn_request("t2"), "{}")
+    assert call_store.start(first, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)
+    assert call_store.is_current("c2", "1|w:1:a")
+    db.delete(keys.running("c2"))  # the frozen worker's guard expired; the orchestrator dispatched attempt 2
+    second = first.model_copy(update={"attempt": 2})
+    assert call_store.start(second, token="2|w:2:b", running_ttl_s=10, worker="w") == (2, 0)
+    assert not call_store.is_current("c2", "1|w:1:a") and call_store.is_current("c2", "2|w:2:b")
+    # A delivery of the older dispatch (a redelivery, a retry) is refused before it takes anything.
+    db.delete(keys.running("c2"))
+    assert call_store.start(first, token="1|w:1:z", running_ttl_s=10, worker="w") == (
+        scripts.StartResult.SUPERSEDED,
+        2,
+    )
+    late = ToolOutcome(call_id="c2", tool="echo", turn_id="t2", ok=True, result="late", content="late")
+    fenced = OutcomeWrite.of(
+        late,
+        scripts.Fence(1, "1|w:1:a"),
+        holder="1|w:1:a",
+        idempotency_key="idem:c2",
+        idempotency_record='{"result": "late"}',
+    )
+    assert call_store.finish(fenced) is scripts.WriteResult.FENCED
+    # The superseded execution's success is still stored, so that a waiting execution replays it.
+    assert db.get("idem:c2") == b'{"result": "late"}'
+    # The parent naming its dead process by prefix, and a revoke of the old dispatch: fenced too.
+    for fence in (scripts.Fence(1, "1|w:1:"), scripts.Fence(1, "")):
+        assert call_store.finish(OutcomeWrite.of(late, fence)) is scripts.WriteResult.FENCED
+    assert db.exists(keys.outcome("c2"), keys.late_outcomes("c2")) == 0, "no write of a superseded attempt"
+    current = late.model_copy(update={"result": "current", "content": "current"})
+    assert call_store.finish(OutcomeWrite.of(current, scripts.Fence(2, "2|w:2:"))) is scripts.WriteResult.WON
+    # No fence at all (the orchestrator's synthetic outcomes): first writer wins as ever.
+    assert call_store.finish(OutcomeWrite.of(late, None)) is scripts.WriteResult.LOST
 
 
 # Which test above runs each script file (with each value of its result).
-RUN_BY = {
+RUN_BY: dict[str, object] = {
     "submit": test_submit_claim_take_over_and_find_orphans,
     "claim": test_submit_claim_take_over_and_find_orphans,
     "take_over": test_submit_claim_take_over_and_find_orphans,
@@ -144,8 +192,10 @@ RUN_BY = {
     "control": test_save_step_save_outcome_release_and_control,
     "release": test_save_step_save_outcome_release_and_control,
     "write_outcome": test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit,
-    "start": test_the_workers_start_idempotency_and_release_scripts,
+    "start": test_the_fence_refuses_a_superseded_execution_and_a_gone_turn,
     "claim_idempotency": test_the_workers_start_idempotency_and_release_scripts,
+    # Run against a whole lost turn (its request, state and calls) where the watcher that uses it is tested.
+    "record_lost": "tests/integration/test_durability_watch.py",
 }
 
 

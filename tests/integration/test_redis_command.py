@@ -29,7 +29,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_stopping_toolloop_redis_stops_its_server(stop_signal: signal.Signals) -> None:
+def test_stopping_toolloop_redis_stops_its_server(stop_signal: signal.Signals, tmp_path: Path) -> None:
     port = find_free_port()
     process = subprocess.Popen(
         [str(TOOLLOOP_BIN), "redis", "--port", str(port)],
@@ -37,6 +37,7 @@ def test_stopping_toolloop_redis_stops_its_server(stop_signal: signal.Signals) -
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        cwd=tmp_path,  # its append-only file goes to ./.toolloop/redis
     )
     try:
         assert process.stdout is not None
@@ -81,3 +82,73 @@ def test_a_fixed_port_served_by_another_redis_is_an_error() -> None:
         client = redis.Redis(port=stranger.port)
         assert client.ping()
         client.close()
+
+
+def _start_toolloop_redis(cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`toolloop redis ARGS` in `cwd`, and its banner once it serves."""
+    process = subprocess.Popen(
+        [str(TOOLLOOP_BIN), "redis", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=cwd,
+    )
+    assert process.stdout is not None
+    return process, process.stdout.readline()
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def test_toolloop_redis_persists_by_default_and_comes_back_with_its_data(tmp_path: Path) -> None:
+    port = find_free_port()
+    process, banner = _start_toolloop_redis(tmp_path, "--port", str(port))
+    try:
+        assert "append-only file in" in banner and "appendfsync everysec" in banner, banner
+        client = redis.Redis(port=port)
+        client.set("toolloop:test:kept", "yes")
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        client.close()
+    finally:
+        _stop(process)
+    assert (tmp_path / ".toolloop" / "redis").is_dir()
+
+    process, banner = _start_toolloop_redis(tmp_path, "--port", str(port))
+    try:
+        client = redis.Redis(port=port)
+        assert client.get("toolloop:test:kept") == b"yes"
+        client.close()
+    finally:
+        _stop(process)
+
+
+def test_two_toolloop_redis_never_share_a_data_dir(tmp_path: Path) -> None:
+    first, _ = _start_toolloop_redis(tmp_path, "--port", str(find_free_port()), "--dir", "data")
+    try:
+        second = subprocess.run(
+            [str(TOOLLOOP_BIN), "redis", "--port", str(find_free_port()), "--dir", "data"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=20,
+            check=False,
+        )
+        assert second.returncode == 3
+        assert "another `toolloop redis` uses" in second.stderr and "--dir" in second.stderr
+    finally:
+        _stop(first)
+
+
+def test_toolloop_redis_without_persistence_says_so_and_leaves_no_data_dir(tmp_path: Path) -> None:
+    process, banner = _start_toolloop_redis(tmp_path, "--no-appendonly")
+    try:
+        assert "no persistence" in banner, banner
+    finally:
+        _stop(process)
+    assert not (tmp_path / ".toolloop" / "redis").exists()

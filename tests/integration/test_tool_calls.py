@@ -253,3 +253,16 @@ def test_revoked_task_is_cancelled(redis_url: str, worker: WorkerHandle, redis_c
     outcome = _wait_outcome(redis_client, request.call_id)
     assert outcome.failure_kind is FailureKind.CANCELLED
     assert outcome.content == "Error: the call was cancelled (task revoked)"
+
+
+def test_a_vanished_catalogue_entry_is_published_again_before_the_refresh(
+    worker: WorkerHandle, redis_client: redis.Redis
+) -> None:
+    # Redis restarted empty (or a failover to a replica without it) drops the entry: until it is back,
+    # every turn would find the worker's tools unserved. It comes back within seconds, not at the refresh.
+    assert redis_client.hget(keys.CATALOGUE, worker.hostname) is not None
+    redis_client.hdel(keys.CATALOGUE, worker.hostname)
+    deadline = time.monotonic() + keys.CATALOGUE_REFRESH_S / 2
+    while redis_client.hget(keys.CATALOGUE, worker.hostname) is None:
+        assert time.monotonic() < deadline, "the entry waited for the periodic refresh"
+        time.sleep(0.1)

@@ -61,12 +61,14 @@ def send_call(redis_url: str, tool: str, **arguments: Any) -> SentCall:
     The context value is a plain key's (`user_email`): the whole context is the web app's and must never
     show, whatever its keys.
     """
+    tag = uuid.uuid4().hex[:12]
     client = redis.Redis.from_url(redis_url)
     try:
         spec = read_catalogue(client)[tool]
+        # A worker refuses a call whose turn does not exist (Redis lost it): this call's turn is a record.
+        client.set(keys.turn_request(f"turn_{tag}"), "{}", ex=3600)
     finally:
         client.close()
-    tag = uuid.uuid4().hex[:12]
     token, email = f"tok-SECRET-{tag}", f"alice-{tag}@example.com"
     if "api_token" in spec.parameters.get("properties", {}):
         arguments = {**arguments, "api_token": token}

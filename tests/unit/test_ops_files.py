@@ -73,7 +73,11 @@ def test_redis_persists_with_aof_and_others_wait_for_it(compose: dict[str, Any])
     redis_service = compose["services"]["redis"]
     command = redis_service["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
-    assert redis_service["volumes"]
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # Its data directory is a named volume (declared at the top level), not the container's own layer.
+    (volume,) = [v for v in redis_service["volumes"] if v.endswith(":/data")]
+    assert volume.split(":")[0] in compose["volumes"]
     for name in TOOLLOOP_SERVICES:
         assert compose["services"][name]["depends_on"]["redis"]["condition"] == "service_healthy"
 

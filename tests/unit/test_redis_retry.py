@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import kombu.exceptions
 import pytest
 import redis
 
-from workers.redis_retry import BACKOFF_MAX_S, BACKOFF_MIN_S, RedisRetry, build_backoff_s
+from workers.redis_retry import BACKOFF_MAX_S, BACKOFF_MIN_S, RedisRetry, build_backoff_s, is_unavailable
+from workers.tasks import find_redis_cause
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -113,3 +115,72 @@ def test_interruptions_in_a_try_or_a_pause_are_ridden_out() -> None:
     assert retry.call(step, "a test") == "written"
     with pytest.raises(Interrupted):  # without it among `interruptions`, it is not swallowed
         RedisRetry(clock.now() + 10, clock.now, clock.sleep).call(step, "a test")
+
+
+SCRIPT_OOM = (
+    "Error running script (call to f_4de8ee855b77bb03f67fb740939aa8a297b12ed6): @user_script:18: "
+    "@user_script: 18: -OOM command not allowed when used memory > 'maxmemory'."
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.MasterDownError(
+            "Link with MASTER is down and replica-serve-stale-data is set to 'no'."
+        ),
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.ResponseError(
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable"
+        ),
+        redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+        redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
+        redis.exceptions.ResponseError(SCRIPT_OOM),
+        redis.exceptions.ResponseError("Command # 1 (EVALSHA …) of pipeline caused error: " + SCRIPT_OOM),
+    ],
+    ids=lambda error: type(error).__name__ + ":" + str(error)[:12],
+)
+def test_redis_refusing_for_now_is_unavailable_and_retried(error: redis.RedisError) -> None:
+    assert is_unavailable(error)
+    clock = Clock()
+
+    def step(failures: int) -> str:
+        if failures < 2:
+            raise error
+        return "written"
+
+    assert RedisRetry(clock.now() + 10, clock.now, clock.sleep).call(step, "a test") == "written"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        redis.exceptions.ResponseError("ERR unknown command 'SETT'"),
+        redis.exceptions.ResponseError("BUSYGROUP Consumer Group name already exists"),
+        redis.exceptions.NoScriptError("NOSCRIPT No matching script."),
+        redis.exceptions.DataError("Invalid input of type: 'NoneType'"),
+    ],
+    ids=lambda error: str(error)[:12],
+)
+def test_a_wrong_command_is_not_unavailable(error: redis.RedisError) -> None:
+    assert not is_unavailable(error)
+
+
+def test_a_retry_kombu_could_not_publish_is_found_behind_its_wrapper() -> None:
+    # kombu raises a failed publish as its own OperationalError: the OOM behind it must still read as "Redis
+    # refuses for now" (publish the retry again), or Celery would drop the call unrequeued.
+    oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+    try:
+        try:
+            raise oom
+        except redis.RedisError as exc:
+            raise kombu.exceptions.OperationalError(str(exc)) from exc
+    except kombu.exceptions.OperationalError as wrapped:
+        assert find_redis_cause(wrapped) is oom
+    assert find_redis_cause(ValueError("no redis here")) is None
+    assert find_redis_cause(None) is None

@@ -1,7 +1,8 @@
--- Claim an idempotency key for one call. Returns {workers.scripts.IdempotencyClaim, value}: {1 STORED, record}
--- for a stored success, {0 CLAIMED, ''} when this call holds the lock (now, or already: a redelivery of the
--- same call), {2 BUSY, pttl ms} when another call holds it.
--- KEYS: idempotency record, its lock. ARGV: call id (the lock's holder), lock TTL ms.
+-- Claim an idempotency key for one execution. Returns {workers.scripts.IdempotencyClaim, value}: {1 STORED,
+-- record} for a stored success, {0 CLAIMED, ''} when this execution holds the lock (now, or already: a repeat
+-- after a lost reply), {2 BUSY, pttl ms} when another holds it — an identical call, or another execution of the
+-- same call (a redispatch while a frozen worker still holds it): either way it waits.
+-- KEYS: idempotency record, its lock. ARGV: the execution's token (the lock's holder), lock TTL ms.
 local record = redis.call('GET', KEYS[1])
 if record then return {1, record} end
 local holder = redis.call('GET', KEYS[2])

@@ -1,9 +1,19 @@
--- First writer wins (SPEC §4.9): the one outcome of a call. Returns workers.scripts.WriteResult: 1 WON, 0 LOST.
--- KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when none).
--- ARGV: outcome JSON, TTL s, inbox prefix, call id, turn id, inbox maxlen, largest outcome carried inline (bytes).
+-- First writer wins (SPEC §4.9): the one outcome of a call. Returns workers.scripts.WriteResult: 1 WON, 0 LOST,
+-- 2 FENCED (a later execution of the call has started: this one was superseded and writes nothing).
+-- KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when none), fence ('' or absent: the
+--       writer is not an execution, e.g. the orchestrator's synthetic outcomes).
+-- ARGV: outcome JSON, TTL s, inbox prefix, call id, turn id, inbox maxlen, largest outcome carried inline (bytes),
+--       the writer's dispatch attempt, the writer's token or a prefix of it ('': any execution of that attempt).
 -- A losing write is kept in the late list for audit. The owner is looked up here so the notification always
 -- goes to the turn's current owner; it carries the outcome itself when small, sparing the owner a read of it
--- ('' otherwise).
+-- ('' otherwise). A missing fence (no execution started, or it expired) lets the write through.
+if KEYS[5] and KEYS[5] ~= '' then
+  local current = redis.call('GET', KEYS[5])
+  if current then
+    local current_attempt = tonumber(string.match(current, '^(%d+)|')) or 0
+    if current_attempt > tonumber(ARGV[8]) or string.sub(current, 1, #ARGV[9]) ~= ARGV[9] then return 2 end
+  end
+end
 local ttl = tonumber(ARGV[2])
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ttl)
 if not won then

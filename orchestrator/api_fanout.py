@@ -1,0 +1,226 @@
+"""The API's one reader of turns' events: every open SSE stream follows its turn through it (issue 12).
+
+One task XREADs the event streams of every followed turn in one blocking call, on a connection of its own,
+and hands each event to the subscriptions of its turn: N open streams cost one Redis connection, not N.
+
+- A subscription has a cursor (the id of the last event handed to it) and a bounded queue. The reader reads
+  each turn from the oldest cursor of its subscriptions and hands an event only to those whose cursor is
+  older than the event and no older than where that read started: no subscription gets an event twice or
+  skips one.
+- A subscription whose queue is full (a client reading slower than its turn writes) is detached, never
+  waited for, so one slow client cannot hold up the others or grow the process's memory: its follower
+  (`api_sse.follow_turn`) drains what the queue holds, catches up from its own cursor with paged reads and
+  subscribes again.
+- A Redis error stops nobody: the reader waits with capped backoff and reads again from the cursors, so the
+  subscriptions see a pause, never a gap or a repeat. `outage` says why it is waiting, for keep-alives.
+- A new subscription joins the next read: the read under way blocks at most `READ_BLOCK_MS`, the longest a
+  new stream waits for an event written after it caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from redis.typing import KeyT, StreamIdT
+
+from orchestrator import metrics
+from orchestrator.store import codec
+from orchestrator.store.codec import TurnEvent
+from orchestrator.store.connection import block_cap_ms
+from workers import keys
+
+log = logging.getLogger("toolloop.api")
+
+# The longest one shared read blocks, so a stream that subscribes meanwhile joins within it.
+READ_BLOCK_MS = 250
+# Entries read per turn per read: a turn with a longer backlog continues at the next read.
+READ_COUNT = 100
+# Errors that mean "Redis is not answering as it should right now": waited out, never raised to a stream.
+REDIS_FAILURES = (RedisError, OSError)
+
+StreamId = tuple[int, int]
+
+
+def parse_stream_id(text: str) -> StreamId:
+    """A stream id as a comparable pair: `"1700000000000-3"` → (1700000000000, 3); `"5"` → (5, 0), as XREAD
+    reads an id without a sequence number."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Backoff:
+    """Capped exponential pauses with jitter: `next_s()` after each failure, `reset()` after a success."""
+
+    def __init__(self, first_s: float = 0.05, cap_s: float = 2.0) -> None:
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self._next_s = first_s
+
+    def next_s(self) -> float:
+        """The pause before the next try; the one after it is twice as long, up to `cap_s`."""
+        pause = self._next_s
+        self._next_s = min(self.cap_s, self._next_s * 2)
+        # Jitter, so the streams of one API (or many APIs) do not all come back in the same millisecond.
+        return pause * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        """Start again from `first_s`."""
+        self._next_s = self.first_s
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One stream's place in the fan-out: the events handed to it wait in `queue` for its follower."""
+
+    turn_id: str
+    cursor: StreamId
+    queue: asyncio.Queue[TurnEvent]
+    # Set when its queue was full: nothing more is handed to it; its follower catches up by itself.
+    detached: bool = False
+    # Set once `turn_finished` was handed to it: its stream ends there.
+    finished: bool = False
+
+
+@dataclass
+class _Read:
+    """One shared read: for each turn read, the cursor it was read from."""
+
+    starts: dict[str, StreamId] = field(default_factory=dict)
+
+    def build_streams(self) -> dict[KeyT, StreamIdT]:
+        """XREAD's streams: each turn's events key and the id it is read after."""
+        return {keys.turn_events(t): f"{ms}-{seq}" for t, (ms, seq) in self.starts.items()}
+
+
+def parse_xread_groups(reply: Any) -> list[tuple[str, Sequence[tuple[Any, Mapping[Any, Any]]]]]:
+    """An XREAD reply of several streams as (stream key, entries) pairs: RESP2's `[[key, entries], …]`
+    or RESP3's `{key: [entries]}`; [] for nothing read."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else ((group[0], group[1]) for group in reply)
+    return [(codec.text(key), entries) for key, entries in pairs]
+
+
+class EventFanout:
+    """The reader task and the subscriptions it serves; `start()` it, `aclose()` it (closing `redis`)."""
+
+    def __init__(self, redis: aioredis.Redis, *, buffer_events: int, block_ms: int = READ_BLOCK_MS) -> None:
+        self._redis = redis
+        self.buffer_events = buffer_events
+        # Under the client's socket timeout, as every blocking read (store.connection).
+        self.block_ms = max(1, min(block_ms, block_cap_ms(redis)))
+        self._subscriptions: dict[str, set[Subscription]] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._backoff = Backoff()
+        # Why the reader is waiting for Redis (None: it is not).
+        self.outage: str | None = None
+        # Subscriptions detached so far for a full queue (slow clients).
+        self.detached_total = 0
+
+    @property
+    def following(self) -> int:
+        """How many subscriptions the reader serves now."""
+        return sum(len(subs) for subs in self._subscriptions.values())
+
+    def start(self) -> None:
+        """Start the reader task (on the running event loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="toolloop-api-events")
+
+    async def aclose(self) -> None:
+        """Stop the reader and close its connection; never waits on Redis."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(*REDIS_FAILURES):
+            await self._redis.aclose()
+
+    def subscribe(self, turn_id: str, after: str) -> Subscription:
+        """Follow `turn_id` from the event after `after`: its events come into the subscription's queue."""
+        subscription = Subscription(turn_id, parse_stream_id(after), asyncio.Queue(self.buffer_events))
+        self._subscriptions.setdefault(turn_id, set()).add(subscription)
+        self._changed.set()
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """Stop handing events to `subscription` (its stream ended or its client left)."""
+        subs = self._subscriptions.get(subscription.turn_id)
+        if subs is not None:
+            subs.discard(subscription)
+            if not subs:
+                del self._subscriptions[subscription.turn_id]
+
+    async def _run(self) -> None:
+        while True:
+            if not self._subscriptions:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            read = _Read({t: min(s.cursor for s in subs) for t, subs in self._subscriptions.items()})
+            try:
+                reply = await self._redis.xread(read.build_streams(), count=READ_COUNT, block=self.block_ms)
+            except REDIS_FAILURES as exc:
+                self._failed(exc)
+                await asyncio.sleep(self._backoff.next_s())
+                continue
+            self._succeeded()
+            try:
+                self._hand_out(read, parse_xread_groups(reply))
+            except Exception:
+                # A bug here must not end every stream of the process: say it loudly and read again.
+                log.exception("events reader: could not hand out what it read")
+                await asyncio.sleep(self._backoff.next_s())
+
+    def _hand_out(
+        self, read: _Read, groups: list[tuple[str, Sequence[tuple[Any, Mapping[Any, Any]]]]]
+    ) -> None:
+        turn_of_key = {keys.turn_events(t): t for t in read.starts}
+        for key, entries in groups:
+            turn_id = turn_of_key[key]
+            events = [codec.parse_event(turn_id, entry_id, fields) for entry_id, fields in entries]
+            start = read.starts[turn_id]
+            for subscription in list(self._subscriptions.get(turn_id, ())):
+                # One that subscribed during the read from further back would miss what lies between.
+                if subscription.cursor >= start:
+                    self._give(subscription, events)
+
+    def _give(self, subscription: Subscription, events: list[TurnEvent]) -> None:
+        for event in events:
+            event_id = parse_stream_id(event.id)
+            if event_id <= subscription.cursor:
+                continue
+            try:
+                subscription.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                subscription.detached = True
+                self.detached_total += 1
+                self.unsubscribe(subscription)
+                return
+            subscription.cursor = event_id
+            if event.name == codec.TURN_FINISHED:
+                subscription.finished = True
+                self.unsubscribe(subscription)
+                return
+
+    def _failed(self, exc: BaseException) -> None:
+        metrics.record_redis_error("api_events", exc)
+        if self.outage is None:
+            log.warning("events reader: Redis failed (%s); SSE streams wait and resume", exc)
+        self.outage = f"{type(exc).__name__}: {exc}"
+
+    def _succeeded(self) -> None:
+        if self.outage is not None:
+            log.info("events reader: Redis answers again; SSE streams resume")
+            self.outage = None
+        self._backoff.reset()

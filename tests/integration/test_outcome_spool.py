@@ -1,0 +1,119 @@
+"""The outcome spool (issue 12, item 1): a finished result Redis refuses past the hard limit is kept and
+written once Redis takes it — on a real redis-server out of memory (`maxmemory` with `noeviction`) and a real
+prefork worker, which must survive the outage (kombu's ack is refused too).
+
+- Redis out of memory as the tool ends, for longer than the call's hard limit: the outcome goes to the spool,
+  nothing answers the call meanwhile, and once memory is freed the spooled outcome is the call's one outcome.
+- A spooled outcome left by an earlier worker process is written by the next worker on the same folder.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.redis_server import RedisServer
+from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.settings import Settings
+from orchestrator.store.catalogue import read_catalogue
+from tests.support.processes import WorkerHandle, start_worker
+from workers import keys, tool
+from workers.call_store import OutcomeWrite
+from workers.contract import ToolCallRequest, ToolOutcome
+from workers.scripts import Fence
+from workers.spool import SPOOL_DIR_VAR, Spool, build_spool_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+THIS_MODULE = __name__
+
+
+@tool(soft_time_limit=2, time_limit=3)
+def spool_work(gate_file: str) -> str:
+    """Starts, waits (a little) for `gate_file`, returns; touches no Redis."""
+    deadline = time.monotonic() + 1.5
+    while not Path(gate_file).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "finished while Redis was full"
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as redis_server:
+        yield redis_server
+
+
+@pytest.fixture(scope="module")
+def spool_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spool")
+
+
+@pytest.fixture(scope="module")
+def worker(server: RedisServer, spool_root: Path) -> Iterator[WorkerHandle]:
+    handle = start_worker(server.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(spool_root)})
+    yield handle
+    handle.stop()
+
+
+def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
+    server: RedisServer, worker: WorkerHandle, spool_root: Path, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(server.url)
+    spool = Spool(build_spool_dir(server.url, str(spool_root)))
+    gate = tmp_path / "gate"
+    request = ToolCallRequest(
+        call_id=f"spool-{uuid.uuid4().hex}", tool="spool_work", arguments={"gate_file": str(gate)}
+    )
+    try:
+        dispatch_call(
+            get_producer_app(Settings(redis_url=server.url)), read_catalogue(client)["spool_work"], request
+        )
+        _wait_for(lambda: client.exists(keys.running(request.call_id)) == 1, 20, "the call to start")
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # every write refused from now on: OOM
+        gate.touch()
+        _wait_for(lambda: spool.holds(request.call_id), 10, "the outcome to be spooled")
+        time.sleep(4)  # past the hard limit (3 s): nothing may answer the call while its result waits
+        assert client.exists(keys.outcome(request.call_id)) == 0
+        client.config_set("maxmemory", "0")
+        _wait_for(lambda: client.exists(keys.outcome(request.call_id)) == 1, 20, "the spooled outcome")
+        raw = client.get(keys.outcome(request.call_id))
+        assert raw is not None
+        outcome = ToolOutcome.model_validate_json(raw)
+        assert outcome.ok and outcome.content == "finished while Redis was full", outcome
+        assert client.llen(keys.late_outcomes(request.call_id)) == 0
+        assert client.exists(keys.running(request.call_id)) == 0, "the guard went with the spooled write"
+        _wait_for(lambda: not spool.holds(request.call_id), 10, "the spool file to go")
+        assert worker.process.poll() is None, f"the worker exited:\n{worker.log_text()[-3000:]}"
+        assert "Unrecoverable error" not in worker.log_text()
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
+
+
+def test_a_spooled_outcome_left_by_an_earlier_worker_is_written(server: RedisServer, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(server.url)
+    outcome = ToolOutcome(call_id=f"left-{uuid.uuid4().hex}", tool="spool_work", ok=True, content="left")
+    spool = Spool(build_spool_dir(server.url, str(tmp_path)))
+    spool.put(OutcomeWrite.of(outcome, Fence(1, "1|gone@host:1:abcdef012345")))
+    handle = start_worker(server.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(tmp_path)})
+    try:
+        _wait_for(lambda: client.exists(keys.outcome(outcome.call_id)) == 1, 20, "the left outcome")
+        assert client.get(keys.outcome(outcome.call_id)) == outcome.model_dump_json().encode()
+        _wait_for(lambda: not spool.holds(outcome.call_id), 10, "the spool file to go")
+    finally:
+        handle.stop()
+        client.close()

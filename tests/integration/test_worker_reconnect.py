@@ -1,0 +1,187 @@
+"""A worker rides out Redis restarts with a call running (issue 12, item 1; `workers.broker`).
+
+A real `redis-server` with AOF is stopped and started again on the same port (~2 s down) several times while
+a tool call runs on a real prefork worker. kombu's consumer channel used to fail its restore of the unacked
+messages on reconnect (`AttributeError` on `connection.client`), and the worker exited once its running
+call was over. Now: the worker is alive after the restarts and serves a new call; the running call ran once
+and has exactly one outcome; every message kept unacked through the outages was restored and acked (Redis's
+unacked hash empties), none run twice — the restored copy of the running call meets its running guard.
+
+The tools are defined here and record their runs in a file (served by a worker whose
+`TOOLLOOP_TOOL_MODULES` names this module).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.redis_server import RedisServer
+from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.store.catalogue import read_catalogue
+from tests.support.processes import WorkerHandle, start_worker
+from workers import keys, tool
+from workers.contract import ToolCallRequest, ToolOutcome
+from workers.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration]
+
+THIS_MODULE = __name__
+CONCURRENCY = 2
+DOWN_S = 2.0
+# kombu's unacked hash of the Redis transport (its default `unacked_key`).
+UNACKED_KEY = "unacked"
+
+
+def _record(runs_file: str, event: str) -> None:
+    with Path(runs_file).open("a") as out:
+        out.write(event + "\n")
+
+
+@tool(soft_time_limit=200, time_limit=210)
+def reconnect_hold(runs_file: str, flag: str, tag: str, max_s: float = 180.0) -> str:
+    """Records its start, runs until the file `flag` exists (the restarts are over), records its end."""
+    _record(runs_file, f"start:{tag}")
+    deadline = time.monotonic() + max_s
+    while not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _record(runs_file, f"done:{tag}")
+    return "held"
+
+
+@tool(soft_time_limit=5, time_limit=10)
+def reconnect_quick(runs_file: str) -> str:
+    """Records its run and returns at once."""
+    _record(runs_file, "quick")
+    return "quick"
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _runs(runs_file: Path) -> list[str]:
+    return runs_file.read_text().split() if runs_file.exists() else []
+
+
+def _publish(url: str, client: redis.Redis, name: str, arguments: dict[str, object]) -> str:
+    request = ToolCallRequest(call_id=f"reconnect-{uuid.uuid4().hex}", tool=name, arguments=arguments)
+    dispatch_call(get_producer_app(WorkerSettings(redis_url=url)), read_catalogue(client)[name], request)
+    return request.call_id
+
+
+def _read_outcome(client: redis.Redis, call_id: str, timeout_s: float) -> ToolOutcome:
+    _wait_for(lambda: client.exists(keys.outcome(call_id)) == 1, timeout_s, f"the outcome of {call_id}")
+    raw = client.get(keys.outcome(call_id))
+    assert raw is not None
+    return ToolOutcome.model_validate_json(raw)
+
+
+def _consuming(client: redis.Redis) -> bool:
+    """Whether a worker's consumer is up on this Redis: its last steps (remote control, gossip) listen on
+    their fanout channels. Every client is new after a restart, so a listener is a reconnected consumer."""
+    return any(entry["cmd"] == "psubscribe" for entry in client.client_list())
+
+
+def _restart(server: RedisServer, worker: WorkerHandle, client: redis.Redis) -> None:
+    """Redis down for `DOWN_S`, its data kept (AOF), back on the same port; returns once the worker's
+    consumer is up again, or has given up (it exits once its running calls are over)."""
+    server.stop(keep_data=True)
+    time.sleep(DOWN_S)
+    server.start()
+
+    def settled() -> bool:
+        gave_up = "Unrecoverable error" in worker.log_text() or worker.process.poll() is not None
+        return gave_up or _consuming(client)
+
+    _wait_for(settled, 30, "the worker to reconnect")
+
+
+@dataclass(frozen=True)
+class Size:
+    restarts: int
+    # Calls held running through the restarts; past CONCURRENCY the others wait in the queue meanwhile.
+    calls: int
+
+
+QUICK = Size(restarts=3, calls=1)
+LONG = Size(restarts=8, calls=3)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as redis_server:
+        yield redis_server
+
+
+@pytest.fixture
+def worker(server: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(server.url, [THIS_MODULE], concurrency=CONCURRENCY)
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(150)),
+        pytest.param(LONG, id="long", marks=[pytest.mark.faults, pytest.mark.timeout(400)]),
+    ],
+)
+def test_a_worker_rides_out_redis_restarts_with_calls_running(
+    server: RedisServer, worker: WorkerHandle, size: Size, tmp_path: Path
+) -> None:
+    runs_file, flag = tmp_path / "runs", tmp_path / "restarts-over"
+    client = redis.Redis.from_url(server.url)
+    try:
+        tags = [f"c{n}" for n in range(size.calls)]
+        held = {
+            tag: _publish(
+                server.url,
+                client,
+                "reconnect_hold",
+                {"runs_file": str(runs_file), "flag": str(flag), "tag": tag},
+            )
+            for tag in tags
+        }
+        running = min(size.calls, CONCURRENCY)
+        _wait_for(lambda: len(_runs(runs_file)) == running, 20, "the calls to start")
+        for _ in range(size.restarts):
+            _restart(server, worker, client)
+        log = worker.log_text()
+        assert worker.process.poll() is None, f"the worker exited during the restarts:\n{log[-3000:]}"
+        assert "Unrecoverable error" not in log, log[-3000:]
+
+        flag.touch()
+        for call_id in held.values():
+            outcome = _read_outcome(client, call_id, 60)
+            assert outcome.ok and outcome.content == "held" and outcome.attempts == 1, outcome
+
+        # The worker still consumes: a new call is served.
+        quick = _publish(server.url, client, "reconnect_quick", {"runs_file": str(runs_file)})
+        assert _read_outcome(client, quick, 30).content == "quick"
+
+        # Every message left unacked by the outages was restored and acked in the end: none stays behind.
+        _wait_for(lambda: client.hlen(UNACKED_KEY) == 0, 30, "the unacked messages to be acked")
+        expected = Counter(
+            {"quick": 1, **{f"{event}:{tag}": 1 for tag in tags for event in ("start", "done")}}
+        )
+        assert Counter(_runs(runs_file)) == expected, "a tool body ran twice, or not at all"
+        for call_id in held.values():
+            assert client.llen(keys.late_outcomes(call_id)) == 0, "a second outcome was written"
+            assert client.exists(keys.running(call_id)) == 0
+        assert worker.process.poll() is None
+        assert "Unrecoverable error" not in worker.log_text()
+    finally:
+        client.close()

@@ -1,0 +1,70 @@
+"""Acknowledging a tool task's message when Redis refuses it for a while, without stopping the worker.
+
+kombu's Redis transport acks a message with a MULTI/EXEC that removes it from the unacked index. A Redis out
+of memory (`maxmemory` with `noeviction`) refuses every command queued in a MULTI, so the ack raises
+`OutOfMemoryError`; kombu lets only its connection errors through its "couldn't ack" log, and anything else
+escapes into the worker's event loop: Celery logs "Unrecoverable error" and the worker exits. A READONLY
+replica after a failover does the same.
+
+`ToolRequest` (workers.tasks) widens the errors kombu logs to every `redis.RedisError`, and `ensure_acked`
+then tries the ack (or a reject: a requeue is refused the same way) again, in the worker's event loop with
+capped backoff, until it lands: a message left unacked would also keep its prefetch slot, and a worker whose
+every slot is taken consumes nothing more.
+
+A message whose channel was closed under it (Redis restarted and the consumer replaced its connection) is
+acked all the same, through the connection parameters the channel keeps (`workers.broker`), and tried again
+here while Redis is away. Should that channel fail otherwise, the message is left to the broker: it stays in
+the unacked index, is restored, and its redelivery meets the call's outcome and runs nothing (SPEC §4.8).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from kombu.asynchronous import get_event_loop
+
+from workers.redis_retry import is_unavailable
+
+logger = logging.getLogger(__name__)
+
+ACK_RETRY_MIN_S = 0.1
+ACK_RETRY_MAX_S = 2.0
+
+
+def build_ack_retry_s(failures: int) -> float:
+    """The pause before ack try `failures + 1`: doubling from `ACK_RETRY_MIN_S`, capped."""
+    return float(min(ACK_RETRY_MAX_S, ACK_RETRY_MIN_S * 2 ** max(failures - 1, 0)))
+
+
+def ensure_acked(message: Any, requeue: bool | None = None) -> None:
+    """After an ack (or with `requeue` given, a reject) was asked for — it runs soon, in the event loop —
+    try it again later if Redis refused it."""
+    hub = get_event_loop()
+    if hub is not None and message is not None:
+        hub.call_soon(_check, message, requeue, 0)
+
+
+def _check(message: Any, requeue: bool | None, failures: int) -> None:
+    if message.acknowledged:
+        return
+    if failures:
+        try:
+            if requeue is None:
+                message.ack()
+            else:
+                message.reject(requeue=requeue)
+        except redis.RedisError as exc:
+            if not is_unavailable(exc) and not isinstance(exc, redis.exceptions.ExecAbortError):
+                logger.error("could not ack %r: %r; left to the broker", message.delivery_tag, exc)
+                return
+        except Exception as exc:  # the channel cannot reach Redis at all: the unacked index restores it
+            logger.warning("could not ack %r: %r; left to the broker", message.delivery_tag, exc)
+            return
+        else:
+            logger.warning("acked %r after %d failed tries", message.delivery_tag, failures)
+            return
+    hub = get_event_loop()
+    if hub is not None:
+        hub.call_later(build_ack_retry_s(failures + 1), _check, message, requeue, failures + 1)

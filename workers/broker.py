@@ -1,0 +1,208 @@
+"""The worker's broker connection: kombu's Redis channels, made to ride out a Redis restart, calls running.
+
+Why (kombu #582, #970; celery #10205). When Redis goes away under a worker whose tool calls are running,
+Celery's consumer gives up its connection in two steps: `Connection.collect()`, then `Connection.close()`.
+`collect` closes the channels best effort — the consumer's channel was waiting on BRPOP, so its `close` reads
+the dead socket first and raises before it marks itself closed — and then detaches the transport from its
+connection (`transport.client = None`). `close` then closes that channel again: it drops its connection pools
+and restores its unacked messages (the calls running here, and those received but not started) through a
+fresh pool, whose parameters kombu reads from `transport.client`: None, so `AttributeError`, which is no
+connection error, escapes Celery's cleanup — "Unrecoverable error", and the worker exits once its running
+calls are over. The ack of a call that ends after that fails the same way (the closed channel has no
+transport at all), in the event loop.
+
+What changes (`RestartSafeChannel`, `RestartSafeQoS`; Celery's consumer puts them on its connection,
+`RestartSafeConsumer`, the `worker_consumer` setting):
+- a channel keeps what it needs to open a connection pool of its own (`_Kept`), so the restore at close and
+  the ack of a call that ends later go to Redis through a fresh client instead of failing;
+- a restore Redis refuses (it is still down) keeps the delivery tags (`PENDING`), the messages themselves
+  staying in Redis's unacked hash, and the next live channel restores them as soon as it consumes, and on
+  each of kombu's periodic unacked sweeps (`unacked_restore_interval`), instead of leaving them to the
+  visibility timeout (hours). Restoring is one transaction per tag on Redis's unacked hash, the same one an
+  ack removes the message from: a call acked in between is not restored, one restored and still running
+  here is redelivered and meets its running guard (`workers.execution`), so none runs twice;
+- a closed channel never restores itself (it could no longer route the message, and kombu would drop it
+  from the unacked hash unrouted): a reject with requeue that arrives after the close goes to `PENDING` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from celery.worker.consumer.consumer import Consumer
+from kombu import Connection
+from kombu.transport import redis as kombu_redis
+from kombu.transport.base import Transport
+
+logger = logging.getLogger(__name__)
+
+# What Redis refusing a restore looks like: down, loading its append-only file, out of memory, a replica.
+RESTORE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+
+
+class PendingRestores:
+    """Delivery tags whose restore Redis refused, per broker, until a live channel restores them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tags: dict[str, list[str]] = {}
+
+    def keep(self, broker: str, tags: Iterable[str]) -> int:
+        """Keep `tags` for `broker`; returns how many are kept for it now."""
+        with self._lock:
+            kept = self._tags.setdefault(broker, [])
+            kept.extend(tag for tag in tags if tag not in kept)
+            return len(kept)
+
+    def take(self, broker: str) -> list[str]:
+        """The tags kept for `broker`, no longer kept."""
+        with self._lock:
+            return self._tags.pop(broker, [])
+
+    def count(self, broker: str) -> int:
+        """How many tags are kept for `broker`."""
+        with self._lock:
+            return len(self._tags.get(broker, []))
+
+    def clear(self) -> None:
+        """Forget every kept tag (a forked pool process: the restores are its parent's)."""
+        with self._lock:
+            self._tags.clear()
+
+
+PENDING = PendingRestores()
+os.register_at_fork(after_in_child=PENDING.clear)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What kombu's channel reads of its transport to build a connection pool, kept for when it has none."""
+
+    client: Connection
+    default_port: int | None
+
+
+def build_broker_key(conninfo: Connection, unacked_key: str) -> str:
+    """Which broker a delivery tag belongs to: the connection's URL (no password) and its unacked hash."""
+    return f"{conninfo.as_uri()}|{unacked_key}"
+
+
+class RestartSafeQoS(kombu_redis.QoS):
+    """kombu's Redis QoS whose restore keeps what Redis refuses, for the next live channel."""
+
+    def _broker(self) -> str:
+        return cast(RestartSafeChannel, self.channel).broker_key
+
+    def restore_unacked(self, client: Any | None = None) -> None:
+        """Restore this channel's unacked messages; those Redis refuses are kept (`PENDING`), and, Redis
+        answering, the ones kept by earlier channels are restored too (a warm shutdown after an outage)."""
+        try:
+            super().restore_unacked(client)
+        except RESTORE_ERRORS as exc:
+            tags = list(self._delivered or ())
+            if self._delivered is not None:
+                self._delivered.clear()
+            kept = PENDING.keep(self._broker(), tags)
+            logger.warning(
+                "could not restore %d unacked message(s), Redis refused: %r; %d kept until it answers",
+                len(tags),
+                exc,
+                kept,
+            )
+            return
+        if self.channel.connection is not None:
+            restore_pending(self)
+
+    def restore_by_tag(self, tag: str, client: Any | None = None, leftmost: bool = False) -> None:
+        """kombu's restore of one message, unless this channel is closed: then a live channel restores it."""
+        if self.channel.connection is None:
+            PENDING.keep(self._broker(), [tag])
+            return
+        super().restore_by_tag(tag, client, leftmost)
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's periodic sweep of messages unacked past the visibility timeout, after the kept restores."""
+        restore_pending(self)
+        super().restore_visible(start, num, interval)
+
+
+def restore_pending(qos: RestartSafeQoS) -> None:
+    """Restore the tags kept for `qos`'s broker through its (live) channel; keep what Redis still refuses."""
+    broker = qos._broker()
+    tags = PENDING.take(broker)
+    for done, tag in enumerate(tags):
+        try:
+            qos.restore_by_tag(tag)
+        except RESTORE_ERRORS as exc:
+            PENDING.keep(broker, tags[done:])
+            logger.warning("%d unacked message(s) still to restore, Redis refused: %r", len(tags) - done, exc)
+            return
+    if tags:
+        logger.warning("restored %d unacked message(s) kept while Redis was away", len(tags))
+
+
+class RestartSafeChannel(kombu_redis.Channel):
+    """kombu's Redis channel that can still reach Redis after its connection let go of it (module doc)."""
+
+    QoS = RestartSafeQoS
+    broker_key: str
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        transport: Transport = args[0] if args else kwargs["connection"]
+        assert transport.client is not None  # a channel is only opened on a connected transport
+        self._kept = _Kept(transport.client, transport.default_port)
+        super().__init__(*args, **kwargs)
+        self.broker_key = build_broker_key(transport.client, self.unacked_key)
+
+    @property
+    def pool(self) -> Any:
+        """kombu's connection pool; built from the kept connection parameters once the transport let go of
+        them (a closed or closing channel restoring or acking, module doc)."""
+        transport = self.connection
+        if transport is not None and transport.client is not None:
+            return super().pool
+        self.connection = cast(Any, self._kept)
+        try:
+            return super().pool
+        finally:
+            self.connection = transport
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """kombu's consume; a consuming channel is live, and restores what earlier channels kept."""
+        consumer_tag = super().basic_consume(queue, *args, **kwargs)
+        restore_pending(cast(RestartSafeQoS, self.qos))
+        return consumer_tag
+
+
+class RestartSafeSentinelChannel(RestartSafeChannel, kombu_redis.SentinelChannel):
+    """`RestartSafeChannel` for a `sentinel://` broker: its pool asks the sentinels for the master."""
+
+
+def use_restart_safe_channels(transport: Transport) -> None:
+    """Open `transport`'s channels as restart-safe ones (a Redis or Sentinel transport; others as they are).
+
+    Set on the transport instance, not by naming a transport class in `broker_transport`: kombu names a
+    connection's URL scheme after that setting, and Flower picks its broker by that scheme."""
+    if isinstance(transport, kombu_redis.SentinelTransport):
+        transport.Channel = RestartSafeSentinelChannel
+    elif isinstance(transport, kombu_redis.Transport):
+        transport.Channel = RestartSafeChannel
+
+
+class RestartSafeConsumer(Consumer):
+    """Celery's worker consumer on a connection whose channels ride out a Redis restart (module doc).
+
+    Only the consumer's connection holds unacked deliveries; the worker's other connections (events, the
+    producer pool) keep kombu's channels."""
+
+    def connection_for_read(self, heartbeat: float | None = None) -> Connection:
+        """Celery's consuming connection, its transport's channels made restart-safe before it connects."""
+        connection = self.app.connection_for_read(heartbeat=heartbeat)
+        use_restart_safe_channels(connection.transport)
+        return self.ensure_connected(connection)
