@@ -130,6 +130,7 @@ def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
     return f"{PREFIX}conversation:{conversation_id}:lock"
 
+
 # --- Redis itself ------------------------------------------------------------------------------------------
 # Written once under each Redis run id: a run id that changed without it means Redis came back empty.
 REDIS_MARKER = PREFIX + "redis:marker"  # string, no TTL: the run id it was written under
