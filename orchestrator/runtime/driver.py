@@ -8,7 +8,7 @@ each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked 
 - steps it (`_advance`) under its lock: every event at hand through `machine.step`, one save of the state
   and its Emit events, then the commands — timers and `Finish` here, the rest through the `Performer`, whose
   events (at once, or from a task when slow work ends) are stepped in turn;
-- parks it: beyond the `hydrated_turns` most recently stepped turns, a turn keeps only its saved JSON;
+- parks it (`HydratedTurns`): beyond the `hydrated_turns` most recently stepped, a turn keeps its JSON only;
 - drops it: finished, lease lost, or stopping.
 
 Steps of one turn are serialised by its lock; different turns interleave freely. The process hands events
@@ -25,7 +25,6 @@ import contextlib
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -37,17 +36,24 @@ from orchestrator.machine.events import (
     ArmTimer,
     CancelTimer,
     Command,
+    DispatchTools,
     Emit,
     Event,
     Finish,
     TimerFired,
     ToolFinished,
+    WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState, dump_state, find_call, load_state
 from orchestrator.model import TurnStatus
 from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
-from orchestrator.runtime.adopt import Adopted, drop_dispatches, read_missed_outcomes, resolve_turn_model
-from orchestrator.runtime.handle import TurnHandle, forget_task
+from orchestrator.runtime.adopt import (
+    Adopted,
+    drop_dispatches,
+    read_missed_outcomes,
+    resolve_turn_model,
+)
+from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
 from orchestrator.runtime.perform import Performer
 from orchestrator.runtime.timers import TimerHeap
@@ -81,12 +87,10 @@ class TurnDriver:
         self._performer = performer
         self._settings = settings
         self._orchestrator_id = orchestrator_id
-        self._hydrated_turns = hydrated_turns
         self._lost_grace_s = lost_call_grace_s
         self._policy = policy
         self.turns: dict[str, TurnHandle] = {}
-        # Turns holding a parsed state, least recently stepped first.
-        self._hydrated: OrderedDict[str, TurnHandle] = OrderedDict()
+        self._hydrated = HydratedTurns(hydrated_turns)
         self.timers = TimerHeap(self._on_timer)
 
     # --- what the process calls ------------------------------------------------------------------------
@@ -110,7 +114,7 @@ class TurnDriver:
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
             await self._guarded(handle, self._start(handle, adopted))
-        self._stepped(handle)
+        self._hydrated.stepped(handle)
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
@@ -135,6 +139,18 @@ class TurnDriver:
         """The turn's lease is lost: drop it, in a task of its own, once its step in progress ends (a step
         retrying its save holds the lock until refused: the lease loop must not wait for that)."""
         self._spawn(handle, self.drop(handle, release=False))
+
+    async def resend_unconfirmed(self) -> None:
+        """Redis restarted or failed over maybe without its last acknowledged writes (a replica promoted, an
+        AOF fsynced every second): a lost tool-call message would leave its call waiting for the deadline.
+        Only `machine.resume`'s dispatches (a redelivery, harmless) and outcome rewrites are performed."""
+        for handle in list(self.turns.values()):
+            async with handle.lock:
+                if not handle.dropped and not handle.state.terminal:
+                    _, commands = machine.resume(handle.state, at=time.time())
+                    again = [c for c in commands if isinstance(c, DispatchTools | WriteOutcomes)]
+                    if again:
+                        await self._advance(handle, (), again)
 
     async def drop_all(self) -> None:
         """Drop and release every turn (stopping): each state was persisted by the step that made it."""
@@ -198,7 +214,7 @@ class TurnDriver:
             await self._advance(handle, events)
             if read_control and not handle.dropped:
                 await self._read_control(handle)
-        self._stepped(handle)
+        self._hydrated.stepped(handle)
 
     async def _read_control(self, handle: TurnHandle) -> None:
         read = functools.partial(self._store.read_control, handle.turn_id, handle.control_after)
@@ -349,19 +365,6 @@ class TurnDriver:
 
     # --- parking and dropping --------------------------------------------------------------------------
 
-    def _stepped(self, handle: TurnHandle) -> None:
-        """Mark a turn as just used; park the least recently used ones beyond `hydrated_turns`."""
-        if handle.dropped or not handle.hydrated:
-            return
-        self._hydrated[handle.turn_id] = handle
-        self._hydrated.move_to_end(handle.turn_id)
-        while len(self._hydrated) > self._hydrated_turns:
-            _, oldest = self._hydrated.popitem(last=False)
-            if not oldest.park() and not oldest.dropped:
-                # Busy (a step, a model call or a publish in progress): it comes back when its step ends.
-                self._hydrated[oldest.turn_id] = oldest
-                break
-
     async def _finished(self, handle: TurnHandle) -> None:
         # The turn's outcome is stored (Finish): count it, forget the turn, release its lease.
         outcome = handle.state.outcome
@@ -377,7 +380,7 @@ class TurnDriver:
         self.turns.pop(handle.turn_id, None)
         self.timers.cancel_turn(handle.turn_id)
         current = asyncio.current_task()
-        self._hydrated.pop(handle.turn_id, None)
+        self._hydrated.forget(handle.turn_id)
         for task in list(handle.tasks or ()):
             if task is not current:
                 task.cancel()

@@ -70,6 +70,8 @@ class HoldsTurns(Protocol):
 
     async def drop(self, handle: TurnHandle, *, release: bool) -> None: ...
 
+    async def resend_unconfirmed(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class LostRecord:
@@ -256,11 +258,13 @@ class DurabilityWatcher:
             missing = await self._runner.run(losses.find_missing_turns(list(candidates)))
         if not empty and not missing:
             log.info(
-                "Redis at %s restarted or failed over (run id %s -> %s) with its data",
+                "Redis at %s restarted or failed over (run id %s -> %s) with its data; sending again the "
+                "calls no worker has started",
                 self._url,
                 old_run_id[:12],
                 new_run_id[:12],
             )
+            await self._driver.resend_unconfirmed()
             return set()
         loss = RedisLoss(
             detected_at=self._clock(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 
 from orchestrator.machine.events import Event
 from orchestrator.machine.state import TurnState, load_state
@@ -91,3 +92,31 @@ def forget_task(handle: TurnHandle, task: asyncio.Task[None]) -> None:
         handle.tasks.discard(task)
         if not handle.tasks:
             handle.tasks = None
+
+
+class HydratedTurns:
+    """Turns holding a parsed state, least recently stepped first; beyond `limit` the oldest are parked."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._turns: OrderedDict[str, TurnHandle] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def stepped(self, handle: TurnHandle) -> None:
+        """Mark a turn as just used; park the least recently used ones beyond `limit`."""
+        if handle.dropped or not handle.hydrated:
+            return
+        self._turns[handle.turn_id] = handle
+        self._turns.move_to_end(handle.turn_id)
+        while len(self._turns) > self.limit:
+            _, oldest = self._turns.popitem(last=False)
+            if not oldest.park() and not oldest.dropped:
+                # Busy (a step, a model call or a publish in progress): it comes back when its step ends.
+                self._turns[oldest.turn_id] = oldest
+                break
+
+    def forget(self, turn_id: str) -> None:
+        """A dropped turn."""
+        self._turns.pop(turn_id, None)

@@ -177,6 +177,9 @@ def _two_workers(env: FaultEnv) -> None:
     env.start_orchestrator()
 
 
+# The fence that keeps a superseded execution from starting its body is tested in-process (test_call_fence);
+# the whole-worker freeze runs with the faults, the idempotent one below in `make test` too.
+@pytest.mark.faults
 @pytest.mark.parametrize("size", SIZES)
 def test_a_call_frozen_before_its_body_runs_once_elsewhere(size: Size) -> None:
     with FaultEnv() as env:

@@ -223,7 +223,7 @@ def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> N
     assert names == ["turn_queued", "tool_started", "turn_finished"]
 
 
-@pytest.mark.parametrize("refusal", ["out_of_memory", "read_only"])
+@pytest.mark.parametrize("refusal", ["out_of_memory", pytest.param("read_only", marks=pytest.mark.faults)])
 def test_a_redis_that_refuses_writes_gets_503_with_retry_after_and_healthz_stays_200(refusal: str) -> None:
     from ops.redis_server import RedisServer, find_free_port
 

@@ -96,11 +96,11 @@ async def test_only_the_least_recently_stepped_turns_beyond_the_limit_are_parked
             runtime.driver.turns[handle.turn_id] = handle
             handles.append(handle)
         for handle in handles:
-            runtime.driver._stepped(handle)
+            runtime.driver._hydrated.stepped(handle)
         assert [h.hydrated for h in handles] == [False, True, True]
         # Stepping a parked turn brings it back and parks the one least recently stepped now.
         assert handles[0].state.turn_id == "turn_0"
-        runtime.driver._stepped(handles[0])
+        runtime.driver._hydrated.stepped(handles[0])
         assert [h.hydrated for h in handles] == [True, False, True]
         await runtime.performer.aclose()
     await store.aclose()
