@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +40,8 @@ from celery.worker.consumer.consumer import Consumer
 from kombu import Connection
 from kombu.transport import redis as kombu_redis
 from kombu.transport.base import Transport
+
+from workers.redis_retry import build_backoff_s, is_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,27 @@ class RestartSafeQoS(kombu_redis.QoS):
 
     def _broker(self) -> str:
         return cast(RestartSafeChannel, self.channel).broker_key
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """Record a message just taken off its queue as unacked, again while Redis refuses the write.
+
+        A Redis out of memory (or refusing writes: MISCONF) refuses the record of a message BRPOP already
+        removed: raised, the error ends the worker ("Unrecoverable error") and the message is lost. The
+        consumer waits instead — nothing progresses while Redis refuses writes. A lost connection or a
+        read-only replica is raised as before: kombu reconnects, to the current master.
+        """
+        failures = 0
+        while True:
+            try:
+                super().append(message, delivery_tag)
+                return
+            except redis.ResponseError as exc:
+                if isinstance(exc, redis.exceptions.ReadOnlyError) or not is_unavailable(exc):
+                    raise
+                failures += 1
+                if failures == 1:
+                    logger.warning("Redis refuses to record a received message (%r); retrying", exc)
+                time.sleep(build_backoff_s(failures))
 
     def restore_unacked(self, client: Any | None = None) -> None:
         """Restore this channel's unacked messages; those Redis refuses are kept (`PENDING`), and, Redis
