@@ -28,6 +28,7 @@ from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
 from orchestrator import metrics
+from workers.redis_retry import find_redis_error as find_wrapped_redis_error
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -62,14 +63,8 @@ def build_backoff_s(failures: int) -> float:
 
 def find_redis_error(exc: BaseException) -> BaseException:
     """The Redis error behind `exc` (kombu wraps what it gave up publishing), else `exc` itself (pure)."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # a cause chain is short; a cycle must not loop
-        if seen is None:
-            break
-        if isinstance(seen, redis.exceptions.RedisError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return exc
+    found = find_wrapped_redis_error(exc)
+    return exc if found is None else found
 
 
 def is_redis_failure(exc: BaseException) -> bool:

@@ -116,3 +116,15 @@ class RedisRetry:
         # An interruption during the pause only makes the next try come sooner.
         with contextlib.suppress(*self.interruptions):
             self.sleep(seconds)
+
+
+def find_redis_error(exc: object) -> redis.RedisError | None:
+    """The Redis error behind `exc`, or None: kombu re-raises a failed publish as its own `OperationalError`
+    or `ConnectionError`, with the Redis error as its cause."""
+    for _ in range(8):  # a cause chain is short; a cycle must not loop
+        if not isinstance(exc, BaseException):
+            return None
+        if isinstance(exc, redis.RedisError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -55,7 +55,7 @@ from workers.execution import (
 )
 from workers.outcomes import build_idempotency_key
 from workers.parent import handle_hard_timeout, handle_revoked, handle_worker_lost
-from workers.redis_retry import build_backoff_s, is_unavailable
+from workers.redis_retry import build_backoff_s, find_redis_error, is_unavailable
 from workers.settings import WorkerSettings, get_worker_settings
 from workers.spool import Spool, SpoolDrainer, build_spool_dir
 from workers.tools import Tool, registry
@@ -284,7 +284,7 @@ def _publish_retry(
             raise task.retry(exc=ToolCallRetried(reason), countdown=countdown_s, **reprs)
         except Reject as refused:
             cause = refused.args[0] if refused.args else None
-            redis_error = find_redis_cause(cause)
+            redis_error = find_redis_error(cause)
             if redis_error is None or not is_unavailable(redis_error):
                 raise
         failures += 1
@@ -296,16 +296,6 @@ def _publish_retry(
             logger.warning("%s: publishing its retry, redis refuses: %r", request.call_id, cause)
         with contextlib.suppress(SoftTimeLimitExceeded):
             time.sleep(pause)
-
-
-def find_redis_cause(exc: object) -> BaseException | None:
-    """The Redis error behind `exc`: kombu re-raises a failed publish as its own `OperationalError` or
-    `ConnectionError`, the Redis error as its `__cause__`."""
-    while isinstance(exc, BaseException):
-        if isinstance(exc, redis.RedisError):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def build_task_failure(outcome: ToolOutcome) -> ToolCallFailed:

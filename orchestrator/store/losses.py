@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec
+from orchestrator.store import codec, operations
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
 from orchestrator.store.scripts import RECORD_LOST
 from workers import keys
@@ -149,13 +149,7 @@ def record_lost(
 ) -> ScriptCall[LostResult]:
     """The terminal record of a lost turn, unless the turn has its keys (`record_lost.lua`)."""
     summary = {
-        "turn_id": turn_id,
-        "status": outcome.status,
-        "stop_reason": outcome.stop_reason,
-        "limit_reached": outcome.limit_reached,
-        "llm_calls": outcome.llm_calls,
-        "tool_executions": outcome.tool_executions,
-        "usage": outcome.usage.model_dump(mode="json"),
+        **operations.build_turn_summary(turn_id, outcome),
         "lost": True,
         "error": outcome.error.message if outcome.error else None,
     }

@@ -237,15 +237,7 @@ def save_outcome(
         keys.conversation_lock(conversation_id) if conversation_id else "",
         keys.conversation_waiting(conversation_id) if conversation_id else "",
     ]
-    summary = {
-        "turn_id": turn_id,
-        "status": outcome.status,
-        "stop_reason": outcome.stop_reason,
-        "limit_reached": outcome.limit_reached,
-        "llm_calls": outcome.llm_calls,
-        "tool_executions": outcome.tool_executions,
-        "usage": outcome.usage.model_dump(mode="json"),
-    }
+    summary = build_turn_summary(turn_id, outcome)
     args: list[str | int] = [turn_id, outcome.model_dump_json(), outcome.status, keys.TURN_TTL_S]
     args += [json.dumps(summary), keys.EVENTS_MAXLEN, repr(now), TERMINAL_STATUSES, codec.TURN_FINISHED]
     return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
@@ -371,3 +363,16 @@ def unregister(orchestrator_id: str) -> Transaction[Any]:
 def ping() -> RedisCommand[bool]:
     """True when Redis answers."""
     return RedisCommand(("PING",), bool)
+
+
+def build_turn_summary(turn_id: str, outcome: TurnOutcome) -> dict[str, Any]:
+    """The `turn_finished` event's data: how the turn ended, without its messages."""
+    return {
+        "turn_id": turn_id,
+        "status": outcome.status,
+        "stop_reason": outcome.stop_reason,
+        "limit_reached": outcome.limit_reached,
+        "llm_calls": outcome.llm_calls,
+        "tool_executions": outcome.tool_executions,
+        "usage": outcome.usage.model_dump(mode="json"),
+    }

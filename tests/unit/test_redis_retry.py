@@ -6,8 +6,14 @@ import kombu.exceptions
 import pytest
 import redis
 
-from workers.redis_retry import BACKOFF_MAX_S, BACKOFF_MIN_S, RedisRetry, build_backoff_s, is_unavailable
-from workers.tasks import find_redis_cause
+from workers.redis_retry import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    RedisRetry,
+    build_backoff_s,
+    find_redis_error,
+    is_unavailable,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -181,6 +187,6 @@ def test_a_retry_kombu_could_not_publish_is_found_behind_its_wrapper() -> None:
         except redis.RedisError as exc:
             raise kombu.exceptions.OperationalError(str(exc)) from exc
     except kombu.exceptions.OperationalError as wrapped:
-        assert find_redis_cause(wrapped) is oom
-    assert find_redis_cause(ValueError("no redis here")) is None
-    assert find_redis_cause(None) is None
+        assert find_redis_error(wrapped) is oom
+    assert find_redis_error(ValueError("no redis here")) is None
+    assert find_redis_error(None) is None
