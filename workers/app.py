@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers.broker import use_master_checking_sentinels
 from workers.connect import build_sentinel_broker_url, is_sentinel_url, resolve_master_name
 from workers.contract import ToolSpec
 from workers.errors import ToolDefinitionError, ToolModuleError
@@ -77,6 +78,7 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
     }
     if is_sentinel_url(settings.effective_broker_url):
         config["broker_failover_strategy"] = StayOnSentinels
+        use_master_checking_sentinels()
     config.update(build_ssl_config(settings))
     return config
 

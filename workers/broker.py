@@ -36,11 +36,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+import redis.sentinel
 from celery.worker.consumer.consumer import Consumer
 from kombu import Connection
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.transport.base import Transport
 
+from workers.connect import MasterCheckingPool
 from workers.redis_retry import build_backoff_s, is_unavailable
 
 logger = logging.getLogger(__name__)
@@ -204,7 +207,40 @@ class RestartSafeChannel(kombu_redis.Channel):
         return consumer_tag
 
 
-class RestartSafeSentinelChannel(RestartSafeChannel, kombu_redis.SentinelChannel):
+class MasterCheckingSentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel whose connection pool asks the sentinels where the master is at least every
+    `MASTER_CHECK_S` while in use (`workers.connect.MasterCheckingPool`).
+
+    kombu's pool asks only when it opens a connection: after SENTINEL FAILOVER a publisher's warm connection
+    would go on writing tool-call messages to the old master until the sentinels demote it, about ten
+    seconds on, and the demoted master drops them.
+    """
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        pool = super()._sentinel_managed_pool(asynchronous)  # type: ignore[misc]
+        # kombu builds redis-py's pool through `Sentinel.master_for` with no way to name its class; ours adds
+        # only the check before handing out a connection, no state of its own.
+        if type(pool) is redis.sentinel.SentinelConnectionPool:
+            pool.__class__ = MasterCheckingPool
+        return pool
+
+
+class MasterCheckingSentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with `MasterCheckingSentinelChannel`s (`use_master_checking_sentinels`)."""
+
+    Channel = MasterCheckingSentinelChannel
+
+
+def use_master_checking_sentinels() -> None:
+    """Make every `sentinel://` kombu connection of this process a `MasterCheckingSentinelTransport`: the
+    orchestrator's publisher, the worker's consumer, retries and events, Flower's broker.
+
+    By the alias kombu resolves the URL scheme with, not the `broker_transport` setting: the connection still
+    calls itself `sentinel`, as Flower expects of it."""
+    TRANSPORT_ALIASES["sentinel"] = f"{__name__}:{MasterCheckingSentinelTransport.__name__}"
+
+
+class RestartSafeSentinelChannel(RestartSafeChannel, MasterCheckingSentinelChannel):
     """`RestartSafeChannel` for a `sentinel://` broker: its pool asks the sentinels for the master."""
 
 

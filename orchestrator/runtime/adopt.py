@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import ModelConfigError
-from orchestrator.machine.events import Command, DispatchTools, ToolFinished
+from orchestrator.machine.events import Command, DispatchTools, ToolFinished, WriteOutcomes
 from orchestrator.machine.state import TurnState
 from orchestrator.providers.base import resolve_model
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
@@ -64,3 +64,11 @@ def drop_dispatches(commands: Sequence[Command], call_ids: Collection[str]) -> l
         elif calls := [d for d in command.calls if d.call_id not in call_ids]:
             kept.append(command.model_copy(update={"calls": calls}))
     return kept
+
+
+def select_resent(commands: Sequence[Command], missed: Sequence[ToolFinished]) -> list[Command]:
+    """Of `machine.resume`'s commands for a turn still running here, what it sends again after Redis restarted
+    or failed over: its dispatches no worker confirmed (a redelivery is harmless), less those of calls whose
+    outcome was read (`missed`), and the outcome writes it asked for."""
+    again = [c for c in commands if isinstance(c, DispatchTools | WriteOutcomes)]
+    return drop_dispatches(again, {e.outcome.call_id for e in missed})

@@ -36,13 +36,11 @@ from orchestrator.machine.events import (
     ArmTimer,
     CancelTimer,
     Command,
-    DispatchTools,
     Emit,
     Event,
     Finish,
     TimerFired,
     ToolFinished,
-    WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState, dump_state, find_call, load_state
 from orchestrator.model import TurnStatus
@@ -52,6 +50,7 @@ from orchestrator.runtime.adopt import (
     drop_dispatches,
     read_missed_outcomes,
     resolve_turn_model,
+    select_resent,
 )
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
@@ -140,17 +139,17 @@ class TurnDriver:
         retrying its save holds the lock until refused: the lease loop must not wait for that)."""
         self._spawn(handle, self.drop(handle, release=False))
 
-    async def resend_unconfirmed(self) -> None:
-        """Redis restarted or failed over maybe without its last acknowledged writes (a replica promoted, an
-        AOF fsynced every second): a lost tool-call message would leave its call waiting for the deadline.
-        Only `machine.resume`'s dispatches (a redelivery, harmless) and outcome rewrites are performed."""
+    async def catch_up(self) -> None:
+        """Redis restarted or failed over, maybe without its last acknowledged writes, and writers may reach
+        the old master a moment longer: each turn reads the outcomes of its unanswered calls (their notices
+        may be lost) and sends again what `select_resent` keeps of `machine.resume`'s commands."""
         for handle in list(self.turns.values()):
             async with handle.lock:
                 if not handle.dropped and not handle.state.terminal:
+                    read = functools.partial(read_missed_outcomes, self._store, handle.state)
+                    missed = await self._retry.call("catch-up", read)
                     _, commands = machine.resume(handle.state, at=time.time())
-                    again = [c for c in commands if isinstance(c, DispatchTools | WriteOutcomes)]
-                    if again:
-                        await self._advance(handle, (), again)
+                    await self._advance(handle, missed, select_resent(commands, missed))
 
     async def drop_all(self) -> None:
         """Drop and release every turn (stopping): each state was persisted by the step that made it."""

@@ -56,6 +56,10 @@ WATCH_S = 1.0
 # How often the turns held are noted between two looks (no Redis involved): a turn claimed just before Redis
 # went away, and dropped by the driver (its save refused) before the next look, is still known to be lost.
 TRACK_S = 0.1
+# After a restart or failover with the data, when the turns catch up again (seconds after it was seen):
+# writers leave an old master still up at different speeds (a pool asks the sentinels every second, kombu's
+# consumers when it is demoted, which sentinels do within ten seconds), and what they wrote there is lost.
+CATCH_UP_AFTER_S = (1.0, 3.0, 10.0, 20.0)
 # How many lost turn ids the ERROR line names at most (each lost turn's record tells it too).
 SHOWN_IDS = 100
 # Redis errors the watcher waits out: the other loops report an outage; the next look retries.
@@ -70,7 +74,7 @@ class HoldsTurns(Protocol):
 
     async def drop(self, handle: TurnHandle, *, release: bool) -> None: ...
 
-    async def resend_unconfirmed(self) -> None: ...
+    async def catch_up(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -199,27 +203,36 @@ class DurabilityWatcher:
         self._told_loss = False
         self._error_said: str | None = None
         self._looking = asyncio.Lock()
+        self._catching_up: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         """Look now, then every `interval_s`, until cancelled; Redis errors are retried at the next look."""
-        while True:
-            try:
-                await self.check()
-            except _WAITED_OUT:
-                pass  # the other loops tell the outage; the next look sees what Redis came back with
-            except redis.exceptions.RedisError as exc:
-                # Refused (INFO disabled, out of memory for the records): said once, retried every look.
-                if str(exc) != self._error_said:
-                    self._error_said = str(exc)
-                    log.warning("durability watch on Redis at %s failed (%s); retrying", self._url, exc)
-            except Exception as exc:
-                # A bug here must not stop the orchestrator (its loops end it when one ends): said, retried.
-                if repr(exc) != self._error_said:
-                    self._error_said = repr(exc)
-                    log.exception("durability watch failed; retrying")
-            for _ in range(max(1, round(self.interval_s / TRACK_S))):
-                await asyncio.sleep(min(TRACK_S, self.interval_s))
-                self._seen.update(self._driver.turns)
+        try:
+            while True:
+                await self._look_safely()
+                for _ in range(max(1, round(self.interval_s / TRACK_S))):
+                    await asyncio.sleep(min(TRACK_S, self.interval_s))
+                    self._seen.update(self._driver.turns)
+        finally:
+            # The orchestrator is stopping: the catch-ups still scheduled are its turns' next owners' now.
+            if self._catching_up is not None:
+                self._catching_up.cancel()
+
+    async def _look_safely(self) -> None:
+        try:
+            await self.check()
+        except _WAITED_OUT:
+            pass  # the other loops tell the outage; the next look sees what Redis came back with
+        except redis.exceptions.RedisError as exc:
+            # Refused (INFO disabled, out of memory for the records): said once, retried every look.
+            if str(exc) != self._error_said:
+                self._error_said = str(exc)
+                log.warning("durability watch on Redis at %s failed (%s); retrying", self._url, exc)
+        except Exception as exc:
+            # A bug here must not stop the orchestrator (its loops end it when one ends): said, retried.
+            if repr(exc) != self._error_said:
+                self._error_said = repr(exc)
+                log.exception("durability watch failed; retrying")
 
     async def check(self) -> set[str]:
         """One look: the ids of the turns found lost (and recorded) by this look; usually none.
@@ -258,13 +271,16 @@ class DurabilityWatcher:
             missing = await self._runner.run(losses.find_missing_turns(list(candidates)))
         if not empty and not missing:
             log.info(
-                "Redis at %s restarted or failed over (run id %s -> %s) with its data; sending again the "
-                "calls no worker has started",
+                "Redis at %s restarted or failed over (run id %s -> %s) with its data; reading the outcomes "
+                "of unanswered calls and sending again the calls no worker has started",
                 self._url,
                 old_run_id[:12],
                 new_run_id[:12],
             )
-            await self._driver.resend_unconfirmed()
+            await self._driver.catch_up()
+            if self._catching_up is not None:
+                self._catching_up.cancel()
+            self._catching_up = asyncio.create_task(self._catch_up_later())
             return set()
         loss = RedisLoss(
             detected_at=self._clock(),
@@ -283,6 +299,17 @@ class DurabilityWatcher:
             await self._record(handle, message)
         await self._runner.run(losses.note_loss(loss))
         return set(missing)
+
+    async def _catch_up_later(self) -> None:
+        waited = 0.0
+        for after_s in CATCH_UP_AFTER_S:
+            await asyncio.sleep(after_s - waited)
+            waited = after_s
+            try:
+                await self._driver.catch_up()
+            except Exception:
+                # Redis away again (its retries ended by a stop) or a bug: the next catch-up tries again.
+                log.exception("catching up after a Redis restart failed")
 
     def _tell(self, loss: RedisLoss, missing: Sequence[str]) -> None:
         # One ERROR line per loss; a handling retried after a Redis error tells only turns not told yet.

@@ -58,10 +58,7 @@ LONG = Size(
     turns=20, calls=3, rounds=3, how=("failover", "kill", "failover", "kill"), seconds=0.5, timeout_s=300
 )
 SIZES = [
-    # Failing over kills or demotes the master that took the last writes, tool-call messages among them: a
-    # window that makes a short run flaky (see the README's "Redis behind Sentinel"), so both sizes run
-    # with the faults; `make test` keeps the warm-client switch below.
-    pytest.param(QUICK, id="quick", marks=[pytest.mark.faults, pytest.mark.timeout(120)]),
+    pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(120)),
     pytest.param(LONG, id="long", marks=[pytest.mark.faults, pytest.mark.timeout(600)]),
 ]
 

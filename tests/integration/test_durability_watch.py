@@ -8,6 +8,7 @@ afterwards (a late step, outcome or tool result) brings them back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 
@@ -48,7 +49,7 @@ class Held:
         self.handles.pop(handle.turn_id, None)
         self.dropped.append((handle.turn_id, release))
 
-    async def resend_unconfirmed(self) -> None:
+    async def catch_up(self) -> None:
         self.resent += 1
 
 
@@ -129,6 +130,12 @@ async def test_a_restart_is_a_loss_only_when_redis_came_back_empty(
         assert await store.get_status(TURN) is TurnStatus.RUNNING
         assert await runner.run(losses.read_losses()) == []
         assert any("with its data" in r.getMessage() for r in caplog.records)
+        # Writers still on the old master a moment longer: the turns catch up again a second later.
+        for _ in range(50):
+            if held.resent > 1:
+                break
+            await asyncio.sleep(0.1)
+        assert held.resent == 2
         return
     assert found == {TURN} and held.dropped == [(TURN, False)] and handle.dropped
     (line,) = _loss_lines(caplog)
