@@ -42,9 +42,6 @@ log = logging.getLogger("toolloop.api")
 RETRY_AFTER_S = 1
 # How long a request waits for a free connection of the pool before its 503.
 SLOT_WAIT_S = 5.0
-# How long a request rides out a Redis that does not answer (a restart, a failover, OOM until memory frees)
-# before its 503: longer than a restart, shorter than a web request may take (the clients wait as long).
-REQUEST_RETRY_S = 10.0
 # How long /healthz waits for PONG; also its connection's connect timeout.
 HEALTH_TIMEOUT_S = 3.0
 # A reader that cannot connect gives up on that try after this long (then backs off and tries again).
@@ -183,7 +180,7 @@ class ApiRedis:
         fanout = EventFanout(reader, buffer_events=settings.api_stream_buffer_events)
         fanout.start()
         return cls(
-            client=AsyncClient(settings=settings, store=store, retry_s=REQUEST_RETRY_S),
+            client=AsyncClient(settings=settings, store=store, retry_s=settings.api_redis_retry_s),
             gate=RedisGate(size),
             fanout=fanout,
             health=HealthCheck(health),

@@ -11,8 +11,9 @@ event is lost or sent twice. While nothing comes (Redis away, a quiet turn) it w
 every `api_sse_keepalive_s` (TOOLLOOP_API_SSE_KEEPALIVE_S), so proxies do not cut it, and an idle stream
 looks at its turn again each time, so a turn that vanished (expired, or Redis came back empty) ends it.
 
-Opening a stream while Redis is away waits up to `OPEN_WAIT_S` for it, as a browser's EventSource gives up
-for good on a 503; past that, the 503 with `Retry-After` every route gives.
+Opening a stream while Redis is away waits up to `api_redis_retry_s` (TOOLLOOP_API_REDIS_RETRY_S) for it,
+as a browser's EventSource gives up for good on a 503; past that, the 503 with `Retry-After` every route
+gives.
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from orchestrator import metrics
 from orchestrator.api_fanout import REDIS_FAILURES, Backoff, EventFanout, Subscription
-from orchestrator.api_redis import REQUEST_RETRY_S, ApiRedis, build_failure_reason
+from orchestrator.api_redis import ApiRedis, build_failure_reason
 from orchestrator.model import TurnStatus
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
 
 # A stream id as a client may give it: `after` and `Last-Event-ID` (anything else is a 422).
 STREAM_ID_PATTERN = r"^\d+(-\d+)?$"
-# How long opening a stream waits for an unavailable Redis before its 503: as long as any request does.
-OPEN_WAIT_S = REQUEST_RETRY_S
 # Events read per catch-up read: a stream further behind reads page after page, at its client's pace.
 PAGE_EVENTS = 100
 
@@ -117,10 +116,10 @@ async def follow_turn(
 
 
 async def _open_status(api: ApiRedis, turn_id: str) -> TurnStatus | None:
-    # The turn's status, waiting up to OPEN_WAIT_S for Redis; past it the last failure (a 503) is raised.
+    # The turn's status, waiting up to api_redis_retry_s for Redis; past it the last failure (a 503) raises.
     loop = asyncio.get_running_loop()
     # A shorter cap than a stream's: a Redis that flaps is up for moments, and one read is all it takes.
-    deadline, backoff = loop.time() + OPEN_WAIT_S, Backoff(cap_s=1.0)
+    deadline, backoff = loop.time() + api.client.settings.api_redis_retry_s, Backoff(cap_s=1.0)
     while True:
         try:
             async with api.gate.slot():

@@ -37,6 +37,9 @@ class Settings(WorkerSettings):
     api_stream_buffer_events: int = Field(default=256, ge=1)
     # How often an SSE stream with nothing to send writes a keep-alive comment (TOOLLOOP_API_SSE_KEEPALIVE_S).
     api_sse_keepalive_s: float = Field(default=10.0, gt=0)
+    # How long an API request (and the opening of an SSE stream) waits for a Redis that does not answer
+    # before it is a 503 with Retry-After (TOOLLOOP_API_REDIS_RETRY_S): long enough to ride out a restart.
+    api_redis_retry_s: float = Field(default=10.0, ge=0)
 
     openai_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")
