@@ -43,7 +43,7 @@ from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct
 from orchestrator.errors import ModelConfigError, RedisUnavailableError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store import codec, flows, operations
+from orchestrator.store import codec, flows, history, operations
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
@@ -295,7 +295,7 @@ class AsyncClient:
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (sensitive values redacted), or None while the turn runs."""
-        outcome = await self._runner.run(operations.get_outcome(turn_id), self._patience())
+        outcome = await self._runner.run(history.get_outcome(turn_id), self._patience())
         return None if outcome is None else build_shown_outcome(outcome)
 
     # `timeout` rather than asyncio.timeout: the same signature as the sync `Client.wait` (the contract).

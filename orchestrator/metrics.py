@@ -131,3 +131,16 @@ def record_turns_lost(count: int) -> None:
 def record_redis_data_loss(kind: str) -> None:
     """Count one time Redis came back without its data (`empty`) or some of it (`partial`)."""
     REDIS_DATA_LOSSES.labels(kind=kind).inc()
+
+
+ARCHIVE_FAILURES = Counter(
+    "toolloop_archive_failures",
+    "Finished turns whose record was not handed to the archive task, by stage: `read` (their record could "
+    "not be read), `publish` (the broker refused it), `stopped` (the orchestrator stopped first).",
+    ["stage"],
+)
+
+
+def record_archive_failure(stage: str) -> None:
+    """Count one finished turn whose record was not archived; `stage` is `read`, `publish` or `stopped`."""
+    ARCHIVE_FAILURES.labels(stage=stage).inc()

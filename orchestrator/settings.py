@@ -12,6 +12,7 @@ from functools import lru_cache
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 
 from orchestrator.providers.traits import MODEL_TIERS
+from workers import keys
 from workers.settings import WorkerSettings
 
 
@@ -57,10 +58,37 @@ class Settings(WorkerSettings):
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
 
+    # The archive hook (`orchestrator.archive`): the Celery task name each finished turn's record is sent to
+    # (TOOLLOOP_ARCHIVE_TASK, e.g. `myapp.archive_turn`; unset: no archive), on this queue
+    # (TOOLLOOP_ARCHIVE_QUEUE), which the team's own Celery worker consumes.
+    archive_task: str | None = None
+    archive_queue: str = "toolloop.archive"
+
+    # The context budget (`orchestrator.context`): windows of models the known table lacks or gets wrong,
+    # as JSON `{"<provider:model or model>": tokens}`, the longest matching name first
+    # (TOOLLOOP_CONTEXT_WINDOWS); the tokens kept for the answer (TOOLLOOP_CONTEXT_OUTPUT_RESERVE_TOKENS;
+    # unset: an eighth of the window, 256 to 32,000); older history summarised by a model call before
+    # exchanges are dropped (TOOLLOOP_COMPACTION, off by default).
+    context_windows: dict[str, int] = Field(default_factory=dict)
+    context_output_reserve_tokens: int | None = Field(default=None, ge=0)
+    compaction: bool = False
+
+    # Retention (README "Storage"): a finished turn's request, state, outcome, events and control, and the
+    # history list of a turn without a conversation (TOOLLOOP_TURN_TTL_S, 7 days); a conversation's history
+    # list and head, from its last turn's end: a conversation in use never expires
+    # (TOOLLOOP_CONVERSATION_TTL_S, 30 days). The outcome and audit TTLs are the workers' (`WorkerSettings`).
+    turn_ttl_s: int = Field(default=keys.TURN_TTL_S, gt=0)
+    conversation_ttl_s: int = Field(default=keys.CONVERSATION_TTL_S, gt=0)
+
     @field_validator("api_token", mode="after")
     @classmethod
     def _blank_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
         return None if token is None or not token.get_secret_value().strip() else token
+
+    @property
+    def retention(self) -> keys.Retention:
+        """The four retention settings, as the stores take them."""
+        return keys.Retention(self.turn_ttl_s, self.conversation_ttl_s, self.outcome_ttl_s, self.audit_ttl_s)
 
     @property
     def model_tiers(self) -> dict[str, str]:

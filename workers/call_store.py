@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
 from workers.redis_retry import RedisRetry
 
 ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
@@ -56,7 +56,7 @@ class OutcomeWrite(BaseModel):
         return cls(
             call_id=outcome.call_id,
             turn_id=outcome.turn_id,
-            outcome_json=outcome.model_dump_json(),
+            outcome_json=dump_tool_outcome(outcome),
             fence_attempt=fence.attempt if fence is not None else None,
             fence_holder=fence.holder if fence is not None else "",
             **fields,
@@ -201,7 +201,7 @@ class CallStore:
     def read_outcome(self, call_id: str) -> ToolOutcome | None:
         """The call's winning outcome, if any."""
         raw = self.client.get(keys.outcome(call_id))
-        return ToolOutcome.model_validate_json(raw) if raw is not None else None
+        return parse_tool_outcome(raw) if raw is not None else None
 
 
 _stores: dict[str, CallStore] = {}

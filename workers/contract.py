@@ -137,6 +137,48 @@ class ToolOutcome(BaseModel):
         return not self.ok
 
 
+# --- the stored outcome: its result once -----------------------------------------------------------------
+# An outcome key, the late list, an inbox notification and a spooled write hold `dump_tool_outcome`'s JSON:
+# `content` is left out when it is what `result` gives (a string as is, anything else as JSON), and
+# `parse_tool_outcome` derives it again. Once the turn's history holds the answer, the key keeps a stub
+# (`build_consumed_stub`): the outcome without its result, marked `consumed`.
+CONSUMED_FIELD = "consumed"
+
+
+def derive_content(result: Any) -> str | None:
+    """The content a result is shown as (`workers.outcomes.build_content`); None when JSON cannot carry it."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+
+
+def dump_tool_outcome(outcome: ToolOutcome) -> str:
+    """The stored JSON of an outcome: its result once (see above)."""
+    if outcome.ok and outcome.content == derive_content(outcome.result):
+        return outcome.model_dump_json(exclude={"content"})
+    return outcome.model_dump_json()
+
+
+def parse_tool_outcome(raw: str | bytes) -> ToolOutcome:
+    """An outcome from `dump_tool_outcome`'s JSON (or a full one, as written before; or a consumed stub, whose
+    content and result are gone: read as empty)."""
+    data = json.loads(raw)
+    if isinstance(data, dict) and "content" not in data:
+        derived = None if data.get(CONSUMED_FIELD) else derive_content(data.get("result"))
+        data["content"] = derived if derived is not None else ""
+    return ToolOutcome.model_validate(data)
+
+
+def build_consumed_stub(outcome: ToolOutcome) -> str:
+    """What an outcome key keeps once the turn's history holds the outcome's content: the outcome without
+    its result and content, marked `consumed` (the key must stay: a redelivered call checks it exists)."""
+    body = outcome.model_dump_json(exclude={"result", "content"}, exclude_defaults=True)
+    return '{"' + CONSUMED_FIELD + '":true,' + body[1:]
+
+
 def build_task_name(tool_name: str) -> str:
     """The Celery task name of a tool: what Flower lists (SPEC §7.3)."""
     return f"{TASK_NAME_PREFIX}{tool_name}"

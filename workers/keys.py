@@ -7,6 +7,8 @@ scripts over these keys are `.lua` files (`workers.scripts`), which get every ke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PREFIX = "toolloop:"
 
 # --- retention -------------------------------------------------------------------------------------------
@@ -16,9 +18,26 @@ IDEMPOTENCY_TTL_S = 24 * 3600  # a stored success that replays (SPEC §4.8)
 CATALOGUE_STALE_S = 60.0  # a worker's catalogue entry older than this is ignored
 CATALOGUE_REFRESH_S = 15.0  # how often a worker republishes its catalogue entry
 TURN_TTL_S = 7 * 24 * 3600  # a turn's request, state, events and outcome after it ends
+CONVERSATION_TTL_S = 30 * 24 * 3600  # a conversation's history list and head, from its last turn's end
+AUDIT_TTL_S = 7 * 24 * 3600  # a consumed outcome's stub, and late outcomes
 INBOX_MAXLEN = 100_000  # approximate cap of an orchestrator's inbox stream
 INBOX_OUTCOME_MAX_BYTES = 8192  # an outcome notification carries the outcome itself up to this size
 EVENTS_MAXLEN = 10_000  # approximate cap of one turn's event stream
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long finished things are kept (seconds): the settings `TOOLLOOP_TURN_TTL_S`,
+    `TOOLLOOP_CONVERSATION_TTL_S`, `TOOLLOOP_OUTCOME_TTL_S` and `TOOLLOOP_AUDIT_TTL_S`, whose defaults are the
+    constants above."""
+
+    turn_ttl_s: int = TURN_TTL_S
+    conversation_ttl_s: int = CONVERSATION_TTL_S
+    outcome_ttl_s: int = OUTCOME_TTL_S
+    audit_ttl_s: int = AUDIT_TTL_S
+
+
+DEFAULT_RETENTION = Retention()
 
 # --- tools -----------------------------------------------------------------------------------------------
 CATALOGUE = PREFIX + "catalogue"  # hash: worker id -> {"seen_at": epoch, "tools": [ToolSpec…]}
@@ -106,8 +125,32 @@ def turn_control(turn_id: str) -> str:
 
 
 def conversation_head(conversation_id: str) -> str:
-    """The id of the last turn of a conversation: the next turn starts from its history."""
+    """Where the history of a conversation's last finished turn is: JSON {"turn_id", "history_key",
+    "history_len"} (CONVERSATION_TTL_S); the next turn starts from it. Before the history lists, the value was
+    the bare id of that turn, whose outcome held the messages (still read)."""
     return f"{PREFIX}conversation:{conversation_id}:head"
+
+
+def conversation_history(conversation_id: str) -> str:
+    """List of a conversation's messages, one JSON each, appended once by the turns that make them
+    (CONVERSATION_TTL_S from its last turn's end): a turn's history is the list's first `history_len`."""
+    return f"{PREFIX}conversation:{conversation_id}:history"
+
+
+def turn_history(turn_id: str) -> str:
+    """List of the messages of a turn without a conversation, as `conversation_history` (TURN_TTL_S)."""
+    return f"{PREFIX}turn:{turn_id}:history"
+
+
+def turn_log(turn_id: str) -> str:
+    """List of a turn's append-only audit entries (model call records, view diagnostics, late outcomes), one
+    `[field, item]` JSON each, kept out of its state so that a step writes only what it added (TURN_TTL_S)."""
+    return f"{PREFIX}turn:{turn_id}:log"
+
+
+def history(turn_id: str, conversation_id: str | None) -> str:
+    """The history list a turn appends to: its conversation's, else its own."""
+    return conversation_history(conversation_id) if conversation_id else turn_history(turn_id)
 
 
 # zset: non-terminal turn id -> submitted at (epoch); orphans are found here

@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Any
 
 from workers import keys
+from workers.settings import get_worker_settings
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,15 @@ def build_write_outcome_call(
     outcome_json: str,
     reply_key: str | None = None,
     fence: Fence | None = None,
+    *,
+    ttls: tuple[int, int] | None = None,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically; with `fence`, the
-    write is refused (FENCED) once a later execution of the call has started."""
+    write is refused (FENCED) once a later execution of the call has started. `ttls`: how long the outcome
+    and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`)."""
+    if ttls is None:
+        settings = get_worker_settings()
+        ttls = (settings.outcome_ttl_s, settings.audit_ttl_s)
     script_keys = [
         keys.outcome(call_id),
         keys.late_outcomes(call_id),
@@ -105,7 +112,7 @@ def build_write_outcome_call(
     ]
     args = [
         outcome_json,
-        str(keys.OUTCOME_TTL_S),
+        str(ttls[0]),
         keys.INBOX_PREFIX,
         call_id,
         turn_id or "",
@@ -114,7 +121,8 @@ def build_write_outcome_call(
     ]
     if fence is not None:
         script_keys.append(keys.fence(call_id))
-        args += [str(fence.attempt), fence.holder]
+    args += [str(fence.attempt), fence.holder] if fence is not None else ["0", ""]
+    args.append(str(ttls[1]))
     return script_keys, args
 
 

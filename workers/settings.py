@@ -13,8 +13,10 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers import keys
 from workers.connect import build_sentinel_broker_url, is_sentinel_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -44,6 +46,11 @@ class WorkerSettings(BaseSettings):
     # Where a finished outcome Redis refused past its hard limit waits to be written (`workers.spool`);
     # default: `toolloop-spool` in the temp folder. Keep it on a disk that survives the worker's restart.
     spool_dir: str | None = None
+    # Retention of tool outcomes: an outcome key no turn consumed, e.g. of `toolloop call`
+    # (TOOLLOOP_OUTCOME_TTL_S, 7 days); a consumed outcome's stub and late outcomes, for audit
+    # (TOOLLOOP_AUDIT_TTL_S, 7 days).
+    outcome_ttl_s: int = Field(default=keys.OUTCOME_TTL_S, gt=0)
+    audit_ttl_s: int = Field(default=keys.AUDIT_TTL_S, gt=0)
 
     @property
     def tool_module_list(self) -> list[str]:

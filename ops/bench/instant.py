@@ -7,6 +7,10 @@ costs only what the orchestrator's own code costs. The runtime takes its `httpx.
 argument, so nothing in it is patched.
 
     python -m ops.bench.instant            # TOOLLOOP_REDIS_URL, TOOLLOOP_TOOL_MODULES as usual
+
+The model's own work (parsing each request, building its reply) runs in this process too, so it counts in the
+process's CPU time; with `BENCH_MODEL_CPU_FILE` set, the CPU seconds it took so far are kept in that file,
+so that a figure of the orchestrator's CPU can say how much of it was the model's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import json
 import logging
 import os
 import sys
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,6 +37,33 @@ from orchestrator.store.turns import TurnStore
 # Never resolved: the mock transport answers every request to it.
 INSTANT_BASE_URL = "http://instant-model.invalid/v1"
 INSTANT_MODEL = "scripted:plan"
+# Names the file that holds the model's CPU seconds so far (`ModelClock`); unset: not counted.
+MODEL_CPU_FILE_ENV = "BENCH_MODEL_CPU_FILE"
+
+
+class ModelClock:
+    """The CPU seconds the in-process model used, rewritten in a file after each reply.
+
+    The mock transport calls the model in the event loop's thread, so the thread's CPU clock measures
+    the model alone."""
+
+    def __init__(self, path: str | None) -> None:
+        self.total_s = 0.0
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600) if path else None
+
+    def add(self, seconds: float) -> None:
+        self.total_s += seconds
+        if self._fd is not None:
+            os.pwrite(self._fd, f"{self.total_s:.6f}".ljust(24).encode(), 0)
+
+
+def read_model_cpu_s(path: str) -> float:
+    """The model's CPU seconds so far, as `ModelClock` wrote them (0 before its first reply)."""
+    try:
+        text = Path(path).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return 0.0
+    return float(text) if text else 0.0
 
 
 def answer(request: httpx.Request) -> httpx.Response:
@@ -53,9 +86,20 @@ def give_unique_ids(completion: dict[str, Any]) -> None:
             call["id"] = f"call_{uuid.uuid4().hex[:24]}"
 
 
-def build_instant_http() -> httpx.AsyncClient:
+def build_instant_http(clock: ModelClock | None = None) -> httpx.AsyncClient:
     """An httpx client whose every request is answered in-process by the scripted brain."""
-    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    if clock is None:
+        return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    counted = clock
+
+    def timed_answer(request: httpx.Request) -> httpx.Response:
+        started = time.thread_time()
+        try:
+            return answer(request)
+        finally:
+            counted.add(time.thread_time() - started)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(timed_answer))
 
 
 def build_settings() -> Settings:
@@ -66,7 +110,8 @@ def build_settings() -> Settings:
 async def serve_instant(settings: Settings) -> None:
     """Run one orchestrator with the instant model until SIGTERM/SIGINT."""
     store = TurnStore.from_url(settings.redis_url, lease_ttl_s=settings.lease_ttl_s)
-    async with build_instant_http() as http:
+    clock = ModelClock(os.environ.get(MODEL_CPU_FILE_ENV))
+    async with build_instant_http(clock) as http:
         runtime = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         runtime.install_signals()
         try:

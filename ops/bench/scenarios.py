@@ -42,6 +42,14 @@ class Sizes:
     idle_s: float
     deadline_turns: int
     deadline_s: float
+    # Storage (`ops.bench.storage`): turns of `storage_rounds` rounds, one call a round, results this large.
+    storage_turns: int
+    storage_rounds: int
+    storage_result_kb: int
+    # Orchestrator CPU per call: a row per round count, each of about `cpu_calls` calls (a turn at least).
+    cpu_rounds: tuple[int, ...]
+    cpu_result_kb: int
+    cpu_calls: int
 
 
 FULL = Sizes(
@@ -54,6 +62,12 @@ FULL = Sizes(
     idle_s=10.0,
     deadline_turns=300,
     deadline_s=2.0,
+    storage_turns=5,
+    storage_rounds=40,
+    storage_result_kb=8,
+    cpu_rounds=(1, 10, 40, 100),
+    cpu_result_kb=50,
+    cpu_calls=200,
 )
 QUICK = Sizes(
     warmup=2,
@@ -65,6 +79,12 @@ QUICK = Sizes(
     idle_s=2.0,
     deadline_turns=10,
     deadline_s=1.0,
+    storage_turns=1,
+    storage_rounds=40,
+    storage_result_kb=8,
+    cpu_rounds=(1, 10, 40, 100),
+    cpu_result_kb=50,
+    cpu_calls=1,
 )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
+from orchestrator.context.budget import ContextBudget
 from orchestrator.machine.draft import Draft, build_dispatch
 from orchestrator.machine.events import (
     ApprovalGiven,
@@ -76,6 +77,7 @@ def start(
     at: float,
     lost_grace_s: float = 5.0,
     prior_history: Sequence[Message] = (),
+    context_budget: ContextBudget | None = None,
 ) -> tuple[TurnState, list[Command]]:
     """A new turn: its state and first commands (arm the deadline, call the model).
 
@@ -102,6 +104,7 @@ def start(
         deadline_at=at + request.limits.deadline_s,
         lost_grace_s=lost_grace_s,
         timers={DEADLINE_TIMER: at + request.limits.deadline_s},
+        context_budget=context_budget or ContextBudget(),
     )
     draft = Draft(state)
     draft.emit("turn_started", model=model, tools=sorted(offered), deadline_at=state.deadline_at)

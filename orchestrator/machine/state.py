@@ -7,18 +7,32 @@ new one. Each model has a `TypedDict` of its fields, all optional (`TurnChanges`
 stays an unvalidated `model_copy`. A unit test keeps each in step with its model.
 
 The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn from
-`load_state(text)`. A state written by a newer or older layout is refused with `StateVersionError` rather
-than misread.
+`load_state(text, history)` (the state and its history list). A state written by a newer or older layout is
+refused with `StateVersionError` rather than misread.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Literal, TypedDict, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from orchestrator.context.budget import ContextBudget
 from orchestrator.errors import StateVersionError
+from orchestrator.machine.layout import (
+    HISTORY_KEY_FIELD,
+    HISTORY_LEN_FIELD,
+    LOG_KEY_FIELD,
+    LOG_LEN_FIELD,
+    LOGGED_FIELDS,
+    STATIC_FIELDS,
+    dump_log,
+    read_log,
+    read_message,
+    upgrade_from_v1,
+)
 from orchestrator.model import (
     AssistantMessage,
     Limits,
@@ -30,12 +44,18 @@ from orchestrator.model import (
     TurnStatus,
     Usage,
 )
-from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
+from workers.contract import ToolOutcome, ToolSpec
 
 # Version 2: `CallState.requested` holds the whole outcome asked for (version 1 kept only its kind), so that a
 # new owner can ask for the very same outcome again (`machine.resume`). Version 1 states are upgraded on load.
-STATE_VERSION = 2
-SUPPORTED_STATE_VERSIONS = frozenset({1, STATE_VERSION})
+# Version 3: the history is not in the state's JSON but in an append-only Redis list (`workers.keys.history`);
+# the JSON says how many of the list's messages are the state's (`history_len`) and in which list they are
+# (`history_key`). The other lists that only grow, one entry per model call or late outcome (`LOGGED_FIELDS`),
+# are in the turn's log list (`log_key`, `log_len`), so that a step's state stays small however long the turn.
+# Version 1 and 2 states (all inline) load as they are; their next save writes their lists.
+STATE_VERSION = 3
+SUPPORTED_STATE_VERSIONS = frozenset({1, 2, STATE_VERSION})
+_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 
 # Timer ids the machine arms; the runtime treats them as opaque strings.
 DEADLINE_TIMER = "deadline"
@@ -132,6 +152,10 @@ ViewDiagnosticKind = Literal[
     "remapped_tool_call_id",
     "dropped_thinking",
     "dropped_provider_data",
+    "elided_tool_result",
+    "dropped_exchange",
+    "compacted",
+    "over_budget",
 ]
 
 
@@ -206,6 +230,8 @@ class TurnState(_Frozen):
     # The end.
     stop: PendingStop | None = None
     outcome: TurnOutcome | None = None
+    # The context budget of the request-time views (SPEC §11.3).
+    context_budget: ContextBudget = Field(default_factory=ContextBudget)
 
     @property
     def terminal(self) -> bool:
@@ -277,6 +303,7 @@ class TurnChanges(TypedDict, total=False):
     late_outcomes: list[LateOutcome]
     stop: PendingStop | None
     outcome: TurnOutcome | None
+    context_budget: ContextBudget
 
 
 def find_call(state: TurnState, call_id: str) -> CallState | None:
@@ -289,53 +316,68 @@ def find_call(state: TurnState, call_id: str) -> CallState | None:
     return None
 
 
-def dump_state(state: TurnState) -> str:
-    """The state as JSON, for Redis."""
-    return state.model_dump_json()
+def dump_state(
+    state: TurnState,
+    *,
+    history_key: str | None = None,
+    log_key: str | None = None,
+    log_len: int | None = None,
+) -> str:
+    """The state as JSON, for Redis: everything but its history and what its log holds (`LOGGED_FIELDS`,
+    `STATIC_FIELDS`), which are stored once, in lists (`dump_entries`, `layout.dump_log`).
+
+    The JSON tells how many entries of each list are the state's (`history_len`; `log_len`, by default as
+    many as `dump_log` gives for the whole state) and, given their keys, which lists they are, so that a
+    reader (`orchestrator.store`) fetches all in one round trip. Built as text: a long turn's step serialises
+    its small state only, never what only grows nor what never changes.
+    """
+    # A terminal state's outcome holds the history and the model calls' records too: left out as well, and
+    # restored from the state's own on load.
+    excluded: dict[str, Any] = {"history": True, "outcome": {"messages", "llm_call_records"}}
+    excluded.update(dict.fromkeys((*LOGGED_FIELDS, *STATIC_FIELDS), True))
+    body = state.model_dump_json(exclude=excluded)
+    head: dict[str, str | int] = {HISTORY_LEN_FIELD: len(state.history)}
+    if history_key is not None:
+        head[HISTORY_KEY_FIELD] = history_key
+    head[LOG_LEN_FIELD] = len(dump_log(state)) if log_len is None else log_len
+    if log_key is not None:
+        head[LOG_KEY_FIELD] = log_key
+    prefix = json.dumps(head, ensure_ascii=False, separators=(",", ":"))
+    return prefix[:-1] + "," + body[1:]
 
 
-def load_state(text: str | bytes) -> TurnState:
-    """A state from `dump_state`'s JSON; a version this code does not read raises `StateVersionError`.
+def dump_entries(messages: Sequence[Message]) -> list[str]:
+    """Messages as the entries of a history list: one JSON each."""
+    return [_MESSAGE.dump_json(message).decode() for message in messages]
 
-    A version 1 state is upgraded to the current layout (and saved as such by the next step).
+
+def load_state(
+    text: str | bytes,
+    history: Sequence[str | bytes | Message] | None = None,
+    log: Sequence[str | bytes] | None = None,
+) -> TurnState:
+    """A state from `dump_state`'s JSON, its history and its log; a version this code does not read raises
+    `StateVersionError`.
+
+    `history` is the state's messages (as stored in its list: JSON texts, or parsed), `log` its log entries:
+    required by a version 3 state, whose JSON holds neither, and ignored by versions 1 and 2, which hold all
+    inline. A version 1 or 2 state is upgraded to the current layout (and saved as such by the next step).
     """
     data = json.loads(text)
     version = data.get("version") if isinstance(data, dict) else None
     if version not in SUPPORTED_STATE_VERSIONS:
         raise StateVersionError(version, SUPPORTED_STATE_VERSIONS)
     assert isinstance(data, dict)
+    for field in (HISTORY_KEY_FIELD, HISTORY_LEN_FIELD, LOG_KEY_FIELD, LOG_LEN_FIELD):
+        data.pop(field, None)
     if version == 1:
-        data = _upgrade_from_v1(data)
+        data = upgrade_from_v1(data)
+    if version in (1, 2):
+        data = {**data, "version": STATE_VERSION}
+    else:
+        data["history"] = [read_message(m) for m in history or ()]
+        data.update(read_log(log or ()))
+        if isinstance(data.get("outcome"), dict):
+            restored = {"messages": data["history"], "llm_call_records": data["llm_call_records"]}
+            data["outcome"] = {**data["outcome"], **restored}
     return TurnState.model_validate(data)
-
-
-def _upgrade_from_v1(data: dict[str, Any]) -> dict[str, Any]:
-    # Version 1 kept only the kind of a requested outcome. Its message is gone; the rebuilt outcome says so
-    # rather than inventing one, and is written first-writer-wins like any other (an outcome already
-    # written before the upgrade still wins).
-    current = data.get("current")
-    if isinstance(current, dict):
-        calls = [_upgrade_call_v1(call, data.get("turn_id")) for call in current.get("calls", [])]
-        data = {**data, "current": {**current, "calls": calls}}
-    return {**data, "version": STATE_VERSION}
-
-
-def _upgrade_call_v1(call: Any, turn_id: Any) -> Any:
-    if not isinstance(call, dict) or not isinstance(call.get("requested"), str):
-        return call
-    kind = FailureKind(call["requested"])
-    outcome = build_failure(
-        (str(call.get("call_id")), str(call.get("tool")), turn_id if isinstance(turn_id, str) else None),
-        kind,
-        f"{kind.value} (decided before the turn moved to another orchestrator; details were not kept)",
-        attempts=int(call.get("attempt") or 0),
-        synthetic=kind in _SYNTHETIC_KINDS,
-        worker=call.get("worker"),
-    )
-    return {**call, "requested": outcome.model_dump(mode="json")}
-
-
-# Kinds the orchestrator writes for calls that did not get to finish (the others are verdicts before a run).
-_SYNTHETIC_KINDS = frozenset(
-    {FailureKind.DEADLINE_EXCEEDED, FailureKind.CANCELLED, FailureKind.SKIPPED, FailureKind.WORKER_LOST}
-)

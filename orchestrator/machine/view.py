@@ -8,6 +8,10 @@ for the target provider and reports every change it made as a `ViewDiagnostic`, 
 - tool-call ids the target would reject are remapped, consistently for a call and its result;
 - thinking and provider continuation data from another provider are never sent (dropped, reported).
 
+`fit_view` then fits the projection into the turn's context budget (SPEC §11.3, `orchestrator.context`):
+a compaction summary stands for the history it summarised, old tool results are elided and old exchanges
+dropped as far as needed; each removal is a diagnostic too.
+
 Providers of one wire family count as one; the families and the ids each accepts are the providers' traits
 (`orchestrator.providers.traits`). Pure: no I/O, deterministic.
 """
@@ -19,19 +23,108 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.context.budget import ContextBudget, ContextSummary
+from orchestrator.context.tokens import REQUEST_OVERHEAD_TOKENS, build_token_counter, count_tools_tokens
+from orchestrator.context.trim import ItemKind, ViewItem, fit_to_budget
+from orchestrator.context.windows import build_context_window, build_output_reserve
 from orchestrator.machine.state import ViewDiagnostic, ViewDiagnosticKind
-from orchestrator.model import AssistantMessage, Message, ToolCall, ToolMessage
+from orchestrator.model import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage
 from orchestrator.providers.traits import ProviderTraits, traits_of, wire_family
+from workers.contract import ToolSpec
 
-__all__ = ["View", "build_safe_id", "build_view", "wire_family"]
+__all__ = ["View", "build_budget_tokens", "build_safe_id", "build_view", "fit_view", "wire_family"]
+
+SUMMARY_HEAD = "Summary of the earlier conversation (its messages are left out to fit the context window):"
 
 
 @dataclass(frozen=True)
 class View:
-    """The messages to send for one model call, and what the projection did to get them."""
+    """The messages to send for one model call, and what the projection did to get them.
+
+    Once fitted: the request's estimated tokens before and after trimming, and the budget it was fitted to.
+    """
 
     messages: list[Message]
     diagnostics: list[ViewDiagnostic] = field(default_factory=list)
+    tokens_before: int = 0
+    tokens: int = 0
+    budget_tokens: int = 0
+    # The history index up to which exchanges were dropped (0: none), what a compaction would summarise.
+    dropped_through: int = 0
+
+
+def build_budget_tokens(model: str, budget: ContextBudget) -> int:
+    """The tokens a whole request to `model` may hold: the window less the answer's reserve, capped."""
+    window = budget.window_tokens or build_context_window(model)
+    reserve = budget.output_reserve_tokens
+    limit = window - (reserve if reserve is not None else build_output_reserve(window))
+    return max(1, limit if budget.cap_tokens is None else min(limit, budget.cap_tokens))
+
+
+def fit_view(
+    view: View,
+    history: Sequence[Message],
+    *,
+    model: str,
+    tools: Sequence[ToolSpec],
+    budget_tokens: int,
+    summary: ContextSummary | None = None,
+) -> View:
+    """`view` (the projection of `history`) with the summary in place and trimmed to `budget_tokens`."""
+    count = build_token_counter(model)
+    fixed = REQUEST_OVERHEAD_TOKENS + count_tools_tokens(tools, count)
+    items = _items(view.messages, history, summary)
+    fitted = fit_to_budget(items, budget_tokens - fixed, count)
+    diagnostics = list(view.diagnostics)
+    if summary is not None and summary.through <= len(history):
+        detail = (
+            f"messages 0–{summary.through - 1} shown as the summary of model call {summary.llm_call_index}"
+        )
+        diagnostics.append(ViewDiagnostic(kind="compacted", message_index=0, detail=detail))
+    dropped_through = 0
+    for removal in fitted.removals:
+        diagnostics.append(
+            ViewDiagnostic(kind=removal.kind, message_index=removal.index, detail=removal.detail)
+        )
+        if removal.kind == "dropped_exchange":
+            dropped_through = removal.end + 1
+    tokens = fixed + fitted.tokens_after
+    if tokens > budget_tokens:
+        detail = f"about {tokens:,} tokens after trimming, over the budget of {budget_tokens:,}"
+        diagnostics.append(ViewDiagnostic(kind="over_budget", message_index=len(history) - 1, detail=detail))
+    return View(
+        fitted.messages,
+        diagnostics,
+        tokens_before=fixed + fitted.tokens_before,
+        tokens=tokens,
+        budget_tokens=budget_tokens,
+        dropped_through=dropped_through,
+    )
+
+
+def _items(
+    messages: Sequence[Message], history: Sequence[Message], summary: ContextSummary | None
+) -> list[ViewItem]:
+    through = summary.through if summary is not None and summary.through <= len(history) else 0
+    items: list[ViewItem] = []
+    for index, (stored, sent) in enumerate(zip(history, messages, strict=True)):
+        if index == through and summary is not None and through:
+            items.append(ViewItem(index, SystemMessage(content=f"{SUMMARY_HEAD}\n{summary.text}"), "pinned"))
+        kind = _kind_of(stored)
+        if index >= through or kind == "pinned":
+            chars = len(stored.content) if isinstance(stored, ToolMessage) else 0
+            items.append(ViewItem(index, sent, kind, chars))
+    return items
+
+
+def _kind_of(message: Message) -> ItemKind:
+    if isinstance(message, SystemMessage):
+        return "pinned"
+    if isinstance(message, UserMessage):
+        return "user"
+    if isinstance(message, ToolMessage):
+        return "tool_result"
+    return "tool_calls" if message.tool_calls else "other"
 
 
 def build_view(history: Sequence[Message], target_provider: str) -> View:

@@ -22,6 +22,7 @@ import httpx
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError
 from orchestrator.providers.common import is_retryable_status, parse_retry_after
+from orchestrator.providers.overflow import mark_context_overflow
 
 INVALID_RESPONSE = "invalid_response"
 _MESSAGE_LIMIT_CHARS = 2000
@@ -229,18 +230,21 @@ def build_error(
         or _header(headers, "request-id", "x-request-id", "x-amzn-requestid", "x-goog-request-id")
     )
     retryable = is_retryable_status(status) if status is not None else _looks_transient(error_type, code)
-    return ProviderError(
-        provider=provider,
-        status=status,
-        type=error_type,
-        code=code,
-        message=(message or (f"HTTP {status}" if status is not None else "error response"))[
-            :_MESSAGE_LIMIT_CHARS
-        ],
-        request_id=request_id,
-        retryable=retryable,
-        retry_after_s=_retry_after_s(headers, error),
-        details=build_error_details(error),
+    # Every provider's "the prompt is too long" as one code, with the window it states (SPEC §11.3).
+    return mark_context_overflow(
+        ProviderError(
+            provider=provider,
+            status=status,
+            type=error_type,
+            code=code,
+            message=(message or (f"HTTP {status}" if status is not None else "error response"))[
+                :_MESSAGE_LIMIT_CHARS
+            ],
+            request_id=request_id,
+            retryable=retryable,
+            retry_after_s=_retry_after_s(headers, error),
+            details=build_error_details(error),
+        )
     )
 
 

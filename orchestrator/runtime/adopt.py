@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.errors import ModelConfigError
 from orchestrator.machine.events import Command, DispatchTools, ToolFinished, WriteOutcomes
 from orchestrator.machine.state import TurnState
 from orchestrator.providers.base import resolve_model
+from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
@@ -33,6 +34,16 @@ class Adopted:
     resumed: bool
     # The turn's conversation (None: none), so that finishing it need not read its request again.
     conversation_id: str | None = None
+    # The entries of the turn's history list that are its state's first messages (`TurnHandle.entries`).
+    entries: list[str] = field(default_factory=list)
+    # The entries of the turn's log list (`TurnHandle.log`).
+    log: list[str] = field(default_factory=list)
+
+    def build_handle(self, turn_id: str) -> TurnHandle:
+        """The handle the driver keeps for the turn."""
+        return TurnHandle(
+            turn_id, self.state, conversation_id=self.conversation_id, entries=self.entries, log=self.log
+        )
 
 
 def resolve_turn_model(requested: str | None, settings: Settings) -> str:

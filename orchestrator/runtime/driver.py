@@ -28,8 +28,6 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-import redis.exceptions
-
 from orchestrator import machine, metrics
 from orchestrator.errors import StateVersionError
 from orchestrator.machine.events import (
@@ -42,8 +40,7 @@ from orchestrator.machine.events import (
     TimerFired,
     ToolFinished,
 )
-from orchestrator.machine.state import TurnState, dump_state, find_call, load_state
-from orchestrator.model import TurnStatus
+from orchestrator.machine.state import TurnState, find_call, load_state
 from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
 from orchestrator.runtime.adopt import (
     Adopted,
@@ -54,11 +51,14 @@ from orchestrator.runtime.adopt import (
 )
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
-from orchestrator.runtime.perform import Performer
+from orchestrator.runtime.perform import Performer, build_context_budget
+from orchestrator.runtime.persist import persist_step
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.history import Prior
 from orchestrator.store.turns import TurnStore
+from workers.contract import ToolOutcome
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -108,7 +108,7 @@ class TurnDriver:
         if adopted is None:
             await self._release(turn_id)
             return
-        handle = TurnHandle(turn_id, adopted.state, conversation_id=adopted.conversation_id)
+        handle = adopted.build_handle(turn_id)
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
@@ -183,28 +183,31 @@ class TurnDriver:
 
     async def _load(self, turn_id: str) -> Adopted | None:
         """The turn's persisted state resumed, or a new one started from its request; None for neither."""
-        raw, request = await self._store.load_state_and_request(turn_id)
+        stored, request = await self._store.load_state_and_request(turn_id)
         conversation_id = request.conversation_id if request is not None else None
-        if raw is not None:
-            state, commands = machine.resume(load_state(raw), at=time.time())
-            return Adopted(state, commands, resumed=True, conversation_id=conversation_id)
+        if stored is not None:
+            loaded = load_state(stored.text, stored.history, stored.log)
+            state, commands = machine.resume(loaded, at=time.time())
+            return Adopted(state, commands, True, conversation_id, stored.history, stored.log)
         if request is None:
             log.error("turn %s has no request: nothing to run", turn_id)
             return None
-        prior = []
+        prior = Prior([], [])
         if request.conversation_id:
             prior = await self._store.conversation_history(request.conversation_id)
         catalogue = await aread_catalogue(self._store.redis)
+        model = resolve_turn_model(request.model, self._settings)
         state, commands = machine.start(
             turn_id,
             request,
-            model=resolve_turn_model(request.model, self._settings),
+            model=model,
             catalogue=catalogue,
             at=time.time(),
             lost_grace_s=self._lost_grace_s,
-            prior_history=prior,
+            prior_history=prior.messages,
+            context_budget=build_context_budget(model, self._settings, self._performer.learned_windows),
         )
-        return Adopted(state, commands, resumed=False, conversation_id=conversation_id)
+        return Adopted(state, commands, False, conversation_id, prior.entries)
 
     # --- stepping --------------------------------------------------------------------------------------
 
@@ -256,8 +259,10 @@ class TurnDriver:
                 if isinstance(event, ToolFinished):
                     answered.append((previous, state, event))
             emits = [(c.event_name, c.data) for c in todo if isinstance(c, Emit)]
+            finished = [e.outcome for e in pending if isinstance(e, ToolFinished)]
             # An unchanged state without events is already saved: nothing to write.
-            if (save or emits or state is not before) and not await self._persist(handle, state, emits):
+            changed = save or emits or state is not before
+            if changed and not await self._persist(handle, (before, state), emits, finished):
                 return
             save = False
             for previous, after, event in answered:
@@ -268,32 +273,27 @@ class TurnDriver:
                 return
 
     async def _persist(
-        self, handle: TurnHandle, state: TurnState, emits: Sequence[tuple[str, Mapping[str, Any]]]
+        self,
+        handle: TurnHandle,
+        steps: tuple[TurnState, TurnState],
+        emits: Sequence[tuple[str, Mapping[str, Any]]],
+        finished: Sequence[ToolOutcome] = (),
     ) -> bool:
-        # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
-        # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
-        status = TurnStatus.RUNNING if state.terminal else state.status
-        state_json = dump_state(state)
-        unsure = False
-
-        async def save() -> bool:
-            nonlocal unsure
-            # After a lost connection a try may have saved all but its reply; a refused one wrote nothing.
-            write = self._store.resave_step if unsure else self._store.save_step
-            try:
-                return await write(
-                    handle.turn_id, state_json, status, emits, orchestrator_id=self._orchestrator_id
-                )
-            except REDIS_ERRORS as exc:
-                unsure = unsure or not isinstance(exc, redis.exceptions.ResponseError)
-                raise
-
-        if not await self._retry.call("steps", save):
+        # `steps`: the state last saved and the one to save; `finished`: the outcomes stepped in between.
+        saved = persist_step(
+            self._store,
+            self._retry,
+            handle,
+            steps=steps,
+            emits=emits,
+            finished=finished,
+            orchestrator_id=self._orchestrator_id,
+        )
+        if not await saved:
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.
             log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
             await self._drop(handle, release=False)
             return False
-        handle.set_state(state, state_json)
         return True
 
     async def _perform(

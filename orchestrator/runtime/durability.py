@@ -188,6 +188,7 @@ class DurabilityWatcher:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._runner = AsyncRunner(store.redis)
+        self._retention = store.retention
         self._driver = driver
         self._orchestrator_id = orchestrator_id
         self._url = redis_url
@@ -338,8 +339,9 @@ class DurabilityWatcher:
     async def _record(self, handle: TurnHandle, message: str) -> None:
         now = self._clock()
         record = build_lost_record(handle.state, _conversation_of(handle), message, now)
-        operation = losses.record_lost(handle.turn_id, record.request, record.outcome, now)
+        ttl_s = self._retention.turn_ttl_s
+        operation = losses.record_lost(handle.turn_id, record.request, record.outcome, now, ttl_s)
         if await self._runner.run(operation) is not LostResult.RECORDED:
             return
         for outcome in record.call_outcomes:
-            await self._runner.run(operations.write_outcome(outcome))
+            await self._runner.run(operations.write_outcome(outcome, self._retention))

@@ -3,7 +3,9 @@
 Memory per parked turn is what an orchestrator holding thousands of them pays for (ARCHITECTURE: a parked turn
 is a state, a lock and heap entries). So the handle has slots, creates its task set only while tasks run, and
 can drop its parsed `TurnState` (pydantic objects, ~14 KB for a one-call turn) for the JSON last saved
-(~3 KB), which is what the state is parsed from again on the turn's next event.
+(~3 KB) and the entries of its history list, which is what the state is parsed from again on the turn's next
+event. The entries (one message's JSON each, as stored) are also how the handle knows how much of the history
+its list holds: a step appends only the messages past them (`runtime.persist`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import OrderedDict
 from orchestrator.machine.events import Event
 from orchestrator.machine.state import TurnState, load_state
 from orchestrator.store.turns import UNREAD, Unread
+from workers import keys
 
 
 class TurnHandle:
@@ -32,7 +35,9 @@ class TurnHandle:
         "conversation_id",
         "deferred",
         "dropped",
+        "entries",
         "lock",
+        "log",
         "state_json",
         "tasks",
         "turn_id",
@@ -45,9 +50,15 @@ class TurnHandle:
         state_json: str | None = None,
         *,
         conversation_id: str | Unread | None = UNREAD,
+        entries: list[str] | None = None,
+        log: list[str] | None = None,
     ) -> None:
         self.turn_id = turn_id
         self.conversation_id = conversation_id
+        # The history list's entries that are the state's first messages: all of them once a step is saved.
+        self.entries: list[str] = entries if entries is not None else []
+        # The turn's log list's entries, which hold its state's audit lists (`LOGGED_FIELDS`).
+        self.log: list[str] = log if log is not None else []
         self._state: TurnState | None = state
         self.state_json = state_json
         self.claimed_at = time.monotonic()
@@ -65,13 +76,34 @@ class TurnHandle:
         """The turn's latest state (parsed again from its JSON if the turn was parked)."""
         if self._state is None:
             assert self.state_json is not None, "only a saved state is ever parked"
-            self._state = load_state(self.state_json)
+            self._state = load_state(self.state_json, self.entries, self.log)
         return self._state
 
-    def set_state(self, state: TurnState, state_json: str) -> None:
-        """The state just saved, and its JSON."""
+    @property
+    def history_key(self) -> str:
+        """The list the turn's messages are appended to: its conversation's, else its own."""
+        conversation = self.conversation_id if isinstance(self.conversation_id, str) else None
+        return keys.history(self.turn_id, conversation)
+
+    @property
+    def log_key(self) -> str:
+        """The turn's log list."""
+        return keys.turn_log(self.turn_id)
+
+    def set_state(
+        self,
+        state: TurnState,
+        state_json: str,
+        entries: list[str] | None = None,
+        log: list[str] | None = None,
+    ) -> None:
+        """The state just saved, its JSON, and (when it added to them) its lists' entries now stored."""
         self._state = state
         self.state_json = state_json
+        if entries is not None:
+            self.entries = entries
+        if log is not None:
+            self.log = log
 
     @property
     def hydrated(self) -> bool:

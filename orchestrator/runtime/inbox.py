@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.machine.events import ApprovalGiven, CancelRequested, ToolStarted
 from orchestrator.store.codec import ControlRequest
-from workers.contract import ToolOutcome
+from workers.contract import ToolOutcome, parse_tool_outcome
 
 
 @dataclass
@@ -127,7 +127,7 @@ def parse_payloads(payloads: Mapping[str, str]) -> dict[str, ToolOutcome]:
     parsed: dict[str, ToolOutcome] = {}
     for call_id, raw in payloads.items():
         try:
-            parsed[call_id] = ToolOutcome.model_validate_json(raw)
+            parsed[call_id] = parse_tool_outcome(raw)
         except ValueError:
             continue
     return parsed

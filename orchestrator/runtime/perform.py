@@ -32,6 +32,8 @@ from typing import Any, Protocol, assert_never
 import redis
 
 from orchestrator import metrics
+from orchestrator.context.budget import ContextBudget
+from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED, WINDOW_DETAIL, build_context_window
 from orchestrator.machine.events import (
     AwaitApproval,
     CallModel,
@@ -52,6 +54,7 @@ from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.runtime.publish import Publisher
+from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LiveCatalogue
 from orchestrator.store.turns import TurnStore
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
@@ -102,6 +105,22 @@ def route_call(
     return spec if served.queue == spec.queue else spec.model_copy(update={"queue": served.queue})
 
 
+def build_context_budget(model: str, settings: Settings, learned: Mapping[str, int]) -> ContextBudget:
+    """The context budget a new turn on `model` starts with (SPEC §11.3).
+
+    The window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the known table) and
+    one this process learned from a provider's over-long-context error (`learned`, by model).
+    """
+    window = build_context_window(model, settings.context_windows)
+    if model in learned:
+        window = min(window, learned[model])
+    return ContextBudget(
+        window_tokens=window,
+        output_reserve_tokens=settings.context_output_reserve_tokens,
+        compaction=settings.compaction,
+    )
+
+
 class Performer:
     """Performs I/O commands for every turn of one process; owns the publisher and the model clients."""
 
@@ -123,6 +142,9 @@ class Performer:
         self._models = models
         self._clock = clock
         self._catalogue = catalogue or LiveCatalogue(store.redis)
+        # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
+        # turn starts (`build_context_budget`), so that its calls fit the first time (SPEC §11.3).
+        self.learned_windows: dict[str, int] = {}
 
     async def perform(self, turn_id: str, state: TurnState, command: IoCommand) -> list[Event] | Later:
         """Perform `command` of the turn in `state`: the events it produces now (a list), or its slow work."""
@@ -168,6 +190,7 @@ class Performer:
         if isinstance(result, ProviderError):
             outcome = "retryable_error" if result.retryable else "error"
             metrics.record_model_call(result.provider, outcome, duration_s)
+            self._learn_window(command.model, result)
             event = ModelFailed(
                 error=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
             )
@@ -183,6 +206,14 @@ class Performer:
                 turn=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
             )
         return (event,)
+
+    def _learn_window(self, model: str, error: ProviderError) -> None:
+        window = (error.details or {}).get(WINDOW_DETAIL)
+        if error.code != CONTEXT_LENGTH_EXCEEDED or not isinstance(window, int) or window <= 0:
+            return
+        if self.learned_windows.get(model) != window:
+            log.info("model %s: context window of %d tokens, as the provider states", model, window)
+            self.learned_windows[model] = window
 
     async def _complete(self, command: CallModel) -> Turn | ProviderError:
         try:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import httpx
 from celery import Celery
 
+from orchestrator.archive import ArchivingTurnStore, TurnArchiver
 from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
 from orchestrator.providers.registry import ModelClients
@@ -120,15 +121,22 @@ class Runtime:
         # One retry policy for every loop and turn: a stop request ends their pauses at once.
         self.retry = RedisRetry(self.outage)
         self._stopping = self.retry.stopping
+        publisher = Publisher(celery_app, self.retry)
         self.performer = Performer(
             store=store,
-            publisher=Publisher(celery_app, self.retry),
+            publisher=publisher,
             # No retries inside a client: the state machine counts model retries.
             models=ModelClients(settings, http, max_retries=0),
             retry=self.retry,
         )
+        # With an archive task configured, each turn's outcome, once stored, is sent on to it.
+        self.archiver: TurnArchiver | None = None
+        if settings.archive_task:
+            self.archiver = TurnArchiver(
+                store, publisher, self.retry, task=settings.archive_task, queue=settings.archive_queue
+            )
         self.driver = TurnDriver(
-            store=store,
+            store=store if self.archiver is None else ArchivingTurnStore(store, self.archiver),
             performer=self.performer,
             settings=settings,
             orchestrator_id=self.orchestrator_id,
@@ -215,6 +223,9 @@ class Runtime:
                 STOP_REDIS_S,
                 str(exc) or "timed out",
             )
+        if self.archiver is not None:
+            # Records of turns that just finished go out before the publishing thread ends.
+            await self.archiver.aclose(deadline - asyncio.get_running_loop().time())
         await self.performer.aclose()
         with contextlib.suppress(*REDIS_ERRORS):
             async with asyncio.timeout_at(deadline):
@@ -351,7 +362,10 @@ class Runtime:
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:
     """Run one orchestrator process until SIGTERM/SIGINT: the body of `toolloop orchestrator`."""
     store = TurnStore.from_url(
-        settings.redis_url, ssl_cert_reqs=settings.redis_ssl_cert_reqs, lease_ttl_s=settings.lease_ttl_s
+        settings.redis_url,
+        ssl_cert_reqs=settings.redis_ssl_cert_reqs,
+        lease_ttl_s=settings.lease_ttl_s,
+        retention=settings.retention,
     )
     celery_app = get_producer_app(settings)
     # One HTTP client (one connection pool) for every model call of every turn.

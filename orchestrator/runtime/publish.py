@@ -12,10 +12,11 @@ publishes retried with backoff (for want of Redis, until they go out), batched r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -204,6 +205,34 @@ class Publisher:
             # second delivery of a call never runs it twice), losing one is not.
             return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
         return errors
+
+    async def publish_archive(self, options: Mapping[str, Any]) -> Exception | None:
+        """Send one task that is no tool call (`send_task` keyword arguments: a finished turn's archive
+        record, `orchestrator.archive.build_archive_send`) from the publishing thread.
+
+        Retried like a tool call — for want of Redis until it goes out, otherwise PUBLISH_ATTEMPTS times —
+        except that a stop ends the retries: nothing waits on it, so it must not hold the process up.
+        Returns the last error when given up, None once sent.
+        """
+        failures = down = 0  # tries failing for another reason; tries failing for want of Redis
+        while True:
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._pool, functools.partial(self._app.send_task, **options))
+            except Exception as exc:
+                error = exc
+            else:
+                self._retry.outage.succeeded()
+                return None
+            if is_redis_failure(error):
+                down += 1
+                self._retry.outage.failed(error, "archive")
+            else:
+                failures += 1
+                log.warning("publishing %s failed (%s); attempt %d", options.get("task_id"), error, failures)
+            if failures >= PUBLISH_ATTEMPTS or self._retry.stopping.is_set():
+                return error
+            await self._retry.pause(build_backoff_s(max(failures, down)))
 
     async def revoke(self, task_ids: list[str]) -> None:
         """Revoke and terminate these tasks; returns once the broadcast that carries them is sent.

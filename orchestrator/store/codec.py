@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from workers.contract import ToolOutcome, redact
+from workers.contract import parse_tool_outcome as read_tool_outcome
 
 TURN_ID_PREFIX = "turn_"
 TURN_FINISHED = "turn_finished"
@@ -168,7 +169,7 @@ def parse_request(value: bytes | str | None) -> TurnRequest | None:
 
 def parse_tool_outcome(value: bytes | str | None) -> ToolOutcome | None:
     """A stored tool `ToolOutcome` envelope, or None."""
-    return None if value is None else ToolOutcome.model_validate_json(value)
+    return None if value is None else read_tool_outcome(value)
 
 
 def parse_event(turn_id: str, entry_id: bytes | str, fields: Mapping[Any, Any]) -> TurnEvent:

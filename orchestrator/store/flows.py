@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.errors import UnknownToolError, UnknownTurnError
-from orchestrator.model import Message, TurnOutcome, TurnRequest
+from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.providers.base import check_model_name
-from orchestrator.store import codec, operations
+from orchestrator.store import codec, history, operations
 from orchestrator.store.catalogue import get_catalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream
+from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
 from workers.contract import ToolOutcome, ToolSpec, build_listing
+from workers.keys import DEFAULT_RETENTION, Retention
 
 Clock = Callable[[], float]
 
@@ -88,29 +90,38 @@ def wait_reply(reply_key: str, timeout_s: float, *, cap_ms: int, clock: Clock) -
     return False
 
 
-def conversation_history(conversation_id: str) -> Flow[list[Message]]:
-    """The whole history of the conversation's last finished turn ([] for a new conversation)."""
-    head = yield operations.get_conversation_head(conversation_id)
-    if head is None:
-        return []
-    outcome: TurnOutcome | None = yield operations.get_outcome(head)
-    return list(outcome.messages) if outcome else []
+def conversation_history(conversation_id: str) -> Flow[Prior]:
+    """The history of the conversation's last finished turn (none for a new conversation), in one round trip;
+    a conversation last written by the previous layout (its head the bare id of a turn whose outcome holds the
+    messages) in two."""
+    head: Head = yield history.get_conversation_head(conversation_id)
+    if head.prior is not None:
+        return head.prior
+    if head.legacy_turn_id is None:
+        return Prior([], [])
+    outcome: TurnOutcome | None = yield history.get_outcome(head.legacy_turn_id)
+    # Not in the conversation's list yet: the next turn's first save writes them there.
+    return Prior(list(outcome.messages) if outcome else [], [])
 
 
 def save_outcome(
-    turn_id: str, outcome: TurnOutcome, conversation_id: str | Unread | None, now: float
+    turn_id: str,
+    outcome: TurnOutcome,
+    conversation_id: str | Unread | None,
+    now: float,
+    retention: Retention = DEFAULT_RETENTION,
 ) -> Flow[FinishResult]:
     """The terminal write; the turn's conversation is read from its request when `UNREAD`."""
     if isinstance(conversation_id, Unread):
         request: TurnRequest | None = yield operations.get_request(turn_id)
         conversation_id = request.conversation_id if request else None
-    result: FinishResult = yield operations.save_outcome(turn_id, outcome, conversation_id, now)
+    result: FinishResult = yield operations.save_outcome(turn_id, outcome, conversation_id, now, retention)
     return result
 
 
-def write_outcome(outcome: ToolOutcome) -> Flow[ToolOutcome]:
+def write_outcome(outcome: ToolOutcome, retention: Retention = DEFAULT_RETENTION) -> Flow[ToolOutcome]:
     """First writer wins: the outcome stored for the call, `outcome` or an earlier one."""
-    if (yield operations.write_outcome(outcome)) is WriteResult.WON:
+    if (yield operations.write_outcome(outcome, retention)) is WriteResult.WON:
         return outcome
     winner: ToolOutcome | None = yield operations.get_tool_outcome(outcome.call_id)
     return winner if winner is not None else outcome
@@ -134,7 +145,7 @@ def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -
     deadline = clock() + timeout_s
     after: str = yield operations.get_last_event_id(turn_id)
     while True:
-        outcome: TurnOutcome | None = yield operations.get_outcome(turn_id)
+        outcome: TurnOutcome | None = yield history.get_outcome(turn_id)
         if outcome is not None:
             return outcome
         if (yield operations.get_status(turn_id)) is None:

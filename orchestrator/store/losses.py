@@ -145,7 +145,7 @@ def find_missing_turns(turn_ids: list[str]) -> RedisCommand[list[str]]:
 
 
 def record_lost(
-    turn_id: str, request: TurnRequest, outcome: TurnOutcome, now: float
+    turn_id: str, request: TurnRequest, outcome: TurnOutcome, now: float, ttl_s: int = keys.TURN_TTL_S
 ) -> ScriptCall[LostResult]:
     """The terminal record of a lost turn, unless the turn has its keys (`record_lost.lua`)."""
     summary = {
@@ -165,7 +165,7 @@ def record_lost(
         request.model_dump_json(),
         TurnStatus.FAILED.value,
         outcome.model_dump_json(),
-        str(keys.TURN_TTL_S),
+        str(ttl_s),
         json.dumps(summary),
         str(keys.EVENTS_MAXLEN),
         repr(now),

@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, scripts, turn_view
+from orchestrator.store import codec, history, scripts, turn_view
 from orchestrator.store.codec import ControlRequest, TurnEvent
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction, parse_reply
+from orchestrator.store.history import Appended
 from orchestrator.store.scripts import (
     ClaimResult,
     ControlResult,
@@ -30,7 +31,7 @@ from orchestrator.store.scripts import (
 )
 from orchestrator.store.turn_view import TurnView
 from workers import keys
-from workers.contract import ToolOutcome
+from workers.contract import ToolOutcome, build_consumed_stub, dump_tool_outcome
 from workers.scripts import build_write_outcome_call, parse_release_result, parse_write_result
 
 T = TypeVar("T")
@@ -156,46 +157,35 @@ def get_state(turn_id: str) -> RedisCommand[str | None]:
     return RedisCommand(("GET", keys.turn_state(turn_id)), _text_or_none)
 
 
-def get_state_and_request(turn_id: str) -> RedisCommand[tuple[str | None, TurnRequest | None]]:
-    """The state and the request in one MGET (what adopting a turn reads)."""
-    return RedisCommand(
-        ("MGET", keys.turn_state(turn_id), keys.turn_request(turn_id)),
-        lambda raw: (_text_or_none(raw[0]), codec.parse_request(raw[1])),
-    )
-
-
 def get_status(turn_id: str) -> RedisCommand[TurnStatus | None]:
     """The turn's status; None for an unknown turn."""
     return RedisCommand(("GET", keys.turn_status(turn_id)), codec.parse_status)
 
 
-def get_outcome(turn_id: str) -> RedisCommand[TurnOutcome | None]:
-    """The turn's terminal outcome; None while it runs (or when unknown)."""
-    return RedisCommand(("GET", keys.turn_outcome(turn_id)), codec.parse_outcome)
+# `read_history.lua` reads the view's keys and the history of the outcome, else of the state.
+_VIEW_REFERENCES = (4, 3)
 
 
-def get_view(turn_id: str) -> RedisCommand[TurnView | None]:
-    """Status, request, transcript so far and outcome in one MGET; None for an unknown turn."""
-    return RedisCommand(
-        ("MGET", *turn_view.view_keys(turn_id)), lambda raw: turn_view.build_turn_view(turn_id, *raw)
+def get_view(turn_id: str) -> ScriptCall[TurnView | None]:
+    """Status, request, transcript so far and outcome in one round trip; None for an unknown turn."""
+    return _script(
+        scripts.READ_HISTORY,
+        turn_view.view_keys(turn_id),
+        _VIEW_REFERENCES,
+        lambda raw: turn_view.build_turn_view(turn_id, *raw[:4], history_raw=raw[4], log_raw=raw[5]),
     )
 
 
-def require_view(turn_id: str) -> RedisCommand[TurnView]:
+def require_view(turn_id: str) -> ScriptCall[TurnView]:
     """`get_view`, whose reply raises `UnknownTurnError` for an unknown turn (what the clients' `get` is)."""
 
     def parse(raw: Any) -> TurnView:
-        view = turn_view.build_turn_view(turn_id, *raw)
+        view = turn_view.build_turn_view(turn_id, *raw[:4], history_raw=raw[4], log_raw=raw[5])
         if view is None:
             raise UnknownTurnError(turn_id)
         return view
 
-    return RedisCommand(("MGET", *turn_view.view_keys(turn_id)), parse)
-
-
-def get_conversation_head(conversation_id: str) -> RedisCommand[str | None]:
-    """The id of the conversation's last finished turn."""
-    return RedisCommand(("GET", keys.conversation_head(conversation_id)), _text_or_none)
+    return _script(scripts.READ_HISTORY, turn_view.view_keys(turn_id), _VIEW_REFERENCES, parse)
 
 
 def save_step(
@@ -206,24 +196,45 @@ def save_step(
     *,
     orchestrator_id: str | None,
     now: float,
+    append: Appended | None = None,
+    audit_ttl_s: int = keys.AUDIT_TTL_S,
 ) -> ScriptCall[SaveResult]:
-    """A step's state, status and events, fenced by the lease when `orchestrator_id` is given
-    (`save_step.lua`). `turn_finished` is left out: only `save_outcome` publishes it."""
+    """A step's state, status, new messages and events, fenced by the lease when `orchestrator_id` is given
+    (`save_step.lua`). `turn_finished` is left out: only `save_outcome` publishes it.
+
+    With `append`, its messages are appended to its history list (which must hold `append.start` before
+    them), and the outcome keys of the calls they answer become stubs (`consumed`) kept `audit_ttl_s`."""
+    add = append or Appended("", 0, ())
     args: list[str | int] = [state_json, status.value, orchestrator_id or "", keys.EVENTS_MAXLEN]
-    args.append(TERMINAL_STATUSES)
+    args += [TERMINAL_STATUSES, audit_ttl_s, add.start, len(add.messages), add.log_start, len(add.log)]
+    args += [*add.messages, *add.log]
+    args += [build_consumed_stub(outcome) for outcome in add.consumed]
     for name, data in events:
         if name != codec.TURN_FINISHED:
             fields = codec.build_event_fields(name, data, now)
             args += [fields["name"], fields["at"], fields["data"]]
     keys_ = [keys.turn_state(turn_id), keys.turn_status(turn_id), keys.turn_lease(turn_id)]
-    keys_.append(keys.turn_events(turn_id))
+    keys_ += [
+        keys.turn_events(turn_id),
+        add.history_key if add.messages else "",
+        add.log_key if add.log else "",
+    ]
+    keys_ += [keys.outcome(outcome.call_id) for outcome in add.consumed]
     return _script(scripts.SAVE_STEP, keys_, args, lambda reply: SaveResult(int(reply)))
 
 
 def save_outcome(
-    turn_id: str, outcome: TurnOutcome, conversation_id: str | None, now: float
+    turn_id: str,
+    outcome: TurnOutcome,
+    conversation_id: str | None,
+    now: float,
+    retention: keys.Retention = keys.DEFAULT_RETENTION,
 ) -> ScriptCall[FinishResult]:
-    """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`)."""
+    """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`).
+
+    The stored outcome and the conversation's head reference the turn's history list, whose first
+    `len(outcome.messages)` entries are the outcome's messages (persisted by the steps before)."""
+    history_key = keys.history(turn_id, conversation_id)
     keys_ = [
         keys.turn_outcome(turn_id),
         keys.turn_status(turn_id),
@@ -236,10 +247,15 @@ def save_outcome(
         keys.conversation_head(conversation_id) if conversation_id else "",
         keys.conversation_lock(conversation_id) if conversation_id else "",
         keys.conversation_waiting(conversation_id) if conversation_id else "",
+        history_key,
+        keys.turn_log(turn_id),
     ]
     summary = build_turn_summary(turn_id, outcome)
-    args: list[str | int] = [turn_id, outcome.model_dump_json(), outcome.status, keys.TURN_TTL_S]
+    stored = history.dump_outcome(outcome, history_key)
+    head = history.dump_head(turn_id, history_key, len(outcome.messages))
+    args: list[str | int] = [turn_id, stored, outcome.status, retention.turn_ttl_s]
     args += [json.dumps(summary), keys.EVENTS_MAXLEN, repr(now), TERMINAL_STATUSES, codec.TURN_FINISHED]
+    args += [retention.conversation_ttl_s, head]
     return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
 
 
@@ -317,9 +333,14 @@ def get_tool_outcome(call_id: str) -> RedisCommand[ToolOutcome | None]:
     return RedisCommand(("GET", keys.outcome(call_id)), codec.parse_tool_outcome)
 
 
-def write_outcome(outcome: ToolOutcome) -> ScriptCall[WriteResult]:
+def write_outcome(
+    outcome: ToolOutcome, retention: keys.Retention = keys.DEFAULT_RETENTION
+) -> ScriptCall[WriteResult]:
     """First writer wins (SPEC §4.9), notifying the turn's owner (`write_outcome.lua`, the workers' own)."""
-    keys_, args = build_write_outcome_call(outcome.call_id, outcome.turn_id, outcome.model_dump_json())
+    ttls = (retention.outcome_ttl_s, retention.audit_ttl_s)
+    keys_, args = build_write_outcome_call(
+        outcome.call_id, outcome.turn_id, dump_tool_outcome(outcome), ttls=ttls
+    )
     return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_result)
 
 

@@ -12,8 +12,9 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `take_over.lua`     | `TakeOverResult`: TAKEN / REFUSED                        |
 | `find_orphans.lua`  | the orphaned turn ids                                    |
 | `renew.lua`         | the 1-based indexes of the leases no longer held         |
-| `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST              |
+| `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST / HISTORY_GAP|
 | `save_outcome.lua`  | `FinishResult`: FINISHED / ALREADY_TERMINAL              |
+| `read_history.lua`  | the values read, then the history they reference        |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
 | `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
@@ -29,6 +30,7 @@ __all__ = [
     "CLAIM",
     "CONTROL",
     "FIND_ORPHANS",
+    "READ_HISTORY",
     "RELEASE",
     "RENEW",
     "SAVE_OUTCOME",
@@ -58,6 +60,7 @@ SAVE_STEP = load_script(_PACKAGE, "save_step")
 SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
 CONTROL = load_script(_PACKAGE, "control")
 RECORD_LOST = load_script(_PACKAGE, "record_lost")
+READ_HISTORY = load_script(_PACKAGE, "read_history")
 
 
 class SubmitResult(IntEnum):
@@ -85,6 +88,7 @@ class TakeOverResult(IntEnum):
 class SaveResult(IntEnum):
     """What `save_step.lua` did with a step."""
 
+    HISTORY_GAP = -2  # the history list lacks messages the state had: save again from its start
     LEASE_LOST = -1  # another orchestrator holds the lease: drop the turn
     TERMINAL = 0  # the turn already ended
     SAVED = 1

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import redis
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, flows, operations
+from orchestrator.store import codec, flows, history, operations
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
@@ -63,7 +63,7 @@ class SyncTurnStore:
 
     def get_outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome, or None while the turn runs (or when unknown)."""
-        return self._runner.run(operations.get_outcome(turn_id), self._patience())
+        return self._runner.run(history.get_outcome(turn_id), self._patience())
 
     def require_view(self, turn_id: str) -> TurnView:
         """Status, request, transcript so far and outcome in one read; UnknownTurnError if unknown."""

@@ -1,8 +1,9 @@
 """What a turn looks like to a reader (`Client.get`, `GET /v1/turns/{id}`, `toolloop show`): pure, no I/O.
 
-`build_turn_view` takes the four values one MGET of `view_keys` returns. Before the turn ends, its
-transcript and the calls waiting for approval come from the machine's persisted state
-(`orchestrator.machine.state`); once it ends, from its outcome.
+`build_turn_view` takes the four values of `view_keys` and the history one of them references, as one call of
+`read_history.lua` returns them (`orchestrator.store.history`). Before the turn ends, its transcript and the
+calls waiting for approval come from the machine's persisted state (`orchestrator.machine.state`) and its
+history list; once it ends, from its outcome.
 
 Everything a view shows is redacted with `workers.contract.redact` (SPEC §3.5, §7.4): the values of
 sensitive keys in the request's context, in the arguments of every tool call (request messages, transcript,
@@ -29,7 +30,8 @@ from orchestrator.model import (
     TurnStatus,
     UserMessage,
 )
-from orchestrator.store.codec import parse_outcome, parse_request, parse_status
+from orchestrator.store.codec import parse_request, parse_status, text
+from orchestrator.store.history import parse_outcome as parse_stored_outcome
 from workers import keys
 from workers.contract import redact
 
@@ -91,21 +93,25 @@ def parse_state_messages(state_json: bytes | str | None) -> list[Message] | None
     return None
 
 
-def parse_pending_approvals(state_json: bytes | str | None) -> list[PendingApproval]:
+def parse_pending_approvals(
+    state_json: bytes | str | None, history: Sequence[Any] = (), log: Sequence[Any] = ()
+) -> list[PendingApproval]:
     """The calls of the persisted machine state still waiting for approval, in call order, redacted.
 
     A call waits while the machine marks it so and has neither its outcome nor a decided one (a denial
     or a stop already on its way). A state this code cannot read gives [], as in `parse_state_messages`:
     a view never fails because of the state.
     """
-    return build_pending_approvals(_read_state(state_json))
+    return build_pending_approvals(_read_state(state_json, history, log))
 
 
-def _read_state(state_json: bytes | str | None) -> TurnState | None:
+def _read_state(
+    state_json: bytes | str | None, history: Sequence[Any] = (), log: Sequence[Any] = ()
+) -> TurnState | None:
     if state_json is None:
         return None
     try:
-        return load_state(state_json)
+        return load_state(state_json, [text(m) for m in history], [text(e) for e in log])
     except ValueError:  # StateVersionError, bad JSON and pydantic's ValidationError are all ValueErrors
         return None
 
@@ -176,21 +182,25 @@ def build_turn_view(
     status_raw: bytes | str | None,
     state_raw: bytes | str | None,
     outcome_raw: bytes | str | None,
+    *,
+    history_raw: Sequence[Any] = (),
+    log_raw: Sequence[Any] = (),
 ) -> TurnView | None:
-    """A `TurnView` from the four stored values, redacted; None when the turn is unknown (or expired)."""
+    """A `TurnView` from the four stored values and the lists the outcome (else the state) references,
+    redacted; None when the turn is unknown (or expired)."""
     stored_request = parse_request(request_raw)
     status = parse_status(status_raw)
     if stored_request is None or status is None:
         return None
     request = build_shown_request(stored_request)
-    stored_outcome = parse_outcome(outcome_raw)
+    stored_outcome = parse_stored_outcome(outcome_raw, history_raw)
     if stored_outcome is not None:
         outcome = build_shown_outcome(stored_outcome)
         return TurnView(
             id=turn_id, status=status, request=request, messages=list(outcome.messages), outcome=outcome
         )
     # The state is parsed once; one this code cannot read still gives its history if it has one.
-    state = _read_state(state_raw)
+    state = _read_state(state_raw, history_raw, log_raw)
     history = list(state.history) if state is not None else parse_state_messages(state_raw)
     return TurnView(
         id=turn_id,
@@ -202,7 +212,7 @@ def build_turn_view(
 
 
 def view_keys(turn_id: str) -> list[str]:
-    """The keys `build_turn_view` reads, in its argument order (one MGET)."""
+    """The keys `build_turn_view` reads, in its argument order (one call of `read_history.lua`)."""
     return [
         keys.turn_request(turn_id),
         keys.turn_status(turn_id),

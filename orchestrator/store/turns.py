@@ -10,8 +10,9 @@ Guarantees:
   turn is in Redis (durable as far as Redis is configured to be) before it returns.
 - A turn is owned by whoever sets its lease with SET NX (`claim`, `take_over`); `renew_leases` reports leases
   lost, and `save_step(..., orchestrator_id=...)` refuses a writer that no longer owns the turn.
-- `save_step` writes a step's state, status and the events it emitted in one script (one round trip): a
-  refused step writes neither, so the events stream never tells of a step that was not kept.
+- `save_step` writes a step's state, status, the messages it added to the history (appended once to the
+  turn's history list, `orchestrator.store.history`) and the events it emitted in one script (one round trip):
+  a refused step writes none, so the events stream never tells of a step that was not kept.
 - `save_outcome` is the first terminal write; it publishes `turn_finished` atomically with the outcome (the
   runtime never appends that event itself: `append_event` ignores it) and queues the conversation's next turn.
 - Turns of one conversation run one at a time: a later turn is only queued when the previous one is terminal,
@@ -29,8 +30,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from orchestrator.errors import UnknownTurnError
-from orchestrator.model import Message, TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, flows, operations
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.store import codec, flows, history, operations
 from orchestrator.store.codec import ControlRequest, TurnEvent
 from orchestrator.store.connection import (
     MAX_BLOCK_MS,
@@ -40,10 +41,12 @@ from orchestrator.store.connection import (
     connect_sync,
 )
 from orchestrator.store.flows import UNREAD, Unread
+from orchestrator.store.history import Appended, Prior, StoredState
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.scripts import FinishResult, SaveResult, TakeOverResult
 from orchestrator.store.turn_view import TurnView
 from workers.contract import ToolOutcome
+from workers.keys import DEFAULT_RETENTION, Retention
 
 __all__ = [
     "MAX_BLOCK_MS",
@@ -66,18 +69,30 @@ DEFAULT_LEASE_TTL_S = 15.0
 class TurnStore:
     """Async access to turns in Redis for the orchestrator runtime, the async client and the HTTP API."""
 
-    def __init__(self, redis: aioredis.Redis, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        retention: Retention = DEFAULT_RETENTION,
+    ) -> None:
         self.redis = redis
         self.lease_ttl_s = lease_ttl_s
+        self.retention = retention
         self.block_cap_ms = block_cap_ms(redis)
         self._runner = AsyncRunner(redis)
 
     @classmethod
     def from_url(
-        cls, redis_url: str, *, ssl_cert_reqs: str = "required", lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+        cls,
+        redis_url: str,
+        *,
+        ssl_cert_reqs: str = "required",
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> TurnStore:
         """A store on a new connection pool for `redis_url` (close it with `aclose`)."""
-        return cls(connect_async(redis_url, ssl_cert_reqs), lease_ttl_s=lease_ttl_s)
+        return cls(connect_async(redis_url, ssl_cert_reqs), lease_ttl_s=lease_ttl_s, retention=retention)
 
     async def aclose(self) -> None:
         """Close the underlying connection pool."""
@@ -137,12 +152,12 @@ class TurnStore:
         """The submitted request."""
         return await self._runner.run(operations.get_request(turn_id))
 
-    async def load_state_and_request(self, turn_id: str) -> tuple[str | None, TurnRequest | None]:
-        """`load_state` and `load_request` in one round trip (what adopting a turn reads)."""
-        return await self._runner.run(operations.get_state_and_request(turn_id))
+    async def load_state_and_request(self, turn_id: str) -> tuple[StoredState | None, TurnRequest | None]:
+        """The state with its history, and the request, in one round trip (what adopting a turn reads)."""
+        return await self._runner.run(history.get_state_and_request(turn_id))
 
     async def load_state(self, turn_id: str) -> str | None:
-        """The serialised machine state last saved, or None before the first save."""
+        """The serialised machine state last saved (without its history), or None before the first save."""
         return await self._runner.run(operations.get_state(turn_id))
 
     async def save_step(
@@ -153,27 +168,53 @@ class TurnStore:
         events: Sequence[tuple[str, Mapping[str, Any]]] = (),
         *,
         orchestrator_id: str | None = None,
+        append: Appended | None = None,
     ) -> bool:
-        """Persist a step's state and status and `append_event` each `(name, data)` in `events`, atomically,
-        in one round trip.
-
-        False (and nothing written) when the turn is already terminal or, given `orchestrator_id`, when that
-        orchestrator no longer holds the lease. `turn_finished` is skipped, as by `append_event`."""
-        operation = operations.save_step(
-            turn_id, state_json, status, events, orchestrator_id=orchestrator_id, now=codec.now_s()
+        """`write_step`: True when saved."""
+        result = await self.write_step(
+            turn_id, state_json, status, events, orchestrator_id=orchestrator_id, append=append
         )
-        return await self._runner.run(operation) is SaveResult.SAVED
+        return result is SaveResult.SAVED
+
+    async def write_step(
+        self,
+        turn_id: str,
+        state_json: str,
+        status: TurnStatus,
+        events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        *,
+        orchestrator_id: str | None = None,
+        append: Appended | None = None,
+    ) -> SaveResult:
+        """Persist a step's state and status, append its new messages (`append`) to the turn's history list,
+        and `append_event` each `(name, data)` in `events`, atomically, in one round trip.
+
+        Not SAVED (and nothing written) when the turn is already terminal, when, given `orchestrator_id`, that
+        orchestrator no longer holds the lease, or when the list lacks messages before `append.start`
+        (HISTORY_GAP: save again with the whole history). `turn_finished` is skipped, as by `append_event`."""
+        operation = operations.save_step(
+            turn_id,
+            state_json,
+            status,
+            events,
+            orchestrator_id=orchestrator_id,
+            now=codec.now_s(),
+            append=append,
+            audit_ttl_s=self.retention.audit_ttl_s,
+        )
+        return await self._runner.run(operation)
 
     async def save_outcome(
         self, turn_id: str, outcome: TurnOutcome, *, conversation_id: str | Unread | None = UNREAD
     ) -> bool:
         """The terminal write: outcome, status, `turn_finished` event, TTLs, conversation head and next turn.
 
-        `conversation_id` is the turn's (None: it has none), when the caller knows it already; otherwise it
-        is read from the request. Returns False when the turn was already terminal (the first terminal
-        write wins).
+        The outcome's messages must be in the turn's history list (`save_step` put them there): the stored
+        outcome and the head reference them. `conversation_id` is the turn's (None: it has none), when the
+        caller knows it already; otherwise it is read from the request. Returns False when the turn was
+        already terminal (the first terminal write wins).
         """
-        flow = flows.save_outcome(turn_id, outcome, conversation_id, codec.now_s())
+        flow = flows.save_outcome(turn_id, outcome, conversation_id, codec.now_s(), self.retention)
         return await self._runner.run_flow(flow) is FinishResult.FINISHED
 
     async def resave_step(
@@ -184,14 +225,18 @@ class TurnStore:
         events: Sequence[tuple[str, Mapping[str, Any]]] = (),
         *,
         orchestrator_id: str | None = None,
-    ) -> bool:
-        """`save_step` again after a try whose reply was lost: True at once if that try saved `state_json`.
+        append: Appended | None = None,
+    ) -> SaveResult:
+        """`save_step` again after a try whose reply was lost: SAVED at once if that try saved `state_json`.
 
         Saving twice would append the step's events twice; the state stored is the proof that the first try
-        landed, as a step's state differs from every other (it carries the step's times)."""
+        landed, as a step's state differs from every other (it carries the step's times). The messages could
+        not be appended twice either way: `save_step.lua` appends after the length the state had before."""
         if await self.load_state(turn_id) == state_json:
-            return True
-        return await self.save_step(turn_id, state_json, status, events, orchestrator_id=orchestrator_id)
+            return SaveResult.SAVED
+        return await self.write_step(
+            turn_id, state_json, status, events, orchestrator_id=orchestrator_id, append=append
+        )
 
     async def get_status(self, turn_id: str) -> TurnStatus | None:
         """The turn's status, or None for an unknown turn."""
@@ -199,7 +244,7 @@ class TurnStore:
 
     async def get_outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome, or None while the turn runs (or when unknown)."""
-        return await self._runner.run(operations.get_outcome(turn_id))
+        return await self._runner.run(history.get_outcome(turn_id))
 
     async def get_view(self, turn_id: str) -> TurnView | None:
         """Status, request, transcript so far and outcome in one read; None for an unknown turn."""
@@ -209,8 +254,9 @@ class TurnStore:
         """`get_view` of a turn that must exist: UnknownTurnError for an unknown turn."""
         return await self._runner.run(operations.require_view(turn_id))
 
-    async def conversation_history(self, conversation_id: str) -> list[Message]:
-        """The whole history of the conversation's last finished turn ([] for a new conversation)."""
+    async def conversation_history(self, conversation_id: str) -> Prior:
+        """The history of the conversation's last finished turn (none for a new conversation), and how much
+        of it the conversation's list holds."""
         return await self._runner.run_flow(flows.conversation_history(conversation_id))
 
     # --- events and control ------------------------------------------------------------------------------
@@ -273,7 +319,7 @@ class TurnStore:
 
     async def write_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
         """First writer wins (SPEC §4.9): returns the outcome stored for the call — ours or an earlier one."""
-        return await self._runner.run_flow(flows.write_outcome(outcome))
+        return await self._runner.run_flow(flows.write_outcome(outcome, self.retention))
 
     async def read_inbox(
         self, orchestrator_id: str, after: str, block_ms: int, count: int = 1000

@@ -47,7 +47,8 @@ def running_processes_matching(tokens: list[str]) -> list[str]:
 
 def started_by_demo(output: str) -> tuple[list[int], list[str]]:
     """The pids the demo reported and tokens (worker name, Redis port) that identify its processes."""
-    pids = [int(p) for p in re.findall(r"pid (\d+)", output)]
+    # Each once: a line the demo printed just before an interrupt may reach the pipe twice.
+    pids = list(dict.fromkeys(int(p) for p in re.findall(r"pid (\d+)", output)))
     tokens = re.findall(r"demo-[0-9a-f]{8}@localhost", output)
     tokens += [f"--port {port} " for port in re.findall(r"redis://127\.0\.0\.1:(\d+)/0", output)]
     return pids, tokens

@@ -14,9 +14,11 @@ from pydantic import ValidationError
 
 from orchestrator import AsyncClient, Client, UnknownTurnError
 from orchestrator.client import PendingApproval
-from orchestrator.machine.state import dump_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import dump_entries, dump_state
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
 from orchestrator.settings import get_settings
+from orchestrator.store.history import Appended
 from orchestrator.store.turns import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
 from tests.integration.store_support import store_db_url
 from tests.support.processes import WorkerHandle
@@ -167,7 +169,13 @@ async def test_get_lists_the_calls_waiting_for_approval(client: Client, aclient:
         calls(("delete", {"id": 1, "api_token": "t-123"}), ("add", {"a": 1, "b": 2}), ("delete", {"id": 2}))
     )
     store = aclient.store
-    assert await store.save_step(turn_id, dump_state(driver.state), driver.state.status)
+    state = driver.state
+    history_key, log_key = keys.turn_history(turn_id), keys.turn_log(turn_id)
+    text = dump_state(state, history_key=history_key, log_key=log_key)
+    lists = Appended(
+        history_key, 0, tuple(dump_entries(state.history)), (), log_key, 0, tuple(dump_log(state))
+    )
+    assert await store.save_step(turn_id, text, state.status, append=lists)
     expected = [
         PendingApproval(call_id="call_0", tool="delete", arguments={"id": 1, "api_token": REDACTED}),
         PendingApproval(call_id="call_2", tool="delete", arguments={"id": 2}),

@@ -21,7 +21,7 @@ from tests.integration.store_support import store_db_url
 from workers import keys, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.connect import connect_redis
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -107,7 +107,7 @@ def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: 
     assert run(operations.write_outcome(small)) is scripts.WriteResult.LOST
     assert run(operations.write_outcome(big)) is scripts.WriteResult.WON
     inbox = [fields for _, fields in run(operations.read_inbox("orch-a", "0", 10, 10))]
-    assert [(f["call"], f["outcome"]) for f in inbox] == [("c1", small.model_dump_json()), ("c2", "")]
+    assert [(f["call"], f["outcome"]) for f in inbox] == [("c1", dump_tool_outcome(small)), ("c2", "")]
     assert runner.client.llen(keys.late_outcomes("c1")) == 1
 
 
@@ -196,6 +196,8 @@ RUN_BY: dict[str, object] = {
     "claim_idempotency": test_the_workers_start_idempotency_and_release_scripts,
     # Run against a whole lost turn (its request, state and calls) where the watcher that uses it is tested.
     "record_lost": "tests/integration/test_durability_watch.py",
+    # Run against histories appended by steps, outcomes, views and conversation heads.
+    "read_history": "tests/integration/test_history_store.py",
 }
 
 

@@ -24,7 +24,7 @@ from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
 from workers.call_store import OutcomeWrite
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 from workers.scripts import Fence
 from workers.spool import SPOOL_DIR_VAR, Spool, build_spool_dir
 
@@ -92,7 +92,7 @@ def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
         _wait_for(lambda: client.exists(keys.outcome(request.call_id)) == 1, 20, "the spooled outcome")
         raw = client.get(keys.outcome(request.call_id))
         assert raw is not None
-        outcome = ToolOutcome.model_validate_json(raw)
+        outcome = parse_tool_outcome(raw)
         assert outcome.ok and outcome.content == "finished while Redis was full", outcome
         assert client.llen(keys.late_outcomes(request.call_id)) == 0
         assert client.exists(keys.running(request.call_id)) == 0, "the guard went with the spooled write"

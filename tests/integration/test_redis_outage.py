@@ -27,7 +27,7 @@ from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -81,7 +81,7 @@ def _read_outcome(client: redis.Redis, call_id: str, timeout_s: float) -> ToolOu
     _wait_for(lambda: client.exists(keys.outcome(call_id)) == 1, timeout_s, f"the outcome of {call_id}")
     raw = client.get(keys.outcome(call_id))
     assert raw is not None
-    return ToolOutcome.model_validate_json(raw)
+    return parse_tool_outcome(raw)
 
 
 # --- one Redis (broker and state), its URL with redis-py options ------------------------------------------

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads
+from orchestrator.store.history import Prior, StoredState
 from orchestrator.store.turns import TurnStore
 from tests.integration.store_support import store_db_url
 from workers import keys
-from workers.contract import ToolOutcome
+from workers.contract import ToolOutcome, dump_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -77,7 +79,9 @@ async def test_notifications_carry_small_outcomes_and_name_large_ones(store: Tur
     assert parse_payloads(batch.payloads) == {small.call_id: small}
     # The large one is read from its key, which is the record either way.
     assert await store.read_outcomes([large.call_id]) == {large.call_id: large}
-    assert await store.redis.get(keys.outcome(small.call_id)) == small.model_dump_json()
+    # Stored with its result once: `content` is what the result gives, and is derived again on read.
+    assert await store.redis.get(keys.outcome(small.call_id)) == dump_tool_outcome(small)
+    assert "content" not in json.loads(dump_tool_outcome(small))
 
 
 async def test_adopting_reads_state_and_request_in_one_go(store: TurnStore) -> None:
@@ -87,7 +91,7 @@ async def test_adopting_reads_state_and_request_in_one_go(store: TurnStore) -> N
     assert state is None and request is not None and request.conversation_id == "conv-1"
     await store.save_step(turn_id, '{"v": 1}', TurnStatus.RUNNING)
     state, request = await store.load_state_and_request(turn_id)
-    assert state == '{"v": 1}' and request is not None and request.prompt == "x"
+    assert state == StoredState('{"v": 1}', [], []) and request is not None and request.prompt == "x"
 
 
 async def test_finishing_with_a_known_conversation_queues_its_next_turn(store: TurnStore) -> None:
@@ -98,4 +102,4 @@ async def test_finishing_with_a_known_conversation_queues_its_next_turn(store: T
     done = TurnOutcome(turn_id=first, status="completed", text="ok", messages=[])
     assert await store.save_outcome(first, done, conversation_id="conv-2")
     assert await store.claim("orch-a", timeout_s=1.0) == second
-    assert await store.conversation_history("conv-2") == []
+    assert await store.conversation_history("conv-2") == Prior([], [])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -11,11 +12,13 @@ import redis
 import redis.asyncio as aioredis
 
 from orchestrator.errors import UnknownTurnError
+from orchestrator.machine.state import dump_entries
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.store.history import Appended
 from orchestrator.store.turns import TurnStore
 from tests.integration.store_support import store_db_url
 from workers import keys
-from workers.contract import FailureKind, ToolOutcome, build_failure
+from workers.contract import FailureKind, ToolOutcome, build_failure, dump_tool_outcome, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -185,11 +188,11 @@ async def test_first_writer_wins_and_notifies_the_owner_once(store: TurnStore) -
     assert winner.ok and winner.result == "3"
     assert await store.read_outcomes(["call-1", "call-missing"]) == {"call-1": real}
     late = await store.redis.lrange(keys.late_outcomes("call-1"), 0, -1)
-    assert [ToolOutcome.model_validate_json(x).failure_kind for x in late] == [FailureKind.TIMEOUT]
+    assert [parse_tool_outcome(x).failure_kind for x in late] == [FailureKind.TIMEOUT]
     inbox = await store.read_inbox("orch-a", "0", block_ms=100)
     # The notification carries the (small) winning outcome, so the owner need not read it back.
     assert [fields for _, fields in inbox] == [
-        {"kind": "outcome", "turn": turn_id, "call": "call-1", "outcome": real.model_dump_json()}
+        {"kind": "outcome", "turn": turn_id, "call": "call-1", "outcome": dump_tool_outcome(real)}
     ]
     await store.ack_inbox("orch-a", inbox[-1][0])
     assert await store.read_inbox("orch-a", "0", block_ms=50) == []
@@ -235,16 +238,21 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert await store.get_status(second) == TurnStatus.QUEUED
     waiting = asyncio.create_task(store.claim("orch-b", timeout_s=5.0))
     await asyncio.sleep(0.1)
-    await store.save_outcome(first, finished(first, "answer one"))
+    # The outcome references the messages its steps appended to the conversation's list.
+    done = finished(first, "answer one")
+    append = Appended(keys.conversation_history("conv-1"), 0, tuple(dump_entries(done.messages)))
+    assert await store.save_step(first, "{}", TurnStatus.RUNNING, append=append)
+    await store.save_outcome(first, done)
     assert await asyncio.wait_for(waiting, 2.0) == second
     request = await store.load_request(second)
     assert request is not None and request.prompt == "two"
-    history = await store.conversation_history("conv-1")
+    history = (await store.conversation_history("conv-1")).messages
     assert [m.role for m in history] == ["user", "assistant"]
     assert [m.content for m in history] == ["hi", "answer one"]
     await store.save_outcome(second, finished(second))
     assert await store.redis.get(keys.conversation_lock("conv-1")) is None
-    assert await store.redis.get(keys.conversation_head("conv-1")) == second
+    head = json.loads(await store.redis.get(keys.conversation_head("conv-1")))
+    assert head == {"history_key": keys.conversation_history("conv-1"), "history_len": 2, "turn_id": second}
 
 
 async def test_events_are_redacted_streamed_and_end_with_turn_finished(store: TurnStore) -> None:

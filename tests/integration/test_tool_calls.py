@@ -17,7 +17,7 @@ from orchestrator.settings import Settings
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
 from workers import keys, scripts
-from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -193,7 +193,7 @@ def _wait_outcome(client: redis.Redis, call_id: str, timeout_s: float = 10.0) ->
     while time.monotonic() < deadline:
         raw = client.get(keys.outcome(call_id))
         if raw is not None:
-            return ToolOutcome.model_validate_json(raw)
+            return parse_tool_outcome(raw)
         time.sleep(0.02)
     raise AssertionError(f"no outcome for {call_id}")
 
@@ -234,11 +234,8 @@ def test_concurrent_writers_leave_exactly_one_outcome(redis_client: redis.Redis)
     for thread in threads:
         thread.join()
     assert sorted(wins) == [scripts.WriteResult.LOST] * 7 + [scripts.WriteResult.WON]
-    winner = ToolOutcome.model_validate_json(redis_client.get(keys.outcome(call_id)) or b"")
-    late = [
-        ToolOutcome.model_validate_json(raw)
-        for raw in redis_client.lrange(keys.late_outcomes(call_id), 0, -1)
-    ]
+    winner = parse_tool_outcome(redis_client.get(keys.outcome(call_id)) or b"")
+    late = [parse_tool_outcome(raw) for raw in redis_client.lrange(keys.late_outcomes(call_id), 0, -1)]
     assert len(late) == 7 and winner.error not in {o.error for o in late}
 
 

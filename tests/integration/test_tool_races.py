@@ -30,7 +30,7 @@ from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
-from workers.contract import FailureKind, ToolOutcome
+from workers.contract import FailureKind, ToolOutcome, parse_tool_outcome
 from workers.settings import get_worker_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -228,7 +228,7 @@ def test_a_timed_out_direct_call_is_revoked(
     # stopped long before its hard limit (2 s, capped from 30 s past the caller's timeout of 1 s).
     late_key = keys.late_outcomes(outcome.call_id)
     _wait_until(lambda: db.llen(late_key) > 0, 5, "the revoked task's outcome")
-    late = [ToolOutcome.model_validate_json(raw) for raw in db.lrange(late_key, 0, -1)]
+    late = [parse_tool_outcome(raw) for raw in db.lrange(late_key, 0, -1)]
     assert [o.failure_kind for o in late] == [FailureKind.CANCELLED], late
     _assert_ticks_stop(db, tag, within_s=2)
 

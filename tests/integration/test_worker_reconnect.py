@@ -28,7 +28,7 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
 from workers import keys, tool
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 from workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration]
@@ -85,7 +85,7 @@ def _read_outcome(client: redis.Redis, call_id: str, timeout_s: float) -> ToolOu
     _wait_for(lambda: client.exists(keys.outcome(call_id)) == 1, timeout_s, f"the outcome of {call_id}")
     raw = client.get(keys.outcome(call_id))
     assert raw is not None
-    return ToolOutcome.model_validate_json(raw)
+    return parse_tool_outcome(raw)
 
 
 def _consuming(client: redis.Redis) -> bool:

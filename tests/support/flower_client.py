@@ -20,7 +20,7 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from workers import keys
-from workers.contract import ToolCallRequest, ToolOutcome
+from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 
 AUTH = ("ops", "flower-pass")
 
@@ -92,7 +92,7 @@ def wait_for_outcome(redis_url: str, call_id: str, timeout_s: float = 20.0) -> T
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no outcome for {call_id} in {timeout_s} s")
             time.sleep(0.05)
-        return ToolOutcome.model_validate_json(raw)
+        return parse_tool_outcome(raw)
     finally:
         client.close()
 

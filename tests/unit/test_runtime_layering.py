@@ -20,7 +20,7 @@ PACKAGE = "orchestrator.runtime"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"process"}),
     frozenset({"driver"}),
-    frozenset({"adopt", "perform", "durability"}),
+    frozenset({"adopt", "perform", "durability", "persist"}),
     frozenset({"publish", "handle", "inbox", "timers"}),
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}

@@ -11,7 +11,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from orchestrator import machine
-from orchestrator.machine.state import TurnState, dump_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import TurnState, dump_entries, dump_state
 from orchestrator.model import TurnRequest
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.process import Runtime, RuntimeOptions
@@ -57,7 +58,7 @@ def test_a_parked_turn_keeps_only_its_json_and_comes_back_equal() -> None:
     state = new_state()
     handle = TurnHandle(state.turn_id, state)
     assert not handle.park()  # never saved: nothing to come back from
-    handle.set_state(state, dump_state(state))
+    handle.set_state(state, dump_state(state), dump_entries(state.history), dump_log(state))
     assert handle.park()
     assert not handle.hydrated
     assert handle.state == state
@@ -67,7 +68,7 @@ def test_a_parked_turn_keeps_only_its_json_and_comes_back_equal() -> None:
 async def test_a_turn_in_use_is_not_parked() -> None:
     state = new_state()
     handle = TurnHandle(state.turn_id, state)
-    handle.set_state(state, dump_state(state))
+    handle.set_state(state, dump_state(state), dump_entries(state.history), dump_log(state))
     async with handle.lock:
         assert not handle.park()
     task = asyncio.create_task(asyncio.sleep(0))
@@ -92,7 +93,7 @@ async def test_only_the_least_recently_stepped_turns_beyond_the_limit_are_parked
         for i in range(3):
             state = new_state(f"turn_{i}")
             handle = TurnHandle(state.turn_id, state)
-            handle.set_state(state, dump_state(state))
+            handle.set_state(state, dump_state(state), dump_entries(state.history), dump_log(state))
             runtime.driver.turns[handle.turn_id] = handle
             handles.append(handle)
         for handle in handles:

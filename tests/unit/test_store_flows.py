@@ -14,16 +14,17 @@ import pytest
 from orchestrator.client import AsyncClient, Client, build_submission
 from orchestrator.direct import build_call_flow, build_direct_call, build_rejection_outcome
 from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
-from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
+from orchestrator.store.history import Head, Prior
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, SubmitResult, WriteResult
 from workers import keys
-from workers.contract import FailureKind, ToolOutcome, ToolSpec
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, parse_tool_outcome
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -78,7 +79,8 @@ def test_wait_outcome_reads_events_until_the_outcome_is_there() -> None:
     flow = flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5, 1.75))
     replies = ["3-0", None, TurnStatus.RUNNING, [event("4-0")], None, TurnStatus.WAITING, [], DONE]
     steps, outcome = drive(flow, replies)
-    assert words(steps) == ["XREVRANGE", "GET", "GET", "XREAD", "GET", "GET", "XREAD", "GET"]
+    read = "read_history"  # the outcome, with the messages it references
+    assert words(steps) == ["XREVRANGE", read, "GET", "XREAD", read, "GET", "XREAD", read]
     reads = [s.args for s in steps if s.args[0] == "XREAD"]
     assert reads[0][1:3] == ("BLOCK", 1000) and reads[0][-1] == "3-0"  # capped, from the newest id
     assert reads[1][1:3] == ("BLOCK", 250) and reads[1][-1] == "4-0"  # what is left of the timeout
@@ -181,8 +183,9 @@ def test_submit_history_and_reply_flows() -> None:
     assert turn_id == "turn_web" and steps[0].args[0] == "turn_web"
     with pytest.raises(ValueError, match="invalid turn id"):
         drive(flows.submit(TurnRequest(prompt="x"), "has space", 1.0), [])
-    assert drive(flows.conversation_history("c"), [None])[1] == []
-    assert drive(flows.conversation_history("c"), ["t", DONE.model_copy(update={"messages": []})])[1] == []
+    assert drive(flows.conversation_history("c"), [Head(None, None)])[1] == Prior([], [])
+    legacy = [Head(None, "t"), DONE.model_copy(update={"messages": [UserMessage(content="hi")]})]
+    assert drive(flows.conversation_history("c"), legacy)[1] == Prior([UserMessage(content="hi")], [])
     waited = flows.wait_reply("r", 1.0, cap_ms=500, clock=clock(0, 0, 0.5, 0.75, 1.0))
     steps, arrived = drive(waited, [False, False, False])
     assert not arrived and [s.args for s in steps] == [
@@ -318,7 +321,7 @@ def run_direct_call(
 
     def answer(step: Any) -> Any:
         if isinstance(step, ScriptCall):  # what the next read finds: the synthetic one, or the late real one
-            synthetic = ToolOutcome.model_validate_json(step.args[0])
+            synthetic = parse_tool_outcome(step.args[0])
             found[0] = synthetic if wins else synthetic.model_copy(update={"ok": True, "synthetic": False})
         return answer_direct_call(step, found[0], wins)
 

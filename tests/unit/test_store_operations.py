@@ -45,7 +45,7 @@ def lua_files() -> list[tuple[str, str]]:
 
 def test_every_script_is_a_lua_file_loaded_once() -> None:
     names = [name for name, _ in lua_files()]
-    assert len(names) == 13, names
+    assert len(names) == 14, names
     assert SUBMIT.source == resources.files("orchestrator.store").joinpath("lua/submit.lua").read_text()
 
 
@@ -113,20 +113,27 @@ def test_save_step_carries_the_events_but_never_turn_finished() -> None:
     op = operations.save_step("t", "{}", TurnStatus.WAITING, events, orchestrator_id=None, now=3.0)
     assert op.script is SAVE_STEP and op.keys[3] == keys.turn_events("t")
     assert op.args[:5] == ("{}", "waiting", "", str(keys.EVENTS_MAXLEN), TERMINAL)
-    assert op.args[5::3] == ("round_completed", "model_called") and op.args[6] == "3.0"
-    assert json.loads(op.args[7]) == {"api_key": "***"}
-    assert [op.parse(n) for n in (-1, 0, 1)] == list(SaveResult)
+    # Nothing appended: no list, the audit TTL, expected lengths and counts of 0, then the events.
+    assert op.keys[4:] == ("", "") and op.args[5:10] == (str(keys.AUDIT_TTL_S), "0", "0", "0", "0")
+    assert op.args[10::3] == ("round_completed", "model_called") and op.args[11] == "3.0"
+    assert json.loads(op.args[12]) == {"api_key": "***"}
+    assert [op.parse(n) for n in (-2, -1, 0, 1)] == list(SaveResult)
 
 
 def test_save_outcome_passes_ttl_caps_statuses_and_the_event_name() -> None:
     outcome = TurnOutcome(turn_id="t", status="completed", text="ok")
     op = operations.save_outcome("t", outcome, None, 7.0)
-    assert op.keys[8:] == ("", "", "")
+    assert op.keys[8:] == ("", "", "", keys.turn_history("t"), keys.turn_log("t"))
     assert op.args[3] == str(keys.TURN_TTL_S)
-    assert op.args[5:] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
+    assert op.args[5:9] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
+    assert op.args[9] == str(keys.CONVERSATION_TTL_S)
     assert json.loads(op.args[4])["status"] == "completed"
     assert op.parse(0) is FinishResult.ALREADY_TERMINAL
-    assert operations.save_outcome("t", outcome, "c", 7.0).keys[8] == keys.conversation_head("c")
+    in_conversation = operations.save_outcome("t", outcome, "c", 7.0).keys
+    assert (in_conversation[8], in_conversation[11]) == (
+        keys.conversation_head("c"),
+        keys.conversation_history("c"),
+    )
 
 
 def test_control_needs_a_call_id_for_an_approval_and_caps_the_inbox() -> None:
@@ -153,7 +160,13 @@ def test_write_outcome_is_the_workers_script_with_both_limits_as_arguments() -> 
     op = operations.write_outcome(outcome)
     assert op.script is scripts.WRITE_OUTCOME
     assert op.keys == (keys.outcome("c"), keys.late_outcomes("c"), keys.turn_lease("t"), "")
-    assert op.args[5:] == (str(keys.INBOX_MAXLEN), str(keys.INBOX_OUTCOME_MAX_BYTES))
+    assert op.args[5:7] == (str(keys.INBOX_MAXLEN), str(keys.INBOX_OUTCOME_MAX_BYTES))
+    # No fence (attempt 0, any holder); a late outcome is kept for the audit TTL, the outcome for its own.
+    assert (op.args[1], op.args[7:]) == (str(keys.OUTCOME_TTL_S), ("0", "", str(keys.AUDIT_TTL_S)))
+    assert operations.write_outcome(outcome, keys.Retention(outcome_ttl_s=5, audit_ttl_s=9)).args[1::8] == (
+        "5",
+        "9",
+    )
     assert op.parse(1) is scripts.WriteResult.WON and op.parse(0) is scripts.WriteResult.LOST
 
 
@@ -175,10 +188,11 @@ def test_reads_parse_both_reply_shapes_and_both_encodings() -> None:
 def test_views_and_outcomes() -> None:
     request = TurnRequest(prompt="p").model_dump_json()
     view = operations.get_view("t")
-    assert view.args[0] == "MGET" and view.parse([request, "queued", None, None]).status == "queued"
-    assert view.parse([None, None, None, None]) is None
+    assert view.script.name == "read_history" and view.args == ("4", "3")
+    assert view.parse([request, "queued", None, None, [], []]).status == "queued"
+    assert view.parse([None, None, None, None, [], []]) is None
     with pytest.raises(UnknownTurnError):
-        operations.require_view("t").parse([None, None, None, None])
+        operations.require_view("t").parse([None, None, None, None, [], []])
     outcome = ToolOutcome(call_id="c", tool="add", ok=True, result=1, content="1")
     read = operations.read_outcomes(["c", "d"])
     assert read.args == ("MGET", keys.outcome("c"), keys.outcome("d"))

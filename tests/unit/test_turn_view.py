@@ -8,7 +8,8 @@ import json
 import pytest
 
 from orchestrator.machine.events import ApprovalGiven
-from orchestrator.machine.state import dump_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import dump_entries, dump_state
 from orchestrator.model import AssistantMessage, ToolCall, TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.store.turn_view import (
     PendingApproval,
@@ -37,7 +38,17 @@ def waiting_driver() -> Driver:
 
 
 def view_of(driver: Driver) -> TurnView:
-    view = build_turn_view("turn1", REQUEST_JSON, driver.state.status.value, dump_state(driver.state), None)
+    state = driver.state
+    # A running turn's state as stored: its JSON, its history list and its log list.
+    view = build_turn_view(
+        "turn1",
+        REQUEST_JSON,
+        state.status.value,
+        dump_state(state),
+        None,
+        history_raw=dump_entries(state.history),
+        log_raw=dump_log(state),
+    )
     assert view is not None
     return view
 
@@ -90,13 +101,17 @@ def test_a_running_turn_and_a_finished_one_list_nothing() -> None:
 )
 def test_a_state_this_code_cannot_read_lists_nothing(state_json: str | bytes | None) -> None:
     assert parse_pending_approvals(state_json) == []
-    view = build_turn_view("turn1", REQUEST_JSON, "waiting", state_json, None)
+    view = build_turn_view("turn1", REQUEST_JSON, "waiting", state_json, None)  # unreadable: no lists
     assert view is not None and view.pending_approvals == [] and view.messages
 
 
 def test_bytes_from_a_client_that_does_not_decode() -> None:
-    state = dump_state(waiting_driver().state).encode()
-    assert [p.call_id for p in parse_pending_approvals(state)] == ["call_0", "call_2"]
+    state = waiting_driver().state
+    history, log = [e.encode() for e in dump_entries(state.history)], [e.encode() for e in dump_log(state)]
+    assert [p.call_id for p in parse_pending_approvals(dump_state(state).encode(), history, log)] == [
+        "call_0",
+        "call_2",
+    ]
 
 
 # --- redaction: what a view shows, and what stays stored -------------------------------------------------
@@ -114,7 +129,16 @@ def test_a_view_redacts_the_context_and_every_tool_calls_arguments() -> None:
     driver = Driver()
     driver.respond(calls(("add", {"a": 1, "token": "tok-1"})))
     driver.finish(ok("call_0", "add", "1"))  # the round is in the history once its calls are answered
-    running = build_turn_view("t", request.model_dump_json(), "running", dump_state(driver.state), None)
+    entries = dump_entries(driver.state.history)
+    running = build_turn_view(
+        "t",
+        request.model_dump_json(),
+        "running",
+        dump_state(driver.state),
+        None,
+        history_raw=entries,
+        log_raw=dump_log(driver.state),
+    )
     outcome = TurnOutcome(
         turn_id="t", status="completed", messages=[*history, AssistantMessage(content="ok")]
     )

@@ -3,7 +3,8 @@
 -- KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when none), fence ('' or absent: the
 --       writer is not an execution, e.g. the orchestrator's synthetic outcomes).
 -- ARGV: outcome JSON, TTL s, inbox prefix, call id, turn id, inbox maxlen, largest outcome carried inline (bytes),
---       the writer's dispatch attempt, the writer's token or a prefix of it ('': any execution of that attempt).
+--       the writer's dispatch attempt, the writer's token or a prefix of it ('': any execution of that attempt),
+--       the late list's TTL s (the audit TTL).
 -- A losing write is kept in the late list for audit. The owner is looked up here so the notification always
 -- goes to the turn's current owner; it carries the outcome itself when small, sparing the owner a read of it
 -- ('' otherwise). A missing fence (no execution started, or it expired) lets the write through.
@@ -18,7 +19,7 @@ local ttl = tonumber(ARGV[2])
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ttl)
 if not won then
   redis.call('RPUSH', KEYS[2], ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ttl)
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[10]) or ttl)
   return 0
 end
 if KEYS[3] ~= '' then

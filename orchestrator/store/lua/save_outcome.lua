@@ -1,11 +1,13 @@
 -- The terminal write of a turn: outcome, status, its finished event, TTLs, then the conversation's next turn.
 -- Returns orchestrator.store.scripts.FinishResult: 1 FINISHED, 0 ALREADY_TERMINAL (the first write won).
 -- KEYS: outcome, status, active, events, request, state, control, queue, conversation head, lock, waiting
---       ('' for the three conversation keys when the turn has none).
--- ARGV: turn id, outcome JSON, status, TTL s, event data JSON, events maxlen, now, terminal statuses (spaced),
---       finished event name.
+--       ('' for the three conversation keys when the turn has none), history list, log list.
+-- ARGV: turn id, outcome JSON (its messages referenced: history key and length), status, turn TTL s, event
+--       data JSON, events maxlen, now, terminal statuses (spaced), finished event name, conversation TTL s,
+--       head JSON (the same reference, for the conversation's next turn).
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
--- outcome.
+-- outcome. A conversation's history list and head live CONVERSATION_TTL_S from its last turn's end; a turn's
+-- own history list lives as long as the turn's other keys.
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[2])
@@ -16,8 +18,11 @@ redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'name', ARGV[9], 'at', ARGV[7], 'data', ARGV[5])
 for i = 4, 7 do redis.call('EXPIRE', KEYS[i], ttl) end
+redis.call('EXPIRE', KEYS[13], ttl)
 if KEYS[9] ~= '' then
-  redis.call('SET', KEYS[9], ARGV[1], 'EX', ttl)
+  local conversation_ttl = tonumber(ARGV[10])
+  redis.call('SET', KEYS[9], ARGV[11], 'EX', conversation_ttl)
+  redis.call('EXPIRE', KEYS[12], conversation_ttl)
   if redis.call('GET', KEYS[10]) == ARGV[1] then
     local nxt = redis.call('LPOP', KEYS[11])
     if nxt then
@@ -27,5 +32,7 @@ if KEYS[9] ~= '' then
       redis.call('DEL', KEYS[10])
     end
   end
+else
+  redis.call('EXPIRE', KEYS[12], ttl)
 end
 return 1

@@ -1,17 +1,48 @@
--- Persist a step: the machine's state, the status and the events the step emitted, all or nothing.
+-- Persist a step: the machine's state, the status, the messages the step added to the history and the entries it
+-- added to the turn's log, the stubs of the outcomes those messages consumed, and the events the step emitted,
+-- all or nothing.
 -- Returns orchestrator.store.scripts.SaveResult: 1 SAVED, 0 TERMINAL (the turn already ended), -1 LEASE_LOST
--- (another orchestrator holds the lease).
--- KEYS: state, status, lease, events.
--- ARGV: state JSON, status, orchestrator id ('' = no fencing), events maxlen, terminal statuses (spaced),
---       then (name, at, data JSON) per event.
+-- (another orchestrator holds the lease), -2 HISTORY_GAP (a list holds fewer entries than the state before this
+-- step had: nothing written; save again with the lists whole).
+-- KEYS: state, status, lease, events, history list, log list ('' for a list the step adds nothing to), then the
+--       outcome key of each call whose answer enters the history with this step.
+-- ARGV: state JSON, status, orchestrator id ('' = no fencing), events maxlen, terminal statuses (spaced), audit
+--       TTL s, history length before the messages, message count m, log length before its entries, entry count
+--       n, then the m messages (JSON each), the n log entries, one stub JSON per outcome key, then
+--       (name, at, data JSON) per event.
+-- The lists are append-only: a step writes its new entries once. Entries past the expected length were left by
+-- a try whose reply was lost, or by a turn of the conversation that was lost with Redis's data: the state is the
+-- truth, so they are dropped before the append (a retried save never appends twice).
 local terminal = {}
 for status in string.gmatch(ARGV[5], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[2])
 if st and terminal[st] then return 0 end
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return -1 end
+local m, n = tonumber(ARGV[8]), tonumber(ARGV[10])
+local lists = {{KEYS[5], tonumber(ARGV[7]), 11, m}, {KEYS[6], tonumber(ARGV[9]), 11 + m, n}}
+for _, list in ipairs(lists) do
+  if list[1] ~= '' and redis.call('LLEN', list[1]) < list[2] then return -2 end
+end
+for _, list in ipairs(lists) do
+  local key, from, first, count = list[1], list[2], list[3], list[4]
+  if key ~= '' then
+    if redis.call('LLEN', key) > from then
+      if from == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, from - 1) end
+    end
+    for i = first, first + count - 1 do redis.call('RPUSH', key, ARGV[i]) end
+    -- A running turn's lists never expire; its end sets their TTL (save_outcome.lua).
+    redis.call('PERSIST', key)
+  end
+end
+local audit_ttl = tonumber(ARGV[6])
+local stubs = 11 + m + n
+for j = 7, #KEYS do
+  -- Kept (as a stub) rather than deleted: a worker's start.lua skips a redelivered call whose outcome exists.
+  redis.call('SET', KEYS[j], ARGV[stubs + j - 7], 'EX', audit_ttl)
+end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
-for i = 6, #ARGV, 3 do
+for i = stubs + #KEYS - 6, #ARGV, 3 do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'name', ARGV[i], 'at', ARGV[i + 1],
              'data', ARGV[i + 2])
 end

@@ -18,7 +18,8 @@ from orchestrator.machine.events import (
     ToolFinished,
     WriteOutcomes,
 )
-from orchestrator.machine.state import dump_state, load_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import dump_entries, dump_state, load_state
 from orchestrator.model import Limits, Message, ToolCall, Turn, TurnOutcome, TurnRequest, Usage
 from tests.unit.machine.invariants import check_state
 from workers.contract import ToolOutcome, ToolSpec
@@ -121,7 +122,11 @@ class Driver:
 
     def feed(self, event: Event) -> list[Command]:
         state, commands = step(self.state, event, policy=self.policy)
-        resumed_state, resumed_commands = step(load_state(dump_state(self.state)), event, policy=self.policy)
+        resumed_state, resumed_commands = step(
+            load_state(dump_state(self.state), dump_entries(self.state.history), dump_log(self.state)),
+            event,
+            policy=self.policy,
+        )
         assert resumed_state == state, "resuming from the serialised state changed the result"
         assert resumed_commands == commands
         check_state(state, commands)

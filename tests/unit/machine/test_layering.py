@@ -35,6 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"draft"}),
     frozenset({"validation", "view"}),
     frozenset({"state", "events"}),
+    frozenset({"layout"}),  # the stored layout of a state, on JSON
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 FORBIDDEN_ROOTS = frozenset({"redis", "httpx", "celery", "kombu", "asyncio", "time", "random"})

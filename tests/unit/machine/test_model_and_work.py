@@ -6,7 +6,8 @@ import pytest
 
 from orchestrator.errors import StateVersionError
 from orchestrator.machine.events import ArmTimer, CallModel, ModelFailed, Revoke, TimerFired, ToolStarted
-from orchestrator.machine.state import dump_state, load_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import dump_entries, dump_state, load_state
 from orchestrator.model import Limits, ProviderError, ToolMessage
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from workers.contract import FailureKind
@@ -134,9 +135,9 @@ def test_state_round_trips_and_unknown_versions_are_refused() -> None:
     driver = Driver()
     driver.respond(calls(("slow", {}), ("delete", {})))
     text = dump_state(driver.state)
-    assert load_state(text) == driver.state
-    refused = r"version 99 is not supported \(this code reads version 1, 2\)"
+    assert load_state(text, dump_entries(driver.state.history), dump_log(driver.state)) == driver.state
+    refused = r"version 99 is not supported \(this code reads version 1, 2, 3\)"
     with pytest.raises(StateVersionError, match=refused):
-        load_state(text.replace('"version":2', '"version":99', 1))
+        load_state(text.replace('"version":3', '"version":99', 1))
     with pytest.raises(StateVersionError, match="None"):
         load_state("{}")

@@ -27,7 +27,14 @@ from orchestrator.machine.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine.state import STATE_VERSION, TurnState, dump_state, load_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import (
+    STATE_VERSION,
+    TurnState,
+    dump_entries,
+    dump_state,
+    load_state,
+)
 from orchestrator.model import Limits, ProviderError
 from tests.unit.machine.harness import Driver, answer, calls, of_type, ok
 from tests.unit.machine.invariants import check_state
@@ -38,7 +45,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def resumed(driver: Driver, at: float | None = None) -> list[Command]:
     """Resume a serialised copy of the driver's turn; the state must come back unchanged."""
-    copy = load_state(dump_state(driver.state))
+    copy = load_state(dump_state(driver.state), dump_entries(driver.state.history), dump_log(driver.state))
     state, commands = resume(copy, driver.now(at))
     assert state == copy == driver.state, "resuming changed the state"
     check_state(state, commands)
@@ -310,7 +317,7 @@ def test_a_terminal_state_only_finishes() -> None:
 def test_a_version_1_state_is_upgraded_and_its_requested_outcome_asked_again() -> None:
     driver = Driver()
     _invalid_call_write_pending(driver)
-    data = json.loads(dump_state(driver.state))
+    data = driver.state.model_dump(mode="json")  # all inline, as versions 1 and 2 were
     data["version"] = 1
     data["current"]["calls"][0]["requested"] = "not_found"
     state = load_state(json.dumps(data))
@@ -325,7 +332,7 @@ def test_a_version_1_state_is_upgraded_and_its_requested_outcome_asked_again() -
     assert not requested.synthetic and requested.content.startswith("Error: not_found")
     _, commands = resume(state, 1002.0)
     assert of_type(commands, WriteOutcomes) == [WriteOutcomes(outcomes=[requested])]
-    assert load_state(dump_state(state)) == state
+    assert load_state(dump_state(state), dump_entries(state.history), dump_log(state)) == state
 
 
 def test_resume_is_pure_and_repeatable() -> None:

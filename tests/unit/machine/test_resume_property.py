@@ -39,7 +39,8 @@ from orchestrator.machine.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine.state import CallState, TurnState, dump_state, load_state
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import CallState, TurnState, dump_entries, dump_state, load_state
 from orchestrator.model import Limits, ProviderError, ToolCall, Turn
 from tests.unit.machine.harness import Driver, answer, calls, ok
 from tests.unit.machine.invariants import check_state
@@ -250,7 +251,9 @@ class Sim:
         before = self.state
         in_flight = self.model_calls.get(before.awaiting_model) if before.awaiting_model is not None else None
         self.writes, self.timers, self.model_calls = {}, {}, {}
-        state, commands = resume(load_state(dump_state(before)), self.now)
+        state, commands = resume(
+            load_state(dump_state(before), dump_entries(before.history), dump_log(before)), self.now
+        )
         assert state == before
         check_state(state, commands)
         self.absorb(commands)

@@ -1,0 +1,127 @@
+"""Persisting one step of a turn: its small state, the messages it added to the history, once, and its events.
+
+The machine keeps the whole history in memory (`TurnState.history`); Redis keeps it once, in an append-only
+list (`orchestrator.store.history`). The handle knows which of the state's messages the list holds
+(`TurnHandle.entries`), so a step sends only the messages past them, with the list length it expects before
+them: a step that adds no message writes none, and a long turn writes each message once instead of its whole
+history at every step. The tool messages a step adds consume their calls' outcome keys, which keep a stub.
+
+A save retried after a lost reply proves itself by the state stored (`TurnStore.resave_step`); `save_step.lua`
+appends after the expected length in any case, so a message is never stored twice. A list that lost messages
+the state had (expired, or lost with Redis's data) is written again whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.exceptions
+
+from orchestrator.machine.layout import dump_log
+from orchestrator.machine.state import TurnState, dump_entries, dump_state
+from orchestrator.model import Message, ToolMessage, TurnStatus
+from orchestrator.outage import REDIS_ERRORS, RedisRetry
+from orchestrator.runtime.handle import TurnHandle
+from orchestrator.runtime.inbox import to_wire_outcome
+from orchestrator.store.history import Appended
+from orchestrator.store.scripts import SaveResult
+from orchestrator.store.turns import TurnStore
+from workers.contract import ToolOutcome
+
+log = logging.getLogger("toolloop.orchestrator")
+
+
+def find_consumed(
+    before: TurnState, added: Sequence[Message], finished: Sequence[ToolOutcome]
+) -> tuple[ToolOutcome, ...]:
+    """The outcomes (under their wire ids) of the calls whose tool messages are in `added`: from the round
+    of the state before the step, else from the outcomes stepped in it."""
+    answered = [m.tool_call_id for m in added if isinstance(m, ToolMessage)]
+    if not answered:
+        return ()
+    known = {outcome.call_id: outcome for outcome in reversed(finished)}
+    if before.current is not None:
+        known.update({c.call_id: c.outcome for c in before.current.calls if c.outcome is not None})
+    return tuple(to_wire_outcome(known[call_id]) for call_id in answered if call_id in known)
+
+
+def build_append(
+    handle: TurnHandle,
+    before: TurnState,
+    state: TurnState,
+    finished: Sequence[ToolOutcome],
+    *,
+    whole: bool = False,
+) -> tuple[Appended | None, list[str], list[str]]:
+    """What the step appends to the turn's history and log lists (None: nothing), and the lists' entries
+    after it. `whole`: the lists are written again from their start (one lost entries)."""
+    stored = handle.entries
+    if whole or len(state.history) < len(stored):
+        start, kept = 0, stored[: len(state.history)] if whole else []
+    else:
+        start, kept = len(stored), stored
+    added = state.history[start:]
+    known = kept[: len(added)] if start == 0 else []
+    texts = known + dump_entries(added[len(known) :])
+    log_start = 0 if whole else len(handle.log)
+    logged = dump_log(state, () if whole else handle.log)
+    entries, log = [*stored[:start], *texts], [*handle.log[:log_start], *logged]
+    if not texts and not logged:
+        return None, stored, handle.log
+    consumed = find_consumed(before, added, finished)
+    append = Appended(
+        handle.history_key, start, tuple(texts), consumed, handle.log_key, log_start, tuple(logged)
+    )
+    return append, entries, log
+
+
+async def persist_step(
+    store: TurnStore,
+    retry: RedisRetry,
+    handle: TurnHandle,
+    *,
+    steps: tuple[TurnState, TurnState],
+    emits: Sequence[tuple[str, Mapping[str, Any]]],
+    finished: Sequence[ToolOutcome],
+    orchestrator_id: str,
+) -> bool:
+    """Save the step that turned `before` into `state` (retried until it lands); False when refused (the
+    turn is terminal already, or another orchestrator holds its lease). `steps`: (before, state)."""
+    before, state = steps
+    # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
+    # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
+    status = TurnStatus.RUNNING if state.terminal else state.status
+    append, entries, logged = build_append(handle, before, state, finished)
+
+    def dump(log: list[str]) -> str:
+        return dump_state(state, history_key=handle.history_key, log_key=handle.log_key, log_len=len(log))
+
+    state_json = dump(logged)
+    unsure = False
+
+    async def save() -> SaveResult:
+        nonlocal unsure, append, entries, logged, state_json
+        # After a lost connection a try may have saved all but its reply; a refused one wrote nothing.
+        write = store.resave_step if unsure else store.write_step
+        try:
+            result = await write(
+                handle.turn_id, state_json, status, emits, orchestrator_id=orchestrator_id, append=append
+            )
+            if result is SaveResult.HISTORY_GAP:
+                log.warning("turn %s: its lists lost entries; writing them again", handle.turn_id)
+                append, entries, logged = build_append(handle, before, state, finished, whole=True)
+                state_json = dump(logged)
+                result = await store.write_step(
+                    handle.turn_id, state_json, status, emits, orchestrator_id=orchestrator_id, append=append
+                )
+        except REDIS_ERRORS as exc:
+            unsure = unsure or not isinstance(exc, redis.exceptions.ResponseError)
+            raise
+        return result
+
+    if await retry.call("steps", save) is not SaveResult.SAVED:
+        return False
+    handle.set_state(state, state_json, entries, logged)
+    return True
