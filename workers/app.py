@@ -18,11 +18,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 from workers.broker import use_master_checking_sentinels
 from workers.connect import build_sentinel_broker_url, is_sentinel_url, resolve_master_name
-from workers.contract import ToolSpec
+from workers.contract import TASK_NAME_PREFIX, ToolSpec
 from workers.errors import ToolDefinitionError, ToolModuleError
 from workers.settings import WorkerSettings, get_worker_settings
 
@@ -136,7 +136,25 @@ def create_app(settings: WorkerSettings | None = None, *, main: str = "toolloop"
     app = ToolloopCelery(main, broker=settings.effective_broker_url, set_as_current=False)
     app.settings = settings
     app.conf.update(build_celery_config(settings))
+    signals.before_task_publish.connect(
+        drop_repeated_reprs, weak=False, dispatch_uid="toolloop-drop-repeated-reprs"
+    )
     return app
+
+
+def drop_repeated_reprs(
+    sender: str | None = None, properties: dict[str, Any] | None = None, **_: Any
+) -> None:
+    """Celery's `before_task_publish` receiver: a tool-call message carries nothing twice or unread.
+
+    `send_task` puts `argsrepr`/`kwargsrepr` in the message's headers, where workers and Flower read them,
+    and hands them on as leftover publish options, which kombu adds to the properties: every message would
+    carry its redacted arguments twice. `reply_to` names where an RPC result backend would answer: a tool
+    task stores no result. Redis stores each message twice (its queue, then the unacked hash).
+    """
+    if properties is not None and sender is not None and sender.startswith(TASK_NAME_PREFIX):
+        for name in ("argsrepr", "kwargsrepr", "reply_to"):
+            properties.pop(name, None)
 
 
 def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:

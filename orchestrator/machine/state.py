@@ -335,8 +335,10 @@ def dump_state(
     # restored from the state's own on load.
     excluded: dict[str, Any] = {"history": True, "outcome": {"messages", "llm_call_records"}}
     excluded.update(dict.fromkeys((*LOGGED_FIELDS, *STATIC_FIELDS), True))
-    body = state.model_dump_json(exclude=excluded)
-    head: dict[str, str | int] = {HISTORY_LEN_FIELD: len(state.history)}
+    # Fields at their defaults (nulls, zeros, empty lists) are left out as well: a step writes a third less,
+    # and loading fills them in again. The version is always written.
+    body = state.model_dump_json(exclude=excluded | {"version": True}, exclude_defaults=True)
+    head: dict[str, str | int] = {"version": state.version, HISTORY_LEN_FIELD: len(state.history)}
     if history_key is not None:
         head[HISTORY_KEY_FIELD] = history_key
     head[LOG_LEN_FIELD] = len(dump_log(state)) if log_len is None else log_len

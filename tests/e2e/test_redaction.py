@@ -130,9 +130,10 @@ def test_every_view_of_a_turn_is_redacted_while_the_tool_and_the_store_keep_the_
 
     # What is stored is whole: a tool receives its context, and a resumed turn its history.
     stored_request = e2e_redis_client.get(keys.turn_request(turn_id)) or b""
-    stored_outcome = e2e_redis_client.get(keys.turn_outcome(turn_id)) or b""
+    # The turn's messages are stored once, in its history list (the outcome references it).
+    stored_history = b"".join(e2e_redis_client.lrange(keys.turn_history(turn_id), 0, -1))
     assert secrets.context_password.encode() in stored_request
-    assert secrets.password.encode() in stored_outcome
+    assert secrets.password.encode() in stored_history
     # Events are redacted when they are written; no process logs a secret.
     events = str(e2e_redis_client.xrange(keys.turn_events(turn_id)))
     assert "tool_dispatched" in events

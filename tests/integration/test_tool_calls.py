@@ -263,3 +263,20 @@ def test_a_vanished_catalogue_entry_is_published_again_before_the_refresh(
     while redis_client.hget(keys.CATALOGUE, worker.hostname) is None:
         assert time.monotonic() < deadline, "the entry waited for the periodic refresh"
         time.sleep(0.1)
+
+
+def test_a_tool_call_message_carries_its_redacted_arguments_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Served by no worker: the message stays on its queue to be read. Celery would also copy the reprs (and
+    # an RPC reply address) into the message's properties, stored twice more by Redis (queue, unacked).
+    spec = ToolSpec(name="held_for_reading", queue="tool.held_for_reading")
+    request = build_direct_request(
+        "held_for_reading", {"password": "hunter2", "n": 1}, None, 10.0, time.time()
+    )
+    dispatch_call(get_producer_app(Settings(redis_url=redis_url)), spec, request)
+    (raw,) = redis_client.lrange("tool.held_for_reading", 0, -1)
+    message = json.loads(raw)
+    assert "hunter2" not in message["headers"]["kwargsrepr"] and '"n": 1' in message["headers"]["kwargsrepr"]
+    assert message["headers"]["argsrepr"] == "()"
+    assert not {"argsrepr", "kwargsrepr", "reply_to"} & set(message["properties"])
