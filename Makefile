@@ -36,7 +36,7 @@ setup-browser:
 	}
 
 test: setup setup-browser
-	$(BIN)/python -m pytest -q -m "not faults"
+	$(BIN)/python -m pytest -q -m "not faults" --durations=30
 
 test-faults: setup
 	$(BIN)/python -m pytest -q -m faults --timeout 1800
