@@ -21,8 +21,14 @@ from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
 from workers.redis_retry import RedisRetry
+from workers.settings import get_worker_settings
 
-ATTEMPTS_TTL_S = keys.OUTCOME_TTL_S
+
+def build_attempts_ttl_s() -> int:
+    """How long a call's attempt count and fence are kept: as long as its outcome or its audit records
+    (`TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`), whichever is longer."""
+    settings = get_worker_settings()
+    return max(settings.outcome_ttl_s, settings.audit_ttl_s)
 
 
 class OutcomeWrite(BaseModel):
@@ -109,7 +115,7 @@ class CallStore:
                 args=[
                     token,
                     int(running_ttl_s * 1000),
-                    ATTEMPTS_TTL_S,
+                    build_attempts_ttl_s(),
                     keys.INBOX_PREFIX,
                     request.call_id,
                     turn or "",

@@ -158,3 +158,24 @@ def test_the_parent_answers_only_for_its_own_execution(store: CallStore) -> None
     outcome = store.read_outcome(request.call_id)
     assert outcome is not None and outcome.failure_kind is FailureKind.TIMEOUT
     assert store.client.exists(keys.running(request.call_id)) == 0
+
+
+def test_a_calls_attempt_count_and_fence_follow_the_retention_settings(
+    store: CallStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.settings import get_worker_settings
+
+    monkeypatch.setenv("TOOLLOOP_OUTCOME_TTL_S", "200")
+    monkeypatch.setenv("TOOLLOOP_AUDIT_TTL_S", "100")
+    get_worker_settings.cache_clear()
+    try:
+        request = _request(uuid.uuid4().hex)
+        store.start(request, token=build_process_holder(1, "w@host", 99) + "a1", running_ttl_s=10, worker="w")
+        ttls = [
+            store.client.ttl(keys.attempts(request.call_id)),
+            store.client.ttl(keys.fence(request.call_id)),
+        ]
+    finally:
+        get_worker_settings.cache_clear()
+    # As long as the outcome or the audit records, whichever is longer: not the built-in seven days.
+    assert all(190 < ttl <= 200 for ttl in ttls), ttls
