@@ -58,6 +58,15 @@ class Settings(WorkerSettings):
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
 
+    # Streaming (SPEC §9): model calls stream when the provider can and the turn does not say `stream: false`;
+    # their text and thinking deltas are coalesced into one event per turn at most every `stream_flush_s`
+    # (TOOLLOOP_STREAM_FLUSH_S). The scripted model pauses `scripted_stream_delay_s` between the pieces it
+    # streams (TOOLLOOP_SCRIPTED_STREAM_DELAY_S; the demo sets it so that its answer is seen being written).
+    stream_flush_s: float = Field(default=0.2, gt=0)
+    scripted_stream_delay_s: float = Field(default=0.0, ge=0)
+    # Flower's address as a person's browser reaches it (TOOLLOOP_FLOWER_URL): the turn page links each tool
+    # call to its task there.
+    flower_url: str | None = None
     # The archive hook (`orchestrator.archive`): the Celery task name each finished turn's record is sent to
     # (TOOLLOOP_ARCHIVE_TASK, e.g. `myapp.archive_turn`; unset: no archive), on this queue
     # (TOOLLOOP_ARCHIVE_QUEUE), which the team's own Celery worker consumes.

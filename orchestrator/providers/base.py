@@ -30,6 +30,7 @@ from orchestrator.errors import ModelConfigError
 from orchestrator.model import Message, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
+from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.traits import MODEL_TIERS
 from workers.contract import ToolSpec
 
@@ -79,14 +80,22 @@ class ModelRequest:
     # Seed for synthetic tool-call ids, unique per LLM call of a turn, so that ids stay unique turn-wide.
     id_prefix: str | None = None
     max_output_tokens: int | None = None
+    # Ask the provider to stream when its adapter can (SPEC §9.1); False: one plain response body.
+    stream: bool = True
 
 
 class ModelClient(Protocol):
-    """What the runtime calls: one request in, a normalised Turn or a ProviderError out; never raises."""
+    """What the runtime calls: one request in, a normalised Turn or a ProviderError out; never raises.
+
+    With `on_delta`, a client that streams sends the answer's pieces there as they arrive; one that does
+    not (or a server that answered with a plain body) sends none, and the Turn is all there is.
+    """
 
     provider: str
 
-    async def complete(self, request: ModelRequest) -> Turn | ProviderError: ...
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> Turn | ProviderError: ...
 
 
 class WireFormat(Protocol):
@@ -206,7 +215,9 @@ class HttpModelClient:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     sleep: Sleep = asyncio.sleep
 
-    async def complete(self, request: ModelRequest) -> Turn | ProviderError:
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> Turn | ProviderError:
         """One LLM call, normalised; errors as values."""
         body = self.wire.to_wire(request)
         result = await post_json(

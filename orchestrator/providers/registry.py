@@ -36,6 +36,7 @@ from orchestrator.providers.base import (
     WireFormat,
     parse_model_ref,
 )
+from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 
@@ -54,9 +55,11 @@ class MissingKeyClient:
     provider: str
     message: str
 
-    async def complete(self, request: ModelRequest) -> Turn | ProviderError:
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> Turn | ProviderError:
         """The missing-key error; nothing is sent."""
-        del request  # the answer is the same whatever is asked
+        del request, on_delta  # the answer is the same whatever is asked
         return ProviderError(
             provider=self.provider, type=MISSING_KEY_ERROR, code=MISSING_KEY_ERROR, message=self.message
         )
