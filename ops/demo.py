@@ -17,25 +17,26 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
+import httpx
 import redis
 from rich.console import Console
-from rich.panel import Panel
-from rich.table import Table
 
+from ops.demo_view import EventPrinter, print_summary, print_transcript
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.errors import DemoError
-from orchestrator.model import AssistantMessage, Message, SystemMessage, ToolMessage, TurnOutcome, UserMessage
+from orchestrator.model import TurnOutcome
 from orchestrator.store.catalogue import read_catalogue
 from workers import keys
 from workers.connect import connect_redis
@@ -44,6 +45,9 @@ DEFAULT_PROMPT = "What is 6 plus 7, what is 6 times 7, and what is the weather i
 DEMO_TOOLS = ("add", "multiply", "get_weather")
 SCRIPTED_MODEL = "scripted:demo"
 READY_TIMEOUT_S = 30.0
+# The scripted model writes its answer a few characters at a time with this pause, so that it is seen being
+# written (TOOLLOOP_SCRIPTED_STREAM_DELAY_S; a real model streams at its own pace).
+SCRIPTED_STREAM_DELAY_S = "0.02"
 STOP_TIMEOUT_S = 10.0
 TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
 
@@ -76,10 +80,14 @@ class Processes:
                 return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
+    def exited(self, name: str) -> bool:
+        """Whether the child `name` has exited."""
+        return any(child == name and process.poll() is not None for child, process, _ in self.children)
+
     def check_alive(self) -> None:
-        """DemoError when a child has exited."""
+        """DemoError when a child that the turn needs has exited (the API is only a window on it)."""
         for name, process, _log in self.children:
-            if process.poll() is not None:
+            if name != "api" and process.poll() is not None:
                 raise DemoError(f"the {name} exited with {process.returncode}:\n{self.log_tail(name)}")
 
     def stop_all(self) -> None:
@@ -141,8 +149,11 @@ def run_demo(
     model: str | None = None,
     timeout_s: float = 60.0,
     console: Console | None = None,
+    keep_running: bool = False,
 ) -> int:
-    """Run the demo: 0 when the turn completed, 1 when it ended otherwise or failed, 130 on Ctrl-C."""
+    """Run the demo: 0 when the turn completed, 1 when it ended otherwise or failed, 130 on Ctrl-C.
+
+    With `keep_running`, everything stays up after the turn (the turn page, Flower's broker) until Ctrl-C."""
     out = console or Console()
     processes = Processes()
     atexit.register(processes.stop_all)
@@ -153,6 +164,11 @@ def run_demo(
                 processes, out, prompt or DEFAULT_PROMPT, choose_model(model, os.environ), timeout_s
             )
             out.print(f"[dim]demo took {time.monotonic() - started:.1f} s[/dim]")
+            if keep_running:
+                out.print("[bold]everything keeps running: Ctrl-C stops it[/bold]")
+                while True:
+                    processes.check_alive()
+                    time.sleep(0.5)
             return 0 if outcome.status == "completed" else 1
     except KeyboardInterrupt:
         out.print("[yellow]interrupted: stopping everything the demo started[/yellow]")
@@ -176,24 +192,57 @@ def _run(processes: Processes, out: Console, prompt: str, model: str, timeout_s:
         out.print(f"[green]✓[/green] using Redis at {redis_url}")
     env = {**os.environ, "TOOLLOOP_REDIS_URL": redis_url}
     env.setdefault("TOOLLOOP_TOOL_MODULES", "workers.examples")
+    env.setdefault("TOOLLOOP_SCRIPTED_STREAM_DELAY_S", SCRIPTED_STREAM_DELAY_S)
     hostname = f"demo-{uuid.uuid4().hex[:8]}@localhost"
     worker = processes.start(
         "worker", ["worker", "--concurrency=2", f"--hostname={hostname}", "--loglevel=WARNING"], env
     )
     orchestrator = processes.start("orchestrator", ["orchestrator", "--log-level=WARNING"], env)
     out.print(f"[green]✓[/green] worker {hostname} (pid {worker.pid}), orchestrator (pid {orchestrator.pid})")
+    api_url, api_pid = _start_api(processes, env)
     _wait_ready(processes, redis_url, hostname)
+    shown_url = _api_ready(processes, out, api_url, api_pid)
     out.print(f"[green]✓[/green] worker ready; model [bold]{model}[/bold]")
     client = Client(redis_url)
     try:
         turn_id = client.submit(prompt=prompt, model=model, tools=list(DEMO_TOOLS))
-        out.print(f"[green]✓[/green] submitted turn [bold]{turn_id}[/bold]\n")
+        out.print(f"[green]✓[/green] submitted turn [bold]{turn_id}[/bold]")
+        if shown_url is not None:
+            page = f"{shown_url}/ui/turns/{turn_id}"
+            out.print(f"[green]✓[/green] watch it live: [bold]{page}[/bold]", soft_wrap=True)
+        out.print()
         outcome, events = _follow(client, processes, out, turn_id, timeout_s)
     finally:
         client.redis.close()
-    _print_transcript(out, outcome, events)
-    _print_summary(out, outcome, turn_id, redis_url)
+    print_transcript(out, outcome, events)
+    print_summary(out, outcome, turn_id, redis_url)
     return outcome
+
+
+def _start_api(processes: Processes, env: Mapping[str, str]) -> tuple[str, int]:
+    """`toolloop api` on a free loopback port: its base URL and pid."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = processes.start("api", ["api", "--host=127.0.0.1", f"--port={port}"], env)
+    return f"http://127.0.0.1:{port}", api.pid
+
+
+def _api_ready(processes: Processes, out: Console, url: str, pid: int) -> str | None:
+    """The API's base URL once it answers; None (and a line saying why) when it does not: the demo goes on."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2.0).status_code < 500:
+                out.print(f"[green]✓[/green] API at {url} (pid {pid})")
+                return url
+        if processes.exited("api"):
+            break
+        time.sleep(0.1)
+    out.print(
+        f"[yellow]the API did not start; the demo goes on without it[/yellow]\n{processes.log_tail('api')}"
+    )
+    return None
 
 
 def _wait_ready(processes: Processes, redis_url: str, hostname: str) -> None:
@@ -219,6 +268,7 @@ def _follow(
     deadline = time.monotonic() + timeout_s
     after = "0"
     events: list[dict[str, Any]] = []
+    printer = EventPrinter(out)
     stream = keys.turn_events(turn_id)
     while time.monotonic() < deadline:
         processes.check_alive()
@@ -228,92 +278,11 @@ def _follow(
             data = json.loads(fields.get("data", "{}"))
             event = {"name": fields.get("name", ""), "at": float(fields.get("at", 0)), **data}
             events.append(event)
-            _print_event(out, event, events[0]["at"])
+            printer.show(event)
         outcome = client.outcome(turn_id)
         if outcome is not None:
             return outcome, events
         time.sleep(0.05)
     raise DemoError(
         f"the turn did not finish in {timeout_s:g} s; orchestrator log:\n{processes.log_tail('orchestrator')}"
-    )
-
-
-_EVENT_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "turn_started": lambda e: f"turn started on {e.get('model')}",
-    "model_called": lambda e: f"model call #{int(e.get('llm_call_index', 0)) + 1}",
-    "model_responded": lambda e: f"model answered: {e.get('type')} in {e.get('duration_ms', 0):.0f} ms",
-    "model_failed": lambda e: f"[red]model failed[/red]: {e.get('message')}",
-    "tool_dispatched": lambda e: f"→ {e.get('tool')}({_args(e.get('arguments'))}) sent to the workers",
-    "tool_started": lambda e: f"  {e.get('tool')} started on {e.get('worker')}",
-    "tool_finished": lambda e: (
-        f"← {e.get('tool')} {'ok' if e.get('ok') else e.get('failure_kind')}"
-        f" in {e.get('duration_ms', 0):.0f} ms"
-    ),
-    "turn_finished": lambda e: f"turn {e.get('status')}",
-}
-
-
-def _print_event(out: Console, event: dict[str, Any], t0: float) -> None:
-    render = _EVENT_LINES.get(event["name"])
-    if render is not None:
-        out.print(f"[dim]{event['at'] - t0:6.2f} s[/dim]  {render(event)}")
-
-
-def _args(arguments: object) -> str:
-    if not isinstance(arguments, dict):
-        return ""
-    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-
-
-def _print_transcript(out: Console, outcome: TurnOutcome, events: list[dict[str, Any]]) -> None:
-    durations = {e.get("call_id"): e.get("duration_ms", 0.0) for e in events if e["name"] == "tool_finished"}
-    out.print()
-    for message in outcome.messages:
-        out.print(_render_message(message, durations))
-
-
-def _render_message(message: Message, durations: Mapping[object, float]) -> Panel:
-    if isinstance(message, UserMessage | SystemMessage):
-        return Panel(message.content, title=message.role, title_align="left", border_style="cyan")
-    if isinstance(message, AssistantMessage):
-        lines = [message.content] if message.content else []
-        lines += [
-            f"calls [bold]{c.name}[/bold]({_args(c.arguments)})  [dim]{c.id}[/dim]"
-            for c in message.tool_calls
-        ]
-        return Panel(
-            "\n".join(lines) or "(empty)", title="assistant", title_align="left", border_style="green"
-        )
-    assert isinstance(message, ToolMessage)
-    style = "red" if message.is_error else "magenta"
-    kind = f" · {message.failure_kind.value}" if message.failure_kind else ""
-    took = durations.get(message.tool_call_id)
-    timing = f" · {took:.1f} ms" if took is not None else ""
-    title = f"tool {message.name}{kind}{timing}{' · synthetic' if message.synthetic else ''}"
-    return Panel(message.content, title=title, title_align="left", border_style=style)
-
-
-def _print_summary(out: Console, outcome: TurnOutcome, turn_id: str, redis_url: str) -> None:
-    table = Table(title="usage per model call", title_justify="left")
-    for column in ("#", "model", "input", "output", "total", "ms"):
-        table.add_column(column)
-    for index, record in enumerate(outcome.llm_call_records, start=1):
-        u = record.usage
-        table.add_row(
-            str(index),
-            str(record.model),
-            str(u.input_tokens),
-            str(u.output_tokens),
-            str(u.total_tokens),
-            f"{record.duration_ms:.0f}",
-        )
-    out.print(table)
-    summary = outcome.model_dump(mode="json", exclude={"messages", "llm_call_records"})
-    out.print(Panel(json.dumps(summary, indent=2, ensure_ascii=False), title="outcome", title_align="left"))
-    out.print(
-        "[bold]Where to look next[/bold]\n"
-        f"  • the whole turn as JSON:   TOOLLOOP_REDIS_URL={redis_url} toolloop show {turn_id}\n"
-        "    (the demo's embedded Redis stops with it: set TOOLLOOP_REDIS_URL to a Redis you keep)\n"
-        f"  • tool tasks in Flower:     TOOLLOOP_REDIS_URL={redis_url} toolloop flower --port=5555\n"
-        "  • your own turn:            toolloop submit --prompt '…' --wait"
     )

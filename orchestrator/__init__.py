@@ -9,9 +9,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.client import AsyncClient, Client, UnknownTurnError
+    from orchestrator.client import (
+        AsyncClient,
+        Client,
+        ModelStreamResetEvent,
+        OtherEvent,
+        StreamEvent,
+        TextDeltaEvent,
+        ThinkingDeltaEvent,
+        ToolCallStartedEvent,
+        ToolFinishedEvent,
+        ToolProgressEvent,
+        ToolStartedEvent,
+        TurnFinishedEvent,
+        UnknownTurnError,
+    )
 
-__all__ = ["AsyncClient", "Client", "UnknownTurnError"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ModelStreamResetEvent",
+    "OtherEvent",
+    "StreamEvent",
+    "TextDeltaEvent",
+    "ThinkingDeltaEvent",
+    "ToolCallStartedEvent",
+    "ToolFinishedEvent",
+    "ToolProgressEvent",
+    "ToolStartedEvent",
+    "TurnFinishedEvent",
+    "UnknownTurnError",
+]
 
 
 def __getattr__(name: str) -> Any:

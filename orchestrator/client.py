@@ -43,11 +43,23 @@ from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct
 from orchestrator.errors import ModelConfigError, RedisUnavailableError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store import codec, flows, history, operations
+from orchestrator.store import codec, flows, history, operations, turn_stream
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
 from orchestrator.store.sync_turns import SyncTurnStore
+from orchestrator.store.turn_stream import (
+    ModelStreamResetEvent,
+    OtherEvent,
+    StreamEvent,
+    TextDeltaEvent,
+    ThinkingDeltaEvent,
+    ToolCallStartedEvent,
+    ToolFinishedEvent,
+    ToolProgressEvent,
+    ToolStartedEvent,
+    TurnFinishedEvent,
+)
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
@@ -58,10 +70,20 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ModelConfigError",
+    "ModelStreamResetEvent",
+    "OtherEvent",
     "PendingApproval",
     "RedisUnavailableError",
+    "StreamEvent",
     "Submission",
+    "TextDeltaEvent",
+    "ThinkingDeltaEvent",
+    "ToolCallStartedEvent",
+    "ToolFinishedEvent",
+    "ToolProgressEvent",
+    "ToolStartedEvent",
     "TurnEvent",
+    "TurnFinishedEvent",
     "TurnView",
     "UnknownToolError",
     "UnknownTurnError",
@@ -95,6 +117,7 @@ def build_submission(  # noqa: PLR0917
     tool_choice: str | None = None,
     *,
     turn_id: str | None = None,
+    stream: bool = True,
 ) -> Submission:
     """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
     (pydantic's `ValidationError`, a `ValueError`, if bad).
@@ -111,6 +134,7 @@ def build_submission(  # noqa: PLR0917
         "context": dict(context or {}),
         "conversation_id": conversation_id,
         "tool_choice": tool_choice,
+        "stream": stream,
     }
     if limits is not None:
         raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
@@ -217,6 +241,13 @@ class Client:
         and so is a Redis restart: the next read starts after the last event yielded."""
         return self.store.iter_events(turn_id, after, block_ms=block_ms)
 
+    def stream(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[StreamEvent]:
+        """The turn as it happens, typed (`store.turn_stream`): the answer as the model writes it
+        (`TextDeltaEvent`), tool calls and their progress, every other event as an `OtherEvent`, and last a
+        `TurnFinishedEvent` with the outcome. From `after` on (a stream id: resume where you left off); rides
+        out quiet spells and Redis restarts as `events` does."""
+        return self.store.iter_stream(turn_id, after, block_ms=block_ms)
+
     def cancel(self, turn_id: str) -> bool:
         """Ask for the turn to be cancelled; False when it had already ended."""
         return self.store.request_cancel(turn_id)
@@ -309,6 +340,13 @@ class AsyncClient:
     ) -> AsyncIterator[TurnEvent]:
         """The turn's events as they come, from `after` on, ending after `turn_finished`; as `Client`'s."""
         flow = flows.follow_events(turn_id, after, block_ms=block_ms, cap_ms=self.store.block_cap_ms)
+        return self._runner.iter_flow(flow, Patience.for_s(None))
+
+    def stream(
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """The turn as it happens, typed, `TurnFinishedEvent` last; as `Client`'s."""
+        flow = turn_stream.stream_turn(turn_id, after, block_ms=block_ms, cap_ms=self.store.block_cap_ms)
         return self._runner.iter_flow(flow, Patience.for_s(None))
 
     async def cancel(self, turn_id: str) -> bool:

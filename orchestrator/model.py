@@ -218,6 +218,9 @@ class TurnRequest(BaseModel):
     context: dict[str, Any] = Field(default_factory=dict)
     conversation_id: str | None = None
     tool_choice: str | None = None  # "auto" | "required" | "none" | a tool name (SPEC §5.10)
+    # Model calls stream their answer as `text_delta` events when the provider can (SPEC §9.1); False asks
+    # for plain responses (a proxy that mangles streams, a provider that bills streaming differently).
+    stream: bool = True
 
 
 class LLMCallRecord(BaseModel):

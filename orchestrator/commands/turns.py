@@ -33,11 +33,16 @@ def demo(
     prompt: str | None = typer.Option(None, help="The user message (default: a multi-tool question)."),
     model: str | None = typer.Option(None, help="provider:model (default: TOOLLOOP_MODEL or scripted:demo)."),
     timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the turn."),
+    keep_running: bool = typer.Option(
+        False,
+        "--keep-running",
+        help="Keep everything running after the turn (its page, Flower) until Ctrl-C.",
+    ),
 ) -> None:
     """Start Redis, a worker, an orchestrator and a model; run one real turn; print it; stop everything."""
     from ops.demo import run_demo
 
-    raise typer.Exit(run_demo(prompt=prompt, model=model, timeout_s=timeout_s))
+    raise typer.Exit(run_demo(prompt=prompt, model=model, timeout_s=timeout_s, keep_running=keep_running))
 
 
 def register(app: typer.Typer) -> None:

@@ -4,7 +4,8 @@ Exit codes: 0 ok (for `submit --wait`: the turn completed); 1 the turn ended wit
 failed or cancelled: its outcome is printed all the same), or `show` of an unknown turn; 2 usage error (bad
 JSON, a turn with nothing to answer, tools no live worker serves, a model name that is neither
 `provider:model` nor a tier); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
-running or waiting (it goes on). Errors are one line on stderr, never a traceback.
+running or waiting (it goes on). `submit --stream` ends as `--wait` does, without a timeout. Errors are
+one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 from pydantic import ValidationError
 
 from orchestrator.errors import RedisUnavailableError
-from orchestrator.model import TurnStatus
+from orchestrator.model import TurnOutcome, TurnStatus
 from orchestrator.settings import get_settings
 from orchestrator.store.connection import build_shown_url
 
@@ -115,15 +116,22 @@ def submit_command(
     context: Annotated[str | None, typer.Option(help="JSON object handed to tools as their context.")] = None,
     conversation: Annotated[str | None, typer.Option(help="Conversation id: continue its history.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
+    stream: Annotated[
+        bool,
+        typer.Option("--stream", help="Print the answer as it is written (tools on stderr) until the end."),
+    ] = False,
     timeout: Annotated[float, typer.Option(help="How long --wait waits (s).")] = 300.0,
 ) -> None:
     """Submit a turn; print its id, or with --wait its terminal outcome as JSON.
 
-    With --wait, the exit code says how the turn ended: 0 completed, 1 stopped, failed or cancelled.
+    With --stream, the id goes to stderr and the answer to stdout as it is written, tool calls, progress and
+    outcomes to stderr, until the turn ends. With --wait or --stream, the exit code says how the turn ended:
+    0 completed, 1 stopped, failed or cancelled.
 
     4: not ended within --timeout (the turn goes on). 2: bad input (unknown tool, bad model). 3: no Redis.
     """
     from orchestrator.client import Client, RedisUnavailableError
+    from orchestrator.commands.stream_printer import StreamPrinter
 
     settings = get_settings()
     try:
@@ -137,6 +145,11 @@ def submit_command(
                 context=request_context,
                 conversation_id=conversation,
             )
+            if stream:
+                typer.echo(turn_id, err=True)
+                streamed = StreamPrinter().follow(client.stream(turn_id))
+                _end_streamed(turn_id, streamed)
+                return
             if not wait:
                 typer.echo(turn_id)
                 return
@@ -158,6 +171,14 @@ def submit_command(
         reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
         typer.echo(f"error: turn {turn_id} ended {outcome.status}{reason}", err=True)
         raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _end_streamed(turn_id: str, outcome: TurnOutcome | None) -> None:
+    if outcome is None:
+        _fail(f"turn {turn_id} is gone: it expired before its end was read", EXIT_NOT_COMPLETED)
+    if outcome.status != TurnStatus.COMPLETED.value:
+        reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
+        _fail(f"turn {turn_id} ended {outcome.status}{reason}", EXIT_NOT_COMPLETED)
 
 
 def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit printed.")]) -> None:

@@ -113,6 +113,7 @@ class CallModel(_Frozen):
     tool_choice: str | None = None
     id_prefix: str
     llm_call_index: int
+    stream: bool = True
 
 
 class Dispatch(_Frozen):

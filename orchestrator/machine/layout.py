@@ -34,6 +34,7 @@ STATIC_FIELDS = frozenset(
         "context",
         "tools_allowed",
         "tool_choice",
+        "stream",
         "offered",
         "catalogue_names",
         "lost_grace_s",

@@ -96,6 +96,7 @@ def start(
         context=dict(request.context),
         tools_allowed=None if request.tools is None else list(request.tools),
         tool_choice=request.tool_choice,
+        stream=request.stream,
         offered=offered,
         catalogue_names=sorted(catalogue),
         history=history,
@@ -196,6 +197,9 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
         commands.append(AwaitApproval(call_ids=waiting))
     recall = state.awaiting_model if at < state.deadline_at else None
     if recall is not None:
+        if state.stream:
+            # The dead owner may have streamed part of this call's answer: pages drop it, the call restarts.
+            commands.append(Emit(event_name="model_stream_reset", data={"llm_call": recall}))
         commands.append(build_call_model(state, recall))
     data = {
         "turn_id": state.turn_id,

@@ -155,6 +155,8 @@ def build_compaction_call(state: TurnState, index: int) -> CallModel:
         tools=[],
         id_prefix=f"{state.turn_id}-m{index}",
         llm_call_index=index,
+        # A summary of older history is not the answer: nothing of it goes to a page as it is written.
+        stream=False,
     )
 
 
@@ -175,6 +177,7 @@ def build_call_model(state: TurnState, index: int, view: View | None = None) -> 
         tool_choice=build_tool_choice(state),
         id_prefix=f"{state.turn_id}-m{index}",
         llm_call_index=index,
+        stream=state.stream,
     )
 
 

@@ -193,6 +193,7 @@ class TurnState(_Frozen):
     context: dict[str, Any] = Field(default_factory=dict)
     tools_allowed: list[str] | None = None
     tool_choice: str | None = None
+    stream: bool = True
     # Tools offered to the model, snapshotted from the catalogue at start, and the names of every catalogued
     # tool (so an unknown tool and a tool not offered are told apart without storing all specs).
     offered: dict[str, ToolSpec] = Field(default_factory=dict)
@@ -277,6 +278,7 @@ class TurnChanges(TypedDict, total=False):
     context: dict[str, Any]
     tools_allowed: list[str] | None
     tool_choice: str | None
+    stream: bool
     offered: dict[str, ToolSpec]
     catalogue_names: list[str]
     history: list[Message]

@@ -51,9 +51,11 @@ from orchestrator.machine.state import TurnState
 from orchestrator.model import ProviderError, Turn
 from orchestrator.outage import RedisOutage, RedisRetry
 from orchestrator.providers.base import ModelRequest, parse_model_ref
+from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.runtime.publish import Publisher
+from orchestrator.runtime.streaming import CallStream
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LiveCatalogue
 from orchestrator.store.turns import TurnStore
@@ -133,15 +135,18 @@ class Performer:
         clock: Callable[[], float] = time.time,
         catalogue: CatalogueView | None = None,
         retry: RedisRetry | None = None,
+        stream_flush_s: float = 0.2,
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
-        `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis)."""
+        `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
+        `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`)."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
         self._models = models
         self._clock = clock
         self._catalogue = catalogue or LiveCatalogue(store.redis)
+        self._stream_flush_s = stream_flush_s
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time (SPEC §11.3).
         self.learned_windows: dict[str, int] = {}
@@ -159,7 +164,7 @@ class Performer:
             case AwaitApproval():
                 log.info("turn %s waits for approval of %s", turn_id, ", ".join(command.call_ids))
             case CallModel():
-                return self._call_model(command)
+                return self._call_model(turn_id, command)
             case DispatchTools():
                 return self._dispatch(turn_id, state, command.calls)
             case Revoke():
@@ -181,9 +186,18 @@ class Performer:
 
     # --- model calls -----------------------------------------------------------------------------------
 
-    async def _call_model(self, command: CallModel) -> Sequence[Event]:
+    async def _call_model(self, turn_id: str, command: CallModel) -> Sequence[Event]:
         started = time.monotonic()
-        result = await self._complete(command)
+        stream = CallStream(
+            functools.partial(self._store.append_event, turn_id),
+            command.llm_call_index,
+            flush_s=self._stream_flush_s,
+            id_prefix=command.id_prefix,
+        )
+        # A compaction call (stream False) is no answer: its summary is never shown as one.
+        result = await self._complete(command, stream.on_delta if command.stream else None)
+        if command.stream:
+            await stream.finish(result)
         duration_s = time.monotonic() - started
         at = self._clock()
         event: Event
@@ -215,7 +229,7 @@ class Performer:
             log.info("model %s: context window of %d tokens, as the provider states", model, window)
             self.learned_windows[model] = window
 
-    async def _complete(self, command: CallModel) -> Turn | ProviderError:
+    async def _complete(self, command: CallModel, on_delta: DeltaSink | None) -> Turn | ProviderError:
         try:
             client = await self._models.get(command.model)
         except ValueError as exc:
@@ -228,9 +242,10 @@ class Performer:
             tools=command.tools,
             tool_choice=command.tool_choice,
             id_prefix=command.id_prefix,
+            stream=command.stream,
         )
         try:
-            return await client.complete(request)
+            return await client.complete(request, on_delta)
         except Exception as exc:
             # A client promises errors as values; a bug in one must still end as a model failure, not a
             # turn that waits forever for a response.

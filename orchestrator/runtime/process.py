@@ -128,6 +128,7 @@ class Runtime:
             # No retries inside a client: the state machine counts model retries.
             models=ModelClients(settings, http, max_retries=0),
             retry=self.retry,
+            stream_flush_s=settings.stream_flush_s,
         )
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None

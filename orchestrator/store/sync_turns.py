@@ -18,10 +18,11 @@ from collections.abc import Iterator
 import redis
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, flows, history, operations
+from orchestrator.store import codec, flows, history, operations, turn_stream
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
+from orchestrator.store.turn_stream import StreamEvent
 from orchestrator.store.turn_view import TurnView
 
 
@@ -79,6 +80,13 @@ class SyncTurnStore:
     ) -> Iterator[TurnEvent]:
         """Every event from `after` on, as they come, ending after `turn_finished` (as `TurnStore`'s)."""
         flow = flows.follow_events(turn_id, after, block_ms=block_ms, cap_ms=self.block_cap_ms)
+        return self._runner.iter_flow(flow, Patience.for_s(None))
+
+    def iter_stream(
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
+    ) -> Iterator[StreamEvent]:
+        """The turn's events as typed events, `TurnFinishedEvent` last (`store.turn_stream`)."""
+        flow = turn_stream.stream_turn(turn_id, after, block_ms=block_ms, cap_ms=self.block_cap_ms)
         return self._runner.iter_flow(flow, Patience.for_s(None))
 
     def request_cancel(self, turn_id: str) -> bool:

@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"process"}),
     frozenset({"driver"}),
     frozenset({"adopt", "perform", "durability", "persist"}),
-    frozenset({"publish", "handle", "inbox", "timers"}),
+    frozenset({"publish", "handle", "inbox", "timers", "streaming"}),
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 MACHINE_RUNS = frozenset({"start", "step", "resume"})

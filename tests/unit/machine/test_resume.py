@@ -102,8 +102,13 @@ def _cancelled_while_waiting(driver: Driver) -> None:
 
 
 RESUME_TABLE: list[tuple[str, Callable[[Driver], None], list[str]]] = [
-    ("model_in_flight", _model_in_flight, ["emit", "arm_timer", "call_model"]),
-    ("model_in_flight_after_a_round", _model_in_flight_after_a_round, ["emit", "arm_timer", "call_model"]),
+    # The `emit` before `call_model`: model_stream_reset, as the dead owner may have streamed part of it.
+    ("model_in_flight", _model_in_flight, ["emit", "arm_timer", "emit", "call_model"]),
+    (
+        "model_in_flight_after_a_round",
+        _model_in_flight_after_a_round,
+        ["emit", "arm_timer", "emit", "call_model"],
+    ),
     ("retry_timer_pending", _retry_timer_pending, ["emit", "arm_timer", "arm_timer"]),
     ("tool_running", _tool_running, ["emit", "arm_timer", "arm_timer"]),
     ("tool_dispatched_not_started", _tool_dispatched_not_started, ["emit", "arm_timer", "dispatch_tools"]),
@@ -149,7 +154,8 @@ def test_resume_reissues_exactly_what_died_with_the_owner(
     pending = [c.requested for c in (current.calls if current else []) if c.requested and not c.outcome]
     assert [o for w in of_type(commands, WriteOutcomes) for o in w.outcomes] == pending
     emitted = of_type(commands, Emit)
-    assert [e.event_name for e in emitted] == ["turn_resumed"]
+    reset = ["model_stream_reset"] if driver.state.awaiting_model is not None else []
+    assert [e.event_name for e in emitted] == ["turn_resumed", *reset]
 
 
 # --- the model call in flight ---------------------------------------------------------------------------
@@ -340,3 +346,10 @@ def test_resume_is_pure_and_repeatable() -> None:
     _deadline_with_a_call_running(driver)
     state: TurnState = driver.state
     assert resume(state, 1500.0) == resume(state, 1500.0)
+
+
+def test_a_model_call_made_again_after_a_take_over_resets_what_it_streamed() -> None:
+    driver = Driver()
+    call = driver.call_model()
+    resets = [c for c in of_type(resumed(driver), Emit) if c.event_name == "model_stream_reset"]
+    assert [r.data for r in resets] == [{"llm_call": call.llm_call_index}]

@@ -1,0 +1,81 @@
+"""`toolloop submit --stream`: the answer printed as the model writes it, what the tools do on stderr.
+
+stdout holds only the answer's text (so `toolloop submit --stream … > answer.txt` keeps just that): each model
+call's `text_delta`s as they come, a line break between two calls that both wrote. stderr tells the rest in
+short lines: the turn id first, tool calls as the model starts them, their progress and outcomes, a model call
+started again (a terminal cannot take back what it printed; the line says what to disregard), and how the
+turn ended.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TextIO
+
+from orchestrator.model import TurnOutcome
+from orchestrator.store.turn_stream import (
+    ModelStreamResetEvent,
+    StreamEvent,
+    TextDeltaEvent,
+    ToolCallStartedEvent,
+    ToolFinishedEvent,
+    ToolProgressEvent,
+    TurnFinishedEvent,
+)
+
+
+@dataclass
+class StreamPrinter:
+    """Prints one turn's typed events; `outcome` once its `TurnFinishedEvent` came."""
+
+    out: TextIO = sys.stdout
+    err: TextIO = sys.stderr
+    outcome: TurnOutcome | None = None
+    _writing: int | None = None  # the model call whose text the current line of `out` holds
+    _wrote: bool = False
+
+    def follow(self, events: Iterable[StreamEvent]) -> TurnOutcome | None:
+        """Print every event; the outcome (None when the stream ended without one: the turn expired)."""
+        for event in events:
+            self.show(event)
+        self._end_line()
+        return self.outcome
+
+    def show(self, event: StreamEvent) -> None:
+        """Print one event where it belongs."""
+        match event:
+            case TextDeltaEvent(llm_call=llm_call, text=text):
+                if self._writing != llm_call and self._wrote:
+                    self.out.write("\n")
+                self._writing, self._wrote = llm_call, True
+                self.out.write(text)
+                self.out.flush()
+            case ToolCallStartedEvent(tool=tool):
+                self._note(f"→ {tool}")
+            case ToolProgressEvent(tool=tool, message=message, fraction=fraction):
+                share = f" {fraction:.0%}" if fraction is not None else ""
+                self._note(f"  {tool}{share} {message}")
+            case ToolFinishedEvent(tool=tool, ok=ok, failure_kind=kind):
+                self._note(f"{'✓' if ok else '✗'} {tool}{'' if ok else f' ({kind})'}")
+            case ModelStreamResetEvent(llm_call=llm_call):
+                if self._writing == llm_call:
+                    self._end_line()
+                    self._writing = None
+                    self._note(f"(model call {llm_call + 1} starts again: disregard its text above)")
+            case TurnFinishedEvent(outcome=outcome):
+                self.outcome = outcome
+            case _:
+                pass
+
+    def _note(self, line: str) -> None:
+        self._end_line()
+        self.err.write(line + "\n")
+        self.err.flush()
+
+    def _end_line(self) -> None:
+        if self._writing is not None and self._wrote:
+            self.out.write("\n")
+            self.out.flush()
+        self._writing, self._wrote = None, False

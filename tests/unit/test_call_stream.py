@@ -1,0 +1,155 @@
+"""`runtime.streaming.CallStream`: a model call's deltas as coalesced events adding up to its text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator.model import ProviderError, Turn
+from orchestrator.providers.deltas import TextDelta, ThinkingDelta, ToolCallDelta
+from orchestrator.runtime.streaming import CallStream
+
+
+class Events:
+    """The turn's event stream as a list; `failing` makes the next appends fail as Redis would."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.failing = 0
+
+    async def append(self, name: str, data: Mapping[str, Any]) -> str:
+        if self.failing:
+            self.failing -= 1
+            raise redis.ConnectionError("Redis is away")
+        self.items.append((name, dict(data)))
+        return f"{len(self.items)}-0"
+
+    def texts(self, name: str = "text_delta") -> list[str]:
+        return [data["text"] for event, data in self.items if event == name]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.items]
+
+
+def answer(text: str | None, thinking: str | None = None) -> Turn:
+    return Turn(type="final_answer", text=text, thinking=thinking, provider="openai_chat")
+
+
+async def stream_pieces(stream: CallStream, pieces: list[str], pause_s: float = 0.0) -> None:
+    for piece in pieces:
+        await stream.on_delta(TextDelta(piece))
+        await asyncio.sleep(pause_s)
+
+
+async def test_pieces_written_in_a_few_events_that_add_up_to_the_text() -> None:
+    events = Events()
+    stream = CallStream(events.append, 3, flush_s=0.05)
+    pieces = [f"word{i} " for i in range(200)]
+    await stream_pieces(stream, pieces, pause_s=0.001)
+    await stream.finish(answer("".join(pieces)))
+    texts = events.texts()
+    assert "".join(texts) == "".join(pieces)
+    assert 2 <= len(texts) < len(pieces) / 4
+    assert all(data["llm_call"] == 3 for _, data in events.items)
+
+
+async def test_an_answer_that_did_not_stream_is_one_text_delta() -> None:
+    events = Events()
+    stream = CallStream(events.append, 0, flush_s=0.2)
+    await stream.finish(answer("the whole answer", thinking="pondered"))
+    assert events.items == [
+        ("thinking_delta", {"llm_call": 0, "text": "pondered"}),
+        ("text_delta", {"llm_call": 0, "text": "the whole answer"}),
+    ]
+
+
+async def test_text_the_normaliser_reshaped_is_reset_and_sent_whole() -> None:
+    events = Events()
+    stream = CallStream(events.append, 1, flush_s=0.01)
+    await stream_pieces(stream, ["<think>hm</think>", "Paris"], pause_s=0.02)
+    await stream.finish(answer("Paris", thinking="hm"))
+    names = events.names()
+    assert "model_stream_reset" in names
+    after_reset = names.index("model_stream_reset")
+    assert "".join(d["text"] for n, d in events.items[after_reset:] if n == "text_delta") == "Paris"
+
+
+async def test_a_failed_call_that_showed_something_is_reset() -> None:
+    events = Events()
+    stream = CallStream(events.append, 2, flush_s=0.01)
+    await stream_pieces(stream, ["partial ", "answer"], pause_s=0.02)
+    await stream.finish(ProviderError(provider="openai_chat", type="transport_error", message="cut"))
+    assert events.names()[-1] == "model_stream_reset"
+    assert events.items[-1][1] == {"llm_call": 2}
+
+
+async def test_a_failed_call_that_showed_nothing_writes_nothing() -> None:
+    events = Events()
+    stream = CallStream(events.append, 2, flush_s=0.2)
+    await stream.finish(ProviderError(provider="openai_chat", type="timeout", message="slow"))
+    assert events.items == []
+
+
+async def test_a_dropped_write_still_ends_with_deltas_adding_up() -> None:
+    events = Events()
+    stream = CallStream(events.append, 0, flush_s=0.01)
+    await stream.on_delta(TextDelta("lost "))
+    events.failing = 1
+    await asyncio.sleep(0.05)  # the ticker's write fails: the page missed "lost "
+    await stream_pieces(stream, ["and found"], pause_s=0.03)
+    await stream.finish(answer("lost and found"))
+    names = events.names()
+    last_reset = len(names) - 1 - names[::-1].index("model_stream_reset")
+    shown = [d["text"] for n, d in events.items[last_reset:] if n == "text_delta"]
+    assert "".join(shown) == "lost and found"
+
+
+async def test_tool_calls_are_announced_in_order_with_the_ids_the_normaliser_gives() -> None:
+    events = Events()
+    stream = CallStream(events.append, 4, flush_s=0.01, id_prefix="t1-m4")
+    await stream.on_delta(TextDelta("Looking it up."))
+    await stream.on_delta(ToolCallDelta(index=0, tool="search", call_id="call_a"))
+    await stream.on_delta(ThinkingDelta("and the weather"))
+    await stream.on_delta(ToolCallDelta(index=1, tool="weather"))
+    await stream.finish(answer("Looking it up."))
+    assert events.items[:4] == [
+        ("text_delta", {"llm_call": 4, "text": "Looking it up."}),
+        ("tool_call_started", {"llm_call": 4, "call_id": "call_a", "tool": "search"}),
+        ("thinking_delta", {"llm_call": 4, "text": "and the weather"}),
+        ("tool_call_started", {"llm_call": 4, "call_id": "t1-m4_1", "tool": "weather"}),
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 8_000, 20_001])
+async def test_long_text_is_cut_into_events_of_bounded_size(size: int) -> None:
+    events = Events()
+    stream = CallStream(events.append, 0, flush_s=0.2)
+    text = "x" * size
+    await stream.finish(answer(text))
+    assert "".join(events.texts()) == text
+    assert max(len(t) for t in events.texts()) <= 8_000
+
+
+async def test_a_write_in_flight_when_the_call_ends_is_counted_once() -> None:
+    written = asyncio.Event()
+    release = asyncio.Event()
+    events = Events()
+
+    async def slow_append(name: str, data: Mapping[str, Any]) -> str:
+        entry_id = await events.append(name, data)  # in Redis already; its reply is on its way
+        written.set()
+        await release.wait()  # the model's answer is complete meanwhile
+        return entry_id
+
+    stream = CallStream(slow_append, 0, flush_s=0.01)
+    await stream.on_delta(TextDelta("the whole answer"))
+    await written.wait()
+    finishing = asyncio.create_task(stream.finish(answer("the whole answer")))
+    await asyncio.sleep(0.02)
+    release.set()
+    await finishing
+    assert events.texts() == ["the whole answer"]
