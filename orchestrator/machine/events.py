@@ -113,7 +113,10 @@ class CallModel(_Frozen):
     tool_choice: str | None = None
     id_prefix: str
     llm_call_index: int
+    # `stream`: ask the provider to stream (the turn's `stream`); `shown`: the call's text goes to the turn's
+    # event stream as `text_delta`s (not a compaction call's summary).
     stream: bool = True
+    shown: bool = True
 
 
 class Dispatch(_Frozen):

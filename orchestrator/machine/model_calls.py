@@ -155,8 +155,9 @@ def build_compaction_call(state: TurnState, index: int) -> CallModel:
         tools=[],
         id_prefix=f"{state.turn_id}-m{index}",
         llm_call_index=index,
-        # A summary of older history is not the answer: nothing of it goes to a page as it is written.
+        # A summary of older history is not the answer: nothing of it goes to a page.
         stream=False,
+        shown=False,
     )
 
 

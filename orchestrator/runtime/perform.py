@@ -194,9 +194,8 @@ class Performer:
             flush_s=self._stream_flush_s,
             id_prefix=command.id_prefix,
         )
-        # A compaction call (stream False) is no answer: its summary is never shown as one.
-        result = await self._complete(command, stream.on_delta if command.stream else None)
-        if command.stream:
+        result = await self._complete(command, stream.on_delta if command.stream and command.shown else None)
+        if command.shown:
             await stream.finish(result)
         duration_s = time.monotonic() - started
         at = self._clock()
