@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
+from workers.progress import ProgressSink
 from workers.redis_retry import RedisRetry
 from workers.settings import get_worker_settings
 
@@ -85,6 +86,8 @@ class CallStore:
         self._release = client.register_script(scripts.RELEASE.source)
         self._claim = client.register_script(scripts.CLAIM_IDEMPOTENCY.source)
         self._write = client.register_script(scripts.WRITE_OUTCOME.source)
+        # Where the tools' `ctx.progress` reports go (`get_store` sets it); None: progress is a no-op.
+        self.progress: ProgressSink | None = None
 
     def start(
         self,
@@ -220,5 +223,6 @@ def get_store(redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS) -> Cal
         store = _stores.get(redis_url)
         if store is None:
             store = CallStore(connect_redis(redis_url, ssl_cert_reqs, decode_responses=False))
+            store.progress = ProgressSink(redis_url, ssl_cert_reqs)
             _stores[redis_url] = store
         return store

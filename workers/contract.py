@@ -12,9 +12,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from workers.progress import ProgressReporter
 
 TASK_NAME_PREFIX = "tool."
 CONTEXT_PARAM_NAMES = ("ctx", "context")
@@ -233,7 +236,8 @@ class ToolContext:
     """What a tool receives through a parameter named `ctx` or `context` annotated with this class (§3.5).
 
     `context` is the turn's context object from the web app (never shown to the model);
-    `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs.
+    `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs;
+    `progress(...)` shows how the call is going on the turn's event stream.
     """
 
     call_id: str
@@ -241,6 +245,20 @@ class ToolContext:
     attempt: int = 1
     idempotency_key: str | None = None
     context: dict[str, Any] = field(default_factory=dict)
+    # Set by the worker for a call of a turn (`workers.progress`); None makes `progress` a no-op.
+    _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
+
+    def progress(self, message: object, fraction: float | None = None) -> None:
+        """Emit a `tool_progress` event {call_id, tool, message, fraction} on the turn's stream (SPEC §9.3).
+
+        `message` is shown as text (at most 1,000 characters, the values of sensitive arguments replaced by
+        `***`); `fraction` is how much is done, 0..1 (clamped; None, NaN or a non-number shows none). Reports
+        are rate-limited per call (at most about four a second; the latest one always goes out, at the next
+        allowed moment or when the tool returns) and never fail or stall the tool: when Redis cannot take
+        one it is dropped and logged. Outside a turn (a direct call, a test) this does nothing.
+        """
+        if self._progress is not None:
+            self._progress.report(message, fraction)
 
 
 def build_listing(

@@ -49,6 +49,7 @@ from workers.outcomes import (
     describe_validation_error,
     format_seconds,
 )
+from workers.progress import ProgressReporter
 from workers.redis_retry import RedisRetry, ignoring_unavailable, is_unavailable
 from workers.run import Decision, Finished, RetryLater, Run, Skipped, finish_write
 from workers.scripts import Fence, IdempotencyClaim, StartResult
@@ -260,15 +261,18 @@ def _run_started(
     jitter: Callable[[], float],
 ) -> Decision:
     spec, request = run.tool.spec, run.request
+    sink = run.store.progress
+    reporter = sink.reporter(request, token=run.token, passthrough=timeout_errors) if sink else None
     ctx = ToolContext(
         call_id=request.call_id,
         turn_id=request.turn_id,
         attempt=run.attempt,
         idempotency_key=run.idem_key_held or request.call_id,
         context=dict(request.context),
+        _progress=reporter,
     )
     try:
-        result = run.tool.invoke(request.arguments, ctx)
+        result = _invoke(run.tool, request.arguments, ctx, reporter)
     except ValidationError as exc:
         return run.fail(
             FailureKind.VALIDATION, f"invalid arguments for '{spec.name}': {describe_validation_error(exc)}"
@@ -284,3 +288,15 @@ def _run_started(
             return run.fail(FailureKind.TIMEOUT, f"timed out after {format_seconds(soft_limit_s)} s")
         return run.fail(FailureKind.EXECUTION_ERROR, describe_exception(exc, run.attempt))
     return run.succeed(result)
+
+
+def _invoke(
+    tool: Tool[Any, Any], arguments: dict[str, Any], ctx: ToolContext, reporter: ProgressReporter | None
+) -> Any:
+    # The tool's last progress report goes out before its outcome is written, however it ends: its
+    # `tool_progress` events come before its `tool_finished`, and none after.
+    try:
+        return tool.invoke(arguments, ctx)
+    finally:
+        if reporter is not None:
+            reporter.close()

@@ -12,6 +12,7 @@ synthetic outcomes through the same first-writer-wins step) and `RELEASE` (a tur
 - `start.lua` → `StartResult`: STARTED / FINISHED / HELD / SUPERSEDED / TURN_GONE.
 - `claim_idempotency.lua` → `IdempotencyClaim`: CLAIMED / STORED / BUSY.
 - `release.lua` → `ReleaseResult`: RELEASED / NOT_HELD.
+- `progress.lua` → `ProgressResult`: ADDED / ENDED / CALL_DONE (a tool's `ctx.progress`, `workers.progress`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ WRITE_OUTCOME = load_script("workers", "write_outcome")
 START = load_script("workers", "start")
 CLAIM_IDEMPOTENCY = load_script("workers", "claim_idempotency")
 RELEASE = load_script("workers", "release")
+PROGRESS = load_script("workers", "progress")
 
 
 class WriteResult(IntEnum):
@@ -78,6 +80,14 @@ class ReleaseResult(IntEnum):
 
     NOT_HELD = 0
     RELEASED = 1
+
+
+class ProgressResult(IntEnum):
+    """What `progress.lua` did with a `tool_progress` event."""
+
+    ENDED = 0  # the turn is gone or finished: nothing added, and nothing more will be
+    ADDED = 1
+    CALL_DONE = 2  # the call has its outcome, or a later execution superseded this one: nothing added
 
 
 @dataclass(frozen=True)

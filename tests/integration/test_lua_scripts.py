@@ -198,6 +198,8 @@ RUN_BY: dict[str, object] = {
     "record_lost": "tests/integration/test_durability_watch.py",
     # Run against histories appended by steps, outcomes, views and conversation heads.
     "read_history": "tests/integration/test_history_store.py",
+    # Run against live, finished and gone turns, from a real worker's tool.
+    "progress": "tests/integration/test_tool_progress.py",
 }
 
 
