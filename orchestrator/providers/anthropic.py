@@ -5,8 +5,7 @@ thinking text); `redacted_thinking` is opaque; `tool_use` → a tool call whose 
 Thinking and redacted-thinking blocks are kept whole, signature included, in
 `provider_data["thinking_blocks"]`: Anthropic requires them back, unchanged, ahead of the `tool_use` blocks
 of the same assistant turn when thinking is on. Usage counts cache reads and writes apart from input tokens.
-Streams accumulate `content_block_start` / `content_block_delta` (`text_delta`, `thinking_delta`,
-`signature_delta`, `input_json_delta`) by block index, with usage from `message_start` and `message_delta`.
+Streams are read by `anthropic_stream`.
 Errors (`{"type": "error", "error": {...}, "request_id"}`; 529 overloaded) become ProviderErrors.
 
 `to_wire` puts system messages in `system`, every tool result as a `tool_result` block in the user message
@@ -20,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import MalformedBody
@@ -41,7 +39,6 @@ from orchestrator.providers.body import (
     invalid_response,
     is_error_body,
     opt_list,
-    opt_map,
     opt_str,
     req_map,
 )
@@ -52,9 +49,9 @@ from orchestrator.providers.common import (
     join_text,
     join_thinking,
     parse_finish_reason,
-    parse_sse,
     parse_usage,
 )
+from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from orchestrator.providers.traits import traits_of
 from workers.contract import ToolSpec
 
@@ -132,86 +129,17 @@ def _read_usage(raw: object) -> Usage:
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Accumulator:
-    message: dict[str, Any] = field(default_factory=dict)
-    blocks: dict[int, dict[str, Any]] = field(default_factory=dict)
-    partial_json: dict[int, str] = field(default_factory=dict)
-    usage: dict[str, Any] = field(default_factory=dict)
-    stopped: bool = False
+def stream_reader() -> StreamReader:
+    """A reader for one streamed message (`anthropic_stream.AnthropicStreamReader`)."""
+    # Imported here: the reader module builds on this one's reader of whole messages.
+    from orchestrator.providers.anthropic_stream import AnthropicStreamReader
 
-    def add(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "message_start":
-            self.message = dict(req_map(event.get("message"), "message_start.message"))
-            self.usage.update(opt_map(self.message.get("usage"), "message_start.usage"))
-        elif kind == "content_block_start":
-            self.blocks[self._index(event)] = dict(req_map(event.get("content_block"), "content_block"))
-        elif kind == "content_block_delta":
-            self._add_delta(self._index(event), req_map(event.get("delta"), "content_block_delta.delta"))
-        elif kind == "message_delta":
-            delta = opt_map(event.get("delta"), "message_delta.delta")
-            if delta.get("stop_reason") is not None:
-                self.message["stop_reason"] = delta["stop_reason"]
-            # message_delta carries cumulative counts: they replace those of message_start.
-            self.usage.update(
-                {k: v for k, v in opt_map(event.get("usage"), "usage").items() if v is not None}
-            )
-        elif kind == "message_stop":
-            self.stopped = True
-
-    @staticmethod
-    def _index(event: Mapping[str, Any]) -> int:
-        index = event.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise MalformedBody(f"{event.get('type')}.index", "expected an integer")
-        return index
-
-    def _add_delta(self, index: int, delta: dict[str, Any]) -> None:
-        block = self.blocks.setdefault(index, {})
-        kind = delta.get("type")
-        for delta_type, key in (
-            ("text_delta", "text"),
-            ("thinking_delta", "thinking"),
-            ("signature_delta", "signature"),
-        ):
-            if kind == delta_type:
-                block[key] = str(block.get(key) or "") + (opt_str(delta.get(key), f"{kind}.{key}") or "")
-        if kind == "input_json_delta":
-            piece = opt_str(delta.get("partial_json"), "input_json_delta.partial_json") or ""
-            self.partial_json[index] = self.partial_json.get(index, "") + piece
-
-    def body(self) -> dict[str, Any]:
-        content = []
-        for index in sorted(self.blocks):
-            block = dict(self.blocks[index])
-            if block.get("type") == "tool_use" and self.partial_json.get(index, "").strip():
-                # A JSON string parses like an object downstream; a broken one is kept per call.
-                block["input"] = self.partial_json[index]
-            content.append(block)
-        return {**self.message, "content": content, "usage": self.usage}
+    return AnthropicStreamReader()
 
 
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from a whole Messages API event stream (LF or CRLF), accumulated."""
-    accumulator = _Accumulator()
-    try:
-        for event in parse_sse(text):
-            data = event.data.strip()
-            if not data:
-                continue
-            decoded = decode_json(data, PROVIDER)
-            if isinstance(decoded, ProviderError):
-                return decoded
-            payload = req_map(decoded, "stream event")
-            if payload.get("type") == "error" or event.event == "error":
-                return error_from_wire(None, payload)
-            accumulator.add(payload)
-        if not accumulator.stopped:
-            return invalid_response(PROVIDER, "Anthropic stream ended before message_stop", retryable=True)
-        return _read_message(accumulator.body(), ids or IdSource())
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Anthropic stream: {exc}")
+    return read_stream_text(stream_reader(), text, ids)
 
 
 def error_from_wire(
@@ -255,14 +183,16 @@ def clean_tool_id(tool_id: str) -> str:
     return f"{cleaned}_{digest}" if cleaned else f"toolu_{digest}"
 
 
-def to_wire(request: ModelRequest) -> dict[str, Any]:
-    """The Messages API request body for `request` (pure)."""
+def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
+    """The Messages API request body for `request` (pure); with `stream`, one asking for an event stream."""
     system = [m.content for m in request.messages if isinstance(m, SystemMessage) and m.content]
     body: dict[str, Any] = {
         "model": request.model,
         "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
         "messages": build_messages(request.messages),
     }
+    if stream:
+        body["stream"] = True
     if system:
         body["system"] = "\n\n".join(system)
     if request.tools:

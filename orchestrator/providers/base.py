@@ -2,8 +2,9 @@
 
 A provider module is pure: `to_wire(ModelRequest) -> dict` builds the request body, `from_wire(body)`
 normalises the response, `error_from_wire(status, body, headers)` maps an error body. `HttpModelClient`
-glues one such module to an injected `httpx.AsyncClient` through `post_json`, which is the only place where
-HTTP happens. Failures never leave this layer as exceptions::
+glues one such module to an injected `httpx.AsyncClient` through `post_json`, or, for a call that streams,
+through `streaming.call_stream` (a module that can stream also has `to_wire(request, stream=True)` and
+`stream_reader()`); nowhere else does HTTP happen. Failures never leave this layer as exceptions::
 
     httpx.TimeoutException   -> ProviderError(type="timeout", status=None, retryable=True)
     httpx.TransportError     -> ProviderError(type="transport_error", status=None, retryable=True)
@@ -11,18 +12,18 @@ HTTP happens. Failures never leave this layer as exceptions::
     2xx with a broken body   -> ProviderError(type="invalid_response")
 
 Retryable errors are retried here up to `max_retries` times, with capped exponential backoff and jitter,
-waiting what `Retry-After` / `retry-after-ms` say when they say it. The orchestrator runtime builds its
+waiting what `Retry-After` / `retry-after-ms` say when they say it; a streamed call that already sent a
+delta is never retried here (see `streaming`). The orchestrator runtime builds its
 clients with `max_retries=0`: its state machine owns model retries and counts them against the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -31,6 +32,8 @@ from orchestrator.model import Message, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
 from orchestrator.providers.deltas import DeltaSink
+from orchestrator.providers.stream_reader import StreamReader
+from orchestrator.providers.streaming import call_stream, read_error_body
 from orchestrator.providers.traits import MODEL_TIERS
 from workers.contract import ToolSpec
 
@@ -112,6 +115,15 @@ class WireFormat(Protocol):
     ) -> ProviderError: ...
 
 
+@runtime_checkable
+class StreamingWireFormat(WireFormat, Protocol):
+    """A provider module that can also stream: a body asking for a stream, and a reader for the answer."""
+
+    def to_wire(self, request: ModelRequest, *, stream: bool = False) -> dict[str, Any]: ...
+
+    def stream_reader(self) -> StreamReader: ...
+
+
 ErrorMapper = Callable[[int | None, object, Mapping[str, str] | None], ProviderError]
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -188,23 +200,17 @@ async def _post_once(
     except httpx.TransportError as exc:
         return transport_error(provider, f"request to {url} failed: {type(exc).__name__}: {exc}")
     if response.status_code >= 400:
-        return error_from_wire(response.status_code, _error_body(response), response.headers)
+        return error_from_wire(response.status_code, read_error_body(response), response.headers)
     text = decode_text(response.content, provider)
     if isinstance(text, ProviderError):
         return text
     return decode_json(text, provider)
 
 
-def _error_body(response: httpx.Response) -> object:
-    try:
-        return json.loads(response.content)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        return response.text
-
-
 @dataclass
 class HttpModelClient:
-    """A ModelClient for one provider module over HTTP: to_wire → post_json → from_wire."""
+    """A ModelClient for one provider module over HTTP: to_wire → post_json → from_wire, or, when the
+    request may stream, a sink is given and the module can stream, `streaming.call_stream`."""
 
     provider: str
     wire: WireFormat
@@ -218,7 +224,10 @@ class HttpModelClient:
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> Turn | ProviderError:
-        """One LLM call, normalised; errors as values."""
+        """One LLM call, normalised; errors as values. Deltas go to `on_delta` when the answer streams."""
+        if on_delta is not None and request.stream and isinstance(self.wire, StreamingWireFormat):
+            streamed = await call_stream(self, self.wire, request, on_delta)
+            return streamed.model_copy(update={"provider": self.provider})
         body = self.wire.to_wire(request)
         result = await post_json(
             self.http,

@@ -282,26 +282,61 @@ class SSEEvent:
     data: str
 
 
-def parse_sse(body: str) -> Iterator[SSEEvent]:
-    """Server-sent events from a whole text/event-stream body (LF or CRLF), in order.
+class SSEDecoder:
+    """Server-sent events from text fed as it arrives (LF, CR or CRLF lines), in order.
 
-    Comment lines and `id:`/`retry:` fields are ignored; multi-line data is joined with newlines.
+    Text may be split anywhere, even between the CR and LF of one line end: a trailing CR is held back until
+    the next piece says whether an LF follows. Comment lines and `id:`/`retry:` fields are ignored;
+    multi-line data is joined with newlines. Work is per line, never per character.
     """
-    event: str | None = None
-    data_lines: list[str] = []
-    for raw_line in body.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        if raw_line == "":
-            if data_lines:
-                yield SSEEvent(event, "\n".join(data_lines))
-            event, data_lines = None, []
-            continue
-        if raw_line.startswith(":"):
-            continue
-        field, _, value = raw_line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            event = value
-        elif field == "data":
-            data_lines.append(value)
-    if data_lines:
-        yield SSEEvent(event, "\n".join(data_lines))
+
+    def __init__(self) -> None:
+        # The unfinished last line, in pieces: a long line arriving in many chunks is joined once.
+        self._tail: list[str] = []
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, text: str) -> list[SSEEvent]:
+        """The events completed by `text` (possibly none)."""
+        if "\n" not in text and "\r" not in text:
+            self._tail.append(text)
+            return []
+        text = "".join([*self._tail, text])
+        held = ""
+        if text.endswith("\r"):
+            text, held = text[:-1], "\r"
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self._tail = [lines.pop() + held]
+        return self._read_lines(lines)
+
+    def close(self) -> list[SSEEvent]:
+        """The events left at the end of the body: a last line and an event without a closing blank line."""
+        tail = "".join(self._tail)
+        events = self._read_lines(tail.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+        self._tail = []
+        if self._data:
+            events.append(SSEEvent(self._event, "\n".join(self._data)))
+        self._event, self._data = None, []
+        return events
+
+    def _read_lines(self, lines: list[str]) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in lines:
+            if line == "":
+                if self._data:
+                    events.append(SSEEvent(self._event, "\n".join(self._data)))
+                self._event, self._data = None, []
+            elif not line.startswith(":"):
+                field, _, value = line.partition(":")
+                if field == "data":
+                    self._data.append(value.removeprefix(" "))
+                elif field == "event":
+                    self._event = value.removeprefix(" ")
+        return events
+
+
+def parse_sse(body: str) -> Iterator[SSEEvent]:
+    """Server-sent events from a whole text/event-stream body (LF or CRLF), in order (see `SSEDecoder`)."""
+    decoder = SSEDecoder()
+    yield from decoder.feed(body)
+    yield from decoder.close()

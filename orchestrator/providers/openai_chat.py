@@ -5,8 +5,7 @@ Quirks this module handles: `content` null, "" or absent, or a list of parts (Mi
 there); reasoning in `reasoning_content` (DeepSeek, xAI) or `reasoning` (Groq, vLLM, Ollama `/v1`) goes to
 thinking, never text; a `refusal` is the answer's text; tool calls with or without `type` and `index`, with
 empty ids (Gemini's compat layer), arguments as a string, an object, "null" or ""; the legacy
-`function_call`; finish_reason "stop" next to tool calls. Streams accumulate tool-call deltas by `index` and
-take usage from the final usage chunk.
+`function_call`; finish_reason "stop" next to tool calls. Streams are read by `openai_chat_stream`.
 
 `to_wire` sends one assistant message holding all its tool calls (arguments as a JSON string; a broken
 call's own text verbatim), then one `tool` message per result with its `tool_call_id`. Thinking is never sent.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import MalformedBody
@@ -47,9 +45,9 @@ from orchestrator.providers.common import (
     join_text,
     join_thinking,
     parse_finish_reason,
-    parse_sse,
     parse_usage,
 )
+from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from workers.contract import ToolSpec
 
 if TYPE_CHECKING:
@@ -163,114 +161,17 @@ def _provider_data(response: Mapping[str, Any]) -> dict[str, Any]:
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _CallDelta:
-    id: str = ""
-    name: str = ""
-    arguments: str = ""
-    arguments_object: object = None
+def stream_reader() -> StreamReader:
+    """A reader for one `stream: true` response (`openai_chat_stream.ChatStreamReader`)."""
+    # Imported here: the reader module builds on this one's readers of messages and usage.
+    from orchestrator.providers.openai_chat_stream import ChatStreamReader
 
-
-@dataclass
-class _Accumulator:
-    text: list[str] = field(default_factory=list)
-    thinking: list[str] = field(default_factory=list)
-    refusal: list[str] = field(default_factory=list)
-    calls: dict[int, _CallDelta] = field(default_factory=dict)
-    finish_reason: object = None
-    usage: object = None
-    model: str | None = None
-    response_id: str | None = None
-
-    def add_chunk(self, chunk: dict[str, Any]) -> None:
-        self.model = self.model or opt_str(chunk.get("model"), "chunk.model")
-        self.response_id = self.response_id or opt_str(chunk.get("id"), "chunk.id")
-        if chunk.get("usage") is not None:
-            self.usage = chunk["usage"]
-        for raw in opt_list(chunk.get("choices"), "chunk.choices"):
-            choice = req_map(raw, "chunk.choices[]")
-            if choice.get("index", 0) != 0:
-                continue
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            self.add_delta(opt_map(choice.get("delta"), "chunk.delta"))
-
-    def add_delta(self, delta: dict[str, Any]) -> None:
-        text, thinking = _read_content(delta.get("content"))
-        self.text += text
-        self.thinking += thinking
-        for name in _REASONING_FIELDS:
-            if isinstance(delta.get(name), str):
-                self.thinking.append(delta[name])
-        self.refusal.append(opt_str(delta.get("refusal"), "delta.refusal") or "")
-        for raw in _raw_calls(delta):
-            self.add_call_delta(req_map(raw, "delta.tool_calls[]"))
-
-    def add_call_delta(self, delta: dict[str, Any]) -> None:
-        index = delta.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            index = self._index_without_index(delta.get("id"))
-        call = self.calls.setdefault(index, _CallDelta())
-        call_id = delta.get("id")
-        if isinstance(call_id, str) and call_id and not call.id:
-            call.id = call_id
-        function = opt_map(delta.get("function"), "delta.function")
-        name = opt_str(function.get("name"), "delta.function.name") or ""
-        # Some servers repeat the whole name in every delta; OpenAI sends it once.
-        if name and name != call.name:
-            call.name += name
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            call.arguments += arguments
-        elif arguments is not None:
-            call.arguments_object = arguments
-
-    def _index_without_index(self, call_id: object) -> int:
-        # Servers that omit `index` start a call with its id and continue the last one without.
-        if isinstance(call_id, str) and call_id:
-            known = [i for i, c in self.calls.items() if c.id == call_id]
-            return known[0] if known else len(self.calls)
-        return max(self.calls, default=0)
-
-    def build(self, ids: IdSource) -> Turn:
-        calls = [
-            build_tool_call(
-                ids, c.id, c.name, c.arguments_object if c.arguments_object is not None else c.arguments
-            )
-            for _, c in sorted(self.calls.items())
-        ]
-        return build_turn(
-            PROVIDER,
-            text=join_text([*self.text, *self.refusal]),
-            thinking=join_thinking(["".join(self.thinking)]),
-            tool_calls=calls,
-            usage=_read_usage(self.usage),
-            model=self.model,
-            finish_reason=parse_finish_reason(self.finish_reason),
-            provider_data={"response_id": self.response_id} if self.response_id else {},
-        )
+    return ChatStreamReader()
 
 
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from a whole `stream: true` body (LF or CRLF), accumulated; errors in the stream as values."""
-    accumulator = _Accumulator()
-    seen_chunk = False
-    try:
-        for event in parse_sse(text):
-            data = event.data.strip()
-            if not data or data == "[DONE]":
-                continue
-            chunk = decode_json(data, PROVIDER)
-            if isinstance(chunk, ProviderError):
-                return chunk
-            if is_error_body(chunk) or event.event == "error":
-                return error_from_wire(None, chunk)
-            accumulator.add_chunk(req_map(chunk, "stream chunk"))
-            seen_chunk = True
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Chat Completions stream: {exc}")
-    if not seen_chunk:
-        return invalid_response(PROVIDER, "empty Chat Completions stream: no chunk", retryable=True)
-    return accumulator.build(ids or IdSource())
+    return read_stream_text(stream_reader(), text, ids)
 
 
 def error_from_wire(
@@ -298,12 +199,16 @@ def build_tool_choice(choice: str | None) -> str | dict[str, Any] | None:
     return {"type": "function", "function": {"name": choice}}
 
 
-def to_wire(request: ModelRequest) -> dict[str, Any]:
-    """The Chat Completions request body for `request` (pure)."""
+def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
+    """The Chat Completions request body for `request` (pure); with `stream`, one that asks for a stream
+    whose last chunk carries the usage."""
     body: dict[str, Any] = {
         "model": request.model,
         "messages": [build_message(m) for m in request.messages],
     }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     if request.tools:
         body["tools"] = [build_tool_param(t) for t in request.tools]
         choice = build_tool_choice(request.tool_choice)

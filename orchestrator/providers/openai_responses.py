@@ -4,8 +4,7 @@ A response is a list of output items: `message` (output_text and refusal parts â
 (`summary[].text` â†’ thinking; the item itself, with its id and any `encrypted_content`, is kept opaque in
 `provider_data["reasoning_items"]`), `function_call` (its `call_id` is the tool-call id, not the `fc_` item
 id). `status` and `incomplete_details.reason` give the finish reason; a `failed` response is a ProviderError.
-Streams are accumulated from `response.output_item.added` / `.done`, the text, refusal, reasoning-summary and
-`function_call_arguments` deltas, and the terminal `response.completed` / `.incomplete` / `.failed` event.
+Streams are read by `openai_responses_stream`.
 
 `to_wire` sends the whole canonical history as input items (function_call + function_call_output pairs),
 statelessly: no `previous_response_id`, so a request never depends on server-side state that may have expired
@@ -16,7 +15,6 @@ this provider.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,9 +46,9 @@ from orchestrator.providers.common import (
     join_text,
     join_thinking,
     parse_finish_reason,
-    parse_sse,
     parse_usage,
 )
+from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from workers.contract import ToolSpec
 
 if TYPE_CHECKING:
@@ -58,7 +56,6 @@ if TYPE_CHECKING:
 
 PROVIDER = "openai_responses"
 RESPONSES_PATH = "/responses"
-_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 # --- response -> Turn ------------------------------------------------------------------------------------
@@ -154,103 +151,17 @@ def _read_usage(raw: object) -> Any:
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-class _Accumulator:
-    """Output items by `output_index`, built from `added`, the deltas, and replaced by `done`."""
+def stream_reader() -> StreamReader:
+    """A reader for one streamed response (`openai_responses_stream.ResponsesStreamReader`)."""
+    # Imported here: the reader module builds on this one's reader of whole responses.
+    from orchestrator.providers.openai_responses_stream import ResponsesStreamReader
 
-    def __init__(self) -> None:
-        self.items: dict[int, dict[str, Any]] = {}
-        self.response: dict[str, Any] = {}
-        self.finished = False
-
-    def add(self, event: dict[str, Any]) -> None:
-        kind = opt_str(event.get("type"), "event.type")
-        if isinstance(event.get("response"), dict):
-            self.response = event["response"]
-            self.finished = self.finished or kind in _TERMINAL_EVENTS
-        index = event.get("output_index")
-        if not isinstance(index, int):
-            return
-        if kind in ("response.output_item.added", "response.output_item.done"):
-            self.items[index] = copy.deepcopy(req_map(event.get("item"), f"{kind}.item"))
-            return
-        item = self.items.setdefault(index, {})
-        delta = opt_str(event.get("delta"), f"{kind}.delta") or ""
-        if kind == "response.function_call_arguments.delta":
-            item["arguments"] = str(item.get("arguments") or "") + delta
-        elif kind == "response.function_call_arguments.done" and isinstance(event.get("arguments"), str):
-            item["arguments"] = event["arguments"]
-        elif kind in ("response.output_text.delta", "response.refusal.delta"):
-            self._append_part(item, event.get("content_index"), kind, delta)
-        elif kind == "response.reasoning_summary_text.delta":
-            self._append_summary(item, event.get("summary_index"), delta)
-
-    @staticmethod
-    def _append_part(item: dict[str, Any], content_index: object, kind: object, delta: str) -> None:
-        item.setdefault("type", "message")
-        parts = _slot_list(item, "content")
-        field = "refusal" if kind == "response.refusal.delta" else "text"
-        part = _slot(parts, content_index, {"type": "refusal" if field == "refusal" else "output_text"})
-        part[field] = str(part.get(field) or "") + delta
-
-    @staticmethod
-    def _append_summary(item: dict[str, Any], summary_index: object, delta: str) -> None:
-        item.setdefault("type", "reasoning")
-        part = _slot(_slot_list(item, "summary"), summary_index, {"type": "summary_text", "text": ""})
-        part["text"] = str(part.get("text") or "") + delta
-
-    def body(self) -> dict[str, Any]:
-        response = dict(self.response)
-        # The terminal event normally repeats the whole output; the accumulated items stand in when not.
-        if not response.get("output"):
-            response["output"] = [self.items[i] for i in sorted(self.items)]
-        return response
-
-
-# An index past this many parts is a corrupt stream, not a reason to allocate a huge list.
-_MAX_PARTS = 1000
-
-
-def _slot_list(item: dict[str, Any], key: str) -> list[Any]:
-    value = item.setdefault(key, [])
-    if not isinstance(value, list):
-        raise MalformedBody(key, "expected an array")
-    return value
-
-
-def _slot(parts: list[Any], index: object, empty: dict[str, Any]) -> dict[str, Any]:
-    position = index if isinstance(index, int) and not isinstance(index, bool) else len(parts)
-    if not 0 <= position < _MAX_PARTS:
-        raise MalformedBody("stream event index", f"{position} is out of range")
-    while len(parts) <= position:
-        parts.append(dict(empty))
-    part = parts[position]
-    if not isinstance(part, dict):
-        raise MalformedBody("stream part", "expected an object")
-    return part
+    return ResponsesStreamReader()
 
 
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from a whole Responses API event stream (LF or CRLF), accumulated."""
-    accumulator = _Accumulator()
-    try:
-        for event in parse_sse(text):
-            data = event.data.strip()
-            if not data or data == "[DONE]":
-                continue
-            decoded = decode_json(data, PROVIDER)
-            if isinstance(decoded, ProviderError):
-                return decoded
-            payload = req_map(decoded, "stream event")
-            if payload.get("type") == "error" or event.event == "error":
-                return error_from_wire(None, {"error": payload.get("error", payload)})
-            accumulator.add(payload)
-        if not accumulator.finished:
-            return invalid_response(
-                PROVIDER, "Responses stream ended before its terminal event", retryable=True
-            )
-        return _read_response(accumulator.body(), ids or IdSource())
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Responses API stream: {exc}")
+    return read_stream_text(stream_reader(), text, ids)
 
 
 def error_from_wire(
@@ -284,9 +195,12 @@ def build_tool_choice(choice: str | None) -> str | dict[str, Any] | None:
     return {"type": "function", "name": choice}
 
 
-def to_wire(request: ModelRequest) -> dict[str, Any]:
-    """The Responses API request body for `request` (pure, stateless: the whole history as input items)."""
+def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
+    """The Responses API request body for `request` (pure, stateless: the whole history as input items);
+    with `stream`, one that asks for an event stream."""
     body: dict[str, Any] = {"model": request.model, "input": build_input(request.messages)}
+    if stream:
+        body["stream"] = True
     if request.tools:
         body["tools"] = [build_tool_param(t) for t in request.tools]
         choice = build_tool_choice(request.tool_choice)

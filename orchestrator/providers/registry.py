@@ -169,7 +169,7 @@ class ModelClients:
         # Started once, inside this event loop, the first time a turn names a scripted model.
         async with self._scripted_lock:
             if self._scripted is None:
-                server = ScriptedServer()
+                server = ScriptedServer(chunk_delay_s=self._settings.scripted_stream_delay_s)
                 await server.__aenter__()
                 self._scripted = server
                 log.info("scripted model serving at %s", server.base_url)

@@ -4,7 +4,9 @@
 inside the current event loop with `async with ScriptedServer() as base_url:` (a free 127.0.0.1 port;
 `base_url` ends in `/v1`, as OPENAI_BASE_URL does), or as its own process with
 `python -m orchestrator.providers.scripted.server --port P`, which prints `listening on <base_url>` once it
-accepts connections.
+accepts connections. A streamed answer goes out a word or so a chunk; `chunk_delay_s` (`--stream-delay`,
+TOOLLOOP_SCRIPTED_STREAM_DELAY_S for the orchestrator's own server) pauses between chunks so that the answer
+is seen being written.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from starlette.routing import Route
 from orchestrator.providers.scripted.brain import build_models_list, build_reply, request_fingerprint
 from orchestrator.providers.scripted.wire import build_error_reply, build_stream_chunks
 
+_STREAM_FIELDS = frozenset({"stream", "stream_options"})
 
-def build_app() -> Starlette:
-    """The Starlette app. It counts identical requests so that a plan's error round can let a retry pass."""
+
+def build_app(chunk_delay_s: float = 0.0) -> Starlette:
+    """The Starlette app. It counts identical requests so that a plan's error round can let a retry pass;
+    a streamed answer waits `chunk_delay_s` between its chunks."""
     attempts: Counter[str] = Counter()
 
     async def chat_completions(request: Request) -> Response:
@@ -39,7 +44,9 @@ def build_app() -> Starlette:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             reply = build_error_reply(400, f"request body is not valid JSON: {exc}")
             return JSONResponse(reply.body, status_code=reply.status)
-        fingerprint = request_fingerprint(body)
+        # Streamed or not, a request is the same request: a retry counts as one however it asks.
+        asked = {k: v for k, v in body.items() if k not in _STREAM_FIELDS} if isinstance(body, dict) else body
+        fingerprint = request_fingerprint(asked)
         reply = build_reply(body, attempt=attempts[fingerprint], created=int(time.time()))
         attempts[fingerprint] += 1
         if reply.status != 200:
@@ -48,7 +55,7 @@ def build_app() -> Starlette:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             chunks = build_stream_chunks(reply.body, include_usage=include_usage)
-            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+            return StreamingResponse(_sse(chunks, chunk_delay_s), media_type="text/event-stream")
         return JSONResponse(reply.body)
 
     async def models(_: Request) -> Response:
@@ -62,8 +69,10 @@ def build_app() -> Starlette:
     )
 
 
-async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
+async def _sse(chunks: list[dict[str, Any]], delay_s: float) -> AsyncIterator[bytes]:
+    for number, chunk in enumerate(chunks):
+        if delay_s and number:
+            await asyncio.sleep(delay_s)
         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
@@ -80,9 +89,10 @@ def _bind(host: str, port: int) -> socket.socket:
 class ScriptedServer:
     """Runs the scripted model with uvicorn inside the current event loop; yields its `/v1` base URL."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunk_delay_s: float = 0.0) -> None:
         self._host = host
         self._port = port
+        self.chunk_delay_s = chunk_delay_s
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
@@ -91,7 +101,9 @@ class ScriptedServer:
     async def __aenter__(self) -> str:
         self._socket = _bind(self._host, self._port)
         port = self._socket.getsockname()[1]
-        config = uvicorn.Config(build_app(), lifespan="off", log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            build_app(self.chunk_delay_s), lifespan="off", log_level="warning", access_log=False
+        )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
@@ -124,11 +136,14 @@ class ScriptedServer:
 def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(0, help="Port; 0 picks a free one."),
+    stream_delay: float = typer.Option(
+        0.0, "--stream-delay", min=0.0, help="Seconds between the chunks of a streamed answer."
+    ),
 ) -> None:
     """Serve the scripted model in the foreground until interrupted (SIGINT/SIGTERM)."""
 
     async def run() -> None:
-        server = ScriptedServer(host, port)
+        server = ScriptedServer(host, port, chunk_delay_s=stream_delay)
         async with server as base_url:
             print(f"listening on {base_url}", flush=True)
             await server.wait()

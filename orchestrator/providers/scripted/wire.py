@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,7 +101,8 @@ def build_completion(
 
 
 def build_stream_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` objects that stream `completion`: text, then tool calls by index."""
+    """The `chat.completion.chunk` objects that stream `completion`: text a word or so a chunk (as a model
+    writes it), then tool calls by index, each call's arguments in two pieces."""
     choice = completion["choices"][0]
     message = choice["message"]
     base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
@@ -110,9 +112,7 @@ def build_stream_chunks(completion: Mapping[str, Any], *, include_usage: bool) -
         return base | {"choices": [entry]}
 
     chunks = [chunk({"role": "assistant", "content": ""})]
-    text = message.get("content") or ""
-    # Two pieces per text show that a client really accumulates deltas.
-    for piece in _split_in_two(text):
+    for piece in split_text(message.get("content") or ""):
         chunks.append(chunk({"content": piece}))
     for index, call in enumerate(message.get("tool_calls", [])):
         head = {"index": index, "id": call["id"], "type": "function"}
@@ -130,6 +130,18 @@ def build_stream_chunks(completion: Mapping[str, Any], *, include_usage: bool) -
 def _estimate_tokens(text: str) -> int:
     # About four characters a token, as a rough real tokenizer would count; never zero.
     return max(1, len(text) // 4)
+
+
+# A word with the whitespace after it; a long word goes out a few characters at a time.
+_WORD = re.compile(r"\S*\s*")
+_PIECE_CHARS = 12
+
+
+def split_text(text: str) -> list[str]:
+    """`text` as the pieces a streamed answer sends: a word each, at most `_PIECE_CHARS` characters."""
+    return [
+        word[i : i + _PIECE_CHARS] for word in _WORD.findall(text) for i in range(0, len(word), _PIECE_CHARS)
+    ]
 
 
 def _split_in_two(text: str) -> list[str]:

@@ -1,0 +1,192 @@
+"""The streaming HTTP path (SPEC §9.1): one POST whose answer is read as it arrives, deltas sent on the way.
+
+`HttpModelClient.complete(request, on_delta)` comes here when the request may stream, a sink is given and
+the wire module can stream. The body asks for a stream (`to_wire(request, stream=True)`); the answer is read
+with `httpx.AsyncClient.stream` chunk by chunk, decoded incrementally (`SSEByteDecoder`, then the module's
+`StreamReader`), and each delta is awaited on the sink in order before the next chunk is read.
+
+What the answer can be::
+
+    HTTP >= 400                        -> the module's error_from_wire(status, body, headers), as unstreamed
+    text/event-stream, or a body that
+      starts like SSE without that type -> the stream reader's Turn, or its ProviderError (error event,
+                                           malformed event, a stream cut before its end: retryable)
+    anything else (a server that
+      ignored `stream`)                 -> the plain body through the module's from_wire; no deltas
+    httpx.TimeoutException, at once
+      or mid-stream                     -> ProviderError(type="timeout", retryable=True)
+    any other httpx error               -> ProviderError(type="transport_error", retryable=True)
+
+Retries follow the client's RetryPolicy as `post_json`'s do, except that a call which already sent a delta
+is never retried here: its error goes back to the caller, whose state machine retries (and tells a viewer
+to drop what was shown). A sink that raises is a broken preview, not a failed call: it is logged and sent
+nothing more, and the Turn still comes back.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+
+from orchestrator.model import ProviderError, Turn
+from orchestrator.providers.body import decode_json, decode_text, invalid_response
+from orchestrator.providers.common import IdSource, SSEEvent, transport_error
+from orchestrator.providers.deltas import Delta, DeltaSink
+from orchestrator.providers.stream_reader import SSEByteDecoder, StreamReader
+
+if TYPE_CHECKING:
+    from orchestrator.providers.base import HttpModelClient, ModelRequest, StreamingWireFormat
+
+log = logging.getLogger("toolloop.orchestrator")
+
+# A body without an SSE content type is sniffed from its first bytes: SSE lines start with one of these.
+_SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
+_SNIFF_BYTES = 8
+
+
+@dataclass
+class _Sink:
+    """The caller's sink, counting what it was sent; a sink that raised is sent nothing more."""
+
+    on_delta: DeltaSink
+    provider: str
+    sent: int = 0
+    broken: bool = False
+
+    async def send(self, delta: Delta) -> None:
+        if self.broken:
+            return
+        self.sent += 1
+        try:
+            await self.on_delta(delta)
+        except Exception:
+            self.broken = True
+            log.warning(
+                "%s: the delta sink failed; the call goes on without it", self.provider, exc_info=True
+            )
+
+
+async def call_stream(
+    client: HttpModelClient, wire: StreamingWireFormat, request: ModelRequest, on_delta: DeltaSink
+) -> Turn | ProviderError:
+    """One streamed LLM call through `client`, retried per its policy until a delta was sent; never raises."""
+    body = wire.to_wire(request, stream=True)
+    sink = _Sink(on_delta, client.provider)
+    retry_number = 0
+    while True:
+        ids = IdSource(request.id_prefix) if request.id_prefix else None
+        result = await _stream_once(client, wire, body, ids, sink)
+        if not isinstance(result, ProviderError) or sink.sent:
+            return result
+        retry_number += 1
+        delay = client.retry.delay_s(retry_number, result)
+        if delay is None:
+            return result
+        await client.sleep(delay)
+
+
+async def _stream_once(
+    client: HttpModelClient,
+    wire: StreamingWireFormat,
+    body: dict[str, object],
+    ids: IdSource | None,
+    sink: _Sink,
+) -> Turn | ProviderError:
+    url = client.url
+    try:
+        async with client.http.stream(
+            "POST", url, json=body, headers=dict(client.headers), timeout=client.timeout
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                return wire.error_from_wire(response.status_code, read_error_body(response), response.headers)
+            return await _read_answer(response, wire, ids, sink)
+    except httpx.TimeoutException as exc:
+        error = transport_error(client.provider, f"request to {url} timed out ({type(exc).__name__})")
+        return error.model_copy(update={"type": "timeout"})
+    except httpx.HTTPError as exc:
+        return transport_error(client.provider, f"request to {url} failed: {type(exc).__name__}: {exc}")
+
+
+def read_error_body(response: httpx.Response) -> object:
+    """An error answer's body: its JSON when it is JSON, else its text (read already)."""
+    try:
+        return json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return response.text
+
+
+async def _read_answer(
+    response: httpx.Response, wire: StreamingWireFormat, ids: IdSource | None, sink: _Sink
+) -> Turn | ProviderError:
+    chunks = response.aiter_bytes()
+    try:
+        return await _read_chunks(chunks, response.headers.get("content-type", ""), wire, ids, sink)
+    finally:
+        # An answer read only in part (an error event, a failed stream) leaves its iterator open.
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _read_chunks(
+    chunks: AsyncIterator[bytes],
+    content_type: str,
+    wire: StreamingWireFormat,
+    ids: IdSource | None,
+    sink: _Sink,
+) -> Turn | ProviderError:
+    content_type = content_type.lower()
+    if content_type.startswith("text/event-stream"):
+        return await _read_events(chunks, b"", wire.stream_reader(), ids, sink)
+    head = b""
+    if "json" not in content_type:
+        async for chunk in chunks:
+            head += chunk
+            if len(head.lstrip()) >= _SNIFF_BYTES:
+                break
+        if head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(_SSE_STARTS):
+            return await _read_events(chunks, head, wire.stream_reader(), ids, sink)
+    rest = [chunk async for chunk in chunks]
+    text = decode_text(b"".join([head, *rest]), sink.provider)
+    if isinstance(text, ProviderError):
+        return text
+    decoded = decode_json(text, sink.provider)
+    return decoded if isinstance(decoded, ProviderError) else wire.from_wire(decoded, ids=ids)
+
+
+async def _read_events(
+    chunks: AsyncIterator[bytes], head: bytes, reader: StreamReader, ids: IdSource | None, sink: _Sink
+) -> Turn | ProviderError:
+    decoder = SSEByteDecoder()
+    try:
+        if head and await _deliver(decoder.feed(head), reader, sink):
+            return reader.finish(ids)
+        async for chunk in chunks:
+            if await _deliver(decoder.feed(chunk), reader, sink):
+                return reader.finish(ids)
+    except UnicodeDecodeError as exc:
+        return invalid_response(sink.provider, f"event stream is not UTF-8 ({exc.reason})")
+    try:
+        last = decoder.close()
+    except UnicodeDecodeError:
+        # The body stopped inside a character: the stream was cut, whatever its last event says.
+        return invalid_response(sink.provider, "event stream ended inside a character", retryable=True)
+    await _deliver(last, reader, sink)
+    return reader.finish(ids)
+
+
+async def _deliver(events: list[SSEEvent], reader: StreamReader, sink: _Sink) -> bool:
+    """Send the deltas of `events` in order; True once the stream has failed (stop reading)."""
+    for event in events:
+        for delta in reader.add(event):
+            await sink.send(delta)
+        if reader.error is not None:
+            return True
+    return False

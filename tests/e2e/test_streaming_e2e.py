@@ -1,0 +1,180 @@
+"""Streaming end to end (SPEC §9): the scripted model streams its answer slowly over HTTP to a real
+`toolloop orchestrator`, which writes it as `text_delta` events while the model writes; a client follows them
+through `Client.events`, `Client.stream`, `toolloop submit --stream` and the API's SSE endpoint (reconnecting
+with `Last-Event-ID`), with a real prefork worker running the tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from ops.redis_server import RedisServer, find_free_port
+from orchestrator.client import Client, TextDeltaEvent, ToolFinishedEvent, TurnFinishedEvent
+from orchestrator.store.codec import TurnEvent
+from tests.e2e.conftest import E2E_TOOLS
+from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.served import Served, start_toolloop
+from tests.support.sse import SseMessage, read_sse
+from workers import keys
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+# Long enough that the scripted model writes it in many pieces, 20 ms apart: a second or so of writing.
+ANSWER = " ".join(f"Sentence {i} of the streamed answer, written a few words at a time." for i in range(12))
+
+
+def plan_prompt(rounds: list[dict[str, Any]]) -> str:
+    """A prompt the scripted `plan` model plays round by round; unique, so no two tests share a turn."""
+    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
+
+
+ADD_THEN_ANSWER = [{"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}]}, {"text": ANSWER}]
+
+
+@pytest.fixture(scope="module")
+def stream_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stream_worker(stream_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(stream_redis.url, [E2E_TOOLS], concurrency=2)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def streaming_orchestrator(
+    stream_redis: RedisServer, stream_worker: WorkerHandle
+) -> Iterator[OrchestratorHandle]:
+    # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, over HTTP, paced.
+    handle = start_orchestrator(stream_redis.url, env={"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": "0.02"})
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def api_url(stream_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[str]:
+    port = find_free_port()
+    served: Served = start_toolloop(
+        ["api", "--host", "127.0.0.1", "--port", str(port)], env={"TOOLLOOP_REDIS_URL": stream_redis.url}
+    )
+    url = f"http://127.0.0.1:{port}"
+    served.wait_for(lambda: _healthy(url), "the API answers")
+    yield url
+    served.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def client(stream_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[Client]:
+    c = Client(stream_redis.url)
+    yield c
+    c.close()
+
+
+def deltas_of(events: list[TurnEvent], llm_call: int) -> list[TurnEvent]:
+    return [e for e in events if e.name == "text_delta" and e.data["llm_call"] == llm_call]
+
+
+def test_the_answer_arrives_in_pieces_while_the_model_writes_it(client: Client) -> None:
+    turn_id = client.submit(prompt=plan_prompt(ADD_THEN_ANSWER), model="scripted:plan")
+    events = list(client.events(turn_id))
+    outcome = client.wait(turn_id, timeout=30)
+    assert outcome.status == "completed", outcome
+    final_call = outcome.llm_calls - 1
+    pieces = deltas_of(events, final_call)
+    names = [e.name for e in events]
+    # Several events, spread over the writing (distinct times), all before the model's response is recorded.
+    assert len(pieces) >= 3, names
+    assert len({e.at for e in pieces}) >= 3
+    responded = max(i for i, e in enumerate(events) if e.name == "model_responded")
+    assert events.index(pieces[-1]) < responded < names.index("turn_finished")
+    assert "".join(e.data["text"] for e in pieces) == outcome.text == ANSWER
+    # Coalesced: far fewer events than the pieces the model streamed (one per word or so).
+    assert len(pieces) < len(ANSWER.split()) / 3
+
+
+def test_client_stream_yields_typed_events_with_the_outcome_last(client: Client) -> None:
+    turn_id = client.submit(prompt=plan_prompt(ADD_THEN_ANSWER), model="scripted:plan")
+    streamed = list(client.stream(turn_id))
+    last = streamed[-1]
+    assert isinstance(last, TurnFinishedEvent)
+    assert last.outcome.status == "completed"
+    text = "".join(e.text for e in streamed if isinstance(e, TextDeltaEvent))
+    assert text == last.outcome.text == ANSWER
+    finished = [e for e in streamed if isinstance(e, ToolFinishedEvent)]
+    assert [(e.tool, e.ok) for e in finished] == [("e2e_add", True)]
+
+
+def test_a_turn_that_asks_for_no_streaming_gets_its_text_in_one_event(client: Client) -> None:
+    turn_id = client.submit(prompt=plan_prompt([{"text": ANSWER}]), model="scripted:plan", stream=False)
+    events = list(client.events(turn_id))
+    assert [e.data["text"] for e in events if e.name == "text_delta"] == [ANSWER]
+
+
+def test_submit_stream_prints_the_answer_as_it_is_written(stream_redis: RedisServer) -> None:
+    prompt = plan_prompt(ADD_THEN_ANSWER)
+    result = subprocess.run(
+        [str(TOOLLOOP_BIN), "submit", "--prompt", prompt, "--model", "scripted:plan", "--stream"],
+        capture_output=True,
+        text=True,
+        env={"TOOLLOOP_REDIS_URL": stream_redis.url, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ANSWER + "\n"
+    assert "e2e_add" in result.stderr
+    assert "turn_" in result.stderr.splitlines()[0]
+
+
+class _Enough(Exception):
+    """Ends the first SSE connection on purpose, mid-answer."""
+
+
+async def _read_in_two_connections(url: str, turn_id: str) -> tuple[list[SseMessage], list[SseMessage]]:
+    first: list[SseMessage] = []
+
+    def take(message: SseMessage) -> None:
+        first.append(message)
+        if sum(m.event == "text_delta" for m in first) == 2:
+            raise _Enough
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        with pytest.raises(_Enough):
+            await read_sse(http, f"/v1/turns/{turn_id}/events", on_message=take)
+        second = await read_sse(
+            http, f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": str(first[-1].id)}
+        )
+    assert second.status == 200, second.body
+    return first, second.messages
+
+
+def test_sse_names_each_event_and_a_reconnect_misses_nothing(client: Client, api_url: str) -> None:
+    turn_id = client.submit(prompt=plan_prompt(ADD_THEN_ANSWER), model="scripted:plan")
+    first, second = asyncio.run(_read_in_two_connections(api_url, turn_id))
+    stored = [entry_id for entry_id, _ in client.redis.xrange(keys.turn_events(turn_id))]
+    seen = [m.id for m in first + second]
+    assert seen == stored  # every event once, in order, across the two connections
+    assert all(m.event == m.json()["name"] for m in first + second)
+    text = "".join(m.json()["data"]["text"] for m in first + second if m.event == "text_delta")
+    outcome = client.wait(turn_id, timeout=30)
+    assert text == outcome.text == ANSWER
+    assert second[-1].event == "turn_finished"
