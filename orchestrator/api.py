@@ -1,14 +1,15 @@
 """The HTTP API (`toolloop api`): turns in, state and events out, over the async client (SPEC §7.1).
 
-Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (SSE, ends after
-`turn_finished`), `POST /v1/turns/{id}/cancel`, `POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`,
-`GET /healthz`, `GET /metrics`. With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
-`Authorization: Bearer <token>` (401 otherwise). Bodies over `max_body_bytes` get 413, malformed ones 422
-with pydantic's messages (never echoing the body: it may hold what JSON cannot render, such as NaN or an
-unpaired surrogate, or secrets); a turn naming tools no live worker serves, or a model name that is neither
-`provider:model` nor a tier, 422 too, in the same shape (`loc`, `msg`, `type`; for tools, `ctx.available`
-lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
-`GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
+Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
+`GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
+`POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `GET /healthz`, `GET /metrics`, and the turn pages
+`/ui`, `/ui/turns/{id}` (`orchestrator.ui`). With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
+`Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie. Bodies over
+`max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it may hold
+what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no live worker
+serves, or a model name that is neither `provider:model` nor a tier, 422 too, in the same shape (`loc`,
+`msg`, `type`; for tools, `ctx.available` lists the public tools); unknown turns 404; requests for a turn
+that has already ended 409. What `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 
 Redis (`api_redis`): requests share a bounded pool, every SSE stream one events reader (`api_fanout`,
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
@@ -18,7 +19,6 @@ with `Retry-After` and a one-line reason, never a 500.
 
 from __future__ import annotations
 
-import hmac
 import math
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -40,6 +40,8 @@ from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.ui.auth import has_bearer, has_session
+from orchestrator.ui.routes import build_listing_router, build_pages_router
 from workers.contract import ToolSpec, build_listing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -191,15 +193,14 @@ async def hold_redis_slot(request: Request) -> AsyncIterator[None]:
 
 
 def build_auth_dependency(settings: Settings) -> Any:
-    """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set."""
+    """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set; a read
+    (GET) may instead carry the turn pages' session cookie (`orchestrator.ui.auth`)."""
     token = settings.api_token.get_secret_value().encode() if settings.api_token else None
 
-    async def check_token(authorization: Annotated[str | None, Header()] = None) -> None:
-        if token is None:
+    async def check_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+        if token is None or has_bearer(authorization, token) or has_session(request, token):
             return
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     return check_token
 
@@ -309,6 +310,8 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
     app.include_router(turns_router, dependencies=[auth])
     app.include_router(events_router, dependencies=[auth])
     app.include_router(build_ops_router(), dependencies=[auth])
+    app.include_router(build_listing_router(), dependencies=[auth, Depends(hold_redis_slot)])
+    app.include_router(build_pages_router(settings))  # the pages check the token themselves (ui.routes)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

@@ -157,6 +157,10 @@ def history(turn_id: str, conversation_id: str | None) -> str:
 TURNS_ACTIVE = PREFIX + "turns:active"
 # list: ids moved out of TURN_QUEUE (BLMOVE) until their lease is set
 TURNS_CLAIMING = PREFIX + "turns:claiming"
+# zset: turn id -> submitted at (epoch), the newest RECENT_TURNS_MAX turns, for `GET /v1/turns` and `/ui`;
+# ids whose turn has expired are removed by whoever lists them
+TURNS_RECENT = PREFIX + "turns:recent"
+RECENT_TURNS_MAX = 1000
 
 
 def turn_status(turn_id: str) -> str:

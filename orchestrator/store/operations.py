@@ -64,17 +64,12 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     """Store a checked request and queue it, or park it behind its conversation (`submit.lua`)."""
     conversation = request.conversation_id
     event = {"turn_id": turn_id, "conversation_id": conversation, "model": request.model}
-    keys_ = [
-        keys.turn_request(turn_id),
-        keys.turn_status(turn_id),
-        keys.TURNS_ACTIVE,
-        keys.turn_events(turn_id),
-        keys.TURN_QUEUE,
-        keys.conversation_lock(conversation) if conversation else "",
-        keys.conversation_waiting(conversation) if conversation else "",
-    ]
+    keys_ = [keys.turn_request(turn_id), keys.turn_status(turn_id), keys.TURNS_ACTIVE]
+    keys_ += [keys.turn_events(turn_id), keys.TURN_QUEUE]
+    keys_ += [keys.conversation_lock(conversation) if conversation else ""]
+    keys_ += [keys.conversation_waiting(conversation) if conversation else "", keys.TURNS_RECENT]
     args: list[str | int] = [turn_id, request.model_dump_json(), repr(now), json.dumps(event)]
-    args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED]
+    args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
     return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
 
 

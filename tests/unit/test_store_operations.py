@@ -61,13 +61,15 @@ def test_submit_queues_with_the_status_event_and_cap_from_python() -> None:
     request = TurnRequest(prompt="hi", conversation_id="conv")
     op = operations.submit(request, "turn_1", 12.5)
     assert isinstance(op, ScriptCall) and op.script is SUBMIT
-    assert op.keys[4:] == (keys.TURN_QUEUE, keys.conversation_lock("conv"), keys.conversation_waiting("conv"))
+    queue_keys = (keys.TURN_QUEUE, keys.conversation_lock("conv"), keys.conversation_waiting("conv"))
+    assert op.keys[4:7] == queue_keys
+    assert op.keys[7] == keys.TURNS_RECENT and op.args[7] == str(keys.RECENT_TURNS_MAX)
     assert op.args[0] == "turn_1" and op.args[2] == "12.5"
     assert json.loads(op.args[3]) == {"turn_id": "turn_1", "conversation_id": "conv", "model": None}
-    assert op.args[4:] == (str(keys.EVENTS_MAXLEN), "queued", "turn_queued")
+    assert op.args[4:7] == (str(keys.EVENTS_MAXLEN), "queued", "turn_queued")
     assert [op.parse(n) for n in (0, 1, b"2")] == list(SubmitResult)
     without = operations.submit(TurnRequest(prompt="hi"), "turn_2", 1.0)
-    assert without.keys[5:] == ("", "")
+    assert without.keys[5:7] == ("", "")
 
 
 def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:

@@ -1,0 +1,7 @@
+"""The turn pages `toolloop api` serves (issue 14): `/ui` lists the recent turns, `/ui/turns/{id}` shows one
+live over its SSE stream. Plain HTML and a little JavaScript in `static/`, no build step, nothing loaded from
+elsewhere.
+
+    auth     the page session: `?token=` once, then an HttpOnly cookie the API accepts for reads
+    routes   the pages, their static files, and `GET /v1/turns` (the recent turns, `store.recent`)
+"""

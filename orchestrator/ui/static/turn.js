@@ -1,0 +1,351 @@
+// One turn, live: its events over GET /v1/turns/{id}/events (an EventSource, which resumes on its own with
+// Last-Event-ID after a drop). The stream replays from the turn's first event, so a page opened late, or after
+// the turn ended, shows all of it. Every value from an event goes in as text (textContent, append of a
+// string), never as HTML: a tool's result or a model's answer may hold markup.
+"use strict";
+
+const TERMINAL = new Set(["completed", "stopped", "failed", "cancelled"]);
+const LOG_LIMIT = 500;
+const turnId = document.body.dataset.turnId;
+const flowerUrl = document.body.dataset.flowerUrl || "";
+const base = "/v1/turns/" + encodeURIComponent(turnId);
+const byId = (id) => document.getElementById(id);
+
+const llmCalls = new Map(); // llm call index -> its block
+const toolCalls = new Map(); // call id -> its card
+let currentCall = null; // the model call in flight, or the last one
+let queuedAt = null; // when the turn was submitted (its turn_queued event), epoch seconds
+let finished = false;
+let sawText = false;
+let eventCount = 0;
+let source = null;
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function setStatus(status, label) {
+  const node = byId("turn-status");
+  node.dataset.status = status;
+  node.textContent = label || status;
+}
+
+function formatMs(ms) {
+  if (ms === null || ms === undefined) return "";
+  return ms < 1000 ? Math.round(ms) + " ms" : (ms / 1000).toFixed(2) + " s";
+}
+
+// --- model calls ------------------------------------------------------------------------------------------
+
+function llmCall(index) {
+  const key = Number(index);
+  let block = llmCalls.get(key);
+  if (block) return block;
+  const root = element("div", "llm-call");
+  root.dataset.llmCall = String(key);
+  const head = element("div", "head muted", "model call " + (key + 1) + " ");
+  const state = element("span", "state");
+  head.append(state);
+  const thinkingBox = element("details", "thinking-box");
+  thinkingBox.open = true;
+  thinkingBox.hidden = true;
+  thinkingBox.append(element("summary", "muted", "thinking"));
+  const thinking = element("div", "thinking");
+  thinkingBox.append(thinking);
+  const text = element("div", "text");
+  const tools = element("div", "tools");
+  root.append(head, thinkingBox, text, tools);
+  block = { root, state, thinkingBox, thinking, text, tools };
+  // In index order, whatever order the blocks are made in.
+  const after = [...llmCalls.keys()].filter((k) => k > key).sort((a, b) => a - b)[0];
+  byId("transcript").insertBefore(root, after === undefined ? null : llmCalls.get(after).root);
+  llmCalls.set(key, block);
+  return block;
+}
+
+function onModelCalled(data) {
+  currentCall = data.llm_call_index;
+  llmCall(currentCall).state.textContent = data.purpose === "compaction" ? "summarising the history…" : "writing…";
+}
+
+function onModelResponded(data) {
+  const usage = data.usage || {};
+  const tokens = usage.total_tokens ? ", " + usage.total_tokens + " tokens" : "";
+  const kind = data.type === "tool_calls" ? "asked for " + data.tool_calls + " tool call(s)" : "answered";
+  llmCall(data.llm_call_index).state.textContent = kind + " in " + formatMs(data.duration_ms) + tokens;
+}
+
+function onModelFailed(data) {
+  if (currentCall === null) return;
+  const retry = data.retry_in_s !== null && data.retry_in_s !== undefined ? ", retrying in " + data.retry_in_s + " s" : "";
+  llmCall(currentCall).state.textContent = "failed: " + (data.message || data.error_type || "error") + retry;
+}
+
+function onEmptyAnswer() {
+  if (currentCall !== null) llmCall(currentCall).state.textContent = "empty answer, asking again";
+}
+
+function onTextDelta(data) {
+  llmCall(data.llm_call).text.append(data.text);
+  sawText = true;
+}
+
+function onThinkingDelta(data) {
+  const block = llmCall(data.llm_call);
+  block.thinkingBox.hidden = false;
+  block.thinking.append(data.text);
+}
+
+function onStreamReset(data) {
+  // The call is retried (or its text came out reshaped): what was shown for it goes.
+  const block = llmCall(data.llm_call);
+  block.text.textContent = "";
+  block.thinking.textContent = "";
+  block.thinkingBox.hidden = true;
+  block.state.textContent = "restarted…";
+  for (const [callId, card] of toolCalls) {
+    if (card.llmCall === Number(data.llm_call) && card.root.dataset.status === "announced") {
+      card.root.remove();
+      toolCalls.delete(callId);
+    }
+  }
+}
+
+// --- tool calls -------------------------------------------------------------------------------------------
+
+function toolCard(callId, tool, llmIndex) {
+  let card = toolCalls.get(callId);
+  if (card) return card;
+  const index = llmIndex !== undefined && llmIndex !== null ? Number(llmIndex) : currentCall === null ? 0 : currentCall;
+  const root = element("div", "tool");
+  root.dataset.callId = callId;
+  const head = element("div", "head");
+  const fields = {};
+  head.append(element("strong", "name", tool));
+  for (const name of ["status", "attempt", "worker", "duration", "outcome"]) {
+    fields[name] = element("span", name === "status" || name === "outcome" ? name + " status" : name + " muted");
+    head.append(fields[name]);
+  }
+  const flower = element("a", "flower");
+  flower.hidden = true;
+  head.append(flower);
+  const progressBox = element("div", "progress");
+  progressBox.hidden = true;
+  const bar = element("progress");
+  bar.max = 1;
+  const progressText = element("span", "muted");
+  progressBox.append(bar, " ", progressText);
+  const argsBox = element("details", "arguments");
+  argsBox.hidden = true;
+  argsBox.append(element("summary", null, "arguments"));
+  const args = element("pre");
+  argsBox.append(args);
+  root.append(head, progressBox, argsBox);
+  llmCall(index).tools.append(root);
+  card = { root, fields, flower, progressBox, bar, progressText, argsBox, args, llmCall: index };
+  toolCalls.set(callId, card);
+  return card;
+}
+
+function setPhase(card, phase, label) {
+  card.root.dataset.status = phase;
+  card.fields.status.dataset.status = phase;
+  card.fields.status.textContent = label || phase;
+}
+
+function onToolCallStarted(data) {
+  if (!data.call_id) return;
+  setPhase(toolCard(data.call_id, data.tool, data.llm_call), "announced", "being written by the model");
+}
+
+function onToolDispatched(data) {
+  const card = toolCard(data.call_id, data.tool);
+  setPhase(card, "dispatched", "queued");
+  card.fields.attempt.textContent = "attempt " + data.attempt;
+  card.argsBox.hidden = false;
+  card.args.textContent = JSON.stringify(data.arguments ?? {}, null, 2);
+  if (flowerUrl && data.task_id) {
+    // Task ids hold colons, which a path keeps as they are (Flower's links spell them so).
+    card.flower.href = flowerUrl + "/task/" + encodeURIComponent(data.task_id).replace(/%3A/gi, ":");
+    card.flower.textContent = "task in Flower";
+    card.flower.rel = "noreferrer";
+    card.flower.target = "_blank";
+    card.flower.hidden = false;
+  }
+}
+
+function onToolStarted(data) {
+  const card = toolCard(data.call_id, data.tool);
+  setPhase(card, "running");
+  card.fields.attempt.textContent = "attempt " + data.attempt;
+  card.fields.worker.textContent = data.worker ? "on " + data.worker : "";
+}
+
+function onToolProgress(data) {
+  const card = toolCard(data.call_id, data.tool);
+  card.progressBox.hidden = false;
+  const fraction = typeof data.fraction === "number" ? Math.min(1, Math.max(0, data.fraction)) : null;
+  if (fraction === null) {
+    card.bar.removeAttribute("value"); // indeterminate: the tool did not say how far it is
+  } else {
+    card.bar.value = fraction;
+  }
+  const percent = fraction === null ? "" : Math.round(fraction * 100) + "% ";
+  card.progressText.textContent = percent + (data.message || "");
+}
+
+function onToolEnded(data, synthesized) {
+  const card = toolCard(data.call_id, data.tool);
+  setPhase(card, "finished", synthesized ? "finished (synthesized)" : "finished");
+  const kind = data.ok ? "ok" : data.failure_kind || "error";
+  card.root.dataset.outcome = kind;
+  card.fields.outcome.dataset.status = data.ok ? "ok" : "error";
+  card.fields.outcome.textContent = kind;
+  if (data.attempts) card.fields.attempt.textContent = "attempts " + data.attempts;
+  if (data.worker) card.fields.worker.textContent = "on " + data.worker;
+  card.fields.duration.textContent = formatMs(data.duration_ms);
+}
+
+function onToolRedispatched(data) {
+  const card = toolCard(data.call_id, data.tool);
+  setPhase(card, "dispatched", "sent again (" + data.reason + ")");
+  card.fields.attempt.textContent = "attempt " + data.attempt;
+}
+
+function onApprovalRequested(data) {
+  for (const callId of data.call_ids || []) setPhase(toolCard(callId, "?"), "waiting", "waiting for approval");
+}
+
+// --- the turn ---------------------------------------------------------------------------------------------
+
+function showModel(model) {
+  if (model) byId("turn-model").textContent = "· " + model;
+}
+
+async function readView() {
+  const reply = await fetch(base, { credentials: "same-origin", cache: "no-store" });
+  return reply.ok ? reply.json() : { missing: reply.status };
+}
+
+function showAnswer(outcome) {
+  // A turn whose model calls did not stream (older turns) has no text deltas: its answer is the outcome's.
+  if (sawText || !outcome || !outcome.text) return;
+  byId("final-answer").textContent = outcome.text;
+  byId("final-answer-box").hidden = false;
+}
+
+async function finish(status, summary) {
+  finished = true;
+  if (source) source.close();
+  setStatus(status);
+  byId("stream-state").textContent = "";
+  if (summary) byId("turn-summary").textContent = summary;
+  const view = await readView();
+  showAnswer(view.outcome);
+}
+
+function onTurnFinished(data, event) {
+  const parts = [data.stop_reason ? "stop reason: " + data.stop_reason : ""];
+  parts.push(data.llm_calls + " model call(s)", data.tool_executions + " tool execution(s)");
+  if (queuedAt !== null) parts.push("in " + formatMs((event.at - queuedAt) * 1000) + " from its submission");
+  finish(data.status, "· " + parts.filter(Boolean).join(", "));
+}
+
+const HANDLERS = {
+  turn_queued: (data, event) => {
+    queuedAt = event.at;
+    setStatus("queued");
+    showModel(data.model);
+  },
+  turn_started: (data) => {
+    setStatus("running");
+    showModel(data.model);
+  },
+  turn_resumed: () => setStatus("running", "running (resumed by another orchestrator)"),
+  model_called: onModelCalled,
+  model_responded: onModelResponded,
+  model_failed: onModelFailed,
+  model_empty_answer: onEmptyAnswer,
+  text_delta: onTextDelta,
+  thinking_delta: onThinkingDelta,
+  model_stream_reset: onStreamReset,
+  tool_call_started: onToolCallStarted,
+  tool_dispatched: onToolDispatched,
+  tool_started: onToolStarted,
+  tool_progress: onToolProgress,
+  tool_finished: (data) => onToolEnded(data, false),
+  tool_synthesized: (data) => onToolEnded(data, true),
+  tool_redispatched: onToolRedispatched,
+  tool_synthesis_requested: (data) => setPhase(toolCard(data.call_id, data.tool), "ending", "ending: " + data.failure_kind),
+  approval_requested: onApprovalRequested,
+  approval_given: (data) => setPhase(toolCard(data.call_id, data.tool), "dispatched", data.approved ? "approved" : "denied"),
+  late_outcome: () => {},
+  turn_stopping: (data) => {
+    byId("turn-summary").textContent = "· stopping: " + (data.message || data.reason);
+  },
+  context_trimmed: () => {},
+  context_compacted: () => {},
+  context_compaction_failed: () => {},
+  context_exceeded: () => {},
+  turn_finished: onTurnFinished,
+};
+const QUIET = new Set(["text_delta", "thinking_delta", "tool_progress"]);
+
+function logEvent(event) {
+  eventCount += 1;
+  byId("event-count").textContent = eventCount + " events";
+  if (QUIET.has(event.name)) return;
+  const log = byId("event-log");
+  const time = new Date(event.at * 1000).toLocaleTimeString();
+  log.append(element("li", null, time + " " + event.name + " " + JSON.stringify(event.data)));
+  while (log.childElementCount > LOG_LIMIT) log.firstElementChild.remove();
+}
+
+function receive(message) {
+  const event = JSON.parse(message.data);
+  logEvent(event);
+  HANDLERS[event.name](event.data || {}, event);
+}
+
+async function onStreamError() {
+  if (finished) return;
+  if (source.readyState === EventSource.CLOSED) {
+    byId("stream-state").textContent = "· the stream was refused (reload the page to try again)";
+    return;
+  }
+  byId("stream-state").textContent = "· reconnecting…";
+  // A turn that ended without its turn_finished left in the stream would be reconnected to forever.
+  const view = await readView().catch(() => ({}));
+  if (!finished && TERMINAL.has(view.status)) {
+    await finish(view.status, "");
+  }
+}
+
+async function start() {
+  byId("turn-id").textContent = turnId;
+  const view = await readView();
+  if (view.missing) {
+    setStatus("unknown", view.missing === 404 ? "unknown turn (expired, or never submitted)" : "HTTP " + view.missing);
+    return;
+  }
+  const users = (view.request.messages || []).filter((m) => m.role === "user");
+  const prompt = view.request.prompt || (users.length ? users[users.length - 1].content : "");
+  if (prompt) {
+    byId("prompt").textContent = prompt;
+    byId("prompt-section").hidden = false;
+  }
+  // A status that says the turn ended is set by its turn_finished event, once everything before it is shown.
+  setStatus(TERMINAL.has(view.status) ? "" : view.status, view.status + ", loading its events…");
+  showModel(view.request.model);
+  source = new EventSource(base + "/events", { withCredentials: true });
+  source.onopen = () => {
+    if (!finished) byId("stream-state").textContent = "· live";
+  };
+  source.onerror = onStreamError;
+  for (const name of Object.keys(HANDLERS)) source.addEventListener(name, receive);
+}
+
+start();

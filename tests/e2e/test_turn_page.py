@@ -1,0 +1,192 @@
+"""The turn page in a real browser, on the real stack (issue 14): a Redis, a prefork worker, `toolloop
+orchestrator` whose scripted model writes its answer slowly (TOOLLOOP_SCRIPTED_STREAM_DELAY_S), and `toolloop
+api` with a token. Headless Chromium (Debian's, driven by Playwright, `tests.support.browser`) opens
+`/ui/turns/{id}` while the turn runs and must see the answer grow while the turn is still running, then the
+tool call finished with its outcome kind, its progress and its Flower link, then the final status; the
+answer on the page is the outcome's text exactly, and no secret (the API token, a sensitive argument)
+appears on it. Conditions are waited for, never timed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from ops.redis_server import RedisServer, find_free_port
+from orchestrator.client import Client
+from tests.support.browser import open_chromium
+from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.processes import WorkerHandle, start_worker
+from tests.support.served import Served, start_toolloop
+from workers import keys
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+TOKEN = "page-test-token-4f1c"
+SECRET = "sk-page-secret-9d2e"
+FLOWER = "http://flower.test:5555"
+# Between two chunks of a streamed answer (about a word each): the answer below takes seconds to write.
+STREAM_DELAY_S = "0.08"
+ANSWER = " ".join(f"word{n} of the answer <b>bold</b> & more;" for n in range(15))
+TERMINAL = ("completed", "stopped", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def page_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(e2e_redis.url, ["tests.support.progress_tools"], concurrency=1)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_orchestrator(e2e_redis: RedisServer, page_worker: WorkerHandle) -> Iterator[OrchestratorHandle]:
+    # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, paced by the delay.
+    env = {"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": STREAM_DELAY_S, "TOOLLOOP_METRICS_PORT": str(find_free_port())}
+    handle = start_orchestrator(e2e_redis.url, env=env)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def api_url(e2e_redis: RedisServer) -> Iterator[str]:
+    port = find_free_port()
+    env = {"TOOLLOOP_REDIS_URL": e2e_redis.url, "TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER}
+    served: Served = start_toolloop(["api", "--host", "127.0.0.1", "--port", str(port)], env=env)
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        served.wait_for(answers, "the API to answer")
+        yield base
+    finally:
+        served.kill()
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll `check()` until true (the page runs under a CSP without eval, so Playwright's wait_for_function
+    cannot run there: the page is read through locators instead)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def answer_text(page: Page) -> str:
+    """The text the page shows for the turn's last model call (its answer, as it is written)."""
+    texts = page.locator("#transcript .llm-call .text")
+    count = texts.count()
+    return (texts.nth(count - 1).text_content() or "") if count else ""
+
+
+def turn_status(page: Page) -> str:
+    return page.locator("#turn-status").get_attribute("data-status") or ""
+
+
+def submit_turn(client: Client) -> str:
+    plan = [
+        {"calls": [{"name": "progress_steps", "arguments": {"api_key": SECRET, "steps": 3, "pause_s": 0.5}}]},
+        {"text": ANSWER},
+    ]
+    return client.submit(prompt=json.dumps({"plan": plan}), model="scripted:plan", tools=["progress_steps"])
+
+
+def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
+    e2e_redis: RedisServer, slow_orchestrator: OrchestratorHandle, api_url: str, tmp_path: Path
+) -> None:
+    client = Client(e2e_redis.url)
+    try:
+        with open_chromium(tmp_path / "profile") as browser:
+            page = browser.new_page()
+            turn_id = submit_turn(client)  # once the browser is up, so that the page opens while it runs
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            # The token once: the page answers with a session cookie and itself again, without the token.
+            response = page.goto(f"{api_url}/ui/turns/{turn_id}?token={TOKEN}")
+            assert response is not None and response.status == 200
+            assert page.url == f"{api_url}/ui/turns/{turn_id}"
+            assert turn_status(page) not in TERMINAL, "the page must be open while the turn runs"
+
+            # The answer grows: seen at two moments, the second longer, while the turn still runs (the status
+            # is read after the text, so a running status means the text was read before the end).
+            wait_until(lambda: answer_text(page) != "" and turn_status(page) == "running", "a first piece")
+            first = answer_text(page)
+            assert turn_status(page) == "running", (
+                f"finished before the page showed it being written: {first!r}"
+            )
+
+            def grown() -> bool:
+                text = answer_text(page)
+                status = turn_status(page)
+                assert status == "running" or len(text) > len(first), "the turn ended before the text grew"
+                return len(text) > len(first) and status == "running"
+
+            wait_until(grown, "the answer to grow while the turn runs")
+            second = answer_text(page)
+            assert second.startswith(first) and len(second) > len(first)
+            page.screenshot(path=str(tmp_path / "turn-running.png"), full_page=True)
+
+            page.locator("#turn-status[data-status=completed]").wait_for(timeout=90_000)
+            outcome = client.outcome(turn_id)
+            assert outcome is not None and outcome.status == "completed"
+            assert answer_text(page) == outcome.text == ANSWER  # the deltas add up to the text, shown as text
+
+            card = page.locator(".tool[data-status=finished]")
+            assert card.count() == 1
+            assert card.get_attribute("data-outcome") == "ok"
+            assert card.locator(".name").inner_text() == "progress_steps"
+            assert card.locator(".outcome").inner_text() == "ok"
+            assert card.locator(".worker").inner_text().startswith("on ")
+            assert card.locator(".duration").inner_text().endswith("s")
+            assert "step" in card.locator(".progress").inner_text()
+            task_id = dispatched_task_id(client, turn_id)
+            assert card.locator("a.flower").get_attribute("href") == f"{FLOWER}/task/{task_id}"
+            assert '"api_key": "***"' in (card.locator(".arguments pre").text_content() or "")
+            page.screenshot(path=str(tmp_path / "turn-finished.png"), full_page=True)
+            # The prompt is the user's own text (this one spells the tool's arguments): anything else shown
+            # comes from events, where a sensitive argument is redacted, in arguments and in progress alike.
+            shown = page.locator("#transcript").inner_html() + page.locator("#event-log").inner_html()
+            assert SECRET not in shown and SECRET in page.locator("#prompt").inner_text()
+            shown = page.content()
+
+            # Opened after the end, the page replays the stream and shows the same.
+            page.goto(f"{api_url}/ui/turns/{turn_id}")
+            page.locator("#turn-status[data-status=completed]").wait_for(timeout=30_000)
+            assert answer_text(page) == ANSWER
+            assert page.locator(".tool[data-status=finished][data-outcome=ok]").count() == 1
+            shown += page.content()
+
+            page.goto(f"{api_url}/ui")
+            row = page.locator(f'tr[data-turn-id="{turn_id}"]')
+            row.wait_for(timeout=30_000)
+            assert "completed" in row.inner_text() and "progress_steps" in row.inner_text()
+            shown += page.content()
+            assert errors == []
+        assert TOKEN not in shown
+    finally:
+        client.redis.close()
+
+
+def dispatched_task_id(client: Client, turn_id: str) -> str:
+    """The Celery task id of the turn's one tool call, from its `tool_dispatched` event."""
+    for _id, fields in client.redis.xrange(keys.turn_events(turn_id)):
+        decoded = {k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()}
+        name = decoded["name"].decode() if isinstance(decoded["name"], bytes) else decoded["name"]
+        if name == "tool_dispatched":
+            return str(json.loads(decoded["data"])["task_id"])
+    raise AssertionError("no tool_dispatched event")

@@ -1,0 +1,200 @@
+"""The turn pages and the recent-turns listing over a real redis-server and the API app (issue 14): the pages
+and their files are served, `GET /v1/turns` lists what was submitted (newest first, expired turns skipped
+and forgotten, the index capped), and with a token the pages ask for it once, keep a read-only session
+cookie, and never show the token."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from pydantic import SecretStr
+
+from orchestrator.api import create_app
+from orchestrator.client import Client
+from orchestrator.model import TurnOutcome, TurnRequest
+from orchestrator.settings import Settings
+from orchestrator.store import operations
+from orchestrator.store.runner import SyncRunner
+from orchestrator.store.turns import TurnStore
+from orchestrator.ui.auth import SESSION_COOKIE
+from tests.integration.store_support import serve_app, store_db_url
+from workers import keys
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+TOKEN = "ui-s3cret-token"
+FLOWER = "http://flower.test:5555/"
+
+
+@pytest.fixture
+def db_url(redis_url: str) -> Iterator[str]:
+    url = store_db_url(redis_url)
+    flusher = redis.Redis.from_url(url)
+    flusher.flushdb()
+    flusher.close()
+    yield url
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[Client]:
+    c = Client(db_url)
+    yield c
+    c.redis.close()
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[httpx.Client]:
+    settings = Settings(redis_url=db_url, flower_url=FLOWER)
+    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+        yield http
+
+
+@pytest.fixture
+def secured(db_url: str) -> Iterator[httpx.Client]:
+    settings = Settings(redis_url=db_url, api_token=SecretStr(TOKEN))
+    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+        yield http
+
+
+def play_turn(db_url: str, turn_id: str) -> None:
+    """What an orchestrator writes for a turn that calls `add` twice and `multiply` once, then completes."""
+
+    async def play() -> None:
+        store = TurnStore.from_url(db_url)
+        try:
+            await store.append_event(turn_id, "turn_started", {"model": "scripted:demo", "tools": ["add"]})
+            for call, tool in (("c1", "add"), ("c2", "add"), ("c3", "multiply")):
+                await store.append_event(turn_id, "text_delta", {"llm_call": 0, "text": "thinking aloud "})
+                await store.append_event(
+                    turn_id, "tool_finished", {"call_id": call, "tool": tool, "ok": True}
+                )
+            outcome = TurnOutcome(turn_id=turn_id, status="completed", text="20", llm_calls=2)
+            await store.save_outcome(turn_id, outcome)
+        finally:
+            await store.aclose()
+
+    asyncio.run(play())
+
+
+def test_the_pages_and_their_files_are_served_with_a_strict_policy(api: httpx.Client, client: Client) -> None:
+    listing = api.get("/ui")
+    assert listing.status_code == 200 and listing.headers["content-type"].startswith("text/html")
+    assert '<script src="/ui/static/turns.js">' in listing.text
+    policy = listing.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "default-src 'none'" in policy
+    assert listing.headers["referrer-policy"] == "no-referrer"
+
+    turn_id = client.submit(prompt="2+2?", model="scripted:demo")
+    page = api.get(f"/ui/turns/{turn_id}")
+    assert page.status_code == 200
+    assert (
+        f'data-turn-id="{turn_id}"' in page.text and 'data-flower-url="http://flower.test:5555"' in page.text
+    )
+    assert '<script src="/ui/static/turn.js">' in page.text
+    # An id is put in the page escaped: whatever it holds stays an attribute's text.
+    odd = api.get('/ui/turns/x"><b>y')
+    assert odd.status_code == 200 and 'data-turn-id="x&quot;&gt;&lt;b&gt;y"' in odd.text
+
+    script = api.get("/ui/static/turn.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert "EventSource" in script.text and "innerHTML" not in script.text
+    assert api.get("/ui/static/ui.css").headers["content-type"].startswith("text/css")
+    assert api.get("/ui/static/secrets.txt").status_code == 404
+    assert api.get("/ui/static/..%2Fauth.py").status_code == 404
+
+
+def test_the_listing_shows_each_turn_newest_first_with_its_status_times_and_tools(
+    api: httpx.Client, client: Client, db_url: str
+) -> None:
+    first = client.submit(prompt="2+3, times 4?", model="scripted:demo")
+    second = client.submit(prompt="hello", model="scripted:echo")
+    reply = api.get("/v1/turns")
+    assert reply.status_code == 200
+    turns = reply.json()["turns"]
+    assert [t["turn_id"] for t in turns] == [second, first]
+    assert turns[0]["status"] == "queued" and turns[0]["model"] == "scripted:echo"
+    assert turns[0]["submitted_at"] is not None and turns[0]["duration_s"] is None and turns[0]["tools"] == {}
+
+    play_turn(db_url, first)
+    turns = api.get("/v1/turns").json()["turns"]
+    done = next(t for t in turns if t["turn_id"] == first)
+    assert done["status"] == "completed" and done["tools"] == {"add": 2, "multiply": 1}
+    assert done["started_at"] >= done["submitted_at"] and done["finished_at"] >= done["started_at"]
+    assert done["duration_s"] == pytest.approx(done["finished_at"] - done["submitted_at"], abs=0.01)
+    assert [t["turn_id"] for t in api.get("/v1/turns", params={"limit": 1}).json()["turns"]] == [second]
+    assert api.get("/v1/turns", params={"limit": 0}).status_code == 422
+
+
+def test_an_expired_turn_is_skipped_and_removed_from_the_index(
+    api: httpx.Client, client: Client, db_url: str
+) -> None:
+    kept, gone, newest = (client.submit(prompt=f"turn {n}", model="scripted:echo") for n in range(3))
+    r = redis.Redis.from_url(db_url)
+    try:
+        r.delete(keys.turn_status(gone), keys.turn_request(gone), keys.turn_events(gone))  # as its TTL does
+        listed = [t["turn_id"] for t in api.get("/v1/turns", params={"limit": 2}).json()["turns"]]
+        assert listed == [newest, kept]  # the limit is filled past the expired one
+        assert r.zscore(keys.TURNS_RECENT, gone) is None
+        assert r.zscore(keys.TURNS_RECENT, kept) is not None
+    finally:
+        r.close()
+
+
+def test_submit_keeps_only_the_newest_turns_in_the_index(client: Client, db_url: str) -> None:
+    runner = SyncRunner(client.redis)
+    for n in range(5):
+        op = operations.submit(TurnRequest(prompt=f"turn {n}"), f"turn_capped_{n}", time.time() + n)
+        runner.run(dataclasses.replace(op, args=(*op.args[:7], "3")))  # a cap of 3 instead of the default
+    r = redis.Redis.from_url(db_url, decode_responses=True)
+    try:
+        assert r.zrevrange(keys.TURNS_RECENT, 0, -1) == [f"turn_capped_{n}" for n in (4, 3, 2)]
+    finally:
+        r.close()
+
+
+def test_with_a_token_a_page_asks_for_it_once_and_keeps_a_read_only_session(
+    secured: httpx.Client, client: Client, db_url: str
+) -> None:
+    turn_id = client.submit(prompt="2+2?", model="scripted:demo")
+    play_turn(db_url, turn_id)
+
+    refused = secured.get("/ui")
+    assert refused.status_code == 401 and "?token=" in refused.text and "TOOLLOOP_API_TOKEN" in refused.text
+    assert secured.get(f"/ui/turns/{turn_id}").status_code == 401
+    assert secured.get("/v1/turns").status_code == 401
+    wrong = secured.get("/ui", params={"token": "guess"})
+    assert (
+        wrong.status_code == 401
+        and "guess" not in wrong.text
+        and SESSION_COOKIE not in wrong.headers.get("set-cookie", "")
+    )
+
+    signed_in = secured.get(f"/ui/turns/{turn_id}", params={"token": TOKEN})
+    assert signed_in.status_code == 303 and signed_in.headers["location"] == f"/ui/turns/{turn_id}"
+    cookie = signed_in.headers["set-cookie"]
+    assert cookie.startswith(f"{SESSION_COOKIE}=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert TOKEN not in cookie  # the cookie holds a value derived from the token, not the token
+    session = signed_in.cookies[SESSION_COOKIE]
+
+    with httpx.Client(base_url=str(secured.base_url), cookies={SESSION_COOKIE: session}) as browser:
+        page = browser.get(f"/ui/turns/{turn_id}")
+        assert page.status_code == 200 and TOKEN not in page.text
+        assert browser.get("/ui").status_code == 200
+        assert [t["turn_id"] for t in browser.get("/v1/turns").json()["turns"]] == [turn_id]
+        assert browser.get(f"/v1/turns/{turn_id}").json()["status"] == "completed"
+        events = browser.get(f"/v1/turns/{turn_id}/events")  # the finished turn's stream ends by itself
+        assert events.status_code == 200 and "event: turn_finished" in events.text
+        # Reads only: the session cannot submit, cancel or approve.
+        assert browser.post("/v1/turns", json={"prompt": "x"}).status_code == 401
+        assert browser.post(f"/v1/turns/{turn_id}/cancel").status_code == 401
+    with httpx.Client(base_url=str(secured.base_url), cookies={SESSION_COOKIE: "0" * 64}) as forger:
+        assert forger.get("/ui").status_code == 401 and forger.get("/v1/turns").status_code == 401
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert secured.get("/v1/turns", headers=bearer).status_code == 200
+    assert secured.get("/ui", headers=bearer).status_code == 200
