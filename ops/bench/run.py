@@ -14,7 +14,7 @@ from pathlib import Path
 
 from celery import Celery
 
-from ops.bench import scenarios, storage
+from ops.bench import scenarios, storage, streaming
 from ops.bench.instant import MODEL_CPU_FILE_ENV
 from ops.bench.procs import Proc, measure_idle_cpu_pct, read_rss_mb, start_orchestrator, start_worker
 from ops.bench.report import Metric, compared, with_goal
@@ -95,6 +95,7 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
             emit(Metric("deadline_lag_p50_ms", lags["p50"], "ms"))
             orchestrator.stop()
             procs.remove(orchestrator)
+            _streaming(client, url, sizes, procs, emit=emit, progress=progress)
             progress(f"parking {sizes.parked} turns in a fresh orchestrator")
             _parked(client, url, sizes, procs, emit)
         finally:
@@ -220,6 +221,21 @@ def _cpu_per_call(
         row["model_cpu_ms"] = round(cpu.model_cpu_s * 1000, 3)
         row["conversation_kb"] = round(cpu.conversation_bytes / 1000, 1)
         emit(Metric(f"orchestrator_cpu_ms_per_call_r{rounds}", cpu.cpu_s * 1000, "ms CPU", extra=row))
+
+
+def _streaming(
+    client: Client, url: str, sizes: Sizes, procs: list[Proc], *, emit: Emit, progress: Progress
+) -> None:
+    turns, chars = sizes.stream_turns, sizes.stream_answer_chars
+    progress(f"streaming: {turns} turns answering {chars} characters, streamed then not")
+    orchestrator = streaming.start_streaming_orchestrator(url)
+    procs.append(orchestrator)
+    try:
+        for metric in streaming.measure_streaming(client, turns=turns, answer_chars=chars):
+            emit(metric)
+    finally:
+        orchestrator.stop()
+        procs.remove(orchestrator)
 
 
 def _parked(client: Client, url: str, sizes: Sizes, procs: list[Proc], emit: Emit) -> None:

@@ -50,6 +50,9 @@ class Sizes:
     cpu_rounds: tuple[int, ...]
     cpu_result_kb: int
     cpu_calls: int
+    # Streaming (`ops.bench.streaming`): turns at once, each one model call answering this many characters.
+    stream_turns: int
+    stream_answer_chars: int
 
 
 FULL = Sizes(
@@ -68,6 +71,8 @@ FULL = Sizes(
     cpu_rounds=(1, 10, 40, 100),
     cpu_result_kb=50,
     cpu_calls=200,
+    stream_turns=8,
+    stream_answer_chars=4000,
 )
 QUICK = Sizes(
     warmup=2,
@@ -85,6 +90,8 @@ QUICK = Sizes(
     cpu_rounds=(1, 10, 40),  # the 100-round row (12 s) runs in the full bench only
     cpu_result_kb=50,
     cpu_calls=1,
+    stream_turns=2,
+    stream_answer_chars=1500,
 )
 
 

@@ -38,6 +38,11 @@ EXPECTED = {
     "redis_held_per_turn_kb": False,
     "redis_held_past_1h_per_turn_ratio": False,
     "redis_used_memory_per_turn_ratio": False,
+    # Issue 14: a streamed turn's events and Redis bytes, against the same turn not streamed.
+    "streamed_turn_events": False,
+    "streamed_turn_text_deltas": False,
+    "streamed_turn_redis_written_kb": True,
+    "streamed_turn_events_held_kb": True,
 }
 # The CPU rows of the quick run (the full run adds the 100-round one).
 EXPECTED.update({f"orchestrator_cpu_ms_per_call_r{rounds}": False for rounds in QUICK.cpu_rounds})
@@ -75,6 +80,10 @@ def test_quick_bench_prints_every_metric() -> None:
         else:
             assert "ratio" not in record
     _check_growth_figures(by_name)
+    # A streamed answer of 1,500 characters is several coalesced events, fewer than its words (~200).
+    deltas = by_name["streamed_turn_text_deltas"]
+    assert deltas["answer_chars"] == QUICK.stream_answer_chars
+    assert isinstance(deltas["value"], float | int) and 2 <= deltas["value"] < 100
 
 
 def _check_growth_figures(by_name: dict[str, dict[str, object]]) -> None:
