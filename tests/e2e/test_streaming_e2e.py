@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +23,7 @@ from orchestrator.store.codec import TurnEvent
 from tests.e2e.conftest import E2E_TOOLS
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
-from tests.support.served import Served, start_toolloop
+from tests.support.served import Served, start_python, start_toolloop
 from tests.support.sse import SseMessage, read_sse
 from workers import keys
 
@@ -47,7 +49,8 @@ def stream_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def stream_worker(stream_redis: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(stream_redis.url, [E2E_TOOLS], concurrency=2)
+    # The demo's tools too: the README's FastAPI example offers get_weather.
+    handle = start_worker(stream_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
 
@@ -57,7 +60,9 @@ def streaming_orchestrator(
     stream_redis: RedisServer, stream_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, over HTTP, paced.
-    handle = start_orchestrator(stream_redis.url, env={"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": "0.02"})
+    # Its default model plays plans: the README's example names none.
+    env = {"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": "0.02", "TOOLLOOP_MODEL": "scripted:plan"}
+    handle = start_orchestrator(stream_redis.url, env=env)
     yield handle
     handle.stop()
 
@@ -178,3 +183,44 @@ def test_sse_names_each_event_and_a_reconnect_misses_nothing(client: Client, api
     outcome = client.wait(turn_id, timeout=30)
     assert text == outcome.text == ANSWER
     assert second[-1].event == "turn_finished"
+
+
+def readme_block(marker: str) -> str:
+    """The README's Python block whose first line is `marker`."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    (block,) = [b for b in blocks if b.startswith(marker)]
+    return block
+
+
+def test_the_readmes_fastapi_example_streams_the_answer(
+    client: Client, stream_redis: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "readme_chat.py").write_text(readme_block("# FastAPI streaming:"))
+    port = find_free_port()
+    served = start_python(
+        ["-m", "uvicorn", "readme_chat:app", "--port", str(port), "--app-dir", str(tmp_path)],
+        env={"TOOLLOOP_REDIS_URL": stream_redis.url},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        served.wait_for(lambda: _answers(url), "the README's FastAPI app answers")
+        question = plan_prompt(
+            [{"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, {"text": ANSWER}]
+        )
+        chunks: list[str] = []
+        with httpx.stream("POST", f"{url}/chat", params={"question": question}, timeout=60) as reply:
+            assert reply.status_code == 200
+            chunks.extend(reply.iter_text())
+    finally:
+        served.kill()
+    body = "".join(chunks)
+    assert body == "\n[get_weather…]\n" + ANSWER
+    assert len(chunks) >= 3  # the answer came in pieces, not in one body at the end
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/docs", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

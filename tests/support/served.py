@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -82,11 +83,20 @@ class Served:
 
 def start_toolloop(args: Sequence[str], env: Mapping[str, str] | None = None) -> Served:
     """Start `toolloop *args` from the checkout in a session of its own, its output in a temp log."""
+    return _start([str(TOOLLOOP_BIN), *args], env, name=args[0])
+
+
+def start_python(args: Sequence[str], env: Mapping[str, str] | None = None) -> Served:
+    """Start `python *args` (this interpreter) the same way: a team's own app, e.g. under uvicorn."""
+    return _start([sys.executable, *args], env, name="python")
+
+
+def _start(command: Sequence[str], env: Mapping[str, str] | None, *, name: str) -> Served:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    log = Path(tempfile.mkstemp(prefix=f"toolloop-{args[0]}-", suffix=".log")[1])
+    log = Path(tempfile.mkstemp(prefix=f"toolloop-{name}-", suffix=".log")[1])
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(TOOLLOOP_BIN), *args],
+            list(command),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=full_env,
