@@ -8,12 +8,13 @@ it, and is re-sent only to that same provider.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.contract import FailureKind
 
+ParsedT = TypeVar("ParsedT", bound=BaseModel)
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "unknown"]
 
 
@@ -42,6 +43,9 @@ class Usage(BaseModel):
     reasoning_tokens: int | None = None
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
+    # What the call cost, from the price table (`orchestrator.pricing`); None when a model has no price —
+    # never a guess. `+` sums what is known; a turn whose calls are not all priced says None itself.
+    cost_usd: float | None = None
 
     def __add__(self, other: Usage) -> Usage:
         def add_optional(a: int | None, b: int | None) -> int | None:
@@ -54,7 +58,12 @@ class Usage(BaseModel):
             reasoning_tokens=add_optional(self.reasoning_tokens, other.reasoning_tokens),
             cache_read_tokens=add_optional(self.cache_read_tokens, other.cache_read_tokens),
             cache_write_tokens=add_optional(self.cache_write_tokens, other.cache_write_tokens),
+            cost_usd=_add_floats(self.cost_usd, other.cost_usd),
         )
+
+
+def _add_floats(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
 
 class Turn(BaseModel):
@@ -180,10 +189,13 @@ StopReason = Literal[
     "cancelled",
     "provider_error",
     "empty_answer",
+    "invalid_output",
+    "max_total_tokens",
+    "max_cost",
 ]
 
 LIMIT_STOP_REASONS: frozenset[str] = frozenset(
-    {"max_llm_calls", "max_tool_executions", "max_tool_rounds", "deadline"}
+    {"max_llm_calls", "max_tool_executions", "max_tool_rounds", "deadline", "max_total_tokens", "max_cost"}
 )
 
 
@@ -203,6 +215,32 @@ class Limits(BaseModel):
     repeat_guard_rounds: int | None = Field(default=3, ge=2)
     max_empty_answer_retries: int = Field(default=2, ge=0)
     max_model_retries: int = Field(default=3, ge=0)
+    # An answer that does not validate against the turn's `output_schema` is sent back this many times.
+    max_output_retries: int = Field(default=2, ge=0)
+    # Budgets, checked after every model answer and before every model call (stop reasons `max_total_tokens`,
+    # `max_cost`); None: no budget.
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+
+
+ReasoningEffort = Literal["minimal", "low", "medium", "high"]
+
+
+class ModelSettings(BaseModel):
+    """How the model is asked (SPEC §10.1): mapped per provider in its `to_wire`; a setting the target
+    provider cannot honour is refused when the turn is submitted, never dropped silently."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    stop: list[str] | None = None
+    seed: int | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    parallel_tool_calls: bool | None = None
+    # Provider-specific fields passed through into the request body as they are (e.g. vLLM's `top_k`).
+    extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class TurnRequest(BaseModel):
@@ -213,7 +251,8 @@ class TurnRequest(BaseModel):
     prompt: str | None = None
     messages: list[Message] = Field(default_factory=list)
     tools: list[str] | None = None
-    model: str | None = None
+    # A model (`provider:model` or a tier), or several: the first that answers, in order (fallback).
+    model: str | list[str] | None = None
     limits: Limits = Field(default_factory=Limits)
     context: dict[str, Any] = Field(default_factory=dict)
     conversation_id: str | None = None
@@ -221,6 +260,11 @@ class TurnRequest(BaseModel):
     # Model calls stream their answer as `text_delta` events when the provider can (SPEC §9.1); False asks
     # for plain responses (a proxy that mangles streams, a provider that bills streaming differently).
     stream: bool = True
+    # The system prompt of this turn, sent first and kept out of the stored conversation.
+    instructions: str | None = None
+    model_settings: ModelSettings = Field(default_factory=ModelSettings)
+    # A JSON Schema the final answer must satisfy; its parsed JSON is the outcome's `output`.
+    output_schema: dict[str, Any] | None = None
 
 
 class LLMCallRecord(BaseModel):
@@ -251,3 +295,11 @@ class TurnOutcome(BaseModel):
     model: str | None = None
     error: ProviderError | None = None
     llm_call_records: list[LLMCallRecord] = Field(default_factory=list)
+    # With an `output_schema`: the final answer's parsed JSON, validated; None otherwise.
+    output: Any = None
+
+    def parse(self, model: type[ParsedT]) -> ParsedT:
+        """`output` as an instance of the pydantic `model` (`ValueError` when the turn has no output)."""
+        if self.output is None:
+            raise ValueError(f"turn {self.turn_id} has no output (status {self.status}, {self.stop_reason})")
+        return model.model_validate(self.output)

@@ -67,6 +67,13 @@ class Settings(WorkerSettings):
     # Flower's address as a person's browser reaches it (TOOLLOOP_FLOWER_URL): the turn page links each tool
     # call to its task there.
     flower_url: str | None = None
+    # Model controls (SPEC §10): Anthropic prompt caching — cache breakpoints on the instructions, the tools
+    # and the conversation's stable prefix (TOOLLOOP_PROMPT_CACHING, on); prices in USD per million tokens
+    # that extend or correct the shipped table (`orchestrator.pricing`), as JSON
+    # `{"<provider:model or model>": {"input": 2.0, "output": 8.0, "cache_read": 0.5, "cache_write": 2.5}}`
+    # (TOOLLOOP_MODEL_PRICES).
+    prompt_caching: bool = True
+    model_prices: dict[str, dict[str, float]] = Field(default_factory=dict)
     # The archive hook (`orchestrator.archive`): the Celery task name each finished turn's record is sent to
     # (TOOLLOOP_ARCHIVE_TASK, e.g. `myapp.archive_turn`; unset: no archive), on this queue
     # (TOOLLOOP_ARCHIVE_QUEUE), which the team's own Celery worker consumes.

@@ -78,7 +78,10 @@ class ApprovalGiven(_Frozen):
     call_id: str
     approved: bool
     at: float
+    # Denied: what the person said, which the model sees. Approved: arguments the person edited, to be run
+    # instead of the model's (validated against the tool's schema first).
     reason: str | None = None
+    arguments: dict[str, Any] | None = None
 
 
 class CancelRequested(_Frozen):

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from orchestrator.errors import ModelConfigError
-from orchestrator.model import Message, ProviderError, Turn
+from orchestrator.model import Message, ModelSettings, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
 from orchestrator.providers.deltas import DeltaSink
@@ -85,6 +85,13 @@ class ModelRequest:
     max_output_tokens: int | None = None
     # Ask the provider to stream when its adapter can (SPEC §9.1); False: one plain response body.
     stream: bool = True
+    # SPEC §10: the system prompt (sent first: system/developer message, Anthropic `system`, Responses
+    # `instructions`), the model settings, a JSON Schema for the answer (the provider's native structured
+    # output), and whether to mark cache breakpoints (Anthropic prompt caching).
+    instructions: str | None = None
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    output_schema: Mapping[str, Any] | None = None
+    prompt_cache: bool = True
 
 
 class ModelClient(Protocol):
@@ -247,9 +254,16 @@ class HttpModelClient:
         return turn.model_copy(update={"provider": self.provider})
 
 
-def check_model_name(model: str | None) -> None:
+def check_model_name(model: str | list[str] | None) -> None:
     """A turn's `model` must be None or blank (the orchestrator's default), a tier, or `provider:model` with a
-    known provider; `ModelConfigError` (a `ValueError`) otherwise, before anything is stored."""
+    known provider; `ModelConfigError` (a `ValueError`) otherwise, before anything is stored. A list (the
+    fallback order) must hold at least one model, each one of those."""
+    if isinstance(model, list):
+        if not model:
+            raise ModelConfigError("model: an empty list names no model")
+        for each in model:
+            check_model_name(each)
+        return
     name = (model or "").strip()
     if not name or name in MODEL_TIERS:
         return

@@ -46,8 +46,10 @@ class Adopted:
         )
 
 
-def resolve_turn_model(requested: str | None, settings: Settings) -> str:
+def resolve_turn_model(requested: str | list[str] | None, settings: Settings) -> str:
     """The `provider:model` a new turn runs with: its own, a configured tier, or the default model."""
+    if isinstance(requested, list):
+        requested = requested[0] if requested else None
     try:
         return resolve_model(requested, default=settings.model, tiers=settings.model_tiers)
     except ModelConfigError:
