@@ -8,10 +8,10 @@ of the same assistant turn when thinking is on. Usage counts cache reads and wri
 Streams are read by `anthropic_stream`.
 Errors (`{"type": "error", "error": {...}, "request_id"}`; 529 overloaded) become ProviderErrors.
 
-`to_wire` puts system messages in `system`, every tool result as a `tool_result` block in the user message
-right after the assistant's `tool_use`, merges consecutive same-role messages, and never emits a tool id
-outside `^[a-zA-Z0-9_-]+$` (the view remaps ids; an id that still is not valid is cleaned here, the same way
-on both sides of the pair).
+`to_wire` puts the request's instructions and then the system messages in `system`, every tool result as a
+`tool_result` block in the user message right after the assistant's `tool_use`, merges consecutive same-role
+messages, and never emits a tool id outside `^[a-zA-Z0-9_-]+$` (the view remaps ids; an id that still is not
+valid is cleaned here, the same way on both sides of the pair). Model controls: `anthropic_request`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ from orchestrator.model import (
     Usage,
     UserMessage,
 )
+from orchestrator.providers import anthropic_request
+from orchestrator.providers.anthropic_request import (
+    build_settings,
+    build_system,
+    build_tools,
+    mark_cache_breakpoints,
+)
 from orchestrator.providers.body import (
     build_error,
     decode_json,
@@ -51,7 +58,9 @@ from orchestrator.providers.common import (
     parse_finish_reason,
     parse_usage,
 )
+from orchestrator.providers.controls import build_extra
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
+from orchestrator.providers.structured import ANSWER_TOOL
 from orchestrator.providers.traits import traits_of
 from workers.contract import ToolSpec
 
@@ -61,8 +70,8 @@ if TYPE_CHECKING:
 PROVIDER = "anthropic"
 MESSAGES_PATH = "/v1/messages"
 API_VERSION = "2023-06-01"
-# Anthropic requires max_tokens on every request.
-DEFAULT_MAX_TOKENS = 4096
+# Sent as `max_tokens` when neither the settings nor the request say (Anthropic requires it).
+DEFAULT_MAX_TOKENS = anthropic_request.DEFAULT_MAX_TOKENS
 
 
 # --- response -> Turn ------------------------------------------------------------------------------------
@@ -129,12 +138,14 @@ def _read_usage(raw: object) -> Usage:
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-def stream_reader() -> StreamReader:
-    """A reader for one streamed message (`anthropic_stream.AnthropicStreamReader`)."""
+def stream_reader(request: ModelRequest | None = None) -> StreamReader:
+    """A reader for one streamed message (`anthropic_stream.AnthropicStreamReader`); for a request with an
+    output schema, one that streams the answer tool's input as the answer's text."""
     # Imported here: the reader module builds on this one's reader of whole messages.
     from orchestrator.providers.anthropic_stream import AnthropicStreamReader
 
-    return AnthropicStreamReader()
+    answer_tool = ANSWER_TOOL if request is not None and request.output_schema is not None else None
+    return AnthropicStreamReader(answer_tool=answer_tool)
 
 
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
@@ -184,23 +195,24 @@ def clean_tool_id(tool_id: str) -> str:
 
 
 def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
-    """The Messages API request body for `request` (pure); with `stream`, one asking for an event stream."""
-    system = [m.content for m in request.messages if isinstance(m, SystemMessage) and m.content]
+    """The Messages API request body for `request` (pure); with `stream`, one asking for an event stream.
+    Settings, the system prompt, an output schema's answer tool and cache breakpoints: `anthropic_request`;
+    `extra` is merged last."""
     body: dict[str, Any] = {
         "model": request.model,
-        "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
+        **build_settings(request),
         "messages": build_messages(request.messages),
     }
     if stream:
         body["stream"] = True
+    system = build_system(request)
     if system:
-        body["system"] = "\n\n".join(system)
-    if request.tools:
-        body["tools"] = [build_tool_param(t) for t in request.tools]
-        choice = build_tool_choice(request.tool_choice)
-        if choice is not None:
-            body["tool_choice"] = choice
-    return body
+        body["system"] = system
+    tools = [build_tool_param(t) for t in request.tools]
+    body.update(build_tools(request, tools, build_tool_choice(request.tool_choice) if tools else None))
+    if request.prompt_cache:
+        body = mark_cache_breakpoints(body)
+    return build_extra(body, request.settings)
 
 
 def build_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

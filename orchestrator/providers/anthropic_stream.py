@@ -4,7 +4,8 @@ Content blocks accumulate by index from `content_block_start` and `content_block
 `thinking_delta`, `signature_delta`, `input_json_delta`); usage comes from `message_start` and the cumulative
 counts of `message_delta`; `message_stop` ends the stream, which is then read as a plain message. Deltas:
 text blocks are text, thinking blocks thinking (one part per block; signatures are never thinking), and a
-`tool_use` block is announced when it starts, with its id and its position among the calls.
+`tool_use` block is announced when it starts, with its id and its position among the calls — except the
+answer tool of an output schema, whose input JSON streams as text instead (`structured`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ class AnthropicStreamReader(StreamReader):
     provider = PROVIDER
     stream_name = "Anthropic stream"
 
-    def __init__(self) -> None:
+    def __init__(self, *, answer_tool: str | None = None) -> None:
         super().__init__()
+        # With an output schema, the answer is this tool's input (`structured`): its JSON streams as the
+        # answer's text, and the tool is never announced as a call.
+        self.answer_tool = answer_tool
+        self.answer_index: int | None = None
         self.message: dict[str, Any] = {}
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, str] = {}
@@ -77,6 +82,9 @@ class AnthropicStreamReader(StreamReader):
             return [TextDelta(text)] if text else []
         if kind == "thinking":
             return self.joiner.add(index, opt_str(block.get("thinking"), "content_block.thinking") or "")
+        if kind == "tool_use" and self.answer_tool is not None and block.get("name") == self.answer_tool:
+            self.answer_index = index
+            return []
         if kind == "tool_use" and isinstance(block.get("name"), str) and block["name"]:
             self.calls += 1
             call_id = block.get("id")
@@ -90,7 +98,7 @@ class AnthropicStreamReader(StreamReader):
         if kind == "input_json_delta":
             piece = opt_str(delta.get("partial_json"), "input_json_delta.partial_json") or ""
             self.partial_json[index] = self.partial_json.get(index, "") + piece
-            return []
+            return [TextDelta(piece)] if piece and index == self.answer_index else []
         for delta_type, key in _ACCUMULATED:
             if kind == delta_type:
                 piece = opt_str(delta.get(key), f"{kind}.{key}") or ""

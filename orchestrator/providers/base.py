@@ -34,6 +34,7 @@ from orchestrator.providers.common import IdSource, transport_error
 from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.stream_reader import StreamReader
 from orchestrator.providers.streaming import call_stream, read_error_body
+from orchestrator.providers.structured import read_answer_tool
 from orchestrator.providers.traits import MODEL_TIERS
 from workers.contract import ToolSpec
 
@@ -128,7 +129,7 @@ class StreamingWireFormat(WireFormat, Protocol):
 
     def to_wire(self, request: ModelRequest, *, stream: bool = False) -> dict[str, Any]: ...
 
-    def stream_reader(self) -> StreamReader: ...
+    def stream_reader(self, request: ModelRequest | None = None) -> StreamReader: ...
 
 
 ErrorMapper = Callable[[int | None, object, Mapping[str, str] | None], ProviderError]
@@ -234,7 +235,7 @@ class HttpModelClient:
         """One LLM call, normalised; errors as values. Deltas go to `on_delta` when the answer streams."""
         if on_delta is not None and request.stream and isinstance(self.wire, StreamingWireFormat):
             streamed = await call_stream(self, self.wire, request, on_delta)
-            return streamed.model_copy(update={"provider": self.provider})
+            return self._own(streamed, request)
         body = self.wire.to_wire(request)
         result = await post_json(
             self.http,
@@ -250,8 +251,13 @@ class HttpModelClient:
         if isinstance(result, ProviderError):
             return result.model_copy(update={"provider": self.provider})
         ids = IdSource(request.id_prefix) if request.id_prefix else None
-        turn = self.wire.from_wire(result, ids=ids)
-        return turn.model_copy(update={"provider": self.provider})
+        return self._own(self.wire.from_wire(result, ids=ids), request)
+
+    def _own(self, answer: Turn | ProviderError, request: ModelRequest) -> Turn | ProviderError:
+        # A structured answer given through the answer tool (Anthropic) is the final answer's JSON text.
+        if isinstance(answer, Turn) and request.output_schema is not None:
+            answer = read_answer_tool(answer)
+        return answer.model_copy(update={"provider": self.provider})
 
 
 def check_model_name(model: str | list[str] | None) -> None:

@@ -7,7 +7,10 @@ thinking, never text; a `refusal` is the answer's text; tool calls with or witho
 empty ids (Gemini's compat layer), arguments as a string, an object, "null" or ""; the legacy
 `function_call`; finish_reason "stop" next to tool calls. Streams are read by `openai_chat_stream`.
 
-`to_wire` sends one assistant message holding all its tool calls (arguments as a JSON string; a broken
+`to_wire` sends the request's `instructions` first, as a `system` message (OpenAI reads it as the developer
+message on its reasoning models, and every compatible server knows the role; `developer` is not sent, as
+many of them do not), then the model settings, `response_format` for an output schema (`structured`) and
+`extra` last. It sends one assistant message holding all its tool calls (arguments as a JSON string; a broken
 call's own text verbatim), then one `tool` message per result with its `tool_call_id`. Thinking is never sent.
 """
 
@@ -47,7 +50,9 @@ from orchestrator.providers.common import (
     parse_finish_reason,
     parse_usage,
 )
+from orchestrator.providers.controls import build_extra
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
+from orchestrator.providers.structured import build_json_schema_format
 from workers.contract import ToolSpec
 
 if TYPE_CHECKING:
@@ -150,6 +155,7 @@ def _read_usage(raw: object) -> Any:
         usage,
         reasoning_tokens=completion.get("reasoning_tokens") if isinstance(completion, dict) else None,
         cache_read_tokens=prompt.get("cached_tokens") if isinstance(prompt, dict) else None,
+        cache_write_tokens=prompt.get("cache_write_tokens") if isinstance(prompt, dict) else None,
     )
 
 
@@ -161,8 +167,9 @@ def _provider_data(response: Mapping[str, Any]) -> dict[str, Any]:
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-def stream_reader() -> StreamReader:
+def stream_reader(request: ModelRequest | None = None) -> StreamReader:
     """A reader for one `stream: true` response (`openai_chat_stream.ChatStreamReader`)."""
+    del request  # the answer reads the same whatever was asked
     # Imported here: the reader module builds on this one's readers of messages and usage.
     from orchestrator.providers.openai_chat_stream import ChatStreamReader
 
@@ -202,9 +209,10 @@ def build_tool_choice(choice: str | None) -> str | dict[str, Any] | None:
 def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
     """The Chat Completions request body for `request` (pure); with `stream`, one that asks for a stream
     whose last chunk carries the usage."""
+    instructions = [{"role": "system", "content": request.instructions}] if request.instructions else []
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": [build_message(m) for m in request.messages],
+        "messages": [*instructions, *(build_message(m) for m in request.messages)],
     }
     if stream:
         body["stream"] = True
@@ -214,9 +222,31 @@ def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
         choice = build_tool_choice(request.tool_choice)
         if choice is not None:
             body["tool_choice"] = choice
-    if request.max_output_tokens is not None:
-        body["max_completion_tokens"] = request.max_output_tokens
-    return body
+        if request.settings.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.settings.parallel_tool_calls
+    body.update(build_settings(request))
+    if request.output_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": build_json_schema_format(request.output_schema),
+        }
+    return build_extra(body, request.settings)
+
+
+def build_settings(request: ModelRequest) -> dict[str, Any]:
+    """The body fields of the request's model settings (see `controls`); `max_output_tokens` of the settings
+    wins over the request's own."""
+    settings = request.settings
+    max_tokens = settings.max_output_tokens or request.max_output_tokens
+    fields: dict[str, Any] = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_completion_tokens": max_tokens,
+        "stop": settings.stop or None,
+        "seed": settings.seed,
+        "reasoning_effort": settings.reasoning_effort,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def build_message(message: Message) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Streams are read by `openai_responses_stream`.
 statelessly: no `previous_response_id`, so a request never depends on server-side state that may have expired
 or be disabled (`store: false`). The response id stays in `provider_data["response_id"]` for reference; the
 reasoning items of an assistant message are re-sent before its calls, and only when that message came from
-this provider.
+this provider. The request's `instructions` go in `instructions`, its settings in their fields (`reasoning.
+effort` for `reasoning_effort`), an output schema in `text.format` (`structured`), and `extra` last.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from orchestrator.providers.common import (
     parse_finish_reason,
     parse_usage,
 )
+from orchestrator.providers.controls import build_extra
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
+from orchestrator.providers.structured import build_json_schema_format
 from workers.contract import ToolSpec
 
 if TYPE_CHECKING:
@@ -145,14 +148,16 @@ def _read_usage(raw: object) -> Any:
         usage,
         reasoning_tokens=output.get("reasoning_tokens") if isinstance(output, dict) else None,
         cache_read_tokens=cached.get("cached_tokens") if isinstance(cached, dict) else None,
+        cache_write_tokens=cached.get("cache_write_tokens") if isinstance(cached, dict) else None,
     )
 
 
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
-def stream_reader() -> StreamReader:
+def stream_reader(request: ModelRequest | None = None) -> StreamReader:
     """A reader for one streamed response (`openai_responses_stream.ResponsesStreamReader`)."""
+    del request  # the answer reads the same whatever was asked
     # Imported here: the reader module builds on this one's reader of whole responses.
     from orchestrator.providers.openai_responses_stream import ResponsesStreamReader
 
@@ -199,6 +204,8 @@ def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
     """The Responses API request body for `request` (pure, stateless: the whole history as input items);
     with `stream`, one that asks for an event stream."""
     body: dict[str, Any] = {"model": request.model, "input": build_input(request.messages)}
+    if request.instructions:
+        body["instructions"] = request.instructions
     if stream:
         body["stream"] = True
     if request.tools:
@@ -206,9 +213,26 @@ def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
         choice = build_tool_choice(request.tool_choice)
         if choice is not None:
             body["tool_choice"] = choice
-    if request.max_output_tokens is not None:
-        body["max_output_tokens"] = request.max_output_tokens
-    return body
+        if request.settings.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.settings.parallel_tool_calls
+    body.update(build_settings(request))
+    if request.output_schema is not None:
+        body["text"] = {"format": {"type": "json_schema", **build_json_schema_format(request.output_schema)}}
+    return build_extra(body, request.settings)
+
+
+def build_settings(request: ModelRequest) -> dict[str, Any]:
+    """The body fields of the request's model settings (see `controls`: `stop` and `seed` are refused at
+    submit, the Responses API has neither); `max_output_tokens` of the settings wins over the request's."""
+    settings = request.settings
+    fields: dict[str, Any] = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_output_tokens": settings.max_output_tokens or request.max_output_tokens,
+    }
+    if settings.reasoning_effort is not None:
+        fields["reasoning"] = {"effort": settings.reasoning_effort}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def build_input(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -81,7 +81,7 @@ async def call_stream(
     retry_number = 0
     while True:
         ids = IdSource(request.id_prefix) if request.id_prefix else None
-        result = await _stream_once(client, wire, body, ids, sink)
+        result = await _stream_once(client, wire, request, body, ids=ids, sink=sink)
         if not isinstance(result, ProviderError) or sink.sent:
             return result
         retry_number += 1
@@ -94,7 +94,9 @@ async def call_stream(
 async def _stream_once(
     client: HttpModelClient,
     wire: StreamingWireFormat,
+    request: ModelRequest,
     body: dict[str, object],
+    *,
     ids: IdSource | None,
     sink: _Sink,
 ) -> Turn | ProviderError:
@@ -106,7 +108,7 @@ async def _stream_once(
             if response.status_code >= 400:
                 await response.aread()
                 return wire.error_from_wire(response.status_code, read_error_body(response), response.headers)
-            return await _read_answer(response, wire, ids, sink)
+            return await _read_answer(response, wire, request, ids, sink)
     except httpx.TimeoutException as exc:
         error = transport_error(client.provider, f"request to {url} timed out ({type(exc).__name__})")
         return error.model_copy(update={"type": "timeout"})
@@ -123,11 +125,16 @@ def read_error_body(response: httpx.Response) -> object:
 
 
 async def _read_answer(
-    response: httpx.Response, wire: StreamingWireFormat, ids: IdSource | None, sink: _Sink
+    response: httpx.Response,
+    wire: StreamingWireFormat,
+    request: ModelRequest,
+    ids: IdSource | None,
+    sink: _Sink,
 ) -> Turn | ProviderError:
     chunks = response.aiter_bytes()
+    content_type = response.headers.get("content-type", "")
     try:
-        return await _read_chunks(chunks, response.headers.get("content-type", ""), wire, ids, sink)
+        return await _read_chunks(chunks, content_type, wire, request, ids=ids, sink=sink)
     finally:
         # An answer read only in part (an error event, a failed stream) leaves its iterator open.
         close = getattr(chunks, "aclose", None)
@@ -139,12 +146,14 @@ async def _read_chunks(
     chunks: AsyncIterator[bytes],
     content_type: str,
     wire: StreamingWireFormat,
+    request: ModelRequest,
+    *,
     ids: IdSource | None,
     sink: _Sink,
 ) -> Turn | ProviderError:
     content_type = content_type.lower()
     if content_type.startswith("text/event-stream"):
-        return await _read_events(chunks, b"", wire.stream_reader(), ids, sink)
+        return await _read_events(chunks, b"", wire.stream_reader(request), ids, sink)
     head = b""
     if "json" not in content_type:
         async for chunk in chunks:
@@ -152,7 +161,7 @@ async def _read_chunks(
             if len(head.lstrip()) >= _SNIFF_BYTES:
                 break
         if head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(_SSE_STARTS):
-            return await _read_events(chunks, head, wire.stream_reader(), ids, sink)
+            return await _read_events(chunks, head, wire.stream_reader(request), ids, sink)
     rest = [chunk async for chunk in chunks]
     text = decode_text(b"".join([head, *rest]), sink.provider)
     if isinstance(text, ProviderError):

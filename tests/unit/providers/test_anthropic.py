@@ -235,7 +235,13 @@ def assert_pairing_and_ids(body: dict[str, Any]) -> None:
 
 def test_to_wire_system_pairing_merging_and_signed_thinking_for_the_same_provider() -> None:
     body = anthropic.to_wire(
-        ModelRequest(model="claude", messages=conversation("anthropic"), tools=[SPEC], tool_choice="required")
+        ModelRequest(
+            model="claude",
+            messages=conversation("anthropic"),
+            tools=[SPEC],
+            tool_choice="required",
+            prompt_cache=False,
+        )
     )
     assert body["system"] == "Be brief."
     assert body["max_tokens"] == anthropic.DEFAULT_MAX_TOKENS
