@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from orchestrator.client import (
         AsyncClient,
         Client,
+        ModelSettings,
         ModelStreamResetEvent,
         OtherEvent,
         StreamEvent,
@@ -22,12 +23,14 @@ if TYPE_CHECKING:
         ToolProgressEvent,
         ToolStartedEvent,
         TurnFinishedEvent,
+        TurnOutcome,
         UnknownTurnError,
     )
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "ModelSettings",
     "ModelStreamResetEvent",
     "OtherEvent",
     "StreamEvent",
@@ -38,6 +41,7 @@ __all__ = [
     "ToolProgressEvent",
     "ToolStartedEvent",
     "TurnFinishedEvent",
+    "TurnOutcome",
     "UnknownTurnError",
 ]
 

@@ -7,9 +7,11 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GE
 `Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie. Bodies over
 `max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it may hold
 what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no live worker
-serves, or a model name that is neither `provider:model` nor a tier, 422 too, in the same shape (`loc`,
-`msg`, `type`; for tools, `ctx.available` lists the public tools); unknown turns 404; requests for a turn
-that has already ended 409. What `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
+serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider cannot
+honour or an `output_schema` that is not a JSON Schema (`loc` names the field), edited approval arguments
+that fail the tool's schema, 422 too, in the same shape (`loc`, `msg`, `type`; for tools, `ctx.available`
+lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
+`GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 
 Redis (`api_redis`): requests share a bounded pool, every SSE stream one events reader (`api_fanout`,
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
@@ -40,6 +42,7 @@ from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.ui.auth import has_bearer, has_session
 from orchestrator.ui.routes import build_listing_router, build_pages_router
 from workers.contract import ToolSpec, build_listing
@@ -57,11 +60,15 @@ class TurnBody(TurnRequest):
 
 
 class ApprovalBody(BaseModel):
-    """The body of `POST /v1/turns/{id}/approvals/{call_id}`."""
+    """The body of `POST /v1/turns/{id}/approvals/{call_id}`: approve (with `arguments` a person edited, run
+    instead of the model's once validated against the tool's schema) or deny (with a `reason` the model sees
+    in the call's result)."""
 
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
+    arguments: dict[str, Any] | None = None
+    reason: str | None = None
 
 
 class SubmitReply(BaseModel):
@@ -232,13 +239,29 @@ def build_refusal_detail(request: TurnRequest, exc: ValueError) -> list[dict[str
     return [{"type": "value_error", "loc": loc, "msg": str(exc)}]
 
 
+def build_controls_detail(refusals: Sequence[Refusal]) -> list[dict[str, Any]]:
+    """The `detail` of a 422 for model controls refused at submit: each names the field it is about."""
+    return [
+        {
+            "type": "invalid_schema" if refusal.field == ("output_schema",) else "unsupported_setting",
+            "loc": ["body", *refusal.field],
+            "msg": refusal.message,
+        }
+        for refusal in refusals
+    ]
+
+
 @turns_router.post("", status_code=202, response_model=SubmitReply)
 async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
-    """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools or its model
-    cannot be served (`store.flows.submit`)."""
+    """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
+    its model controls cannot be served (`store.flows.submit`, `store.submit_checks`)."""
     turn_request = TurnRequest.model_validate(body.model_dump())
+    client = _client(request)
+    refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
+    if refusals:
+        raise HTTPException(422, build_safe_json(build_controls_detail(refusals)))
     try:
-        turn_id = await _client(request).submit_request(turn_request)
+        turn_id = await client.submit_request(turn_request)
     except ValueError as exc:
         raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
     return SubmitReply(id=turn_id)
@@ -262,8 +285,16 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
 
 @turns_router.post("/{turn_id}/approvals/{call_id}", status_code=202, response_model=ControlReply)
 async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
-    """Approve or deny a call that waits for confirmation."""
-    return await _control_reply(turn_id, _client(request).approve(turn_id, call_id, body.approved))
+    """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when
+    edited arguments fail the tool's schema."""
+    sending = _client(request).approve(
+        turn_id, call_id, body.approved, arguments=body.arguments, reason=body.reason
+    )
+    try:
+        return await _control_reply(turn_id, sending)
+    except ValueError as exc:
+        detail = [{"type": "value_error", "loc": ["body", "arguments"], "msg": str(exc)}]
+        raise HTTPException(422, build_safe_json(detail)) from None
 
 
 async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply:

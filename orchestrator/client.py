@@ -4,14 +4,20 @@
 loop; `AsyncClient` has the same methods as coroutines. Both are thin faces over a store: `Client` over
 `SyncTurnStore`, `AsyncClient` over the async `TurnStore`, which perform the same operations and flows
 (`orchestrator.store.operations`, `flows`), so the storage layout and its scripts are written once. The long
-parameter lists of `submit` and `call_tool` are written once too, as the builders `build_submission` and
-`direct.build_direct_call`, whose signatures both clients' methods take (`takes_arguments_of`).
+parameter lists of `submit` and `call_tool` are written once too, as the builders `build_submission`
+(`orchestrator.submission`) and `direct.build_direct_call`, whose signatures both clients' methods take
+(`takes_arguments_of`).
+
+A turn's model controls (SPEC §10): `submit(..., instructions=, model_settings=, output_schema=)` and `model`
+as a list (the fallback order); `output_schema` may be a pydantic model class, and `outcome.parse(Model)`
+gives the answer back as that type.
 
 Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with a clear message — among
 them `UnknownToolError` for a turn naming tools no live worker serves (`store.flows.check_tool_names`: when
 no worker has published its catalogue yet, the turn is accepted), and `ModelConfigError` for a model name
-that is neither `provider:model` nor a tier; an unknown turn id raises `UnknownTurnError` (a
-`LookupError`); `wait` raises `TimeoutError`.
+that is neither `provider:model` nor a tier, and a plain `ValueError` naming each model setting the target
+provider cannot honour (`store.submit_checks`) or an `output_schema` that is not a JSON Schema; an unknown
+turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
 
 What the readers return is what a person may be shown: `get`, `outcome` and `wait` redact the values of
 sensitive keys (context, tool-call arguments; `store.turn_view`). Tools still receive them whole.
@@ -27,26 +33,23 @@ id already stored makes `submit.lua` a no-op.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any
 
 import redis
-from pydantic import BaseModel
 
 from orchestrator import direct, metrics
 from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
 from orchestrator.errors import ModelConfigError, RedisUnavailableError, UnknownToolError, UnknownTurnError
-from orchestrator.model import Limits, Message, TurnOutcome, TurnRequest
+from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec, flows, history, operations, turn_stream
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
+from orchestrator.store.submit_checks import ModelNames
 from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_stream import (
     ModelStreamResetEvent,
@@ -62,6 +65,7 @@ from orchestrator.store.turn_stream import (
 )
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
+from orchestrator.submission import Submission, build_submission, takes_arguments_of
 from workers.contract import ToolOutcome
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ModelConfigError",
+    "ModelSettings",
     "ModelStreamResetEvent",
     "OtherEvent",
     "PendingApproval",
@@ -84,93 +89,13 @@ __all__ = [
     "ToolStartedEvent",
     "TurnEvent",
     "TurnFinishedEvent",
+    "TurnOutcome",
     "TurnView",
     "UnknownToolError",
     "UnknownTurnError",
     "build_submission",
     "takes_arguments_of",
 ]
-
-P = ParamSpec("P")
-A = TypeVar("A")
-R = TypeVar("R")
-S = TypeVar("S")
-
-
-@dataclass(frozen=True)
-class Submission:
-    """A checked turn request, and the id its caller chose for it (None: a new one)."""
-
-    request: TurnRequest
-    turn_id: str | None = None
-
-
-# Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
-def build_submission(  # noqa: PLR0917
-    prompt: str | None = None,
-    messages: Sequence[Message | Mapping[str, Any]] | None = None,
-    tools: Sequence[str] | None = None,
-    model: str | None = None,
-    limits: Limits | Mapping[str, Any] | None = None,
-    context: Mapping[str, Any] | None = None,
-    conversation_id: str | None = None,
-    tool_choice: str | None = None,
-    *,
-    turn_id: str | None = None,
-    stream: bool = True,
-) -> Submission:
-    """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
-    (pydantic's `ValidationError`, a `ValueError`, if bad).
-
-    A turn needs something to answer: a `prompt`, `messages`, or both (the prompt is the last user message).
-    """
-    if isinstance(tools, str):
-        raise ValueError("'tools' is a list of tool names, not a string")
-    raw: dict[str, Any] = {
-        "prompt": prompt,
-        "messages": list(messages or []),
-        "tools": list(tools) if tools is not None else None,
-        "model": model,
-        "context": dict(context or {}),
-        "conversation_id": conversation_id,
-        "tool_choice": tool_choice,
-        "stream": stream,
-    }
-    if limits is not None:
-        raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
-    request = TurnRequest.model_validate(raw)
-    codec.check_turn_request(request)
-    return Submission(request, turn_id)
-
-
-def takes_arguments_of(
-    build: Callable[P, A],
-) -> Callable[[Callable[[S, A], R]], Callable[Concatenate[S, P], R]]:
-    """Give a method `build`'s parameters: the method receives what `build` makes of its caller's arguments.
-
-    Both for static typing (`ParamSpec`) and at run time: `inspect.signature` and `help()` show `build`'s
-    parameters. A coroutine method stays a coroutine function, and calls `build` when awaited, so bad input
-    raises where the call is awaited, as from any other coroutine.
-    """
-
-    def decorate(method: Callable[[S, A], R]) -> Callable[Concatenate[S, P], R]:
-        def call(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
-            return method(self, build(*args, **kwargs))
-
-        async def call_async(self: S, *args: P.args, **kwargs: P.kwargs) -> Any:
-            return await cast(Awaitable[Any], method(self, build(*args, **kwargs)))
-
-        wrapper: Callable[..., Any] = call_async if inspect.iscoroutinefunction(method) else call
-        functools.update_wrapper(wrapper, method)
-        own, built = inspect.signature(method), inspect.signature(build)
-        self_parameter = next(iter(own.parameters.values()))
-        # `inspect.signature` (so `help`) reports this instead of following `__wrapped__` to the method.
-        wrapper.__signature__ = built.replace(  # type: ignore[attr-defined]  # mypy's functions lack it
-            parameters=[self_parameter, *built.parameters.values()], return_annotation=own.return_annotation
-        )
-        return cast(Callable[Concatenate[S, P], R], wrapper)
-
-    return decorate
 
 
 class Client:
@@ -211,7 +136,7 @@ class Client:
 
     def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
         """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
-        turn_id = self.store.submit(request, turn_id=turn_id)
+        turn_id = self.store.submit(request, turn_id=turn_id, names=ModelNames.from_settings(self.settings))
         metrics.record_turn_submitted()
         return turn_id
 
@@ -252,9 +177,20 @@ class Client:
         """Ask for the turn to be cancelled; False when it had already ended."""
         return self.store.request_cancel(turn_id)
 
-    def approve(self, turn_id: str, call_id: str, approved: bool) -> bool:
-        """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended."""
-        return self.store.request_approval(turn_id, call_id, approved)
+    def approve(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended.
+
+        An approval may carry `arguments` a person edited, run instead of the model's (a `ValueError` when
+        they fail the tool's schema); a denial a `reason`, which the model sees in the call's result."""
+        return self.store.request_approval(turn_id, call_id, approved, arguments=arguments, reason=reason)
 
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
@@ -314,7 +250,7 @@ class AsyncClient:
 
     async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
         """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
-        flow = flows.submit(request, turn_id, codec.now_s())
+        flow = flows.submit(request, turn_id, codec.now_s(), names=ModelNames.from_settings(self.settings))
         turn_id = await self._runner.run_flow(flow, self._patience())
         metrics.record_turn_submitted()
         return turn_id
@@ -354,9 +290,20 @@ class AsyncClient:
         flow = flows.send_control(turn_id, "cancel", None, None, codec.now_s())
         return await self._runner.run_flow(flow, self._patience())
 
-    async def approve(self, turn_id: str, call_id: str, approved: bool) -> bool:
-        """Approve or deny a call waiting for confirmation; False when the turn had ended."""
-        flow = flows.send_control(turn_id, "approval", call_id, approved, codec.now_s())
+    async def approve(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation; False
+        when the turn had ended. As `Client.approve`."""
+        flow = flows.send_approval(
+            turn_id, call_id, approved, codec.now_s(), arguments=arguments, reason=reason
+        )
         return await self._runner.run_flow(flow, self._patience())
 
     @takes_arguments_of(build_direct_call)

@@ -1,9 +1,10 @@
-"""`toolloop submit`, `toolloop show`, `toolloop api`: turns from the command line, and the HTTP API server.
+"""`toolloop submit`, `show`, `approve`, `api`: turns from the command line, and the HTTP API server.
 
 Exit codes: 0 ok (for `submit --wait`: the turn completed); 1 the turn ended without completing (stopped,
 failed or cancelled: its outcome is printed all the same), or `show` of an unknown turn; 2 usage error (bad
 JSON, a turn with nothing to answer, tools no live worker serves, a model name that is neither
-`provider:model` nor a tier); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
+`provider:model` nor a tier, a model setting the provider cannot honour, an output schema that is not a JSON
+Schema); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
 running or waiting (it goes on). `submit --stream` ends as `--wait` does, without a timeout. Errors are
 one line on stderr, never a traceback.
 """
@@ -17,6 +18,11 @@ import redis
 import typer
 from pydantic import ValidationError
 
+from orchestrator.commands.controls import (
+    build_model_names,
+    build_model_settings,
+    parse_output_schema,
+)
 from orchestrator.errors import RedisUnavailableError
 from orchestrator.model import TurnOutcome, TurnStatus
 from orchestrator.settings import get_settings
@@ -56,14 +62,11 @@ def parse_tools(text: str | None) -> list[str] | None:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def build_limits(max_llm_calls: int | None, deadline_s: float | None) -> dict[str, Any]:
-    """The limits given on the command line; the others keep their defaults."""
-    limits: dict[str, Any] = {}
-    if max_llm_calls is not None:
-        limits["max_llm_calls"] = max_llm_calls
-    if deadline_s is not None:
-        limits["deadline_s"] = deadline_s
-    return limits
+def build_limits(max_llm_calls: int | None, deadline_s: float | None, **more: float | None) -> dict[str, Any]:
+    """The limits given on the command line (`more`: other `Limits` fields by name); the others keep their
+    defaults."""
+    given = {"max_llm_calls": max_llm_calls, "deadline_s": deadline_s, **more}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -100,11 +103,54 @@ def submit_command(
     *,
     prompt: Annotated[str, typer.Option("--prompt", help="The user's message.")],
     model: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             help="provider:model or a tier (fast, default, smart); default: the orchestrator's "
-            "TOOLLOOP_MODEL."
+            "TOOLLOOP_MODEL. Repeat it for a fallback order: the next model takes a call the previous "
+            "one failed after its retries."
         ),
+    ] = None,
+    instructions: Annotated[
+        str | None, typer.Option(help="The system prompt of this turn (not stored in the conversation).")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (0 to 2).")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling (0 to 1).")] = None,
+    max_output_tokens: Annotated[
+        int | None, typer.Option("--max-output-tokens", help="The most tokens one answer may have.")
+    ] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="A stop sequence (repeatable).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed, where the provider has one.")] = None,
+    reasoning_effort: Annotated[
+        str | None, typer.Option("--reasoning-effort", help="minimal, low, medium or high.")
+    ] = None,
+    parallel_tool_calls: Annotated[
+        bool | None,
+        typer.Option(
+            "--parallel-tool-calls/--no-parallel-tool-calls",
+            help="Whether the model may call several tools at once (default: the provider's).",
+        ),
+    ] = None,
+    setting: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=JSON, a provider-specific request field passed through (repeatable)."),
+    ] = None,
+    output_schema: Annotated[
+        str | None,
+        typer.Option(
+            "--output-schema",
+            help="The JSON Schema of the answer (JSON text or @file.json); the outcome's output is the "
+            "parsed answer.",
+        ),
+    ] = None,
+    max_output_retries: Annotated[
+        int | None,
+        typer.Option("--max-output-retries", help="Times an answer breaking the schema is sent back."),
+    ] = None,
+    max_total_tokens: Annotated[
+        int | None, typer.Option("--max-total-tokens", help="Token budget of the turn.")
+    ] = None,
+    max_cost_usd: Annotated[
+        float | None, typer.Option("--max-cost-usd", help="Cost budget of the turn (USD).")
     ] = None,
     tools: Annotated[str | None, typer.Option(help="Comma-separated tool names the model may call.")] = None,
     max_llm_calls: Annotated[
@@ -122,7 +168,8 @@ def submit_command(
     ] = False,
     timeout: Annotated[float, typer.Option(help="How long --wait waits (s).")] = 300.0,
 ) -> None:
-    """Submit a turn; print its id, or with --wait its terminal outcome as JSON.
+    """Submit a turn; print its id, or with --wait its terminal outcome as JSON (with --output-schema, its
+    `output` is the parsed answer).
 
     With --stream, the id goes to stderr and the answer to stdout as it is written, tool calls, progress and
     outcomes to stderr, until the turn ends. With --wait or --stream, the exit code says how the turn ended:
@@ -136,14 +183,35 @@ def submit_command(
     settings = get_settings()
     try:
         request_context = parse_context(context)
+        model_settings = build_model_settings(
+            temperature=temperature,
+            top_p=top_p,
+            max_output_tokens=max_output_tokens,
+            stop=stop,
+            seed=seed,
+            reasoning_effort=reasoning_effort,
+            parallel_tool_calls=parallel_tool_calls,
+            settings=setting,
+        )
+        limits = build_limits(
+            max_llm_calls,
+            deadline_s,
+            max_output_retries=max_output_retries,
+            max_total_tokens=max_total_tokens,
+            max_cost_usd=max_cost_usd,
+        )
+        schema = parse_output_schema(output_schema)
         with Client(settings=settings) as client:
             turn_id = client.submit(
                 prompt=prompt,
                 tools=parse_tools(tools),
-                model=model,
-                limits=build_limits(max_llm_calls, deadline_s),
+                model=build_model_names(model),
+                limits=limits,
                 context=request_context,
                 conversation_id=conversation,
+                instructions=instructions,
+                model_settings=model_settings,
+                output_schema=schema,
             )
             if stream:
                 typer.echo(turn_id, err=True)
@@ -261,7 +329,10 @@ def api_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `submit`, `show` and `api` to `app`."""
+    """Add `submit`, `show`, `approve` and `api` to `app`."""
+    from orchestrator.commands.approvals import approve_command  # it reads this module's exit codes
+
     app.command("submit")(submit_command)
     app.command("show")(show_command)
+    app.command("approve")(approve_command)
     app.command("api")(api_command)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TypedDict, Unpack
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ContextSummary(BaseModel):
@@ -44,6 +44,9 @@ class ContextBudget(BaseModel):
     summary: ContextSummary | None = None
     # While a compaction call is in flight: the history index it summarises up to.
     compacting: int | None = None
+    # The window of each model of a fallback order, as the runtime knew it at the start (configured, learned
+    # or known): the next model's replaces `window_tokens` when it takes over (None there: the known table's).
+    model_windows: dict[str, int] = Field(default_factory=dict)
 
     def replace(self, **changes: Unpack[BudgetChanges]) -> ContextBudget:
         """A copy with `changes`, not validated (mypy checks them)."""
@@ -61,3 +64,4 @@ class BudgetChanges(TypedDict, total=False):
     view_tokens: int
     summary: ContextSummary | None
     compacting: int | None
+    model_windows: dict[str, int]

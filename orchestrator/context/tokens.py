@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator.model import Message, SystemMessage, ToolMessage, UserMessage
 from workers.contract import ToolSpec
@@ -82,6 +82,19 @@ def count_tools_tokens(tools: Sequence[ToolSpec], count: TokenCounter = estimate
         return 0
     schemas = [[t.name, t.description, t.parameters] for t in tools]
     return count(json.dumps(schemas, ensure_ascii=False, separators=(",", ":")))
+
+
+def count_controls_tokens(
+    instructions: str | None,
+    output_schema: Mapping[str, Any] | None,
+    count: TokenCounter = estimate_text_tokens,
+) -> int:
+    """Tokens of what a request carries besides its messages and tools: the instructions (sent as a first
+    message, or a field that costs the same) and the output schema."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + count(instructions) if instructions else 0
+    if output_schema:
+        tokens += count(json.dumps(output_schema, ensure_ascii=False, separators=(",", ":")))
+    return tokens
 
 
 def count_request_tokens(

@@ -5,12 +5,15 @@ The face is four names: `start` (a new turn's state and first commands), `step` 
 per concern, in layers; a module imports only from the layers below it (tests/unit/machine/test_layering.py):
 
     loop          start / step / resume: routes each event, then settles the turn
-    model_calls   each model call: its view, tool choice, errors and backoff, empty answers
+    model_calls   each model call: its view, tool choice, model controls, budgets before the call
+    answers       a final answer: blank ones retried, typed ones validated and sent back (`invalid_output`)
+    model_errors  a failed model call: context shrink, backoff and retries, fallback to the next model
     tool_round    one round of tool calls: validation, limits, dispatch, approvals, lost work, outcomes
     stopping      the one stop path and the terminal shapes
     draft         the typed draft of the state one step builds, and the commands it emits
-    validation    pre-dispatch validation of a call (leaf)
+    validation    pre-dispatch validation of a call, and of a typed answer (leaf)
     view          the request-time view of the history (leaf; vendor traits from `providers.traits`)
+    budgets       the token and dollar budgets, the sum of the calls' usage and cost (leaf)
     state         the persisted, versioned state and its typed change sets
     events        what goes in (events) and out (commands)
 

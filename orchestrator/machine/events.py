@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.model import Message, ProviderError, Turn, TurnOutcome
+from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome
 from workers.contract import ToolOutcome, ToolSpec
 
 
@@ -120,6 +120,11 @@ class CallModel(_Frozen):
     # event stream as `text_delta`s (not a compaction call's summary).
     stream: bool = True
     shown: bool = True
+    # The turn's model controls (SPEC §10): its system prompt, how the model is asked, the JSON Schema of its
+    # answer; each None or default when the turn sets none (and for a compaction call's summary).
+    instructions: str | None = None
+    settings: ModelSettings = Field(default_factory=ModelSettings)
+    output_schema: dict[str, Any] | None = None
 
 
 class Dispatch(_Frozen):

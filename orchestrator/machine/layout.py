@@ -24,12 +24,18 @@ LOG_KEY_FIELD = "log_key"
 LOG_LEN_FIELD = "log_len"
 # The append-only audit fields kept in the log list: one entry `[field, item]` per item, in order of arrival.
 LOGGED_FIELDS = ("llm_call_records", "view_diagnostics", "late_outcomes")
-# The fields set when the turn starts and never changed after (the request's essentials, the tools offered):
-# one log entry `["static", {field: value}]`, written again only if they ever change (the last one counts).
+# The fields set when the turn starts and rarely changed after (the request's essentials, the tools offered;
+# `model` moves on a fallback): one log entry `["static", {field: value}]`, written again whenever they change
+# (the last one counts). Fields at their defaults are left out of it, so that an orchestrator of the previous
+# release, during a rolling deploy, still reads the state of a turn that uses none of the newer fields.
 STATIC = "static"
 STATIC_FIELDS = frozenset(
     {
         "model",
+        "models",
+        "instructions",
+        "model_settings",
+        "output_schema",
         "limits",
         "context",
         "tools_allowed",
@@ -52,7 +58,7 @@ def count_log_entries(entries: Sequence[str]) -> tuple[int, ...]:
 def dump_log(state: BaseModel, stored: Sequence[str] = ()) -> list[str]:
     """The log entries to append after `stored` (the entries the log holds): the static fields unless the log
     holds them as they are, then the items of `LOGGED_FIELDS` past those it holds."""
-    static = f'["{STATIC}",{state.model_dump_json(include=set(STATIC_FIELDS))}]'
+    static = f'["{STATIC}",{state.model_dump_json(include=set(STATIC_FIELDS), exclude_defaults=True)}]'
     last = next((e for e in reversed(stored) if e.startswith(f'["{STATIC}",')), None)
     entries = [static] if static != last else []
     counts = count_log_entries(stored)
@@ -70,13 +76,15 @@ def read_message(message: Any) -> Any:
 def read_log(entries: Sequence[str | bytes]) -> dict[str, Any]:
     """The state fields a log holds: its lists, and the static fields of its last static entry."""
     fields: dict[str, Any] = {name: [] for name in LOGGED_FIELDS}
+    static: dict[str, Any] = {}
     for entry in entries:
         name, item = json.loads(entry)
         if name == STATIC:
-            fields.update(item)
+            # Only the last one: a field it leaves out is at its default, whatever an earlier one said.
+            static = item
         else:
             fields[name].append(item)
-    return fields
+    return {**fields, **static}
 
 
 def upgrade_from_v1(data: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,11 @@ the history, then the turn finishes or calls the model again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import assert_never
 
 from orchestrator.context.budget import ContextBudget
+from orchestrator.machine.budgets import unknown_cost_message
 from orchestrator.machine.draft import Draft, build_dispatch
 from orchestrator.machine.events import (
     ApprovalGiven,
@@ -38,12 +39,8 @@ from orchestrator.machine.events import (
     ToolStarted,
     WriteOutcomes,
 )
-from orchestrator.machine.model_calls import (
-    build_call_model,
-    call_model_or_stop,
-    on_model_failed,
-    on_model_responded,
-)
+from orchestrator.machine.model_calls import build_call_model, call_model_or_stop, on_model_responded
+from orchestrator.machine.model_errors import on_model_failed
 from orchestrator.machine.state import (
     DEADLINE_TIMER,
     MODEL_RETRY_TIMER_PREFIX,
@@ -61,7 +58,7 @@ from orchestrator.machine.tool_round import (
     on_tool_started,
     record_late,
 )
-from orchestrator.machine.validation import offered_tools
+from orchestrator.machine.validation import check_output_schema, offered_tools
 from orchestrator.model import Message, TurnRequest, TurnStatus, UserMessage
 from workers.contract import ToolSpec
 
@@ -72,26 +69,36 @@ def start(
     turn_id: str,
     request: TurnRequest,
     *,
-    model: str,
+    model: str | Sequence[str],
     catalogue: Mapping[str, ToolSpec],
     at: float,
     lost_grace_s: float = 5.0,
     prior_history: Sequence[Message] = (),
     context_budget: ContextBudget | None = None,
+    unpriced: Collection[str] = (),
 ) -> tuple[TurnState, list[Command]]:
     """A new turn: its state and first commands (arm the deadline, call the model).
 
-    `model` is the resolved `provider:model` (`providers.base.resolve_model`); `catalogue` the live tool
-    catalogue, snapshotted into the state; `prior_history` the stored history of the conversation the turn
-    continues.
+    `model` is the resolved `provider:model` (`providers.base.resolve_model`), or several: the fallback order;
+    `catalogue` the live tool catalogue, snapshotted into the state; `prior_history` the stored history of the
+    conversation the turn continues; `unpriced` the turn's models the price table has no price for.
+
+    A turn that cannot do what it asks fails at once, before any model call: an output schema that is not a
+    valid JSON Schema (`invalid_output`), a budget in dollars with a model of unknown price (`max_cost`).
     """
+    models = [model] if isinstance(model, str) else list(model)
     history: list[Message] = [*prior_history, *request.messages]
     if request.prompt is not None:
         history.append(UserMessage(content=request.prompt))
     offered = offered_tools(catalogue, request.tools)
     state = TurnState(
         turn_id=turn_id,
-        model=model,
+        model=models[0],
+        # Kept only with a fallback: a state without one stays readable by an orchestrator that predates it.
+        models=models if len(models) > 1 else [],
+        instructions=request.instructions,
+        model_settings=request.model_settings,
+        output_schema=request.output_schema,
         limits=request.limits,
         context=dict(request.context),
         tools_allowed=None if request.tools is None else list(request.tools),
@@ -108,8 +115,11 @@ def start(
         context_budget=context_budget or ContextBudget(),
     )
     draft = Draft(state)
-    draft.emit("turn_started", model=model, tools=sorted(offered), deadline_at=state.deadline_at)
+    draft.emit(
+        "turn_started", model=models[0], models=models, tools=sorted(offered), deadline_at=state.deadline_at
+    )
     draft.commands.append(ArmTimer(timer_id=DEADLINE_TIMER, at=state.deadline_at))
+    _refuse(draft, sorted({m for m in models if m in unpriced}), at)
     _settle(draft, at)
     draft.flush()
     return draft.state, draft.commands
@@ -212,6 +222,16 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
     # First, so that the turn's event stream tells why what follows happens again.
     commands.insert(0, Emit(event_name="turn_resumed", data=data))
     return state, commands
+
+
+def _refuse(draft: Draft, unpriced: Sequence[str], at: float) -> None:
+    state = draft.state
+    problem = check_output_schema(state.output_schema) if state.output_schema is not None else None
+    if problem is not None:
+        begin_stop(draft, "invalid_output", at, message=problem)
+    elif state.limits.max_cost_usd is not None and unpriced:
+        message = unknown_cost_message(state.limits.max_cost_usd, unpriced)
+        begin_stop(draft, "max_cost", at, status="failed", message=message)
 
 
 def _unconfirmed(call: CallState) -> bool:

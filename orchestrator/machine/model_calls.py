@@ -1,5 +1,13 @@
 """The model half of the loop: each model call with its view (SPEC §5.1, §6), fitted to the context budget
-(§11.3), tool choice (§5.10), model errors with capped backoff and empty answers (§5.7).
+(§11.3), tool choice (§5.10), the turn's model controls and budgets (§10); what an answer or a failure leads
+to is decided in `answers` (final answers: blank, typed) and `model_errors` (retries, fallback).
+
+Every call carries the turn's instructions, model settings and output schema, all from the state, so that
+the call made again after a restart is the same request. A compaction call carries none of them: its summary
+is prose for the turn's own later views, not an answer — the turn's system prompt would steer it (a persona, a
+format), the schema would make it JSON, and `stop`, `max_output_tokens` or `parallel_tool_calls` (it offers
+no tools, which OpenAI then refuses) could cut it or be refused; the rest of the settings (sampling,
+reasoning, `extra` fields a server may need) apply. The budgets (`budgets`) are checked before every call.
 
 The context budget: each view is fitted to the turn's budget (`view.fit_view`), and says what it trimmed in
 its diagnostics and a `context_trimmed` event. A provider's over-long-context error shrinks the budget — to
@@ -14,27 +22,20 @@ from typing import Any, Unpack
 
 from orchestrator.context.budget import BudgetChanges, ContextSummary
 from orchestrator.context.compaction import build_compaction_messages
-from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED, PROMPT_DETAIL, WINDOW_DETAIL
+from orchestrator.machine.answers import on_final_answer
+from orchestrator.machine.budgets import add_usage, check_budget
 from orchestrator.machine.draft import Draft
-from orchestrator.machine.events import CallModel, ModelFailed, ModelResponded
-from orchestrator.machine.state import (
-    MODEL_RETRY_TIMER_PREFIX,
-    TurnState,
-    ViewDiagnostic,
-    ViewRecord,
-)
-from orchestrator.machine.stopping import begin_stop, finish_turn
+from orchestrator.machine.events import CallModel, ModelResponded
+from orchestrator.machine.model_errors import give_up_compaction, is_current
+from orchestrator.machine.state import TurnState, ViewDiagnostic, ViewRecord
+from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.tool_round import Policy, plan_round
 from orchestrator.machine.view import View, build_budget_tokens, build_view, fit_view
-from orchestrator.model import LLMCallRecord, ProviderError, Turn, assistant_message_from_turn
+from orchestrator.model import LLMCallRecord, ModelSettings
 from orchestrator.providers.traits import provider_of
 
-_BLANK_FINISH_REASONS = {"length": "its output token limit", "content_filter": "a content filter"}
-# After an over-long-context error that states no window (or one the estimate already fitted), the next
-# view is capped at this share of the failed request's estimate.
-CONTEXT_SHRINK = 0.7
-# Over-long-context errors answered by shrinking and calling again, per model call.
-MAX_CONTEXT_RETRIES = 1
+# Settings a compaction call leaves out (see the module).
+_NOT_FOR_SUMMARIES = frozenset({"stop", "max_output_tokens", "parallel_tool_calls"})
 
 
 def build_tool_choice(state: TurnState) -> str | None:
@@ -46,13 +47,18 @@ def build_tool_choice(state: TurnState) -> str | None:
 
 
 def call_model_or_stop(draft: Draft, at: float) -> None:
-    """Call the model with the view of the history, unless the deadline or max_llm_calls forbids it."""
+    """Call the model with the view of the history, unless the deadline, max_llm_calls or a budget forbids
+    it."""
     state = draft.state
     if at >= state.deadline_at:
         begin_stop(draft, "deadline", at)
         return
     if state.llm_calls >= state.limits.max_llm_calls:
         begin_stop(draft, "max_llm_calls", at)
+        return
+    spent = check_budget(state)
+    if spent is not None:
+        begin_stop(draft, spent.reason, at, status=spent.status, message=spent.message)
         return
     index = state.llm_calls
     provider = provider_of(state.model)
@@ -115,6 +121,8 @@ def build_fitted_view(state: TurnState) -> View:
         tools=list(state.offered.values()),
         budget_tokens=build_budget_tokens(state.model, state.context_budget),
         summary=state.context_budget.summary,
+        instructions=state.instructions,
+        output_schema=state.output_schema,
     )
 
 
@@ -158,7 +166,13 @@ def build_compaction_call(state: TurnState, index: int) -> CallModel:
         # A summary of older history is not the answer: nothing of it goes to a page.
         stream=False,
         shown=False,
+        settings=build_summary_settings(state.model_settings),
     )
+
+
+def build_summary_settings(settings: ModelSettings) -> ModelSettings:
+    """The turn's model settings as a compaction call uses them (see the module)."""
+    return settings.model_copy(update=dict.fromkeys(_NOT_FOR_SUMMARIES))
 
 
 def build_call_model(state: TurnState, index: int, view: View | None = None) -> CallModel:
@@ -179,22 +193,21 @@ def build_call_model(state: TurnState, index: int, view: View | None = None) -> 
         id_prefix=f"{state.turn_id}-m{index}",
         llm_call_index=index,
         stream=state.stream,
+        instructions=state.instructions,
+        settings=state.model_settings,
+        output_schema=state.output_schema,
     )
 
 
-def _is_current(state: TurnState, llm_call_index: int | None) -> bool:
-    awaiting = state.awaiting_model
-    return awaiting is not None and (llm_call_index is None or llm_call_index == awaiting)
-
-
 def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | None) -> None:
-    """A model response: start a round of tool calls, retry a blank answer, or complete the turn."""
+    """A model response: start a round of tool calls, or take the final answer (`answers`)."""
     state = draft.state
-    if not _is_current(state, event.llm_call_index):
+    if not is_current(state, event.llm_call_index):
         return  # a duplicate, or the answer to a call the turn gave up on
     turn = event.turn
     record = LLMCallRecord(
-        model=turn.model,
+        # The model that answered: as the provider names it, else as the turn called it.
+        model=turn.model or state.model.partition(":")[2] or state.model,
         provider=turn.provider,
         usage=turn.usage,
         duration_ms=event.duration_ms,
@@ -208,7 +221,7 @@ def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | Non
         responses=state.responses + 1,
         model_retries=0,
         context_budget=state.context_budget.replace(retries=0),
-        usage=state.usage + turn.usage,
+        usage=add_usage(state, turn.usage),
         llm_call_records=[*state.llm_call_records, record],
     )
     draft.emit(
@@ -222,30 +235,8 @@ def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | Non
     )
     if turn.tool_calls:
         plan_round(draft, turn, event.at, policy)
-    elif not (turn.text or "").strip():
-        _on_blank_answer(draft, turn, event.at)
     else:
-        draft.update(history=[*draft.state.history, assistant_message_from_turn(turn)])
-        finish_turn(draft, event.at)
-
-
-def _on_blank_answer(draft: Draft, turn: Turn, at: float) -> None:
-    state = draft.state
-    why = _BLANK_FINISH_REASONS.get(turn.finish_reason or "")
-    if why is not None:
-        # Retrying would hit the same wall; say what happened instead of reporting success (SPEC §5.7).
-        error = ProviderError(
-            provider=turn.provider or provider_of(state.model),
-            type=turn.finish_reason,
-            message=f"the model stopped at {why} before writing any text",
-        )
-        begin_stop(draft, "empty_answer", at, detail=f"finish_reason {turn.finish_reason}", error=error)
-        return
-    if state.empty_answer_retries < state.limits.max_empty_answer_retries:
-        draft.update(empty_answer_retries=state.empty_answer_retries + 1)
-        draft.emit("model_empty_answer", retrying=True, retries=state.empty_answer_retries + 1)
-        return
-    begin_stop(draft, "empty_answer", at, detail=f"blank text {state.empty_answer_retries + 1} times")
+        on_final_answer(draft, turn, event.at, state.awaiting_model)
 
 
 def _on_compacted(draft: Draft, event: ModelResponded, record: LLMCallRecord) -> None:
@@ -257,12 +248,12 @@ def _on_compacted(draft: Draft, event: ModelResponded, record: LLMCallRecord) ->
     draft.update(
         awaiting_model=None,
         context_budget=state.context_budget.replace(compacting=None),
-        usage=state.usage + turn.usage,
+        usage=add_usage(state, turn.usage),
         llm_call_records=[*state.llm_call_records, record],
     )
     text = (turn.text or "").strip()
     if turn.tool_calls or not text:
-        _give_up_compaction(draft, "the summary came back empty")
+        give_up_compaction(draft, "the summary came back empty")
         return
     summary = ContextSummary(through=through, text=text, llm_call_index=state.awaiting_model)
     _update_budget(draft, summary=summary)
@@ -273,109 +264,3 @@ def _on_compacted(draft: Draft, event: ModelResponded, record: LLMCallRecord) ->
         summary_chars=len(text),
         usage=turn.usage.model_dump(exclude_none=True),
     )
-
-
-def _give_up_compaction(draft: Draft, why: str) -> None:
-    # Views drop exchanges for the rest of the turn instead: a summary that failed once would likely fail
-    # again, and each try is a model call the turn pays for.
-    _update_budget(draft, compaction=False, compacting=None)
-    draft.emit("context_compaction_failed", reason=why)
-
-
-def on_model_failed(draft: Draft, event: ModelFailed) -> None:
-    """A failed model call: back off and retry a transient error while limits allow, else fail the turn."""
-    state = draft.state
-    if not _is_current(state, event.llm_call_index):
-        return
-    error = event.error
-    record = LLMCallRecord(
-        model=state.model, provider=error.provider, duration_ms=event.duration_ms, error=error
-    )
-    draft.update(awaiting_model=None, llm_call_records=[*state.llm_call_records, record])
-    if state.context_budget.compacting is not None:
-        _give_up_compaction(draft, f"{error.provider}: {error.message}")
-        return
-    if _shrinks(draft, error, event.at):
-        draft.emit(
-            "model_failed",
-            status=error.status,
-            error_type=error.type,
-            code=error.code,
-            message=error.message,
-            retryable=True,
-            retry_in_s=0.0,
-            duration_ms=event.duration_ms,
-        )
-        return
-    delay_s = build_retry_delay_s(state, error, event.at)
-    if delay_s is not None:
-        draft.update(model_retries=state.model_retries + 1)
-        draft.arm(f"{MODEL_RETRY_TIMER_PREFIX}{state.llm_calls}", event.at + delay_s)
-    draft.emit(
-        "model_failed",
-        status=error.status,
-        error_type=error.type,
-        message=error.message,
-        retryable=error.retryable,
-        retry_in_s=delay_s,
-        duration_ms=event.duration_ms,
-    )
-    if delay_s is None:
-        status = f" {error.status}" if error.status is not None else ""
-        begin_stop(
-            draft,
-            "provider_error",
-            event.at,
-            detail=f"{error.provider}{status}: {error.message}",
-            error=error,
-        )
-
-
-def build_retry_delay_s(state: TurnState, error: ProviderError, at: float) -> float | None:
-    """Seconds to wait before retrying a failed model call, or None when it must not be retried.
-
-    Capped exponential backoff; a provider's Retry-After is honoured even above the cap. No retry when the
-    error is permanent, the retries or the model calls are used up, or it would start past the deadline.
-    """
-    limits = state.limits
-    if not error.retryable or state.model_retries >= limits.max_model_retries:
-        return None
-    if state.llm_calls >= limits.max_llm_calls:
-        return None
-    delay_s = min(state.model_retry_cap_s, state.model_retry_base_s * 2**state.model_retries)
-    if error.retry_after_s is not None:
-        delay_s = max(delay_s, error.retry_after_s)
-    return None if at + delay_s >= state.deadline_at else delay_s
-
-
-def _shrinks(draft: Draft, error: ProviderError, at: float) -> bool:
-    """For an over-long-context error, shrink the budget for a call made again at once; False: not that."""
-    state = draft.state
-    context = state.context_budget
-    if error.code != CONTEXT_LENGTH_EXCEEDED or context.retries >= MAX_CONTEXT_RETRIES:
-        return False
-    if state.llm_calls >= state.limits.max_llm_calls or at >= state.deadline_at:
-        return False
-    window = _stated(error, WINDOW_DETAIL)
-    if window is not None:
-        context = context.replace(window_tokens=window)
-    estimate = context.view_tokens
-    if window is None or estimate <= build_budget_tokens(state.model, context.replace(cap_tokens=None)):
-        # The estimate already fitted what the provider refused: it counts low for this model.
-        context = context.replace(cap_tokens=max(1, int(estimate * CONTEXT_SHRINK)))
-    draft.update(context_budget=context.replace(retries=context.retries + 1))
-    draft.emit(
-        "context_exceeded",
-        llm_call_index=state.llm_calls - 1,
-        estimated_tokens=estimate,
-        prompt_tokens=_stated(error, PROMPT_DETAIL),
-        window_tokens=window,
-        budget_tokens=build_budget_tokens(state.model, context),
-        retrying=True,
-    )
-    return True
-
-
-def _stated(error: ProviderError, key: str) -> int | None:
-    value = (error.details or {}).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -7,8 +7,7 @@ new one. Each model has a `TypedDict` of its fields, all optional (`TurnChanges`
 stays an unvalidated `model_copy`. A unit test keeps each in step with its model.
 
 The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn from
-`load_state(text, history)` (the state and its history list). A state written by a newer or older layout is
-refused with `StateVersionError` rather than misread.
+`load_state(text, history)`. A state of a newer or older layout is refused (`StateVersionError`), not misread.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from orchestrator.model import (
     Limits,
     LLMCallRecord,
     Message,
+    ModelSettings,
     ProviderError,
     StopReason,
     TurnOutcome,
@@ -48,11 +48,11 @@ from workers.contract import ToolOutcome, ToolSpec
 
 # Version 2: `CallState.requested` holds the whole outcome asked for (version 1 kept only its kind), so that a
 # new owner can ask for the very same outcome again (`machine.resume`). Version 1 states are upgraded on load.
-# Version 3: the history is not in the state's JSON but in an append-only Redis list (`workers.keys.history`);
-# the JSON says how many of the list's messages are the state's (`history_len`) and in which list they are
-# (`history_key`). The other lists that only grow, one entry per model call or late outcome (`LOGGED_FIELDS`),
-# are in the turn's log list (`log_key`, `log_len`), so that a step's state stays small however long the turn.
-# Version 1 and 2 states (all inline) load as they are; their next save writes their lists.
+# Version 3: the history is in an append-only Redis list (`workers.keys.history`; the JSON says which,
+# `history_key`, and how many of its messages, `history_len`); the lists that only grow (`LOGGED_FIELDS`) are
+# in the turn's log list (`log_key`, `log_len`): a step's state stays small however long the turn. Version 1
+# and 2 states (all inline) load as they are; their next save writes their lists. Fields added since load
+# with their defaults from a state written before them.
 STATE_VERSION = 3
 SUPPORTED_STATE_VERSIONS = frozenset({1, 2, STATE_VERSION})
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
@@ -187,8 +187,14 @@ class TurnState(_Frozen):
 
     version: int = STATE_VERSION
     turn_id: str
-    # The request's essentials.
+    # The request's essentials. `model` is the one calls go to, `models[model_index]` of the fallback order
+    # (empty in older states); the model controls (SPEC §10) go with every call, never into the history.
     model: str
+    models: list[str] = Field(default_factory=list)
+    model_index: int = 0
+    instructions: str | None = None
+    model_settings: ModelSettings = Field(default_factory=ModelSettings)
+    output_schema: dict[str, Any] | None = None
     limits: Limits = Field(default_factory=Limits)
     context: dict[str, Any] = Field(default_factory=dict)
     tools_allowed: list[str] | None = None
@@ -208,6 +214,7 @@ class TurnState(_Frozen):
     rounds: int = 0
     empty_answer_retries: int = 0
     model_retries: int = 0
+    output_retries: int = 0
     # The llm call index of the model call in flight, if any.
     awaiting_model: int | None = None
     current: RoundState | None = None
@@ -274,6 +281,11 @@ class TurnChanges(TypedDict, total=False):
     version: int
     turn_id: str
     model: str
+    models: list[str]
+    model_index: int
+    instructions: str | None
+    model_settings: ModelSettings
+    output_schema: dict[str, Any] | None
     limits: Limits
     context: dict[str, Any]
     tools_allowed: list[str] | None
@@ -289,6 +301,7 @@ class TurnChanges(TypedDict, total=False):
     rounds: int
     empty_answer_retries: int
     model_retries: int
+    output_retries: int
     awaiting_model: int | None
     current: RoundState | None
     failure_signatures: list[str]

@@ -10,7 +10,7 @@ tool calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from orchestrator.machine.draft import Draft
 from orchestrator.machine.events import Finish
@@ -48,6 +48,9 @@ def describe_stop(draft: Draft, reason: StopReason, detail: str | None = None) -
         "cancelled": "the turn was cancelled",
         "provider_error": "the model provider returned an error",
         "empty_answer": "the model gave no answer",
+        "invalid_output": "the model's answer did not match the output schema",
+        "max_total_tokens": f"the budget of {limits.max_total_tokens or 0:,} tokens was spent",
+        "max_cost": f"the budget of ${limits.max_cost_usd or 0:g} was spent",
     }
     text = texts[reason]
     return f"{text}: {detail}" if detail else text
@@ -60,18 +63,21 @@ def begin_stop(
     *,
     detail: str | None = None,
     error: ProviderError | None = None,
+    status: Literal["stopped", "failed"] | None = None,
+    message: str | None = None,
 ) -> None:
     """Decide that the turn ends and answer what can be answered now; it finishes once nothing is pending.
 
     A hard stop (deadline, cancel) replaces a soft one already decided; otherwise the first stop wins.
+    `status` and `message` replace the reason's own (a budget that cannot be kept fails the turn).
     """
     existing = draft.state.stop
     hard = reason in HARD_STOPS
     if existing is not None and (existing.reason in HARD_STOPS or not hard):
         return
-    message = describe_stop(draft, reason, detail)
+    message = message or describe_stop(draft, reason, detail)
     draft.update(
-        stop=PendingStop(status=_status_for(reason), reason=reason, message=message, error=error),
+        stop=PendingStop(status=status or _status_for(reason), reason=reason, message=message, error=error),
         awaiting_model=None,
     )
     for timer_id in [t for t in draft.state.timers if t.startswith(MODEL_RETRY_TIMER_PREFIX)]:
@@ -83,7 +89,8 @@ def begin_stop(
 def _status_for(reason: StopReason) -> Literal["stopped", "failed", "cancelled"]:
     if reason == "cancelled":
         return "cancelled"
-    if reason in ("provider_error", "empty_answer"):
+    # The model could not give what was asked (an answer, one that fits the schema): the turn failed.
+    if reason in ("provider_error", "empty_answer", "invalid_output"):
         return "failed"
     return "stopped"
 
@@ -114,8 +121,10 @@ def _call_stop_message(draft: Draft, reason: StopReason, *, ran: bool) -> str:
     return f"not run: the turn stopped ({describe_stop(draft, reason)})"
 
 
-def finish_turn(draft: Draft, at: float) -> None:
-    """End the turn with its pending stop, or as completed when none: build the outcome, emit Finish."""
+def finish_turn(draft: Draft, at: float, output: Any = None) -> None:
+    """End the turn with its pending stop, or as completed when none: build the outcome, emit Finish.
+
+    `output`: a completed typed turn's answer, parsed and validated (SPEC §10.2)."""
     state = draft.state
     stop = state.stop
     history = list(state.history)
@@ -127,7 +136,8 @@ def finish_turn(draft: Draft, at: float) -> None:
         turn_id=state.turn_id,
         status="completed" if stop is None else stop.status,
         stop_reason=None if stop is None else stop.reason,
-        limit_reached=stop is not None and stop.reason in LIMIT_STOP_REASONS,
+        # A limit stop, not a budget that could not be kept (a `failed` one).
+        limit_reached=stop is not None and stop.status == "stopped" and stop.reason in LIMIT_STOP_REASONS,
         text=text,
         messages=history,
         usage=state.usage,
@@ -136,6 +146,7 @@ def finish_turn(draft: Draft, at: float) -> None:
         model=state.model,
         error=None if stop is None else stop.error,
         llm_call_records=list(state.llm_call_records),
+        output=output if stop is None else None,
     )
     for timer_id in list(state.timers):
         draft.disarm(timer_id)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from orchestrator.machine.budgets import check_budget
 from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, round_of
 from orchestrator.machine.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
 from orchestrator.machine.state import (
@@ -72,6 +74,11 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
         repeat_streaks=streaks,
     )
     valid = _reject_invalid(draft, tool_calls, at, policy)
+    spent = check_budget(draft.state)
+    if spent is not None:
+        # The answer that asked for these calls spent a budget: none runs, each is answered `skipped`.
+        begin_stop(draft, spent.reason, at, status=spent.status, message=spent.message)
+        return
     stop = _round_stop(draft, state, [tool_calls[i] for i in valid], streaks, at)
     if stop is not None:
         begin_stop(draft, stop[0], at, detail=stop[1])
@@ -121,7 +128,7 @@ def _reject_invalid(
 ) -> list[int]:
     """Ask for the outcome of every call refused before dispatch; the indices of the others."""
     state = draft.state
-    catalogue = {name: state.offered.get(name) or ToolSpec(name=name) for name in state.catalogue_names}
+    catalogue = _catalogue(state)
     valid: list[int] = []
     for index, tool_call in enumerate(tool_calls):
         rejection = validate_call(
@@ -143,6 +150,12 @@ def _reject_invalid(
             round_of(draft.state).calls[index], rejection_kind, message, at, synthetic=False
         )
     return valid
+
+
+def _catalogue(state: TurnState) -> dict[str, ToolSpec]:
+    # The names of every catalogued tool, with the specs of those offered: enough to tell unknown from not
+    # offered, without storing every spec.
+    return {name: state.offered.get(name) or ToolSpec(name=name) for name in state.catalogue_names}
 
 
 def _round_stop(
@@ -239,16 +252,49 @@ def on_lost_timer(draft: Draft, call_id: str, attempt: int, at: float) -> None:
 
 
 def on_approval(draft: Draft, event: ApprovalGiven) -> None:
-    """A person approved (dispatch now) or denied (`confirmation_denied`) a parked call."""
+    """A person approved (dispatch now), maybe with edited arguments, or denied (`confirmation_denied`, with
+    what they said for the model to read) a parked call."""
     call = find_call(draft.state, event.call_id)
     if call is None or not call.waiting_approval or call.requested is not None or call.finished:
         return
-    draft.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved)
-    if event.approved:
-        dispatch_call(draft, call, 1, event.at)
+    edited = event.approved and event.arguments is not None
+    draft.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved, edited=edited)
+    if not event.approved:
+        message = "the call was denied by a person" + (f": {event.reason}" if event.reason else "")
+        draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False)
         return
-    message = "the call was denied by a person" + (f": {event.reason}" if event.reason else "")
-    draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False)
+    if event.arguments is not None:
+        edited_call = _edit_arguments(draft, call, event.arguments, event.at)
+        if edited_call is None:
+            return
+        call = edited_call
+    dispatch_call(draft, call, 1, event.at)
+
+
+def _edit_arguments(draft: Draft, call: CallState, arguments: dict[str, Any], at: float) -> CallState | None:
+    """The call with the arguments a person edited, validated as the model's were; None when they are refused
+    (the call is then answered with the validation failure, never run).
+
+    The round's assistant message shows the edited arguments: the history holds what ran, so that the model
+    reasons from the call as it was made (the `approval_given` event says it was edited)."""
+    state = draft.state
+    rejection = validate_call(call.tool, arguments, None, _catalogue(state), state.offered)
+    if rejection is not None:
+        message = f"the arguments a person gave when approving were refused: {rejection.message}"
+        draft.request_failure(call, rejection.kind, message, at, synthetic=False)
+        return None
+    edited = call.replace(arguments=dict(arguments))
+    draft.replace_call(edited)
+    current = round_of(draft.state)
+    tool_calls = [
+        c.model_copy(update={"arguments": dict(arguments), "raw_arguments": None, "arguments_error": None})
+        if c.id == call.call_id
+        else c
+        for c in current.assistant.tool_calls
+    ]
+    assistant = current.assistant.model_copy(update={"tool_calls": tool_calls})
+    draft.update(current=current.replace(assistant=assistant))
+    return edited
 
 
 def on_tool_finished(draft: Draft, event: ToolFinished) -> None:

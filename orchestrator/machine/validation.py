@@ -1,8 +1,10 @@
-"""Pre-dispatch validation of one tool call (SPEC §4.1): pure, no I/O.
+"""Pre-dispatch validation of one tool call (SPEC §4.1), and of a typed final answer (§10.2): pure, no I/O.
 
 The state machine and direct execution call `validate_call` before anything is sent to a worker: an unknown
 tool, a tool the turn does not offer, arguments that are too large or that fail the tool's JSON Schema all
 become a `Rejection` — a value the caller turns into a failure outcome — and are never dispatched.
+`validate_output` parses a final answer as JSON and checks it against the turn's output schema (Draft 2020-12,
+as tool arguments are), giving the errors a model can fix its answer by.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+from jsonschema.exceptions import SchemaError, ValidationError
+from referencing.exceptions import Unresolvable
 
 from workers.contract import FailureKind, ToolSpec, build_listing
 
@@ -21,6 +24,10 @@ from workers.contract import FailureKind, ToolSpec, build_listing
 # wrong types; anything else after. A model fixes its call fastest in that order.
 _MESSAGE_ORDER = {"required": 0, "additionalProperties": 1, "type": 2}
 _MAX_MESSAGES = 10
+# A message about a value quotes the value: an answer's error shows at most this much of it.
+_MAX_MESSAGE_CHARS = 300
+# The cache key of output schemas in the compiled validators (no tool is named so: names are identifiers).
+_OUTPUT = "<output schema>"
 
 
 class Rejection(NamedTuple):
@@ -105,3 +112,42 @@ def _compiled_validator(name: str, schema_json: str) -> Draft202012Validator:
     # Keyed on the schema text as well as the name: a worker may republish a tool with a new schema.
     del name  # part of the cache key only
     return Draft202012Validator(json.loads(schema_json))
+
+
+def check_output_schema(schema: Mapping[str, Any]) -> str | None:
+    """None when `schema` is a valid JSON Schema (Draft 2020-12), else what is wrong with it."""
+    try:
+        Draft202012Validator.check_schema(dict(schema))
+    except SchemaError as exc:
+        return f"the output schema is not a valid JSON Schema: {_bounded(exc.message)}"
+    return None
+
+
+def validate_output(schema: Mapping[str, Any], text: str | None) -> tuple[Any, list[str]]:
+    """A final answer parsed as JSON and checked against `schema`: `(value, [])` when it fits, else
+    `(None, errors)`, most actionable first. An answer wrapped in a Markdown code fence is read inside it."""
+    problem = check_output_schema(schema)
+    if problem is not None:
+        return None, [problem]  # refused at submit; a state from elsewhere is guarded all the same
+    try:
+        value = json.loads(_unfenced((text or "").strip()))
+    except ValueError as exc:
+        return None, [f"the answer is not JSON: {exc}"]
+    validator = _compiled_validator(_OUTPUT, json.dumps(schema, sort_keys=True))
+    try:
+        errors = sorted(validator.iter_errors(value), key=_error_rank)
+    except Unresolvable as exc:
+        return None, [f"the output schema cannot be used: {_bounded(str(exc))}"]
+    if errors:
+        return None, [_bounded(_describe(error)) for error in errors[:_MAX_MESSAGES]]
+    return value, []
+
+
+def _unfenced(text: str) -> str:
+    if text.startswith("```") and text.endswith("```") and "\n" in text:
+        return text[text.index("\n") + 1 : -3].strip()
+    return text
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE_CHARS else message[: _MAX_MESSAGE_CHARS - 1] + "…"

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.context.budget import ContextBudget, ContextSummary
-from orchestrator.context.tokens import REQUEST_OVERHEAD_TOKENS, build_token_counter, count_tools_tokens
+from orchestrator.context.tokens import (
+    REQUEST_OVERHEAD_TOKENS,
+    build_token_counter,
+    count_controls_tokens,
+    count_tools_tokens,
+)
 from orchestrator.context.trim import ItemKind, ViewItem, fit_to_budget
 from orchestrator.context.windows import build_context_window, build_output_reserve
 from orchestrator.machine.state import ViewDiagnostic, ViewDiagnosticKind
@@ -69,10 +75,17 @@ def fit_view(
     tools: Sequence[ToolSpec],
     budget_tokens: int,
     summary: ContextSummary | None = None,
+    instructions: str | None = None,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> View:
-    """`view` (the projection of `history`) with the summary in place and trimmed to `budget_tokens`."""
+    """`view` (the projection of `history`) with the summary in place and trimmed to `budget_tokens`; the
+    request's tools, instructions and output schema count, as sent whole."""
     count = build_token_counter(model)
-    fixed = REQUEST_OVERHEAD_TOKENS + count_tools_tokens(tools, count)
+    fixed = (
+        REQUEST_OVERHEAD_TOKENS
+        + count_tools_tokens(tools, count)
+        + count_controls_tokens(instructions, output_schema, count)
+    )
     items = _items(view.messages, history, summary)
     fitted = fit_to_budget(items, budget_tokens - fixed, count)
     diagnostics = list(view.diagnostics)

@@ -46,15 +46,21 @@ class Adopted:
         )
 
 
-def resolve_turn_model(requested: str | list[str] | None, settings: Settings) -> str:
-    """The `provider:model` a new turn runs with: its own, a configured tier, or the default model."""
-    if isinstance(requested, list):
-        requested = requested[0] if requested else None
+def resolve_turn_models(requested: str | list[str] | None, settings: Settings) -> list[str]:
+    """The `provider:model`s a new turn runs with, in fallback order: each its own, a configured tier, or the
+    default model. A model named twice (a tier and the model it names) is tried once."""
+    names: list[str | None] = list(requested) if isinstance(requested, list) else [requested]
+    resolved = [_resolve_one(name, settings) for name in names or [None]]
+    return list(dict.fromkeys(resolved))
+
+
+def _resolve_one(requested: str | None, settings: Settings) -> str:
     try:
         return resolve_model(requested, default=settings.model, tiers=settings.model_tiers)
     except ModelConfigError:
-        # Kept as given: the model call then fails with a provider error that names the problem, so a
-        # bad model ends the turn through the one stop path instead of crashing here.
+        # Kept as given: the model call then fails with a provider error that names the problem (the next
+        # model of a fallback order takes over), so a bad model ends the turn through the one stop path
+        # instead of crashing here.
         return requested or settings.model
 
 

@@ -11,11 +11,10 @@ each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked 
 - parks it (`HydratedTurns`): beyond the `hydrated_turns` most recently stepped, a turn keeps its JSON only;
 - drops it: finished, lease lost, or stopping.
 
-Steps of one turn are serialised by its lock; different turns interleave freely. The process hands events
-in through `deliver` / `defer` (inbox notifications) and the timer heap fires `TimerFired` here.
-
-Redis failing never abandons a turn: each Redis call of a step is retried (`RedisRetry`) under the turn's
-lock, its state kept, until it lands, is refused (lease lost: dropped) or the process stops (released).
+Steps of one turn are serialised by its lock; different turns interleave freely. Events come in through
+`deliver` / `defer` (inbox notifications) and the timer heap (`TimerFired`). Redis failing never abandons a
+turn: each Redis call of a step is retried (`RedisRetry`) under its lock, its state kept, until it lands, is
+refused (lease lost: dropped) or the process stops (released).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from orchestrator.runtime.adopt import (
     Adopted,
     drop_dispatches,
     read_missed_outcomes,
-    resolve_turn_model,
+    resolve_turn_models,
     select_resent,
 )
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
@@ -196,16 +195,17 @@ class TurnDriver:
         if request.conversation_id:
             prior = await self._store.conversation_history(request.conversation_id)
         catalogue = await aread_catalogue(self._store.redis)
-        model = resolve_turn_model(request.model, self._settings)
+        models = resolve_turn_models(request.model, self._settings)
         state, commands = machine.start(
             turn_id,
             request,
-            model=model,
+            model=models,
             catalogue=catalogue,
             at=time.time(),
             lost_grace_s=self._lost_grace_s,
             prior_history=prior.messages,
-            context_budget=build_context_budget(model, self._settings, self._performer.learned_windows),
+            context_budget=build_context_budget(models, self._settings, self._performer.learned_windows),
+            unpriced=self._performer.unpriced(models) if request.limits.max_cost_usd is not None else (),
         )
         return Adopted(state, commands, False, conversation_id, prior.entries)
 

@@ -8,7 +8,8 @@ entry arrive there:
   (one MGET per batch), so the stream stays small. A lost notification loses nothing: the key is the record.
 - `started` (turn, call, attempt, worker, at): a worker began an attempt of a call.
 - `control` (turn, control=cancel|approval, call, approved, id): a client asked to cancel or approve; the
-  request itself is read from the turn's control stream, which is the record.
+  request itself is read from the turn's control stream, which is the record (with an approval's edited
+  arguments and a denial's reason).
 """
 
 from __future__ import annotations
@@ -70,10 +71,17 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
 def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGiven | None:
     """The machine event of one control request; None for an approval that names no call."""
     if request.kind == "cancel":
-        return CancelRequested(at=request.at)
+        return CancelRequested(at=request.at, reason=request.reason)
     if not request.call_id:
         return None
-    return ApprovalGiven(call_id=request.call_id, approved=bool(request.approved), at=request.at)
+    # A denial's reason reaches the model in the call's answer; the machine validates edited arguments.
+    return ApprovalGiven(
+        call_id=request.call_id,
+        approved=bool(request.approved),
+        at=request.at,
+        reason=request.reason,
+        arguments=request.arguments if request.approved else None,
+    )
 
 
 def _as_int(raw: str | None, default: int) -> int:

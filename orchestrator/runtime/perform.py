@@ -8,7 +8,8 @@ another:
     WriteOutcomes   at once: first-writer-wins writes → ToolFinished(the winner) for each outcome
     Emit            at once: the turn event appended → nothing
     AwaitApproval   at once: a log line → nothing
-    CallModel       later: the model's answer → ModelResponded, or ModelFailed (errors are values)
+    CallModel       later: the model's answer → ModelResponded, its usage priced (`orchestrator.pricing`),
+                    or ModelFailed (errors are values)
     DispatchTools   later: routed by the live catalogue (`route_call`), published through the `Publisher`
                     → ToolFinished of each call that was not sent: `not_found` when no live worker serves
                     its tool, `worker_lost` when publishing failed (synthetic, as written: the winner)
@@ -48,8 +49,9 @@ from orchestrator.machine.events import (
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
-from orchestrator.model import ProviderError, Turn
+from orchestrator.model import ProviderError, Turn, Usage
 from orchestrator.outage import RedisOutage, RedisRetry
+from orchestrator.pricing import PriceTable, build_price_table, cost_usd
 from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.registry import ModelClients
@@ -107,19 +109,26 @@ def route_call(
     return spec if served.queue == spec.queue else spec.model_copy(update={"queue": served.queue})
 
 
-def build_context_budget(model: str, settings: Settings, learned: Mapping[str, int]) -> ContextBudget:
-    """The context budget a new turn on `model` starts with (SPEC §11.3).
+def build_context_budget(
+    model: str | Sequence[str], settings: Settings, learned: Mapping[str, int]
+) -> ContextBudget:
+    """The context budget a new turn on `model` starts with (SPEC §11.3); for a fallback order (a list), the
+    window of its first model, and that of each of the others for when one takes over.
 
-    The window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the known table) and
-    one this process learned from a provider's over-long-context error (`learned`, by model).
+    A window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the known table) and one
+    this process learned from a provider's over-long-context error (`learned`, by model).
     """
-    window = build_context_window(model, settings.context_windows)
-    if model in learned:
-        window = min(window, learned[model])
+
+    def window_of(name: str) -> int:
+        window = build_context_window(name, settings.context_windows)
+        return min(window, learned[name]) if name in learned else window
+
+    first, *fallbacks = [model] if isinstance(model, str) else model
     return ContextBudget(
-        window_tokens=window,
+        window_tokens=window_of(first),
         output_reserve_tokens=settings.context_output_reserve_tokens,
         compaction=settings.compaction,
+        model_windows={name: window_of(name) for name in fallbacks},
     )
 
 
@@ -136,10 +145,14 @@ class Performer:
         catalogue: CatalogueView | None = None,
         retry: RedisRetry | None = None,
         stream_flush_s: float = 0.2,
+        prompt_caching: bool = True,
+        prices: PriceTable | None = None,
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
         `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
-        `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`)."""
+        `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`);
+        `prompt_caching` asks for cache breakpoints (TOOLLOOP_PROMPT_CACHING); `prices` prices each call
+        (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process)."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
@@ -147,6 +160,8 @@ class Performer:
         self._clock = clock
         self._catalogue = catalogue or LiveCatalogue(store.redis)
         self._stream_flush_s = stream_flush_s
+        self._prompt_caching = prompt_caching
+        self.prices = prices if prices is not None else build_price_table()
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time (SPEC §11.3).
         self.learned_windows: dict[str, int] = {}
@@ -208,6 +223,7 @@ class Performer:
                 error=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
             )
         else:
+            result = self._price(command.model, result)
             metrics.record_model_call(
                 result.provider or "unknown",
                 "ok",
@@ -219,6 +235,19 @@ class Performer:
                 turn=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
             )
         return (event,)
+
+    def unpriced(self, models: Sequence[str]) -> list[str]:
+        """The models of `models` the price table has no price for (a budget in dollars cannot be kept)."""
+        probe = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+        return [model for model in models if cost_usd(model, probe, self.prices) is None]
+
+    def _price(self, model: str, turn: Turn) -> Turn:
+        # Before the answer is stepped: the machine sums the costs and checks the budget in dollars. A cost
+        # the provider reported stands when the table has no price; none at all stays None, never a guess.
+        cost = cost_usd(model, turn.usage, self.prices)
+        if cost is None:
+            return turn
+        return turn.model_copy(update={"usage": turn.usage.model_copy(update={"cost_usd": cost})})
 
     def _learn_window(self, model: str, error: ProviderError) -> None:
         window = (error.details or {}).get(WINDOW_DETAIL)
@@ -242,6 +271,11 @@ class Performer:
             tool_choice=command.tool_choice,
             id_prefix=command.id_prefix,
             stream=command.stream,
+            max_output_tokens=command.settings.max_output_tokens,
+            instructions=command.instructions,
+            settings=command.settings,
+            output_schema=command.output_schema,
+            prompt_cache=self._prompt_caching,
         )
         try:
             return await client.complete(request, on_delta)

@@ -42,6 +42,7 @@ from celery import Celery
 from orchestrator.archive import ArchivingTurnStore, TurnArchiver
 from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
+from orchestrator.pricing import build_price_table
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.driver import TurnDriver
 from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
@@ -129,6 +130,8 @@ class Runtime:
             models=ModelClients(settings, http, max_retries=0),
             retry=self.retry,
             stream_flush_s=settings.stream_flush_s,
+            prompt_caching=settings.prompt_caching,
+            prices=build_price_table(settings.model_prices),
         )
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None

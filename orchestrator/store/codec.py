@@ -7,7 +7,8 @@ What a turn looks like to a reader (`TurnView`) is built in `orchestrator.store.
 Layout (keys from `workers.keys`):
 - `turn_request` (JSON `TurnRequest`), `turn_status` (a `TurnStatus` value), `turn_state` (opaque JSON of the
   machine's state), `turn_outcome` (JSON `TurnOutcome`), `turn_events` (stream: name, at, data JSON),
-  `turn_control` (stream: kind, call, approved, at), `turn_lease` (orchestrator id, with a TTL).
+  `turn_control` (stream: kind, call, approved, at, arguments JSON, reason), `turn_lease` (orchestrator id,
+  with a TTL).
 - `TURN_QUEUE` (list of claimable ids), `TURNS_CLAIMING` (ids between BLMOVE and their lease),
   `TURNS_ACTIVE` (zset of non-terminal ids, for orphan detection without SCAN).
 - Conversations: `conversation_lock` holds the id of the conversation's one queued-or-running turn; later
@@ -54,6 +55,10 @@ class ControlRequest(BaseModel):
     call_id: str | None = None
     approved: bool | None = None
     at: float
+    # An approval's edited arguments (run instead of the model's, once validated) and a person's reason (what
+    # a denial tells the model); None in entries written before approvals carried them.
+    arguments: dict[str, Any] | None = None
+    reason: str | None = None
 
 
 # --- builders (pure) -------------------------------------------------------------------------------------
@@ -128,10 +133,35 @@ def build_event_fields(name: str, data: Mapping[str, Any], now: float) -> dict[s
     return {"name": name, "at": repr(now), "data": json.dumps(redact(dict(data)), default=str)}
 
 
+def dump_control_arguments(arguments: Mapping[str, Any] | None) -> str:
+    """An approval's edited arguments as the control stream stores them: JSON text, "" for none."""
+    if arguments is None:
+        return ""
+    if not isinstance(arguments, Mapping):
+        raise ValueError("'arguments' must be a JSON object of the tool's arguments")
+    problem = find_unstorable_value(dict(arguments))
+    if problem is not None:
+        raise ValueError(f"arguments: {problem}")
+    return json.dumps(dict(arguments), ensure_ascii=False, separators=(",", ":"))
+
+
 def build_inbox_ack_id(entry_id: str) -> str:
     """The MINID that trims an inbox up to and including `entry_id` (the next possible id)."""
     ms, _, seq = entry_id.partition("-")
     return f"{ms}-{int(seq or 0) + 1}"
+
+
+def build_turn_summary(turn_id: str, outcome: TurnOutcome) -> dict[str, Any]:
+    """The `turn_finished` event's data: how the turn ended, without its messages."""
+    return {
+        "turn_id": turn_id,
+        "status": outcome.status,
+        "stop_reason": outcome.stop_reason,
+        "limit_reached": outcome.limit_reached,
+        "llm_calls": outcome.llm_calls,
+        "tool_executions": outcome.tool_executions,
+        "usage": outcome.usage.model_dump(mode="json"),
+    }
 
 
 def now_s() -> float:
@@ -188,6 +218,7 @@ def parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlRe
     """One entry of a turn's control stream."""
     decoded = parse_fields(fields)
     approved = decoded.get("approved", "")
+    arguments = decoded.get("arguments") or ""
     return ControlRequest.model_validate(
         {
             "id": text(entry_id),
@@ -195,6 +226,8 @@ def parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlRe
             "call_id": decoded.get("call") or None,
             "approved": None if approved == "" else approved == "1",
             "at": float(decoded.get("at", "0")),
+            "arguments": json.loads(arguments) if arguments else None,
+            "reason": decoded.get("reason") or None,
         }
     )
 

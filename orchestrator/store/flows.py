@@ -9,8 +9,10 @@ by hand with made-up replies and times. Blocking reads are cut into steps of at 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from orchestrator.errors import UnknownToolError, UnknownTurnError
+from orchestrator.machine.validation import build_schema_messages
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.providers.base import check_model_name
 from orchestrator.store import codec, history, operations
@@ -20,6 +22,8 @@ from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
+from orchestrator.store.submit_checks import ModelNames, check_refusals
+from orchestrator.store.turn_view import TurnView
 from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.keys import DEFAULT_RETENTION, Retention
 
@@ -49,13 +53,18 @@ def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, To
         raise UnknownToolError(unknown, (spec.name for spec in build_listing(catalogue.values())))
 
 
-def submit(request: TurnRequest, turn_id: str | None, now: float) -> Flow[str]:
+def submit(
+    request: TurnRequest, turn_id: str | None, now: float, *, names: ModelNames | None = None
+) -> Flow[str]:
     """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given).
 
-    Checked before anything is stored: the request's own rules, its model's name, and its tools against the
-    live catalogue (`check_tool_names`, read only when the turn names tools)."""
+    Checked before anything is stored: the request's own rules, its models' names, its output schema and
+    model settings against each model's provider (`submit_checks`, tiers resolved with `names`: the
+    submitting process's), and its tools against the live catalogue (`check_tool_names`, read only when
+    the turn names tools)."""
     codec.check_turn_request(request)
     check_model_name(request.model)
+    check_refusals(request, names)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
     if request.tools:
         catalogue: dict[str, ToolSpec] = yield get_catalogue(now)
@@ -128,13 +137,45 @@ def write_outcome(outcome: ToolOutcome, retention: Retention = DEFAULT_RETENTION
 
 
 def send_control(
-    turn_id: str, kind: str, call_id: str | None, approved: bool | None, now: float
+    turn_id: str,
+    kind: str,
+    call_id: str | None,
+    approved: bool | None,
+    now: float,
+    *,
+    arguments: Mapping[str, Any] | None = None,
+    reason: str | None = None,
 ) -> Flow[bool]:
     """Record a cancel or an approval for the turn's owner: False when the turn had ended already."""
-    result = yield operations.control(turn_id, kind, call_id, approved, now)
+    result = yield operations.control(
+        turn_id, kind, call_id, approved, now, arguments=arguments, reason=reason
+    )
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
     return result is ControlResult.RECORDED
+
+
+def send_approval(
+    turn_id: str,
+    call_id: str,
+    approved: bool,
+    now: float,
+    *,
+    arguments: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+) -> Flow[bool]:
+    """Approve (with the person's edited `arguments`, run instead of the model's) or deny (with a `reason`
+    the model sees) a call waiting for confirmation; False when the turn had ended already.
+
+    Edited arguments are checked first, when they can be, against the tool's schema in the live catalogue
+    (`ValueError` naming what is wrong); the turn's orchestrator validates them again before it runs them."""
+    if arguments is not None:
+        if not approved:
+            raise ValueError("'arguments' edit a call that is approved; a denial says why in 'reason'")
+        codec.dump_control_arguments(arguments)  # what JSON cannot carry is refused before any read
+        yield from check_edited_arguments(turn_id, call_id, arguments, now)
+    flow = send_control(turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason)
+    return (yield from flow)
 
 
 def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[TurnOutcome]:
@@ -180,3 +221,20 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
             after = batch[-1].id
         elif ended:
             return  # ended (or expired) and its turn_finished is not in the stream any more
+
+
+def check_edited_arguments(
+    turn_id: str, call_id: str, arguments: Mapping[str, Any], now: float
+) -> Flow[None]:
+    """`ValueError` when edited arguments fail the schema of the tool whose call waits for approval.
+
+    Unchecked (left to the orchestrator) when the call is not waiting, or no live worker serves its tool."""
+    view: TurnView = yield operations.require_view(turn_id)
+    waiting = next((p for p in view.pending_approvals if p.call_id == call_id), None)
+    if waiting is None:
+        return
+    catalogue: dict[str, ToolSpec] = yield get_catalogue(now)
+    spec = catalogue.get(waiting.tool)
+    problems = build_schema_messages(spec.name, spec.parameters, arguments) if spec is not None else []
+    if problems:
+        raise ValueError(f"arguments: invalid arguments for '{waiting.tool}': " + "; ".join(problems))

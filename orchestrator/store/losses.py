@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, operations
+from orchestrator.store import codec
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
 from orchestrator.store.scripts import RECORD_LOST
 from workers import keys
@@ -149,7 +149,7 @@ def record_lost(
 ) -> ScriptCall[LostResult]:
     """The terminal record of a lost turn, unless the turn has its keys (`record_lost.lua`)."""
     summary = {
-        **operations.build_turn_summary(turn_id, outcome),
+        **codec.build_turn_summary(turn_id, outcome),
         "lost": True,
         "error": outcome.error.message if outcome.error else None,
     }

@@ -245,7 +245,7 @@ def save_outcome(
         history_key,
         keys.turn_log(turn_id),
     ]
-    summary = build_turn_summary(turn_id, outcome)
+    summary = codec.build_turn_summary(turn_id, outcome)
     stored = history.dump_outcome(outcome, history_key)
     head = history.dump_head(turn_id, history_key, len(outcome.messages))
     args: list[str | int] = [turn_id, stored, outcome.status, retention.turn_ttl_s]
@@ -289,15 +289,24 @@ def get_last_event_id(turn_id: str) -> RedisCommand[str]:
 
 
 def control(
-    turn_id: str, kind: str, call_id: str | None, approved: bool | None, now: float
+    turn_id: str,
+    kind: str,
+    call_id: str | None,
+    approved: bool | None,
+    now: float,
+    *,
+    arguments: Mapping[str, Any] | None = None,
+    reason: str | None = None,
 ) -> ScriptCall[ControlResult]:
-    """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner (`control.lua`)."""
+    """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner (`control.lua`); an
+    approval may carry edited `arguments` (stored as JSON) and a `reason` (what a denial tells the model)."""
     if kind == "approval" and not call_id:
         raise ValueError("call_id must not be empty")
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
     approved_arg = "" if approved is None else ("1" if approved else "0")
     args: list[str | int] = [keys.INBOX_PREFIX, turn_id, kind, call_id or "", approved_arg, repr(now)]
     args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
+    args += [codec.dump_control_arguments(arguments), reason or ""]
     return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
 
 
@@ -379,16 +388,3 @@ def unregister(orchestrator_id: str) -> Transaction[Any]:
 def ping() -> RedisCommand[bool]:
     """True when Redis answers."""
     return RedisCommand(("PING",), bool)
-
-
-def build_turn_summary(turn_id: str, outcome: TurnOutcome) -> dict[str, Any]:
-    """The `turn_finished` event's data: how the turn ended, without its messages."""
-    return {
-        "turn_id": turn_id,
-        "status": outcome.status,
-        "stop_reason": outcome.stop_reason,
-        "limit_reached": outcome.limit_reached,
-        "llm_calls": outcome.llm_calls,
-        "tool_executions": outcome.tool_executions,
-        "usage": outcome.usage.model_dump(mode="json"),
-    }

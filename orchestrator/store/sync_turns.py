@@ -13,7 +13,8 @@ answers now.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import redis
 
@@ -22,6 +23,7 @@ from orchestrator.store import codec, flows, history, operations, turn_stream
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
+from orchestrator.store.submit_checks import ModelNames
 from orchestrator.store.turn_stream import StreamEvent
 from orchestrator.store.turn_view import TurnView
 
@@ -52,11 +54,15 @@ class SyncTurnStore:
         """Close the underlying connection pool."""
         self.redis.close()
 
-    def submit(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
+    def submit(
+        self, request: TurnRequest, *, turn_id: str | None = None, names: ModelNames | None = None
+    ) -> str:
         """Store a turn and queue it (or park it behind its conversation's running turn); returns its id.
 
-        Submitting again with the same `turn_id` is a no-op that returns the id."""
-        return self._runner.run_flow(flows.submit(request, turn_id, codec.now_s()), self._patience())
+        Submitting again with the same `turn_id` is a no-op that returns the id. `names` resolves the tiers
+        its model controls are checked for (`store.submit_checks`)."""
+        flow = flows.submit(request, turn_id, codec.now_s(), names=names)
+        return self._runner.run_flow(flow, self._patience())
 
     def get_status(self, turn_id: str) -> TurnStatus | None:
         """The turn's status, or None for an unknown turn."""
@@ -94,9 +100,19 @@ class SyncTurnStore:
         flow = flows.send_control(turn_id, "cancel", None, None, codec.now_s())
         return self._runner.run_flow(flow, self._patience())
 
-    def request_approval(self, turn_id: str, call_id: str, approved: bool) -> bool:
-        """Approve or deny a call waiting for confirmation. False if terminal; UnknownTurnError if unknown."""
-        flow = flows.send_control(turn_id, "approval", call_id, approved, codec.now_s())
+    def request_approval(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation
+        (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
+        now = codec.now_s()
+        flow = flows.send_approval(turn_id, call_id, approved, now, arguments=arguments, reason=reason)
         return self._runner.run_flow(flow, self._patience())
 
     def ping(self) -> bool:

@@ -300,9 +300,19 @@ class TurnStore:
         """Ask the turn's owner to cancel it. False when already terminal; UnknownTurnError when unknown."""
         return await self._runner.run_flow(flows.send_control(turn_id, "cancel", None, None, codec.now_s()))
 
-    async def request_approval(self, turn_id: str, call_id: str, approved: bool) -> bool:
-        """Approve or deny a call waiting for confirmation. False if terminal; UnknownTurnError if unknown."""
-        flow = flows.send_control(turn_id, "approval", call_id, approved, codec.now_s())
+    async def request_approval(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation
+        (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
+        now = codec.now_s()
+        flow = flows.send_approval(turn_id, call_id, approved, now, arguments=arguments, reason=reason)
         return await self._runner.run_flow(flow)
 
     async def read_control(self, turn_id: str, after: str = "0") -> list[ControlRequest]:

@@ -84,3 +84,16 @@ def test_outcomes_carried_by_notifications_are_parsed_and_bad_ones_left_to_the_k
     assert batch.outcomes == {"t1": ["t1/c1", "t1/c2", "t1/c3"]}
     assert set(batch.payloads) == {"t1/c1", "t1/c3"}
     assert parse_payloads(batch.payloads) == {"t1/c1": good}
+
+
+def test_an_approval_carries_its_edited_arguments_and_a_denial_its_reason() -> None:
+    approved = ControlRequest(
+        id="1-0", kind="approval", call_id="c1", approved=True, at=5.0, arguments={"amount": 1}
+    )
+    denied = ControlRequest(id="2-0", kind="approval", call_id="c1", approved=False, at=6.0, reason="no")
+    assert build_control_event(approved) == ApprovalGiven(
+        call_id="c1", approved=True, at=5.0, arguments={"amount": 1}
+    )
+    assert build_control_event(denied) == ApprovalGiven(call_id="c1", approved=False, at=6.0, reason="no")
+    cancel = ControlRequest(id="3-0", kind="cancel", at=7.0, reason="user left")
+    assert build_control_event(cancel) == CancelRequested(at=7.0, reason="user left")

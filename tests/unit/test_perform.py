@@ -25,7 +25,10 @@ from orchestrator.machine.events import (
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
-from orchestrator.model import TurnRequest, UserMessage
+from orchestrator.model import ModelSettings, ProviderError, Turn, TurnRequest, Usage, UserMessage
+from orchestrator.pricing import build_price_table
+from orchestrator.providers.base import ModelRequest
+from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.registry import ModelClients
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.runtime.perform import Performer
@@ -280,3 +283,106 @@ async def test_an_unreadable_catalogue_still_dispatches_as_offered() -> None:
     events, _, publisher = await dispatch(Serving(failure=redis.ConnectionError("redis down")))
     assert list(events) == []
     assert [spec for spec, _, _ in publisher.published] == [ADD]
+
+
+# --- model controls and cost (SPEC §10) --------------------------------------------------------------------
+
+
+class RecordingClient:
+    """A model client that keeps each request and answers `turn` (or a turn that names no price)."""
+
+    provider = "openai"
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.requests: list[ModelRequest] = []
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> Turn | ProviderError:
+        self.requests.append(request)
+        return self.turn
+
+
+class RecordingModels:
+    def __init__(self, client: RecordingClient) -> None:
+        self.client = client
+        self.asked: list[str] = []
+
+    async def get(self, model: str) -> RecordingClient:
+        self.asked.append(model)
+        return self.client
+
+    async def aclose(self) -> None:
+        return None
+
+
+def recording_performer(turn: Turn, **options: Any) -> tuple[Performer, RecordingClient]:
+    client = RecordingClient(turn)
+    performer = Performer(
+        store=FakeStore(),  # type: ignore[arg-type]
+        publisher=FakePublisher(),  # type: ignore[arg-type]
+        models=RecordingModels(client),  # type: ignore[arg-type]
+        clock=lambda: NOW,
+        catalogue=Serving(ADD),
+        **options,
+    )
+    return performer, client
+
+
+USED = Usage(input_tokens=1_000_000, output_tokens=100_000, total_tokens=1_100_000)
+SETTINGS = ModelSettings(temperature=0.3, max_output_tokens=512, seed=1, extra={"top_k": 5})
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+
+
+async def test_the_model_request_carries_the_calls_controls() -> None:
+    performer, client = recording_performer(Turn(type="final_answer", text="ok", usage=USED))
+    command = call_model("openai:gpt-4o").model_copy(
+        update={"instructions": "Be brief.", "settings": SETTINGS, "output_schema": SCHEMA}
+    )
+    await later(await performer.perform(TURN, new_state(), command))
+    [request] = client.requests
+    assert (request.model, request.instructions, request.settings, request.output_schema) == (
+        "gpt-4o",
+        "Be brief.",
+        SETTINGS,
+        SCHEMA,
+    )
+    assert request.max_output_tokens == 512 and request.prompt_cache is True
+
+
+async def test_prompt_caching_off_reaches_the_request() -> None:
+    performer, client = recording_performer(Turn(type="final_answer", text="ok"), prompt_caching=False)
+    await later(await performer.perform(TURN, new_state(), call_model("openai:gpt-4o")))
+    assert client.requests[0].prompt_cache is False
+    assert client.requests[0].instructions is None and client.requests[0].settings == ModelSettings()
+
+
+@pytest.mark.parametrize(
+    ("model", "prices", "reported", "expected"),
+    [
+        # gpt-4o: $2.50 in, $10 out per million tokens
+        ("openai:gpt-4o", None, None, 2.5 + 1.0),
+        ("openai:my-local", {"my-local": {"input": 1.0, "output": 2.0}}, None, 1.0 + 0.2),
+        ("openai:my-local", None, None, None),
+        ("openai:my-local", None, 0.42, 0.42),  # a cost the provider reported stands when there is no price
+        ("openai:gpt-4o", {"openai:gpt-4o": {"input": 0.0, "output": 0.0}}, 0.42, 0.0),
+    ],
+    ids=["shipped", "override", "no price", "reported", "table first"],
+)
+async def test_each_answer_is_priced_before_it_is_stepped(
+    model: str, prices: dict[str, dict[str, float]] | None, reported: float | None, expected: float | None
+) -> None:
+    usage = USED.model_copy(update={"cost_usd": reported})
+    performer, _ = recording_performer(
+        Turn(type="final_answer", text="ok", usage=usage), prices=build_price_table(prices)
+    )
+    [event] = await later(await performer.perform(TURN, new_state(), call_model(model)))
+    assert isinstance(event, ModelResponded)
+    assert event.turn.usage.cost_usd == (None if expected is None else pytest.approx(expected))
+    assert event.turn.usage.total_tokens == USED.total_tokens
+
+
+async def test_unpriced_names_the_models_a_dollar_budget_cannot_be_kept_with() -> None:
+    performer, _ = recording_performer(Turn(type="final_answer", text="ok"))
+    assert performer.unpriced(["openai:gpt-4o", "openai:my-local", "scripted:echo"]) == ["openai:my-local"]

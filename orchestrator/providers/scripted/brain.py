@@ -4,13 +4,18 @@
 `scripted.server`, so the demo and the tests exercise the same HTTP path as a real provider. Models:
 
 - `demo` — answers arithmetic ("What is 2+3, times 4?": add, then multiply) and weather questions with the
-  offered demo tools, calling in parallel what it can, then states the results (`scripted.demo`).
+  offered demo tools, calling in parallel what it can, then states the results (`scripted.demo`); asked for
+  a JSON Schema (`response_format`), its final answer is an object filled from the tool results
+  (`scripted.typed`).
 - `plan` — the first user message holds `{"plan": [round, ...]}`; the round used is the number of assistant
   messages after that message. A round is `{"calls": [{"name", "arguments" | "arguments_raw"}, ...]}`,
   `{"text": "..."}` or `{"error": {"status", "message", "retry_after"?, "times"?}}`; `{"repeat": true}` on
   the last round repeats it forever; past the last round comes a final answer summarising the tool results.
   An error round is answered with that HTTP error on every attempt, or only on the first `times` attempts
-  of an identical request, after which the plan goes on with the next round as if the error were not there.
+  of an identical request, after which the plan goes on with the next round as if the error were not there;
+  with `"model": "<name>"` (`plan-down` or `scripted:plan-down`) it answers only requests for that model,
+  and the others go on as if it were not there — a fallback list moves on to a model that answers.
+  `plan-<anything>` is the same model under another name, so that a fallback list can name two.
 - `echo` — a final answer repeating the last user message.
 
 Tool-call ids are derived from the round number, so they are deterministic and unique across a turn.
@@ -33,6 +38,7 @@ from orchestrator.providers.scripted.conversation import (
     last_user,
 )
 from orchestrator.providers.scripted.demo import build_demo_answer
+from orchestrator.providers.scripted.typed import build_typed_answer, requested_schema
 from orchestrator.providers.scripted.wire import (
     Answer,
     PlannedCall,
@@ -61,8 +67,11 @@ def build_reply(body: object, *, attempt: int = 0, created: int = 0) -> Scripted
     wire_messages = [m for m in messages if isinstance(m, Mapping)]
     if name == "demo":
         answer = build_demo_answer(wire_messages, _offered_tools(body.get("tools")))
-    elif name == "plan":
-        answer = _plan(wire_messages, attempt)
+        schema = requested_schema(body)
+        if schema is not None and answer.text is not None and not answer.calls:
+            answer = Answer(text=build_typed_answer(schema, all_tool_results(wire_messages)))
+    elif name == "plan" or name.startswith("plan-"):
+        answer = _plan(wire_messages, attempt, name)
     elif name == "echo":
         answer = Answer(text=content_text(last_user(wire_messages)) or "(empty)")
     else:
@@ -107,7 +116,7 @@ def _offered_tools(raw: object) -> dict[str, Mapping[str, Any]]:
 # --- plan ------------------------------------------------------------------------------------------------
 
 
-def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> Answer:
+def _plan(messages: Sequence[Mapping[str, Any]], attempt: int, name: str) -> Answer:
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     if first_user is None:
         return Answer(error=build_error_reply(400, "plan: no user message", "invalid_request_error"))
@@ -121,7 +130,7 @@ def _plan(messages: Sequence[Mapping[str, Any]], attempt: int) -> Answer:
             round_number = len(steps) - 1
         else:
             return Answer(text=build_summary(all_tool_results(messages)) or "Done.")
-    return _play_step(steps[round_number], attempt, messages)
+    return _play_step(steps[round_number], attempt, messages, name)
 
 
 @dataclass(frozen=True)
@@ -159,10 +168,12 @@ def _group_steps(plan: Sequence[Mapping[str, Any]]) -> list[_Step]:
     return steps
 
 
-def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]]) -> Answer:
+def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]], name: str) -> Answer:
     used = 0
     for entry in step.errors:
         error = entry["error"] if isinstance(entry["error"], Mapping) else {}
+        if not _error_round_applies(error.get("model", entry.get("model")), name):
+            continue
         times = error.get("times", entry.get("times"))
         if not isinstance(times, int) or attempt < used + times:
             return Answer(error=_error_round(error))
@@ -172,6 +183,10 @@ def _play_step(step: _Step, attempt: int, messages: Sequence[Mapping[str, Any]])
     if "calls" in step.entry:
         return Answer(calls=tuple(_planned_call(c) for c in step.entry["calls"] if isinstance(c, Mapping)))
     return Answer(text=str(step.entry.get("text", "")))
+
+
+def _error_round_applies(model: object, name: str) -> bool:
+    return not isinstance(model, str) or model.removeprefix("scripted:") == name
 
 
 def _error_round(error: Mapping[str, Any]) -> ScriptedReply:

@@ -2,14 +2,16 @@
 -- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED.
 -- KEYS: control stream, lease, status.
 -- ARGV: inbox prefix, turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
---       (spaced).
+--       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none).
+-- Entries written before arguments and reasons existed lack both fields: readers take them as none.
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[3])
 if not st then return -1 end
 if terminal[st] then return 0 end
 local id = redis.call('XADD', KEYS[1], '*',
-                      'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6])
+                      'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6],
+                      'arguments', ARGV[9] or '', 'reason', ARGV[10] or '')
 local owner = redis.call('GET', KEYS[2])
 if owner then
   redis.call('XADD', ARGV[1] .. owner, 'MAXLEN', '~', ARGV[7], '*', 'kind', 'control', 'turn', ARGV[2],

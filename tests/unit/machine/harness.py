@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
+from orchestrator.context.budget import ContextBudget
 from orchestrator.machine import Policy, start, step
 from orchestrator.machine.events import (
     CallModel,
@@ -93,12 +94,15 @@ class Driver:
         limits: Limits | None = None,
         tools: list[str] | None = None,
         tool_choice: str | None = None,
-        model: str = "openai:m",
+        model: str | list[str] = "openai:m",
         policy: Policy | None = None,
         catalogue: dict[str, ToolSpec] | None = None,
         prior_history: Sequence[Message] = (),
         context: dict[str, Any] | None = None,
         at: float = 1000.0,
+        unpriced: Sequence[str] = (),
+        context_budget: ContextBudget | None = None,
+        **request_fields: Any,
     ) -> None:
         request = TurnRequest(
             prompt=prompt,
@@ -106,6 +110,7 @@ class Driver:
             tools=tools,
             tool_choice=tool_choice,
             context=context or {},
+            **request_fields,
         )
         self.policy = policy
         self.state, commands = start(
@@ -115,6 +120,8 @@ class Driver:
             catalogue=CATALOGUE if catalogue is None else catalogue,
             at=at,
             prior_history=prior_history,
+            unpriced=unpriced,
+            context_budget=context_budget,
         )
         check_state(self.state, commands)
         self.log: list[Command] = list(commands)

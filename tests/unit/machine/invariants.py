@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from orchestrator.machine.events import Command, Finish
 from orchestrator.machine.state import TurnState
-from orchestrator.model import AssistantMessage, Message, ToolMessage
+from orchestrator.model import LIMIT_STOP_REASONS, AssistantMessage, Message, ToolMessage
 
 
 def check_history(history: Sequence[Message]) -> None:
@@ -58,8 +58,10 @@ def check_state(state: TurnState, commands: Sequence[Command]) -> None:
         assert outcome.messages == state.history
         assert state.status.value == outcome.status
         assert outcome.limit_reached == (
-            outcome.stop_reason in {"max_llm_calls", "max_tool_executions", "max_tool_rounds", "deadline"}
+            outcome.status == "stopped" and outcome.stop_reason in LIMIT_STOP_REASONS
         )
+        if outcome.output is not None:
+            assert outcome.status == "completed", "only a completed turn has an output"
         if outcome.status != "completed":
             final = last_assistant(state.history)
             assert final is None or not final.tool_calls, (

@@ -30,10 +30,11 @@ PACKAGE = "orchestrator.machine"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"loop"}),
     frozenset({"model_calls"}),
+    frozenset({"answers", "model_errors"}),
     frozenset({"tool_round"}),
     frozenset({"stopping"}),
     frozenset({"draft"}),
-    frozenset({"validation", "view"}),
+    frozenset({"validation", "view", "budgets"}),
     frozenset({"state", "events"}),
     frozenset({"layout"}),  # the stored layout of a state, on JSON
 )

@@ -1,0 +1,78 @@
+"""`toolloop approve TURN_ID CALL_ID`: answer a tool call waiting for a person (SPEC §5.8, §10.3).
+
+Approve as the model asked, approve with edited `--arguments` (run instead of the model's, once they pass
+the tool's schema), or `--deny` with a `--reason` the model sees in the call's result. Exit codes: 0 the
+answer was recorded; 1 the turn is unknown or had already ended; 2 usage error (arguments that are not a
+JSON object or fail the tool's schema, arguments with --deny); 3 Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import redis
+import typer
+
+from orchestrator.commands.turns_api import (
+    EXIT_NOT_FOUND,
+    EXIT_REDIS,
+    EXIT_USAGE,
+    build_redis_failure,
+)
+from orchestrator.settings import get_settings
+
+# A turn that has ended takes no answer: nothing was recorded, as for an unknown turn.
+EXIT_ENDED = 1
+
+
+def parse_arguments(text: str | None) -> dict[str, Any] | None:
+    """`--arguments` as a JSON object; ValueError with a one-line reason."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--arguments is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--arguments must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def approve_command(
+    turn_id: Annotated[str, typer.Argument(help="The turn waiting for an answer.")],
+    call_id: Annotated[str, typer.Argument(help="The tool call's id (toolloop show lists them).")],
+    *,
+    deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead of approving it.")] = False,
+    arguments: Annotated[
+        str | None,
+        typer.Option(help="Approve with these arguments (a JSON object) instead of the model's."),
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why: with --deny, the model reads it in the call's result.")
+    ] = None,
+) -> None:
+    """Approve (or --deny) a tool call that waits for confirmation; print `approved` or `denied`."""
+    from orchestrator.client import Client, UnknownTurnError
+
+    settings = get_settings()
+    try:
+        edited = parse_arguments(arguments)
+        if deny and edited is not None:
+            raise ValueError("--arguments edit an approved call; a denial says why with --reason")
+        with Client(settings=settings) as client:
+            accepted = client.approve(turn_id, call_id, not deny, arguments=edited, reason=reason)
+    except UnknownTurnError:
+        _fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except redis.RedisError as exc:
+        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+    if not accepted:
+        _fail(f"turn {turn_id} has already ended", EXIT_ENDED)
+    typer.echo("denied" if deny else "approved")
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
