@@ -39,7 +39,7 @@ setup-browser:
 	}
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not faults" --durations=30
+	$(BIN)/python -m pytest -q -m "not faults" -n 2 --dist loadfile --durations=30
 
 test-faults: setup
 	$(BIN)/python -m pytest -q -m faults --timeout 1800
