@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import redis
 import uvicorn
 
 STORE_TEST_DB = 3
@@ -20,6 +21,17 @@ def store_db_url(redis_url: str, db: int = STORE_TEST_DB) -> str:
     """`redis_url` pointed at database `db`."""
     parts = urlsplit(redis_url)
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+def empty_db_url(redis_url: str, db: int = STORE_TEST_DB) -> str:
+    """`store_db_url`, that database emptied first: what a test of the API or the clients starts from."""
+    url = store_db_url(redis_url, db)
+    flusher = redis.Redis.from_url(url)
+    try:
+        flusher.flushdb()
+    finally:
+        flusher.close()
+    return url
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from orchestrator.api import create_app
 from orchestrator.client import Client
 from orchestrator.settings import Settings
-from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.store_support import empty_db_url, serve_app
 from tests.integration.test_client import finish_in_thread
 from workers import keys
 from workers.contract import ToolSpec
@@ -25,12 +25,8 @@ TOKEN = "s3cret-token"
 
 
 @pytest.fixture
-def db_url(redis_url: str) -> Iterator[str]:
-    url = store_db_url(redis_url)
-    flusher = redis.Redis.from_url(url)
-    flusher.flushdb()
-    flusher.close()
-    yield url
+def db_url(redis_url: str) -> str:
+    return empty_db_url(redis_url)
 
 
 @pytest.fixture

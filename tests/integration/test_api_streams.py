@@ -8,7 +8,7 @@ tests/faults/test_sse_streams.py runs the same against real workers and orchestr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -23,7 +23,7 @@ from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, UserM
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.store_support import empty_db_url, serve_app
 from tests.support.sse import SseStream, read_sse
 from workers import keys
 from workers.connect import connect_redis_async
@@ -34,12 +34,8 @@ API_CLIENT_PREFIX = "toolloop-api"
 
 
 @pytest.fixture
-def db_url(redis_url: str) -> Iterator[str]:
-    url = store_db_url(redis_url)
-    flusher = redis.Redis.from_url(url)
-    flusher.flushdb()
-    flusher.close()
-    yield url
+def db_url(redis_url: str) -> str:
+    return empty_db_url(redis_url)
 
 
 @pytest.fixture

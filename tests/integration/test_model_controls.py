@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
 from orchestrator import AsyncClient, Client
 from orchestrator.api import create_app
@@ -22,7 +21,7 @@ from orchestrator.settings import Settings
 from orchestrator.store import operations
 from orchestrator.store.codec import ControlRequest
 from orchestrator.store.runner import SyncRunner
-from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.store_support import empty_db_url, serve_app
 from tests.support.processes import TOOLLOOP_BIN
 from workers import keys
 
@@ -33,11 +32,7 @@ CONTROLS_DB = 15
 
 @pytest.fixture
 def db_url(redis_url: str) -> str:
-    url = store_db_url(redis_url, CONTROLS_DB)
-    flusher = redis.Redis.from_url(url)
-    flusher.flushdb()
-    flusher.close()
-    return url
+    return empty_db_url(redis_url, CONTROLS_DB)
 
 
 @pytest.fixture

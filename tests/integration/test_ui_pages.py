@@ -23,7 +23,7 @@ from orchestrator.store import operations
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.turns import TurnStore
 from orchestrator.ui.auth import SESSION_COOKIE
-from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.store_support import empty_db_url, serve_app
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -33,12 +33,8 @@ FLOWER = "http://flower.test:5555/"
 
 
 @pytest.fixture
-def db_url(redis_url: str) -> Iterator[str]:
-    url = store_db_url(redis_url)
-    flusher = redis.Redis.from_url(url)
-    flusher.flushdb()
-    flusher.close()
-    yield url
+def db_url(redis_url: str) -> str:
+    return empty_db_url(redis_url)
 
 
 @pytest.fixture
