@@ -43,9 +43,11 @@ from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
+from orchestrator.tracing import continue_http_trace
 from orchestrator.ui.auth import has_bearer, has_session
 from orchestrator.ui.routes import build_listing_router, build_pages_router
 from workers.contract import ToolSpec, build_listing
+from workers.tracing import setup_tracing, shutdown_tracing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -255,15 +257,17 @@ def build_controls_detail(refusals: Sequence[Refusal]) -> list[dict[str, Any]]:
 async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
     its model controls cannot be served (`store.flows.submit`, `store.submit_checks`)."""
-    turn_request = TurnRequest.model_validate(body.model_dump())
+    # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
+    turn_request = TurnRequest.model_validate({**body.model_dump(), "trace_context": None})
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:
         raise HTTPException(422, build_safe_json(build_controls_detail(refusals)))
-    try:
-        turn_id = await client.submit_request(turn_request)
-    except ValueError as exc:
-        raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
+    with continue_http_trace(request.headers, "POST /v1/turns"):
+        try:
+            turn_id = await client.submit_request(turn_request)
+        except ValueError as exc:
+            raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
     return SubmitReply(id=turn_id)
 
 
@@ -330,11 +334,15 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Spans over OTLP when the OTEL_* variables ask for it; an app that has its own provider keeps it.
+        traced = setup_tracing("toolloop-api", record_content=settings.trace_content)
         app.state.redis = ApiRedis.open(settings)
         try:
             yield
         finally:
             await app.state.redis.aclose()
+            if traced:
+                shutdown_tracing()
 
     app = FastAPI(title="toolloop", version="0.1.0", lifespan=lifespan)
     auth = Depends(build_auth_dependency(settings))

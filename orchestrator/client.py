@@ -66,6 +66,7 @@ from orchestrator.store.turn_stream import (
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
 from orchestrator.submission import Submission, build_submission, takes_arguments_of
+from orchestrator.tracing import attach_trace_context
 from workers.contract import ToolOutcome
 
 __all__ = [
@@ -135,7 +136,9 @@ class Client:
         return self.submit_request(submission.request, turn_id=submission.turn_id)
 
     def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
-        """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
+        """Store and queue an already built `TurnRequest` (checked as by `submit`), with the caller's current
+        trace context unless it carries one (`tracing.attach_trace_context`)."""
+        request = attach_trace_context(request)
         turn_id = self.store.submit(request, turn_id=turn_id, names=ModelNames.from_settings(self.settings))
         metrics.record_turn_submitted()
         return turn_id
@@ -249,7 +252,9 @@ class AsyncClient:
         return await self.submit_request(submission.request, turn_id=submission.turn_id)
 
     async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
-        """Store and queue an already built `TurnRequest` (checked as by `submit`)."""
+        """Store and queue an already built `TurnRequest` (checked as by `submit`), with the caller's current
+        trace context unless it carries one (`tracing.attach_trace_context`)."""
+        request = attach_trace_context(request)
         flow = flows.submit(request, turn_id, codec.now_s(), names=ModelNames.from_settings(self.settings))
         turn_id = await self._runner.run_flow(flow, self._patience())
         metrics.record_turn_submitted()

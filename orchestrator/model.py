@@ -265,6 +265,10 @@ class TurnRequest(BaseModel):
     model_settings: ModelSettings = Field(default_factory=ModelSettings)
     # A JSON Schema the final answer must satisfy; its parsed JSON is the outcome's `output`.
     output_schema: dict[str, Any] | None = None
+    # The submitter's trace (W3C `traceparent`, `tracestate`): the turn's spans continue it. Set by `submit`
+    # from the caller's current span, by `POST /v1/turns` from its `traceparent` header; None: no trace.
+    # Trace ids, not secrets: shown as they are, so that a person can find the turn's trace.
+    trace_context: dict[str, str] | None = None
 
 
 class LLMCallRecord(BaseModel):

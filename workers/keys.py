@@ -119,6 +119,12 @@ def turn_lease(turn_id: str) -> str:
     return f"{PREFIX}turn:{turn_id}:lease"
 
 
+def turn_trace(turn_id: str) -> str:
+    """The trace context of the turn span of the turn's latest owner (JSON `{"traceparent": …}`), written
+    when tracing is on: a later owner's turn span links to it (TURN_TTL_S)."""
+    return f"{PREFIX}turn:{turn_id}:trace"
+
+
 def turn_control(turn_id: str) -> str:
     """Stream of cancel/approval requests for a turn, read by its owner."""
     return f"{PREFIX}turn:{turn_id}:control"

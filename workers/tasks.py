@@ -59,6 +59,7 @@ from workers.redis_retry import build_backoff_s, find_redis_error, is_unavailabl
 from workers.settings import WorkerSettings, get_worker_settings
 from workers.spool import Spool, SpoolDrainer, build_spool_dir
 from workers.tools import Tool, registry
+from workers.tracing import register_worker_tracing, trace_tool_call
 
 logger = logging.getLogger(__name__)
 
@@ -245,17 +246,20 @@ def _build_body(tool: Tool[Any, Any]) -> Any:
         hard, soft = self.request.timelimit or (None, None)
         hard_limit_s = float(hard or spec.time_limit_s)
         give_up_at = time.time() + hard_limit_s - WRITE_MARGIN_S
-        decision = execute_call(
-            _store(self),
-            tool,
-            request,
-            worker=self.request.hostname or "",
-            pid=os.getpid(),
-            soft_limit_s=float(soft or spec.soft_time_limit_s),
-            hard_limit_s=hard_limit_s,
-            timeout_errors=(SoftTimeLimitExceeded,),
-            spool=_spool(self),
-        )
+        # The span ends before a retry is published: each delivery is its own span of the turn's trace.
+        with trace_tool_call(self.request, request, spec, retries=self.request.retries or 0) as traced:
+            decision = execute_call(
+                _store(self),
+                tool,
+                request,
+                worker=self.request.hostname or "",
+                pid=os.getpid(),
+                soft_limit_s=float(soft or spec.soft_time_limit_s),
+                hard_limit_s=hard_limit_s,
+                timeout_errors=(SoftTimeLimitExceeded,),
+                spool=_spool(self),
+            )
+            traced.record(decision)
         match decision:
             case RetryLater(countdown_s=countdown, reason=reason):
                 _publish_retry(self, request, countdown, reason, give_up_at)
@@ -341,3 +345,4 @@ def register_worker_signals(app: Celery) -> None:
 
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
+    register_worker_tracing(_settings(app).trace_content)

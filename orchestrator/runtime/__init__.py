@@ -12,6 +12,8 @@ One module per thing owned, each calling only downwards (nothing calls back up i
     publish   Publisher (one thread, batched and retried publishes, batched revokes), send options, limits
     inbox     inbox entries → machine events, and call ids on the wire (pure)
     timers    the one timer heap of all turns
+    turn_spans TurnSpans: each turn's `invoke_agent` span (tracing on), its context for model calls and tasks
+    traced    TracingTurnDriver: the driver, opening a turn's span when adopted, closing it when dropped
 
 From an inbox entry to the machine:
 

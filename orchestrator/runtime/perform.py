@@ -58,9 +58,11 @@ from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.runtime.publish import Publisher
 from orchestrator.runtime.streaming import CallStream
+from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LiveCatalogue
 from orchestrator.store.turns import TurnStore
+from orchestrator.tracing import trace_model_call
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 
 log = logging.getLogger("toolloop.orchestrator")
@@ -147,12 +149,14 @@ class Performer:
         stream_flush_s: float = 0.2,
         prompt_caching: bool = True,
         prices: PriceTable | None = None,
+        spans: TurnSpans | None = None,
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
         `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
         `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`);
         `prompt_caching` asks for cache breakpoints (TOOLLOOP_PROMPT_CACHING); `prices` prices each call
-        (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process)."""
+        (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process);
+        `spans` the turns' spans, parents of the model calls' (`runtime.turn_spans`; None: no turn spans)."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
@@ -162,6 +166,7 @@ class Performer:
         self._stream_flush_s = stream_flush_s
         self._prompt_caching = prompt_caching
         self.prices = prices if prices is not None else build_price_table()
+        self.spans = spans
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time (SPEC §11.3).
         self.learned_windows: dict[str, int] = {}
@@ -196,8 +201,10 @@ class Performer:
     async def _write(self, outcome: ToolOutcome) -> ToolFinished:
         write = functools.partial(self._store.write_outcome, to_wire_outcome(outcome))
         # First writer wins: a try again after a lost reply gets the outcome stored, ours or an earlier one.
-        winner = await self._retry.call("outcomes", write)
-        return ToolFinished(outcome=to_local_outcome(winner), at=self._clock())
+        winner = to_local_outcome(await self._retry.call("outcomes", write))
+        if winner.synthetic and self.spans is not None:
+            self.spans.record_synthetic(winner)
+        return ToolFinished(outcome=winner, at=self._clock())
 
     # --- model calls -----------------------------------------------------------------------------------
 
@@ -209,7 +216,12 @@ class Performer:
             flush_s=self._stream_flush_s,
             id_prefix=command.id_prefix,
         )
-        result = await self._complete(command, stream.on_delta if command.stream and command.shown else None)
+        parent = self.spans.context(turn_id) if self.spans is not None else None
+        with trace_model_call(parent, command) as traced:
+            result = await self._complete(
+                command, stream.on_delta if command.stream and command.shown else None
+            )
+            traced.record(result)
         if command.shown:
             await stream.finish(result)
         duration_s = time.monotonic() - started

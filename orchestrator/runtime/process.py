@@ -44,13 +44,15 @@ from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
 from orchestrator.pricing import build_price_table
 from orchestrator.providers.registry import ModelClients
-from orchestrator.runtime.driver import TurnDriver
 from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.runtime.perform import Performer
 from orchestrator.runtime.publish import Publisher, get_producer_app
+from orchestrator.runtime.traced import TracingTurnDriver
+from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
+from workers.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -122,7 +124,9 @@ class Runtime:
         # One retry policy for every loop and turn: a stop request ends their pauses at once.
         self.retry = RedisRetry(self.outage)
         self._stopping = self.retry.stopping
-        publisher = Publisher(celery_app, self.retry)
+        # Each turn's span (tracing on): the model calls' parent, and the context its tool tasks carry.
+        self.spans = TurnSpans(store.redis, ttl_s=store.retention.turn_ttl_s)
+        publisher = Publisher(celery_app, self.retry, trace_of=self.spans.carrier)
         self.performer = Performer(
             store=store,
             publisher=publisher,
@@ -132,6 +136,7 @@ class Runtime:
             stream_flush_s=settings.stream_flush_s,
             prompt_caching=settings.prompt_caching,
             prices=build_price_table(settings.model_prices),
+            spans=self.spans,
         )
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None
@@ -139,7 +144,7 @@ class Runtime:
             self.archiver = TurnArchiver(
                 store, publisher, self.retry, task=settings.archive_task, queue=settings.archive_queue
             )
-        self.driver = TurnDriver(
+        self.driver = TracingTurnDriver(
             store=store if self.archiver is None else ArchivingTurnStore(store, self.archiver),
             performer=self.performer,
             settings=settings,
@@ -230,6 +235,7 @@ class Runtime:
         if self.archiver is not None:
             # Records of turns that just finished go out before the publishing thread ends.
             await self.archiver.aclose(deadline - asyncio.get_running_loop().time())
+        self.spans.end_all(how="released")  # those a stop did not reach in time
         await self.performer.aclose()
         with contextlib.suppress(*REDIS_ERRORS):
             async with asyncio.timeout_at(deadline):
@@ -364,7 +370,10 @@ class Runtime:
 
 
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:
-    """Run one orchestrator process until SIGTERM/SIGINT: the body of `toolloop orchestrator`."""
+    """Run one orchestrator process until SIGTERM/SIGINT: the body of `toolloop orchestrator`.
+
+    Spans go out over OTLP when the OTEL_* variables ask for it (`workers.tracing`), flushed as it stops."""
+    setup_tracing("toolloop-orchestrator", record_content=settings.trace_content)
     store = TurnStore.from_url(
         settings.redis_url,
         ssl_cert_reqs=settings.redis_ssl_cert_reqs,
@@ -382,3 +391,4 @@ async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> No
             await runtime.run()
         finally:
             await store.aclose()
+            await asyncio.to_thread(shutdown_tracing)

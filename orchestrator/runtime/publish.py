@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +27,7 @@ from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_red
 from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import WorkerSettings
+from workers.tracing import build_carrier
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -70,12 +71,18 @@ def build_limits(spec: ToolSpec, request: ToolCallRequest, now: float) -> tuple[
 
 
 def build_send_options(
-    spec: ToolSpec, request: ToolCallRequest, now: float, *, task_id: str | None = None
+    spec: ToolSpec,
+    request: ToolCallRequest,
+    now: float,
+    *,
+    task_id: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for `Celery.send_task` that publish `request` (pure).
 
     `task_id` names the task (a turn's machine names each dispatch, to revoke it later by that name);
-    without it the id is `build_task_id(request)`.
+    without it the id is `build_task_id(request)`. `trace` (`traceparent`, …) goes into the headers: the
+    worker's span is a child of that context, and a retry's message carries the headers on.
     """
     soft, hard = build_limits(spec, request, now)
     argsrepr, kwargsrepr = build_task_reprs(request)
@@ -88,7 +95,11 @@ def build_send_options(
         "time_limit": hard,
         "argsrepr": argsrepr,
         "kwargsrepr": kwargsrepr,
-        "headers": {"toolloop_turn_id": request.turn_id, "toolloop_call_id": request.call_id},
+        "headers": {
+            "toolloop_turn_id": request.turn_id,
+            "toolloop_call_id": request.call_id,
+            **(trace or {}),
+        },
         "ignore_result": True,
         "serializer": "json",
     }
@@ -107,9 +118,10 @@ def dispatch_call(
 ) -> str:
     """Publish one tool call; returns its Celery task id (`task_id` when given), the id to revoke it by.
 
-    Blocking (short): use `asyncio.to_thread`.
+    Blocking (short): use `asyncio.to_thread`. The caller's current trace context goes with it.
     """
-    options = build_send_options(spec, request, time.time() if now is None else now, task_id=task_id)
+    now = time.time() if now is None else now
+    options = build_send_options(spec, request, now, task_id=task_id, trace=build_carrier())
     app.send_task(**options)
     return str(options["task_id"])
 
@@ -117,6 +129,10 @@ def dispatch_call(
 def revoke_call(app: Celery, task_id: str, *, terminate: bool = False) -> None:
     """Revoke a tool task (as Flower does); with `terminate`, a running one is killed too."""
     app.control.revoke(task_id, terminate=terminate)
+
+
+def _no_trace(turn_id: str) -> None:
+    return None
 
 
 _producers: dict[str, Celery] = {}
@@ -144,8 +160,17 @@ class Publisher:
     contend for the GIL with the event loop.
     """
 
-    def __init__(self, app: Celery, retry: RedisRetry | None = None) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        retry: RedisRetry | None = None,
+        *,
+        trace_of: Callable[[str], Mapping[str, str] | None] | None = None,
+    ) -> None:
+        """`trace_of(turn_id)`: the trace context a turn's tool tasks carry in their headers (the turn's span,
+        `runtime.turn_spans`); none without it."""
         self._app = app
+        self._trace_of = trace_of or _no_trace
         self._retry = retry or RedisRetry(RedisOutage(str(app.conf.broker_url or "")))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
         # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
@@ -185,10 +210,16 @@ class Publisher:
     async def _publish_once(self, sends: Sequence[Send]) -> dict[str, Exception]:
         if not sends:
             return {}
+        # Read here, on the event loop that opens and closes the turns' spans.
+        traces = {
+            task_id: self._trace_of(request.turn_id) for _, request, task_id in sends if request.turn_id
+        }
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._publish_all, list(sends))
+        return await loop.run_in_executor(self._pool, self._publish_all, list(sends), traces)
 
-    def _publish_all(self, sends: list[Send]) -> dict[str, Exception]:
+    def _publish_all(
+        self, sends: list[Send], traces: Mapping[str, Mapping[str, str] | None]
+    ) -> dict[str, Exception]:
         errors: dict[str, Exception] = {}
         try:
             # One producer and one kombu publish batch: every message of the batch (and its `task-sent`
@@ -196,7 +227,9 @@ class Publisher:
             with self._app.producer_or_acquire() as producer, producer.batch():
                 for spec, request, task_id in sends:
                     try:
-                        options = build_send_options(spec, request, time.time(), task_id=task_id)
+                        options = build_send_options(
+                            spec, request, time.time(), task_id=task_id, trace=traces.get(task_id)
+                        )
                         self._app.send_task(**options, producer=producer)
                     except Exception as exc:
                         errors[task_id] = exc

@@ -65,8 +65,29 @@ def option(command: list[str], name: str) -> str:
     raise AssertionError(f"{name} not in {command}")
 
 
+TRACING_SERVICES = ("otel-collector", "jaeger")
+
+
 def test_the_services_are_there(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"redis", *TOOLLOOP_SERVICES, "prometheus"}
+    assert set(compose["services"]) == {"redis", *TOOLLOOP_SERVICES, "prometheus", *TRACING_SERVICES}
+
+
+def test_the_tracing_profile_runs_a_collector_that_sends_to_jaeger(compose: dict[str, Any]) -> None:
+    # Only `docker compose --profile tracing` starts them; toolloop exports only when the endpoint is set.
+    for name in TRACING_SERVICES:
+        assert compose["services"][name]["profiles"] == ["tracing"]
+    collector = compose["services"]["otel-collector"]
+    (mount,) = collector["volumes"]
+    source, target, _ = mount.split(":")
+    assert f"--config={target}" in collector["command"]
+    config = yaml.safe_load((ROOT / source).read_text())
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    (exporter,) = config["service"]["pipelines"]["traces"]["exporters"]
+    assert config["exporters"][exporter]["endpoint"].split(":")[0] == "jaeger"
+    for name in TOOLLOOP_SERVICES[:3]:
+        assert not compose["services"][name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 docker compose --profile tracing" in text
 
 
 def test_redis_persists_with_aof_and_others_wait_for_it(compose: dict[str, Any]) -> None:
@@ -92,7 +113,8 @@ def test_toolloop_commands_parse_with_the_real_cli(compose: dict[str, Any], serv
 
 def test_environment_names_are_real_settings(compose: dict[str, Any]) -> None:
     known = {f"TOOLLOOP_{name.upper()}" for name in Settings.model_fields}
-    known |= {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"} | cli_envvars()
+    known |= {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT"}
+    known |= cli_envvars()
     flower_own = {"FLOWER_BASIC_AUTH", "FLOWER_UNAUTHENTICATED_API"}
     for name in TOOLLOOP_SERVICES:
         env = compose["services"][name]["environment"]

@@ -19,9 +19,10 @@ PACKAGE = "orchestrator.runtime"
 # Top to bottom: a module imports only from the layers below its own.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"process"}),
+    frozenset({"traced"}),
     frozenset({"driver"}),
     frozenset({"adopt", "perform", "durability", "persist"}),
-    frozenset({"publish", "handle", "inbox", "timers", "streaming"}),
+    frozenset({"publish", "handle", "inbox", "timers", "streaming", "turn_spans"}),
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 MACHINE_RUNS = frozenset({"start", "step", "resume"})
