@@ -192,6 +192,15 @@ def parse_outcome(value: bytes | str | None) -> TurnOutcome | None:
     return None if value is None else TurnOutcome.model_validate_json(value)
 
 
+def dump_request(request: TurnRequest) -> str:
+    """The stored JSON of a request, its top-level fields at their defaults left out: a request that uses no
+    newer field stays readable by an older orchestrator during a rolling deploy (its model forbids fields it
+    does not know), and is smaller. Nested values are kept whole (a message's `role` is its discriminator)."""
+    dumped = request.model_dump(mode="json")
+    defaults = TurnRequest().model_dump(mode="json")
+    return json.dumps({k: v for k, v in dumped.items() if k not in defaults or v != defaults[k]})
+
+
 def parse_request(value: bytes | str | None) -> TurnRequest | None:
     """A stored `TurnRequest`, or None."""
     return None if value is None else TurnRequest.model_validate_json(value)

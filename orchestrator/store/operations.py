@@ -68,7 +68,7 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     keys_ += [keys.turn_events(turn_id), keys.TURN_QUEUE]
     keys_ += [keys.conversation_lock(conversation) if conversation else ""]
     keys_ += [keys.conversation_waiting(conversation) if conversation else "", keys.TURNS_RECENT]
-    args: list[str | int] = [turn_id, request.model_dump_json(), repr(now), json.dumps(event)]
+    args: list[str | int] = [turn_id, codec.dump_request(request), repr(now), json.dumps(event)]
     args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
     return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
 

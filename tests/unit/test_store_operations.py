@@ -11,8 +11,8 @@ from importlib import resources
 import pytest
 
 from orchestrator.errors import UnknownTurnError
-from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import operations
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
+from orchestrator.store import codec, operations
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
 from orchestrator.store.scripts import (
     CLAIM,
@@ -225,3 +225,18 @@ def test_worker_script_replies_are_typed() -> None:
     assert scripts.parse_idempotency_claim([1, b'{"r": 1}']) == (scripts.IdempotencyClaim.STORED, '{"r": 1}')
     assert scripts.parse_idempotency_claim([2, b"300"]) == (scripts.IdempotencyClaim.BUSY, None)
     assert scripts.parse_idempotency_claim([0, b""]) == (scripts.IdempotencyClaim.CLAIMED, None)
+
+
+def test_a_stored_request_leaves_out_its_defaults_and_reads_back_the_same() -> None:
+    request = TurnRequest(prompt="hi", messages=[UserMessage(content="before")], model="scripted:demo")
+    stored = json.loads(codec.dump_request(request))
+    # What an orchestrator of the previous release reads: no field it does not know (stream, instructions…).
+    assert stored == {
+        "prompt": "hi",
+        "messages": [{"role": "user", "content": "before"}],
+        "model": "scripted:demo",
+    }
+    assert codec.parse_request(codec.dump_request(request)) == request
+    assert codec.parse_request(codec.dump_request(TurnRequest(prompt="x", stream=False))) == TurnRequest(
+        prompt="x", stream=False
+    )
