@@ -6,11 +6,13 @@ errors, and the few things a caller must handle:
 
     ToolloopError(Exception)                 workers.errors: the root, in the leaf package
     ├── ToolDefinitionError(ValueError)      workers.errors: a bad @tool, at import time
+    │   └── McpConfigError                   workers.errors: a bad TOOLLOOP_MCP_SERVERS entry or mcp_server()
     ├── ToolModuleError(ImportError)         workers.errors: a tool module a worker could not import
     ├── TransientToolError                   workers.errors: raised by a tool to be retried
     ├── InvalidResultError(ValueError)       workers.errors: a tool result JSON cannot carry
     ├── ToolCallFailed                       workers.errors: the tool task's end after a failure outcome
     ├── ToolCallRetried                      workers.errors: why a tool task is retried (seen in Flower)
+    ├── McpToolError                         workers.errors: an MCP server answered a call with isError
     ├── RedisConfigError(ValueError)         workers.errors: a Redis URL that cannot be used as configured
     ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
     ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves

@@ -22,7 +22,7 @@ from celery import Celery, signals
 
 from workers.broker import use_master_checking_sentinels
 from workers.connect import build_sentinel_broker_url, is_sentinel_url, resolve_master_name
-from workers.contract import TASK_NAME_PREFIX, ToolSpec
+from workers.contract import TASK_NAME_PREFIX, ToolSpec, build_task_name
 from workers.errors import ToolDefinitionError, ToolModuleError
 from workers.settings import WorkerSettings, get_worker_settings
 
@@ -34,6 +34,8 @@ class ToolloopCelery(Celery):
     """A Celery app that carries the toolloop settings it was built from."""
 
     settings: WorkerSettings
+    # A pool process resolves the task of an MCP tool listed after it was forked (`workers.mcp.registry`).
+    registry_cls = "workers.mcp.registry:ToolTaskRegistry"
 
 
 def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -166,6 +168,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     """
     from workers.catalogue import connect_catalogue_publisher
     from workers.descendants import connect_descendant_reaper
+    from workers.mcp.serving import start_mcp_serving
     from workers.shutdown import connect_stop_watchdog
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
@@ -178,9 +181,12 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
         register_tool_task(app, tool)
 
     def serve_new_tool(tool: Tool[Any, Any]) -> None:
-        register_tool_task(app, tool)
+        # A tool listed again (an MCP server's new listing) keeps its task: it calls the same server tool.
+        if build_task_name(tool.name) not in app.tasks:
+            register_tool_task(app, tool)
 
     registry.on_add(serve_new_tool)
+    start_mcp_serving(app, settings)
     register_worker_signals(app)
     connect_catalogue_publisher(app)
     connect_unserved_answer(app)
@@ -236,15 +242,18 @@ def _user_frame(exc: BaseException, cwd: str) -> str | None:
     return None
 
 
-def build_worker_queues(specs: Iterable[ToolSpec], requested: Sequence[str] | None) -> list[str]:
+def build_worker_queues(
+    specs: Iterable[ToolSpec], requested: Sequence[str] | None, mcp_queues: Iterable[str] = ()
+) -> list[str]:
     """The queues a worker serving `specs` consumes: all of its tools' queues, or the `requested` ones.
 
+    `mcp_queues` are its MCP servers' queues, consumed even while a server has listed no tool yet.
     Raises ValueError (one line) when there is no tool to serve, or when a requested queue is one none of
     the tools uses — a worker consuming it would take calls it cannot run.
     """
-    tool_queues = sorted({spec.queue for spec in specs})
+    tool_queues = sorted({spec.queue for spec in specs} | set(mcp_queues))
     if not tool_queues:
-        raise ValueError("no tool to serve: TOOLLOOP_TOOL_MODULES defines no @tool")
+        raise ValueError("no tool to serve: TOOLLOOP_TOOL_MODULES defines no @tool, and no MCP server is set")
     if requested is None:
         return tool_queues
     chosen = list(dict.fromkeys(q.strip() for q in requested if q.strip()))

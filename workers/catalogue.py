@@ -74,6 +74,10 @@ class CataloguePublisher:
         self._publish()
         self._thread.start()
 
+    def publish_now(self) -> None:
+        """Publish at once (the served tools changed), from any thread; a refusal is logged as `start`'s."""
+        self._publish()
+
     def _publish(self) -> None:
         try:
             publish_catalogue(self.client, self.worker_id, self.specs())
@@ -110,9 +114,19 @@ class CataloguePublisher:
                 logger.warning("could not remove the tool catalogue entry: %r", exc)
 
 
+# The publishers of this process's ready workers (one, in a worker): `republish_catalogues` reaches them.
+_live_publishers: list[CataloguePublisher] = []
+
+
+def republish_catalogues() -> None:
+    """Publish this process's catalogue entries now: its served tools changed (an MCP server's listing)."""
+    for publisher in list(_live_publishers):
+        publisher.publish_now()
+
+
 def connect_catalogue_publisher(app: Celery, tools: ToolRegistry = registry) -> None:
     """Publish the worker's catalogue when it is ready and remove it when it shuts down cleanly."""
-    publishers: list[CataloguePublisher] = []
+    publishers = _live_publishers
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         consumer_app = getattr(sender, "app", None)

@@ -5,9 +5,11 @@ importing the orchestrator, and the orchestrator's errors derive from the same r
 
     ToolloopError(Exception)
     ├── ToolDefinitionError(ValueError)   a bad tool definition, raised when the tool module is imported
+    │   └── McpConfigError                a bad MCP server entry (TOOLLOOP_MCP_SERVERS, `mcp_server(...)`)
     ├── ToolModuleError(ImportError)      a tool module a worker was told to serve did not import
     ├── TransientToolError                raised BY a tool for a failure another attempt may fix (retried)
     ├── InvalidResultError(ValueError)    a tool returned something JSON cannot carry (→ `invalid_result`)
+    ├── McpToolError                      an MCP server answered a call with an error (→ `execution_error`)
     ├── ToolCallFailed                    raised by the tool TASK after a failure outcome (Flower: FAILURE)
     ├── ToolCallRetried                   why the tool task is retried (the exception Flower shows with RETRY)
     └── RedisConfigError(ValueError)      a Redis URL that names no Redis (a Sentinel URL without its master)
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 __all__ = [
     "InvalidResultError",
+    "McpConfigError",
+    "McpToolError",
     "RedisConfigError",
     "ToolCallFailed",
     "ToolCallRetried",
@@ -45,6 +49,21 @@ class ToolModuleError(ToolloopError, ImportError):
     def __init__(self, module: str, message: str) -> None:
         super().__init__(message, name=module)
         self.module = module
+
+
+class McpConfigError(ToolDefinitionError):
+    """An MCP server entry a worker cannot serve (`workers.mcp.config`): one line naming the entry and why.
+
+    Raised when `mcp_server(...)` is called with it, or when the worker starts with it in
+    `TOOLLOOP_MCP_SERVERS`: the worker stops before serving anything."""
+
+
+class McpToolError(ToolloopError):
+    """An MCP server answered a tool call with `isError: true` (the message is the text it gave), or with an
+    MCP error response (an unknown tool, invalid parameters: the message names the server and the error).
+
+    Raised in the pool process by an MCP tool's `invoke`, it ends the call as `execution_error`, never
+    retried: the server had the call and said it failed."""
 
 
 class TransientToolError(ToolloopError):

@@ -21,6 +21,15 @@ from workers.errors import InvalidResultError
 
 
 @dataclass(frozen=True)
+class ShownResult:
+    """A tool's result with the text the model is shown instead of the result's JSON (an MCP tool's
+    structured content and its text): what `build_success` makes the outcome's `result` and `content`."""
+
+    result: Any
+    content: str
+
+
+@dataclass(frozen=True)
 class SuccessRecord:
     """A success outcome, plus the full result JSON to keep when the content was truncated (§4.7)."""
 
@@ -80,11 +89,16 @@ def build_success(
     finished_at: float,
     replay: bool = False,
 ) -> SuccessRecord:
-    """The success outcome of a call; raises InvalidResultError for a result JSON cannot carry."""
-    value, result_json = build_result_json(result)
-    content = build_content(value, result_json)
+    """The success outcome of a call; raises InvalidResultError for a result JSON cannot carry.
+
+    A `ShownResult` gives the content itself; its result is kept only while its JSON fits too."""
+    shown = result.content if isinstance(result, ShownResult) else None
+    value, result_json = build_result_json(result.result if isinstance(result, ShownResult) else result)
+    content = shown if shown is not None else build_content(value, result_json)
     full_key = keys.full_result(request.call_id)
     truncation = build_truncation(content, spec.max_result_bytes, full_key)
+    if truncation is None and shown is not None and len(result_json.encode("utf-8")) > spec.max_result_bytes:
+        truncation = (content, len(content.encode("utf-8")))
     outcome = ToolOutcome(
         call_id=request.call_id,
         tool=request.tool,

@@ -51,6 +51,9 @@ class WorkerSettings(BaseSettings):
     # (TOOLLOOP_AUDIT_TTL_S, 7 days).
     outcome_ttl_s: int = Field(default=keys.OUTCOME_TTL_S, gt=0)
     audit_ttl_s: int = Field(default=keys.AUDIT_TTL_S, gt=0)
+    # MCP servers whose tools the worker serves too, as a JSON list (TOOLLOOP_MCP_SERVERS); read and checked
+    # by `workers.mcp.config.parse_servers` when the worker starts.
+    mcp_servers: str = ""
     # Spans record message content (tool arguments and results, model messages), redacted; off by default
     # (TOOLLOOP_TRACE_CONTENT). Spans themselves follow the OTEL_* variables (`workers.tracing`).
     trace_content: bool = False

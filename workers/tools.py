@@ -121,6 +121,10 @@ class ToolRegistry:
         for listener in self._listeners:
             listener(new)
 
+    def remove(self, name: str) -> Tool[Any, Any] | None:
+        """Stop serving tool `name` (an MCP server no longer lists it); the tool, or None."""
+        return self._tools.pop(name, None)
+
     def on_add(self, listener: Callable[[Tool[Any, Any]], None]) -> None:
         """Call `listener` for every tool registered from now on (a running worker serves new tools)."""
         self._listeners.append(listener)
@@ -140,7 +144,8 @@ class ToolRegistry:
 
     def specs(self) -> list[ToolSpec]:
         """Every tool's spec, sorted by name."""
-        return [self._tools[name].spec for name in sorted(self._tools)]
+        tools = dict(self._tools)  # one copy: another thread may add or remove tools meanwhile
+        return [tools[name].spec for name in sorted(tools)]
 
     def list_tools(
         self, *, include_sensitive: bool = False, allowlist: Iterable[str] | None = None

@@ -143,7 +143,8 @@ def worker_command(
 ) -> None:
     """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES, on their queues only."""
     from workers.app import build_worker_queues, create_worker_app
-    from workers.errors import ToolModuleError
+    from workers.errors import McpConfigError, ToolModuleError
+    from workers.mcp.serving import served_queues
     from workers.tools import registry
 
     settings = get_settings()
@@ -156,10 +157,11 @@ def worker_command(
         )
     try:
         app = create_worker_app(settings)
-    except ToolModuleError as exc:
+    except (ToolModuleError, McpConfigError) as exc:
         _fail(str(exc), EXIT_USAGE)
+    requested = queues.split(",") if queues is not None else None
     try:
-        chosen = build_worker_queues(registry.specs(), queues.split(",") if queues is not None else None)
+        chosen = build_worker_queues(registry.specs(), requested, served_queues())
     except ValueError as exc:
         _fail(str(exc), EXIT_USAGE)
     if pool != TOOL_POOL:
