@@ -32,7 +32,7 @@ from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
-from tests.support.served import Served, start_python, start_toolloop
+from tests.support.served import serving_api, start_python
 from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -71,21 +71,8 @@ def ready_client(client: Client, orchestrator_process: OrchestratorHandle) -> Cl
 
 @pytest.fixture(scope="module")
 def api_url(e2e_redis: RedisServer, orchestrator_process: OrchestratorHandle) -> Iterator[str]:
-    port = find_free_port()
-    served: Served = start_toolloop(
-        ["api", "--host", "127.0.0.1", "--port", str(port)], env={"TOOLLOOP_REDIS_URL": e2e_redis.url}
-    )
-    url = f"http://127.0.0.1:{port}"
-    served.wait_for(lambda: _healthy(url), "the API answers")
-    yield url
-    served.kill()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    with serving_api(e2e_redis.url) as url:
+        yield url
 
 
 def run_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,7 @@ from orchestrator.store.codec import TurnEvent
 from tests.e2e.conftest import E2E_TOOLS
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
-from tests.support.served import Served, start_python, start_toolloop
+from tests.support.served import serving_api, start_python
 from tests.support.sse import SseMessage, read_sse
 from workers import keys
 
@@ -69,21 +69,8 @@ def streaming_orchestrator(
 
 @pytest.fixture(scope="module")
 def api_url(stream_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[str]:
-    port = find_free_port()
-    served: Served = start_toolloop(
-        ["api", "--host", "127.0.0.1", "--port", str(port)], env={"TOOLLOOP_REDIS_URL": stream_redis.url}
-    )
-    url = f"http://127.0.0.1:{port}"
-    served.wait_for(lambda: _healthy(url), "the API answers")
-    yield url
-    served.kill()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    with serving_api(stream_redis.url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -17,9 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import httpx
+
+from ops.redis_server import find_free_port
 from tests.support.processes import ROOT, TOOLLOOP_BIN
 
 
@@ -104,3 +107,27 @@ def _start(command: Sequence[str], env: Mapping[str, str] | None, *, name: str) 
             start_new_session=True,
         )
     return Served(process, log)
+
+
+@contextlib.contextmanager
+def serving_api(redis_url: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`toolloop api` on a free loopback port against `redis_url`; yields its base URL once `/healthz`
+    answers, kills its process group after."""
+    port = find_free_port()
+    served = start_toolloop(
+        ["api", "--host", "127.0.0.1", "--port", str(port)],
+        env={"TOOLLOOP_REDIS_URL": redis_url, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        served.wait_for(lambda: _healthy(url), "the API answers")
+        yield url
+    finally:
+        served.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
