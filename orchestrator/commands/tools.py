@@ -70,9 +70,13 @@ def tools_command(
         typer.echo(json.dumps([spec.model_dump(mode="json") for spec in specs], indent=2, ensure_ascii=False))
         return
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("tool", "description", "parameters", "queue", "limits (soft/hard s)", "flags")
+    name_widths = [len(spec.name) for spec in specs] or [4]
+
+    # The name is what `toolloop call` and a turn's `tools` take: never cut, whatever the terminal's width.
+    name = Column("tool", no_wrap=True, min_width=max(name_widths))
+    table = Table(name, "description", "parameters", "queue", "limits (soft/hard s)", "flags")
     for spec in specs:
         flags = [
             name

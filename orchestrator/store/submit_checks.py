@@ -95,7 +95,7 @@ _refuse_schema_cached = lru_cache(maxsize=128)(_refuse_schema_text)
 
 def find_refusals(request: TurnRequest, names: ModelNames | None = None) -> list[Refusal]:
     """Everything the request asks that its schema or its models' providers refuse; [] when all is well."""
-    schema_problem = check_output_schema(request.output_schema)
+    schema_problem = check_output_schema(request.output_schema) or _not_an_object(request.output_schema)
     refusals = [Refusal(("output_schema",), schema_problem)] if schema_problem else []
     schema = None if schema_problem else request.output_schema
     for model in _requested_models(request.model):
@@ -115,6 +115,14 @@ def check_refusals(request: TurnRequest, names: ModelNames | None = None) -> Non
     refusals = find_refusals(request, names)
     if refusals:
         raise ValueError("; ".join(map(str, refusals)))
+
+
+def _not_an_object(schema: Mapping[str, Any] | None) -> str | None:
+    # Whatever the model: the answer is a JSON object on every provider (OpenAI's formats, Anthropic's answer
+    # tool), so a schema of anything else is refused even when no provider can be asked here.
+    if schema is None or schema.get("type") == "object" or ("type" not in schema and "properties" in schema):
+        return None
+    return "must describe a JSON object (type: object): a typed answer is a JSON object on every provider"
 
 
 def _requested_models(model: str | list[str] | None) -> Sequence[str | None]:

@@ -57,3 +57,13 @@ def test_tools_json_hides_sensitive_unless_asked(redis_url: str, worker: WorkerH
     assert "echo" in public and "secret_tool" not in public
     everything = json.loads(_run(redis_url, "tools", "--json", "--include-sensitive").stdout)
     assert "secret_tool" in [spec["name"] for spec in everything]
+
+
+def test_tools_table_never_cuts_a_name_on_a_narrow_terminal(redis_url: str, worker: WorkerHandle) -> None:
+    names = [spec["name"] for spec in json.loads(_run(redis_url, "tools", "--json").stdout)]
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": redis_url, "COLUMNS": "60"}
+    table = subprocess.run(
+        [str(TOOLLOOP_BIN), "tools"], capture_output=True, text=True, env=env, timeout=30, check=False
+    ).stdout
+    # What `toolloop call` and `tools=[...]` take is copied from here: each name whole, on one line.
+    assert all(any(name in line for line in table.splitlines()) for name in names), table

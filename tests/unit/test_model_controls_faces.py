@@ -310,3 +310,11 @@ def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anyt
     # Without edits, nothing is read first; a denial's reason goes as it is.
     steps, _ = run_flow(flows.send_approval("t", "c1", False, 1.0, reason="no"), [ControlResult.TERMINAL])
     assert len(steps) == 1 and steps[0].args[8:] == ("", "no")
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "array", "items": {}}, {"enum": [1, 2]}])
+def test_a_schema_of_anything_but_an_object_is_refused_whatever_the_model(schema: dict[str, object]) -> None:
+    # No model named and no default configured here: no provider can be asked, the shape is refused anyway.
+    refusals = find_refusals(TurnRequest(prompt="hi", output_schema=schema))
+    assert [r.field for r in refusals] == [("output_schema",)]
+    assert "JSON object" in refusals[0].message
