@@ -12,11 +12,11 @@ When `MCP_TEST_REQUIRE_FILE` names a file that does not exist, the server exits 
 server that is down). When `MCP_TEST_MARK_DIR` names a folder, `hang` writes `hang-<pid>` there as it starts,
 holding the pid of its parent (over stdio: the process that started the server).
 
-When `MCP_TEST_EXTRA_FILE` names a file, the server looks at it every 0.1 s: each line is the name of one
-more tool to serve (`extra_<line>`, returning its name); when the lines change, it serves them and says the
-list changed (`subscriptions/listen` streams; with `MCP_TEST_LEGACY` set, the server speaks only the
-`initialize` handshake of servers before 2026 and sends `notifications/tools/list_changed` to each session
-that listed its tools).
+When `MCP_TEST_EXTRA_FILE` names a file, the server reads it at start, before each call and every 0.1 s:
+each line is the name of one more tool to serve (`extra_<line>`, returning its name); when the lines
+change, it serves them and says the list changed (`subscriptions/listen` streams; with `MCP_TEST_LEGACY`
+set, the server speaks only the `initialize` handshake of servers before 2026 and sends
+`notifications/tools/list_changed` to each session that listed its tools).
 """
 
 from __future__ import annotations
@@ -60,6 +60,18 @@ class KeepListingSessions:
         return await call_next(ctx)
 
 
+class ReadExtrasFirst:
+    """Middleware reading the extras file before a call: each server process (the lister's, each pool
+    process's) polls it on its own, so without this a call could reach one that has not seen the change
+    its peer already announced."""
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        path = os.environ.get(EXTRA_FILE_ENV)
+        if path and ctx.method == "tools/call":
+            sync_extra_tools(server, Path(path))
+        return await call_next(ctx)
+
+
 class Traveller(BaseModel):
     name: str = Field(description="The traveller's full name.")
     age: int = Field(ge=0, description="Age in years.")
@@ -88,6 +100,7 @@ async def lifespan(server: MCPServer) -> AsyncIterator[None]:
     if not path:
         yield
         return
+    sync_extra_tools(server, Path(path))
     task = asyncio.create_task(watch_extra_tools(server, Path(path)))
     try:
         yield
@@ -99,7 +112,7 @@ server: MCPServer = MCPServer(
     "toolloop-test",
     lifespan=lifespan,
     subscriptions=bus,
-    middleware=[KeepListingSessions()] if os.environ.get(LEGACY_ENV) else [],
+    middleware=[ReadExtrasFirst(), *([KeepListingSessions()] if os.environ.get(LEGACY_ENV) else [])],
 )
 
 
@@ -174,28 +187,38 @@ def make_extra(name: str) -> Callable[[], str]:
     return extra
 
 
+# The extra tools this process serves now (names from `MCP_TEST_EXTRA_FILE`).
+served_extras: list[str] = []
+
+
+def sync_extra_tools(server: MCPServer, path: Path) -> bool:
+    """Serve the extra tools the file names now: True when they changed."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    wanted = [line.strip() for line in text.splitlines() if line.strip()]
+    if wanted == served_extras:
+        return False
+    for name in served_extras:
+        with contextlib.suppress(Exception):
+            server.remove_tool(f"extra_{name}")
+    for name in wanted:
+        server.add_tool(
+            make_extra(name),
+            name=f"extra_{name}",
+            description=f"Extra tool {name}.",
+            structured_output=False,
+        )
+    served_extras[:] = wanted
+    return True
+
+
 async def watch_extra_tools(server: MCPServer, path: Path) -> None:
-    served: list[str] = []
     while True:
         await asyncio.sleep(0.1)
-        try:
-            text = await asyncio.to_thread(path.read_text)
-        except OSError:
+        if not await asyncio.to_thread(sync_extra_tools, server, path):
             continue
-        wanted = [line.strip() for line in text.splitlines() if line.strip()]
-        if wanted == served:
-            continue
-        for name in served:
-            with contextlib.suppress(Exception):
-                server.remove_tool(f"extra_{name}")
-        for name in wanted:
-            server.add_tool(
-                make_extra(name),
-                name=f"extra_{name}",
-                description=f"Extra tool {name}.",
-                structured_output=False,
-            )
-        served = wanted
         await bus.publish(ToolsListChanged())
         for session in list(legacy_sessions):
             with contextlib.suppress(Exception):
