@@ -1,4 +1,9 @@
-"""`python -m ops.bench [--quick] [--json-only]`: JSON lines of every figure, then a table."""
+"""`python -m ops.bench [--quick] [--json-only] [--http-only]`: JSON lines of every figure, then a table.
+
+The HTTP variant (`http_variant`: CPU per tool call of every process, the model over HTTP) runs first, on a
+stack of its own; `--http-only` runs it alone (about a minute in full on 2 cores), for working on what a call
+costs.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import redis
 import typer
 from rich.console import Console
 
+from ops.bench.cpu import read_loadavg
+from ops.bench.http_variant import run_http_variant
 from ops.bench.report import Metric, print_table
 from ops.bench.run import machine_facts, run_bench
 from ops.bench.scenarios import FULL, QUICK
@@ -20,6 +27,9 @@ from ops.redis_server import find_redis_server
 def main(
     quick: bool = typer.Option(False, "--quick", help="Small counts: a smoke run of every scenario."),
     json_only: bool = typer.Option(False, "--json-only", help="Only the JSON lines, no table or progress."),
+    http_only: bool = typer.Option(
+        False, "--http-only", help="Only the HTTP variant: CPU per tool call by process, throughput."
+    ),
 ) -> None:
     """Measure toolloop against plain Celery on one embedded Redis and the same workers."""
     # Wide enough for the table when the output is a file or a pipe (make bench | tee).
@@ -36,13 +46,19 @@ def main(
             err.print(f"[dim]bench: {text}[/dim]")
 
     started = time.monotonic()
-    run_bench(QUICK if quick else FULL, emit, progress)
+    sizes = QUICK if quick else FULL
+    load_before = read_loadavg()
+    run_http_variant(sizes, emit, progress)
+    if not http_only:
+        run_bench(sizes, emit, progress)
     if not json_only:
         facts = {
             **machine_facts(),
             "python": platform.python_version(),
             "redis": _redis_version(),
-            "mode": "quick" if quick else "full",
+            "mode": ("quick" if quick else "full") + (", HTTP variant only" if http_only else ""),
+            "loadavg_before": load_before,
+            "loadavg_after": read_loadavg(),
             "duration_s": f"{time.monotonic() - started:.0f}",
         }
         print_table(metrics, out, title="toolloop vs plain Celery")

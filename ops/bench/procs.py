@@ -82,6 +82,24 @@ def start_worker(
     timeout_s: float = 60.0,
 ) -> Proc:
     """`toolloop worker` serving `queues`; returns once its catalogue entry is published."""
+    proc, hostname = spawn_worker(redis_url, queues=queues, concurrency=concurrency, modules=modules, env=env)
+    try:
+        wait_catalogue(redis_url, hostname, proc, timeout_s)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def spawn_worker(
+    redis_url: str,
+    *,
+    queues: Iterable[str],
+    concurrency: int,
+    modules: str = BENCH_TOOLS,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Proc, str]:
+    """`toolloop worker` started, not yet ready (`wait_catalogue` with the node name returned says when)."""
     hostname = f"bench-{uuid.uuid4().hex[:8]}@localhost"
     command = [
         str(TOOLLOOP_BIN),
@@ -92,13 +110,7 @@ def start_worker(
         "--loglevel=WARNING",
     ]
     full_env = {"TOOLLOOP_REDIS_URL": redis_url, "TOOLLOOP_TOOL_MODULES": modules, **(env or {})}
-    proc = Proc(command, full_env, "worker")
-    try:
-        wait_catalogue(redis_url, hostname, proc, timeout_s)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return Proc(command, full_env, "worker"), hostname
 
 
 def wait_catalogue(redis_url: str, hostname: str, proc: Proc, timeout_s: float) -> None:

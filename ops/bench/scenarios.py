@@ -53,6 +53,10 @@ class Sizes:
     # Streaming (`ops.bench.streaming`): turns at once, each one model call answering this many characters.
     stream_turns: int
     stream_answer_chars: int
+    # The HTTP variant (`ops.bench.http_variant`): rounds of plain tasks then turns of 5 calls, this many
+    # turns a round (and as many plain tasks as calls).
+    http_turns: int
+    http_rounds: int
 
 
 FULL = Sizes(
@@ -73,6 +77,8 @@ FULL = Sizes(
     cpu_calls=200,
     stream_turns=8,
     stream_answer_chars=4000,
+    http_turns=100,
+    http_rounds=2,
 )
 QUICK = Sizes(
     warmup=2,
@@ -87,11 +93,14 @@ QUICK = Sizes(
     storage_turns=1,
     storage_rounds=40,
     storage_result_kb=8,
-    cpu_rounds=(1, 10, 40),  # the 100-round row (12 s) runs in the full bench only
+    # The 40- and 100-round rows (4 s and 12 s) run in the full bench only, to make room for the HTTP variant.
+    cpu_rounds=(1, 10),
     cpu_result_kb=50,
     cpu_calls=1,
     stream_turns=2,
     stream_answer_chars=1500,
+    http_turns=20,
+    http_rounds=1,
 )
 
 

@@ -1,0 +1,267 @@
+"""The HTTP variant (issue 16): CPU per tool call of every process, and throughput, with the model over HTTP,
+against plain Celery measured in the same run.
+
+A stack of its own, so that every process on its Redis is one that is measured: a fresh Redis, one
+`toolloop worker` of `WORKERS` prefork processes (task events on: `worker_send_task_events`, as `-E`), the
+shipped `toolloop orchestrator` with its `scripted:` models at the bench's model server over HTTP
+(`http_model`), and this process as the client. Each round sends `turns × 5` plain Celery no-op tasks
+(`send_task` all, then `AsyncResult.get` each), then `turns` toolloop turns of 5 no-op calls each in one
+model round (submitted all, then waited for each; the model asked to stream, as `submit` does by default).
+CPU is read from /proc around each phase (`cpu`): client, worker parent and pool children, Redis, the
+orchestrator, and apart, the model server, which no "all processes" figure includes. The Redis command
+counts (`INFO commandstats`, commands run inside scripts included) go with the Redis row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import redis
+
+from ops.bench import cpu
+from ops.bench.cpu import CELERY_PARTS, TOOLLOOP_PARTS, WORKER_PARTS, CpuWatch, Processes, Window
+from ops.bench.http_model import ModelServer
+from ops.bench.procs import TOOLLOOP_BIN, Proc, spawn_worker, start_orchestrator, wait_catalogue
+from ops.bench.report import Metric, compared
+from ops.bench.scenarios import Sizes, measure_celery_throughput, submit_turn, wait_completed
+from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL
+from ops.redis_server import RedisServer
+from orchestrator import Client
+from orchestrator.settings import Settings
+from workers.app import ToolloopCelery, create_app
+
+CALLS_PER_TURN = 5
+WORKERS = 2
+# Issue 16's goals, on ratios to plain Celery in the same run.
+ALL_RATIO_GOAL = 1.3
+WORKER_RATIO_GOAL = 1.15
+THROUGHPUT_RATIO_GOAL = 0.8
+# After the client has its last answer: the worker still acks and sends its task events, the orchestrator
+# still writes a turn's end. Both phases wait as long, so both count their tails (and as much idle time).
+SETTLE_S = 0.3
+
+Progress = Callable[[str], None]
+Emit = Callable[[Metric], None]
+
+
+class HttpStack:
+    """Redis, the model server, a worker and the shipped orchestrator, started together; stopped on exit."""
+
+    def __init__(self) -> None:
+        self._server = RedisServer()
+        self._procs: list[Proc] = []
+        self.model: ModelServer | None = None
+        self.client: Client | None = None
+        self.app: ToolloopCelery | None = None
+        self.processes: Processes | None = None
+
+    def __enter__(self) -> HttpStack:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        url = self._server.start().url
+        self.model = ModelServer()
+        self._procs.append(self.model.proc)
+        # The worker's imports and the orchestrator's overlap: the worker is waited for last.
+        worker, hostname = spawn_worker(url, queues=[BENCH_QUEUE], concurrency=WORKERS)
+        self._procs.append(worker)
+        env = {"TOOLLOOP_SCRIPTED_BASE_URL": self.model.base_url, "TOOLLOOP_LOG_LEVEL": "WARNING"}
+        orchestrator = start_orchestrator(url, env, command=[str(TOOLLOOP_BIN), "orchestrator"])
+        self._procs.append(orchestrator)
+        wait_catalogue(url, hostname, worker, timeout_s=60)
+        self.model.wait_ready()
+        settings = Settings(redis_url=url)
+        self.app = create_app(settings, main="toolloop-bench-http")
+        self.client = Client(url, settings=settings)
+        assert self._server.pid is not None, "a started Redis has a process"
+        self.processes = Processes(
+            client=os.getpid(),
+            worker=worker.pid,
+            redis=self._server.pid,
+            orchestrator=orchestrator.pid,
+            model_server=self.model.proc.pid,
+        )
+
+    def close(self) -> None:
+        """Stop everything this stack started (idempotent)."""
+        for proc in reversed(self._procs):
+            proc.stop(timeout_s=30.0)
+        self._procs.clear()
+        if self.client is not None:
+            self.client.close()
+        if self.app is not None:
+            self.app.close()
+        self._server.stop()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class HttpRun:
+    """The phases of a run, each kind added up over its rounds; `commands` are Redis commands per unit."""
+
+    celery: Window
+    toolloop: Window
+    celery_commands: float
+    toolloop_commands: float
+    rounds: list[tuple[Window, Window]]
+
+
+def _commands(r: redis.Redis) -> int:
+    stats: dict[str, dict[str, int]] = r.info("commandstats")
+    return sum(int(entry["calls"]) for entry in stats.values())
+
+
+def run_turns(client: Client, turns: int) -> None:
+    """`turns` turns of `CALLS_PER_TURN` no-op calls, all submitted, then each waited for."""
+    ids = [submit_turn(client, NOOP_TOOL, CALLS_PER_TURN) for _ in range(turns)]
+    for turn_id in ids:
+        wait_completed(client, turn_id, timeout_s=300)
+
+
+def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
+    """Warm both paths up, then `sizes.http_rounds` rounds of plain tasks then turns."""
+    assert stack.client is not None and stack.app is not None and stack.processes is not None
+    client, app = stack.client, stack.app
+    # Imports, connections, script loads and the model server's first requests: paid before measuring.
+    measure_celery_throughput(app, max(10, sizes.warmup * CALLS_PER_TURN))
+    run_turns(client, max(2, sizes.warmup))
+    watch = CpuWatch(stack.processes)
+    r = client.redis
+    calls = sizes.http_turns * CALLS_PER_TURN
+    rounds: list[tuple[Window, Window]] = []
+    celery_commands = toolloop_commands = 0
+    for number in range(sizes.http_rounds):
+        progress(f"HTTP model, round {number + 1}: {calls} plain tasks, {sizes.http_turns} turns × 5 calls")
+        before = _commands(r)
+        watch.start()
+        measure_celery_throughput(app, calls)
+        celery = watch.stop(calls, settle_s=SETTLE_S)
+        middle = _commands(r)
+        watch.start()
+        run_turns(client, sizes.http_turns)
+        toolloop = watch.stop(calls, settle_s=SETTLE_S)
+        celery_commands += middle - before
+        toolloop_commands += _commands(r) - middle
+        rounds.append((celery, toolloop))
+    total = calls * sizes.http_rounds
+    return HttpRun(
+        celery=cpu.add_windows([c for c, _ in rounds]),
+        toolloop=cpu.add_windows([t for _, t in rounds]),
+        celery_commands=celery_commands / total,
+        toolloop_commands=toolloop_commands / total,
+        rounds=rounds,
+    )
+
+
+def _versus(
+    name: str, tool: Window, celery: Window, parts: tuple[str, ...], extra: dict[str, object]
+) -> Metric:
+    value, baseline = tool.ms_per_unit(*parts), celery.ms_per_unit(*parts)
+    ratio = value / baseline if baseline else None
+    return Metric(name, value, "ms CPU", baseline=baseline, ratio=ratio, extra=extra)
+
+
+def build_metrics(run: HttpRun, loadavg: tuple[str, str]) -> list[Metric]:
+    """The rows of the report: CPU per call by process, and throughput, each against plain Celery."""
+    tool, celery = run.toolloop, run.celery
+    common: dict[str, object] = {
+        "workers": WORKERS,
+        "calls": tool.units,
+        "turns": tool.units // CALLS_PER_TURN,
+    }
+    per_round = [
+        {
+            "toolloop_ms": round(t.ms_per_unit(*TOOLLOOP_PARTS), 3),
+            "celery_ms": round(c.ms_per_unit(*CELERY_PARTS), 3),
+        }
+        for c, t in run.rounds
+    ]
+    all_extra = {
+        **common,
+        "toolloop_ms": tool.breakdown_ms(TOOLLOOP_PARTS),
+        "celery_ms": celery.breakdown_ms(CELERY_PARTS),
+        "rounds": per_round,
+        "model_server_excluded": True,
+        "loadavg_before": loadavg[0],
+        "loadavg_after": loadavg[1],
+    }
+    cpu_all = compared(
+        "cpu_ms_per_call_all",
+        tool.ms_per_unit(*TOOLLOOP_PARTS),
+        celery.ms_per_unit(*CELERY_PARTS),
+        "ms CPU",
+        goal_ratio=ALL_RATIO_GOAL,
+        lower_is_better=True,
+    )
+    worker = compared(
+        "worker_cpu_ms_per_call",
+        tool.ms_per_unit(*WORKER_PARTS),
+        celery.ms_per_unit(*WORKER_PARTS),
+        "ms CPU",
+        goal_ratio=WORKER_RATIO_GOAL,
+        lower_is_better=True,
+    )
+    throughput = compared(
+        "tool_calls_per_s_http_w2",
+        tool.rate_per_s,
+        celery.rate_per_s,
+        "calls/s",
+        goal_ratio=THROUGHPUT_RATIO_GOAL,
+        lower_is_better=False,
+    )
+    idle = 1000 * celery.cpu_s[cpu.ORCHESTRATOR] / celery.wall_s
+    redis_extra = {
+        **common,
+        "commands_per_call": round(run.toolloop_commands, 2),
+        "celery_commands_per_task": round(run.celery_commands, 2),
+    }
+    return [
+        Metric(**{**cpu_all.__dict__, "extra": all_extra}),
+        Metric(**{**worker.__dict__, "extra": {**common, **_worker_split(tool, celery)}}),
+        Metric(
+            "orchestrator_cpu_ms_per_call",
+            tool.ms_per_unit(cpu.ORCHESTRATOR),
+            "ms CPU",
+            extra={**common, "idle_ms_per_s_during_celery": round(idle, 2)},
+        ),
+        _versus("redis_cpu_ms_per_call", tool, celery, (cpu.REDIS,), redis_extra),
+        _versus("client_cpu_ms_per_call", tool, celery, (cpu.CLIENT,), common),
+        Metric(
+            "model_server_cpu_ms_per_call",
+            tool.ms_per_unit(cpu.MODEL_SERVER),
+            "ms CPU",
+            extra={**common, "model_calls_per_turn": 2, "in_all": False},
+        ),
+        Metric(**{**throughput.__dict__, "extra": common}),
+    ]
+
+
+def _worker_split(tool: Window, celery: Window) -> dict[str, object]:
+    return {
+        "parent_ms": round(tool.ms_per_unit(cpu.WORKER_PARENT), 3),
+        "children_ms": round(tool.ms_per_unit(cpu.WORKER_CHILDREN), 3),
+        "celery_parent_ms": round(celery.ms_per_unit(cpu.WORKER_PARENT), 3),
+        "celery_children_ms": round(celery.ms_per_unit(cpu.WORKER_CHILDREN), 3),
+    }
+
+
+def run_http_variant(sizes: Sizes, emit: Emit, progress: Progress) -> None:
+    """Start the stack, measure, emit every row, stop the stack."""
+    progress(f"HTTP model: Redis, model server, {WORKERS}-process worker, shipped orchestrator")
+    with HttpStack() as stack:
+        before = cpu.read_loadavg()
+        run = measure(stack, sizes, progress)
+        for metric in build_metrics(run, (before, cpu.read_loadavg())):
+            emit(metric)
