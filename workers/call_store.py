@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
+from redis.exceptions import NoScriptError
 
 from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
@@ -156,29 +157,39 @@ class CallStore:
         """
 
         def once(failures: int) -> scripts.WriteResult:
-            landed = (failures > 0 or check_landed) and self.client.get(
-                keys.outcome(write.call_id)
-            ) == write.outcome_json.encode()
-            pipe = self.client.pipeline(transaction=False)
-            if write.full_result_json is not None and write.full_result_key:
-                pipe.set(write.full_result_key, write.full_result_json, ex=keys.FULL_RESULT_TTL_S)
-            if write.idempotency_key is not None and write.idempotency_record is not None:
-                pipe.set(write.idempotency_key, write.idempotency_record, ex=keys.IDEMPOTENCY_TTL_S)
-            won_index = len(pipe)
-            if not landed:
-                script_keys, script_args = scripts.build_write_outcome_call(
-                    write.call_id, write.turn_id, write.outcome_json, write.reply_key, write.fence
-                )
-                self._write(keys=script_keys, args=script_args, client=pipe)
-            if write.holder is not None:
-                holder = [write.holder, "1" if write.holder_is_prefix else ""]
-                self._release(keys=[keys.running(write.call_id)], args=holder, client=pipe)
-                if write.idempotency_lock is not None:
-                    self._release(keys=[write.idempotency_lock], args=holder, client=pipe)
-            results = pipe.execute()
-            return scripts.WriteResult.WON if landed else scripts.parse_write_result(results[won_index])
+            try:
+                return self._finish_once(write, check_landed=failures > 0 or check_landed)
+            except NoScriptError:
+                # Redis lost its scripts (a restart, SCRIPT FLUSH): load them, then try again, looking first
+                # whether the write landed before the error.
+                for script in (self._write, self._release):
+                    self.client.script_load(script.script)
+                return self._finish_once(write, check_landed=True)
 
         return retry.call(once, f"the outcome of {write.call_id}") if retry is not None else once(0)
+
+    def _finish_once(self, write: OutcomeWrite, *, check_landed: bool) -> scripts.WriteResult:
+        landed = check_landed and self.client.get(keys.outcome(write.call_id)) == write.outcome_json.encode()
+        pipe = self.client.pipeline(transaction=False)
+        if write.full_result_json is not None and write.full_result_key:
+            pipe.set(write.full_result_key, write.full_result_json, ex=keys.FULL_RESULT_TTL_S)
+        if write.idempotency_key is not None and write.idempotency_record is not None:
+            pipe.set(write.idempotency_key, write.idempotency_record, ex=keys.IDEMPOTENCY_TTL_S)
+        won_index = len(pipe)
+        if not landed:
+            script_keys, script_args = scripts.build_write_outcome_call(
+                write.call_id, write.turn_id, write.outcome_json, write.reply_key, write.fence
+            )
+            # EVALSHA straight into the pipeline: a registered Script in a pipeline first asks SCRIPT EXISTS,
+            # one more round trip per call; a missing script comes back as NoScriptError instead.
+            pipe.evalsha(self._write.sha, len(script_keys), *script_keys, *script_args)
+        if write.holder is not None:
+            holder = [write.holder, "1" if write.holder_is_prefix else ""]
+            pipe.evalsha(self._release.sha, 1, keys.running(write.call_id), *holder)
+            if write.idempotency_lock is not None:
+                pipe.evalsha(self._release.sha, 1, write.idempotency_lock, *holder)
+        results = pipe.execute()
+        return scripts.WriteResult.WON if landed else scripts.parse_write_result(results[won_index])
 
     def claim_idempotency(
         self, key: str, *, holder: str, lock_ttl_s: float, retry: RedisRetry | None = None

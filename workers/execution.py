@@ -8,8 +8,8 @@ The Redis steps (start script, idempotency claim, outcome write) are `workers.ca
 
 A hung worker (SIGSTOPped, a paused VM) cannot answer twice: each execution carries a token, the start script
 makes it the call's current one (the fence, `workers.fence`), and an execution superseded meanwhile — the
-orchestrator found the call lost and dispatched it again — neither starts the tool's body (checked just
-before it) nor writes (checked atomically by the write).
+orchestrator found the call lost and dispatched it again — neither starts the tool's body (checked by the
+start script, and again after an idempotency wait) nor writes (checked atomically by the write).
 
 Redis down (SPEC §8.3): a call that cannot start waits a little for Redis (`START_WAIT_MAX_S`, at most half
 its soft limit) and is otherwise handed back to Celery unstarted — never run blind. Once the tool has run,
@@ -134,21 +134,25 @@ def execute_call(
         return _not_started(store, request, StartResult(attempt), value)
     run = Run(store, tool, request, attempt, worker, token, now, now(), write_retry, spool)
     idem_key = build_idempotency_key(tool.spec, request.arguments)
-    if idem_key is not None:
-        try:
-            claimed = _claim_idempotency(
-                run,
-                idem_key,
-                soft_limit_s=soft_limit_s,
-                lock_ttl_s=build_lock_ttl_s(hard_limit_s),
-                timeout_errors=timeout_errors,
-                sleep=sleep,
-                retry=start_retry,
-            )
-        except redis.RedisError as exc:
-            return _hand_back(store, request.call_id, token, idem_key, exc)
-        if claimed is not None:
-            return claimed
+    if idem_key is None:
+        # The start script made this execution the current one a moment ago, atomically: looking again
+        # would cost a round trip per call and prove nothing more (the outcome's write is fenced anyway).
+        return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
+    try:
+        claimed = _claim_idempotency(
+            run,
+            idem_key,
+            soft_limit_s=soft_limit_s,
+            lock_ttl_s=build_lock_ttl_s(hard_limit_s),
+            timeout_errors=timeout_errors,
+            sleep=sleep,
+            retry=start_retry,
+        )
+    except redis.RedisError as exc:
+        return _hand_back(store, request.call_id, token, idem_key, exc)
+    if claimed is not None:
+        return claimed
+    # The claim may have waited for an identical call, long enough for the call to be dispatched again.
     try:
         current = store.is_current(request.call_id, token, retry=start_retry)
     except redis.RedisError as exc:

@@ -25,6 +25,7 @@ the record, the orchestrator never reads Celery states:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -78,7 +79,13 @@ def _store(task: Task[Any, Any]) -> CallStore:
 def _spool(task: Task[Any, Any]) -> Spool:
     """The worker's outcome spool (`workers.spool`) for the Redis of the task's app settings."""
     settings = _settings(task.app)
-    return Spool(build_spool_dir(settings.redis_url, settings.spool_dir))
+    return _spool_of(settings.redis_url, settings.spool_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _spool_of(redis_url: str, spool_dir: str | None) -> Spool:
+    # Once per process: naming the folder (URL parsing, a digest, paths) weighed a tenth of a call's CPU.
+    return Spool(build_spool_dir(redis_url, spool_dir))
 
 
 def _idempotency_key(request: ToolCallRequest) -> str | None:

@@ -219,3 +219,17 @@ def test_a_script_redis_forgot_is_loaded_again(runner: SyncRunner) -> None:
     assert isinstance(client, redis.Redis)
     client.script_flush()
     assert runner.run(operations.control("t_none", "cancel", None, None, 1.0)) is lua.ControlResult.UNKNOWN
+
+
+def test_a_worker_finishing_after_redis_forgot_its_scripts_writes_once(call_store: CallStore) -> None:
+    # The outcome's pipeline sends EVALSHA straight (no SCRIPT EXISTS round trip): a NOSCRIPT reply loads the
+    # scripts, and the write is tried again only if it did not land — one outcome, and the guard released.
+    request = ToolCallRequest(call_id="c9", tool="echo", arguments={})
+    token = "1|w:1:a"
+    assert call_store.start(request, token=token, running_ttl_s=10, worker="w") == (1, 0)
+    call_store.client.script_flush()
+    outcome = ToolOutcome(call_id="c9", tool="echo", ok=True, result="x", content="x")
+    write = OutcomeWrite.of(outcome, scripts.Fence(1, token), holder=token)
+    assert call_store.finish(write) is scripts.WriteResult.WON
+    assert call_store.read_outcome("c9") == outcome
+    assert call_store.client.exists(keys.running("c9"), keys.late_outcomes("c9")) == 0
