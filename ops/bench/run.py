@@ -14,7 +14,7 @@ from pathlib import Path
 
 from celery import Celery
 
-from ops.bench import scenarios, storage, streaming
+from ops.bench import reactions, scenarios, storage, streaming
 from ops.bench.instant import MODEL_CPU_FILE_ENV
 from ops.bench.procs import Proc, measure_idle_cpu_pct, read_rss_mb, start_orchestrator, start_worker
 from ops.bench.report import Metric, compared, with_goal
@@ -87,12 +87,16 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
                 emit=emit,
                 progress=progress,
             )
+            progress("reactions: wait, cancel, tools side by side")
+            reactions.run_reactions(client, sizes, NOOP_TOOL, emit)
             worker.stop()
             procs.remove(worker)
             progress("deadline lag")
             lags = summarise(scenarios.measure_deadline_lags(client, sizes))
             emit(with_goal("deadline_lag_p99_ms", lags["p99"], "ms", limit=DEADLINE_LAG_GOAL_MS))
             emit(Metric("deadline_lag_p50_ms", lags["p50"], "ms"))
+            progress("an orchestrator's stop")
+            reactions.run_stop(client, url, sizes, emit)
             orchestrator.stop()
             procs.remove(orchestrator)
             _streaming(client, url, sizes, procs, emit=emit, progress=progress)

@@ -57,6 +57,10 @@ class Sizes:
     # turns a round (and as many plain tasks as calls).
     http_turns: int
     http_rounds: int
+    # Reactions (`ops.bench.reactions`): turns timed one at a time (wait, cancel, stop), and turns of one 1 s
+    # tool at once on 2 worker processes.
+    reaction_turns: int
+    parallel_turns: int
 
 
 FULL = Sizes(
@@ -79,6 +83,8 @@ FULL = Sizes(
     stream_answer_chars=4000,
     http_turns=100,
     http_rounds=2,
+    reaction_turns=20,
+    parallel_turns=8,
 )
 QUICK = Sizes(
     warmup=2,
@@ -101,6 +107,8 @@ QUICK = Sizes(
     stream_answer_chars=1500,
     http_turns=20,
     http_rounds=1,
+    reaction_turns=3,
+    parallel_turns=4,
 )
 
 

@@ -4,6 +4,8 @@
 - `bench.noop`: a plain Celery task that does nothing, on the same queue and workers: the baseline.
 - `bench_blob`: a tool whose result is `kb` kB of text, on the `bench` queue: storage and CPU per call grow
   with the conversation, so these scenarios need results of a chosen size.
+- `bench_sleep`: a tool that sleeps a second on the `bench` queue: do the calls of several turns run side
+  by side on the worker processes (`ops.bench.reactions`)?
 - `bench_park`: a slow tool on its own queue, served by one single-process worker, so that the calls of
   thousands of turns wait for it (parked turns) or outlast their deadline (deadline lag).
 """
@@ -26,6 +28,7 @@ BLOB_TOOL = "bench_blob"
 # A kB of a result is 1000 bytes (hex digits: one byte each in UTF-8 and in JSON, nothing escaped).
 BLOB_KB = 1000
 PLAIN_TASK = "bench.noop"
+SLEEP_TOOL = "bench_sleep"
 
 
 @tool(soft_time_limit=5, time_limit=10, queue=BENCH_QUEUE)
@@ -46,6 +49,13 @@ def bench_park(seconds: float = 600.0) -> str:
     """Sleep for `seconds`: a tool slow enough that a turn calling it stays parked."""
     time.sleep(seconds)
     return "parked"
+
+
+@tool(soft_time_limit=5, time_limit=10, queue=BENCH_QUEUE)
+def bench_sleep(seconds: float = 1.0) -> str:
+    """Sleep for `seconds` on the bench queue: calls of several turns at once show how they spread."""
+    time.sleep(seconds)
+    return "slept"
 
 
 # shared_task: registered on the worker's app when it is finalised, whatever app imported this module.
