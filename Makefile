@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-browser demo test test-faults lint bench clean
+.PHONY: setup setup-browser demo test test-random test-faults lint bench clean
 
 # The browser of the page tests is installed where it can be (root, apt); elsewhere setup goes on and says what
 # to install, and the page tests fail with the same words (never skipped).
@@ -40,6 +40,13 @@ setup-browser:
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not faults" -n 2 --dist loadfile --durations=30
+
+# The e2e and integration folders once in a random order (pytest-randomly): every test passes alone and in any
+# order. The seed is printed first; `make test-random SEED=<seed>` replays that order.
+test-random: setup
+	@seed=$(or $(SEED),$$RANDOM); echo "test-random: --randomly-seed=$$seed"; \
+	$(BIN)/python -m pytest -q -m "not faults" -p randomly --randomly-seed=$$seed -n 2 --dist loadfile \
+	  --durations=30 tests/e2e tests/integration
 
 test-faults: setup
 	$(BIN)/python -m pytest -q -m faults --timeout 1800

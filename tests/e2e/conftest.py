@@ -2,12 +2,16 @@
 
 A module gets its own `redis-server` (not the session's) so that its orchestrator never claims another
 suite's turns and its worker's tools never mix with the session worker's catalogue on the same queue.
+
+Helpers: `wait_outcome` (a turn's outcome, or the events it got to), `event_data` (a turn's events so far, by
+name) and `assert_every_call_answered_once`. Waiting on anything else: `tests.support.waiting`.
 """
 
 from __future__ import annotations
 
-import time
+import json
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 import redis
@@ -18,6 +22,7 @@ from orchestrator.model import Message, ToolMessage, TurnOutcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
 from workers import keys
 
 E2E_TOOLS = "tests.support.e2e_tools"
@@ -62,30 +67,25 @@ def client(e2e_redis: RedisServer) -> Iterator[Client]:
     c.redis.close()
 
 
-def wait_outcome(client: Client, turn_id: str, timeout_s: float) -> TurnOutcome:
-    """Poll the turn until it is terminal (a short poll keeps the test independent of blocking reads)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        outcome = client.outcome(turn_id)
-        if outcome is not None:
-            return outcome
-        time.sleep(0.05)
-    raw = client.redis.xrange(keys.turn_events(turn_id))
-    listing = "\n".join(f"  {fields.get('name')}: {fields.get('data')}" for _id, fields in raw)
-    raise AssertionError(
-        f"turn {turn_id} not finished in {timeout_s} s ({client.get(turn_id).status}); events:\n{listing}"
-    )
+def wait_outcome(client: Client, turn_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> TurnOutcome:
+    """The turn's outcome once it is terminal; failing, the status and every event the turn got to."""
+    try:
+        return wait_for(lambda: client.outcome(turn_id), f"turn {turn_id} to finish", timeout_s)
+    except AssertionError as timed_out:
+        listing = "\n".join(
+            f"  {fields.get('name')}: {fields.get('data')}" for fields in _events(client, turn_id)
+        )
+        raise AssertionError(f"{timed_out} ({client.get(turn_id).status}); events:\n{listing}") from None
 
 
-def wait_for(predicate: object, timeout_s: float, what: str) -> None:
-    """Poll `predicate()` until true."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def event_data(client: Client, turn_id: str, name: str) -> list[dict[str, Any]]:
+    """The data of every event `name` the turn has so far (a snapshot: it never waits for more)."""
+    return [json.loads(fields["data"]) for fields in _events(client, turn_id) if fields.get("name") == name]
+
+
+def _events(client: Client, turn_id: str) -> list[dict[str, str]]:
+    entries = cast("list[tuple[str, dict[str, str]]]", client.redis.xrange(keys.turn_events(turn_id)))
+    return [fields for _id, fields in entries]
 
 
 def assert_every_call_answered_once(messages: list[Message]) -> None:

@@ -26,10 +26,11 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import AssistantMessage, TurnOutcome
-from tests.e2e.conftest import wait_for, wait_outcome
+from tests.e2e.conftest import wait_outcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import ROOT, WorkerHandle
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -111,16 +112,7 @@ def read_archived(db: Path, turn_id: str) -> tuple[dict[str, Any], list[dict[str
 
 
 def wait_archived(db: Path, turn_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    found: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-
-    def archived() -> bool:
-        row = read_archived(db, turn_id)
-        if row is not None:
-            found.append(row)
-        return row is not None
-
-    wait_for(archived, 60, f"turn {turn_id} in the archive")
-    return found[0]
+    return wait_for(lambda: read_archived(db, turn_id), f"turn {turn_id} in the archive")
 
 
 def plan(calls: list[dict[str, Any]]) -> str:
@@ -148,7 +140,7 @@ def test_a_finished_turn_is_archived_whole(client: Client, archive_db: Path) -> 
         ]
     )
     turn_id = client.submit(prompt=prompt, model="scripted:plan")
-    outcome = wait_outcome(client, turn_id, 30)
+    outcome = wait_outcome(client, turn_id)
 
     row = wait_archived(archive_db, turn_id)
     assert_archived_whole(row, outcome, prompt)
@@ -182,10 +174,10 @@ def test_a_conversation_turn_archives_its_own_calls_only(client: Client, archive
         }
     )
     first = client.submit(prompt=script, model="scripted:plan", conversation_id=conversation)
-    wait_outcome(client, first, 30)
+    wait_outcome(client, first)
     prompt = f"and now the next round {uuid.uuid4().hex}"
     second = client.submit(prompt=prompt, model="scripted:plan", conversation_id=conversation)
-    outcome = wait_outcome(client, second, 30)
+    outcome = wait_outcome(client, second)
 
     row = wait_archived(archive_db, second)
     assert_archived_whole(row, outcome, prompt)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from tests.integration.store_support import store_db_url
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.waiting import wait_for
 from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -143,19 +143,20 @@ def test_a_cancelled_turn_exits_1(e2e_redis: RedisServer, client: Client) -> Non
     assert stderr == f"error: turn {turn_id} ended cancelled (cancelled)\n"
 
 
-def find_running_turn(client: Client, prompt: str, timeout_s: float = 20) -> str:
+def find_running_turn(client: Client, prompt: str) -> str:
     """The id of the turn submitted with `prompt` (by its marker), once an orchestrator runs it."""
     marker = prompt.partition(" ")[0]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    prefix, suffix = keys.turn_request("\0").split("\0")
+
+    def running() -> str | None:
         for key in client.redis.scan_iter(keys.turn_request("*")):
             if marker in (client.redis.get(key) or ""):
-                prefix, suffix = keys.turn_request("\0").split("\0")
                 turn_id = str(key).removeprefix(prefix).removesuffix(suffix)
                 if client.get(turn_id).status == "running":
                     return turn_id
-        time.sleep(0.1)
-    raise AssertionError(f"no running turn with the prompt {prompt[:60]}…")
+        return None
+
+    return wait_for(running, f"a running turn with the prompt {prompt[:60]}…")
 
 
 @pytest.mark.usefixtures("orchestrator_process")

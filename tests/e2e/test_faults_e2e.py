@@ -2,6 +2,9 @@
 
 The first tests share the module's Redis, worker and orchestrator. The two that SIGKILL a process get a
 Redis, workers and orchestrators of their own, so that nothing they kill is shared with another test.
+
+No test times the system: a stop that came "in time" is one that answered the call for the tool (a
+synthetic outcome) while the tool itself would still be running; speed is `make bench`'s business.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,15 +21,16 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, wait_for, wait_outcome
+from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import start_worker
+from tests.support.waiting import wait_until
 from workers import keys
 from workers.contract import FailureKind
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def plan_prompt(rounds: list[dict[str, Any]]) -> str:
@@ -40,24 +43,17 @@ def only_tool_message(messages: list[Any]) -> ToolMessage:
     return tools[0]
 
 
-def event_data(client: Client, turn_id: str, name: str) -> list[dict[str, Any]]:
-    """The data of every event `name` of a turn so far."""
-    entries = client.redis.xrange(keys.turn_events(turn_id))
-    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
-
-
 @pytest.mark.usefixtures("orchestrator_process")
 def test_deadline_during_a_long_tool_ends_the_turn_at_once(client: Client) -> None:
     prompt = plan_prompt([{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]}])
-    submitted = time.monotonic()
     turn_id = client.submit(prompt=prompt, model="scripted:plan", limits={"deadline_s": 3})
-    outcome = wait_outcome(client, turn_id, 15)
-    elapsed = time.monotonic() - submitted
+    outcome = wait_outcome(client, turn_id)
     assert (outcome.status, outcome.stop_reason, outcome.limit_reached) == ("stopped", "deadline", True)
-    assert elapsed < 5.5, f"the turn ended {elapsed:.1f} s after submission (deadline 3 s)"
+    # "At once": toolloop answered the call itself; the 30 s tool never got to answer it.
     answer = only_tool_message(outcome.messages)
     assert answer.failure_kind == FailureKind.DEADLINE_EXCEEDED
     assert answer.synthetic
+    assert not event_data(client, turn_id, "tool_finished")
     assert_every_call_answered_once(outcome.messages)
 
 
@@ -65,11 +61,10 @@ def test_deadline_during_a_long_tool_ends_the_turn_at_once(client: Client) -> No
 def test_a_hard_limited_tool_is_answered_timeout_and_the_turn_goes_on(client: Client) -> None:
     stubborn = {"name": "e2e_stubborn", "arguments": {"seconds": 20}}
     prompt = plan_prompt([{"calls": [stubborn]}, {"text": "ok"}])
-    started = time.monotonic()
     turn_id = client.submit(prompt=prompt, model="scripted:plan")
-    outcome = wait_outcome(client, turn_id, 20)
-    assert time.monotonic() - started < 12
+    outcome = wait_outcome(client, turn_id)
     assert (outcome.status, outcome.text) == ("completed", "ok")
+    # Killed by its hard limit: answered `timeout`, never "finished" (what it says after its 20 s).
     answer = only_tool_message(outcome.messages)
     assert answer.failure_kind == FailureKind.TIMEOUT
     assert answer.content.startswith("Error: ")
@@ -81,14 +76,14 @@ def test_a_hard_limited_tool_is_answered_timeout_and_the_turn_goes_on(client: Cl
 def test_cancel_mid_tool_ends_the_turn_cancelled(client: Client) -> None:
     prompt = plan_prompt([{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]}])
     turn_id = client.submit(prompt=prompt, model="scripted:plan")
-    wait_for(lambda: event_data(client, turn_id, "tool_started"), 20, "the tool to start")
-    cancelled_at = time.monotonic()
+    wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
     assert client.cancel(turn_id)
-    outcome = wait_outcome(client, turn_id, 10)
-    assert time.monotonic() - cancelled_at < 3
+    outcome = wait_outcome(client, turn_id)
     assert (outcome.status, outcome.stop_reason) == ("cancelled", "cancelled")
+    # Ended while the 30 s tool still ran: the call is answered by toolloop, not by the tool.
     answer = only_tool_message(outcome.messages)
     assert answer.failure_kind == FailureKind.CANCELLED
+    assert answer.synthetic
     assert_every_call_answered_once(outcome.messages)
     assert not client.cancel(turn_id)  # already over
 
@@ -110,16 +105,17 @@ def test_an_orchestrator_killed_mid_turn_is_replaced_and_the_tool_runs_once(
         key = f"takeover-{uuid.uuid4().hex[:8]}"
         call = {"name": "e2e_counted", "arguments": {"key": key, "seconds": 2}}
         turn_id = client.submit(prompt=plan_prompt([{"calls": [call]}]), model="scripted:plan")
-        wait_for(lambda: event_data(client, turn_id, "tool_started"), 20, "the tool to start")
+        wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
         first.kill()
         second = start_orchestrator(own_redis.url, model_base_url=model_server.base_url)
-        outcome = wait_outcome(client, turn_id, 30)
+        outcome = wait_outcome(client, turn_id)
         assert outcome.status == "completed", outcome
         assert only_tool_message(outcome.messages).content == f"run 1 of {key}"
         assert int(client.redis.get(f"{COUNTER_PREFIX}{key}") or 0) == 1
         assert client.redis.get(keys.turn_lease(turn_id)) is None  # released when it finished
         assert_every_call_answered_once(outcome.messages)
-        assert "taken_over" in second.log_text()
+        # The first owner is dead: the turn was resumed once, by the second.
+        assert len(event_data(client, turn_id, "turn_resumed")) == 1
     finally:
         client.redis.close()
         for process in (first, second):
@@ -138,15 +134,14 @@ def test_a_worker_killed_mid_tool_is_survived(
         key = f"fragile-{uuid.uuid4().hex[:8]}"
         call = {"name": "e2e_fragile", "arguments": {"key": key, "seconds": 30}}
         turn_id = client.submit(prompt=plan_prompt([{"calls": [call]}]), model="scripted:plan")
-        wait_for(lambda: event_data(client, turn_id, "tool_started"), 20, "the tool to start")
+        wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
         ran_on = event_data(client, turn_id, "tool_started")[0]["worker"]
         victim = next(w for w in workers if w.hostname == ran_on)
-        killed_at = time.monotonic()
         os.killpg(victim.pid, signal.SIGKILL)  # the main process and its pool: the whole worker dies
-        outcome = wait_outcome(client, turn_id, 30)
-        # Found lost by its hard limit (5 s) plus grace (1 s), not by the broker's visibility timeout.
-        assert time.monotonic() - killed_at < 12
+        outcome = wait_outcome(client, turn_id)
         assert outcome.status == "completed", outcome
+        # Found lost by the orchestrator's timer (hard limit plus grace) and sent again as attempt 2, not
+        # redelivered by the broker once its visibility timeout (hours) is over.
         assert only_tool_message(outcome.messages).content == f"run 2 of {key}"
         assert [e["attempt"] for e in event_data(client, turn_id, "tool_redispatched")] == [2]
         assert_every_call_answered_once(outcome.messages)

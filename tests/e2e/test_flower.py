@@ -6,6 +6,9 @@ say so (SUCCESS, FAILURE with "<kind>: <message>", RETRY with its reason, FAILUR
 REVOKED) while the outcome in Redis stays the record. Every call carries a secret argument and a secret
 context value; neither may appear in any Flower answer (task list, task info, the task page, the table
 behind the tasks page). The last test opens the task page of a failed call in a real browser.
+
+"Nothing else happened" (no redelivery, no second outcome) is checked once the worker is done with the call:
+its message acked and, where its pool process was killed, that process reaped and replaced.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -36,6 +39,7 @@ from tests.support.flower_client import (
 )
 from tests.support.flower_tools import CLOSED_MESSAGE, FLOWER_QUEUE
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.waiting import wait_for, wait_until
 from workers import keys
 from workers.contract import FailureKind
 from workers.errors import ToolCallFailed
@@ -71,21 +75,17 @@ def flower(redis_url: str) -> Iterator[str]:
         start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower exited: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            return httpx.get(f"{base}/healthcheck", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"flower exited: {process.stderr.read().decode() if process.stderr else ''}"
-                )
-            try:
-                if httpx.get(f"{base}/healthcheck", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("flower did not start")
-            time.sleep(0.1)
+        wait_until(answers, "Flower to answer")
         yield base
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -105,6 +105,40 @@ def is_unacked(redis_url: str, task_id: str) -> bool:
         return any(task_id.encode() in raw for raw in client.hvals("unacked"))
     finally:
         client.close()
+
+
+def queued_retry_eta(redis_url: str, task_id: str) -> datetime | None:
+    """When the task's retry is due, while its message waits in the queue (no worker took it yet)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for raw in client.lrange(FLOWER_QUEUE, 0, -1):
+            headers = json.loads(raw).get("headers", {})
+            if headers.get("id") == task_id and headers.get("eta"):
+                return datetime.fromisoformat(headers["eta"])
+        return None
+    finally:
+        client.close()
+
+
+def pool_process(worker: WorkerHandle) -> int:
+    """The pid of the worker's one pool process (once a killed one is replaced, if it was)."""
+
+    def only_one() -> int | None:
+        pids = worker.child_pids()
+        return pids[0] if len(pids) == 1 else None
+
+    return wait_for(only_one, "the worker's one pool process")
+
+
+def wait_replaced(worker: WorkerHandle, pid: int) -> None:
+    """Until the worker has reaped its pool process `pid` and started another: it has dealt with its end."""
+    wait_until(lambda: [p for p in worker.child_pids() if p != pid], f"pool process {pid} replaced")
+    wait_until(lambda: pid not in worker.child_pids(), f"pool process {pid} reaped")
+
+
+def wait_acked(redis_url: str, task_id: str) -> None:
+    """Until the task's message is acked: the broker will not deliver it again."""
+    wait_until(lambda: not is_unacked(redis_url, task_id), f"the message of task {task_id} acked")
 
 
 def late_outcomes(redis_url: str, call_id: str) -> int:
@@ -151,17 +185,23 @@ def test_a_failed_call_is_a_failure_with_its_kind_and_message_answered_once_and_
     assert task["exception"] == f"ToolCallFailed('execution_error: ValueError: {message}')"
     assert f"ToolCallFailed: execution_error: ValueError: {message}" in task["traceback"]
     assert task["retries"] == 0 and task["result"] is None
-    # Nothing else reacted to the failure: no Celery retry or redelivery (the message is acked), no second
-    # outcome (a parent-side `worker_lost`), and Celery logged it as expected, in one line.
-    time.sleep(1.0)
+    # Once the worker is done with the call (it logged the failure, as expected, and acked the message),
+    # nothing else reacted to it: no Celery retry or redelivery, no second outcome (a parent-side
+    # `worker_lost`), and Celery logged it in one line.
+    expected = f"raised expected: ToolCallFailed('execution_error: ValueError: {message}')"
+
+    def this_call_log() -> str:
+        log = flower_worker.log_text()
+        start = log.find(f"[{sent.task_id}] received")  # this call's lines (the worker serves it alone)
+        return log[start:] if start >= 0 else ""
+
+    wait_until(lambda: expected in this_call_log(), "the worker to log the failure")
+    wait_acked(redis_url, sent.task_id)
     again = wait_for_state(flower, sent.task_id, "FAILURE")
     assert again["received"] == task["received"] and again["retries"] == 0
-    assert not is_unacked(redis_url, sent.task_id)
     assert late_outcomes(redis_url, sent.call_id) == 0
     assert wait_for_outcome(redis_url, sent.call_id) == outcome
-    log = flower_worker.log_text()
-    log = log[log.index(f"[{sent.task_id}] received") :]  # this call's lines (the worker serves it alone)
-    assert f"raised expected: ToolCallFailed('execution_error: ValueError: {message}')" in log
+    log = this_call_log()
     assert "Traceback" not in log
     assert_flower_hides(flower, sent)
 
@@ -170,19 +210,23 @@ def test_a_retried_call_shows_retry_with_its_reason_until_a_worker_takes_the_ret
     redis_url: str, flower_worker: WorkerHandle, flower: str
 ) -> None:
     wait_for_flower_events(flower, flower_worker.hostname)
-    # The first attempt holds long enough for the worker to stop taking calls from the queue: the retry then
-    # waits in the queue, as it does when every worker is busy, and Flower shows RETRY all that time.
-    sent = send_call(redis_url, "flaky_account", account="acme", hold_s=1.5)
-    wait_for_state(flower, sent.task_id, "STARTED")
     assert flower_get(flower, "/api/workers", refresh="1").status_code == 200  # Flower knows the worker
+    # The first attempt holds (3 s, under its 5 s soft limit) while the worker stops taking calls from the
+    # queue: the retry then waits in the queue, as it does when every worker is busy, and Flower shows RETRY
+    # all that time. Still a race on a loaded machine: the tool should hold until the test releases it.
+    sent = send_call(redis_url, "flaky_account", account="acme", hold_s=3.0)
+    wait_for_state(flower, sent.task_id, "STARTED")
     worker_api = f"/api/worker/queue/%s/{flower_worker.hostname}"
     response = flower_post(flower, worker_api % "cancel-consumer", queue=FLOWER_QUEUE)
     assert response.status_code == 200, response.text
     try:
         task = wait_for_state(flower, sent.task_id, "RETRY")
         assert task["exception"] == "ToolCallRetried('transient failure: account service busy for acme')"
-        time.sleep(2.5)  # past the retry's countdown: still RETRY while no worker has taken it
+        # Past the retry's countdown, its message still in the queue: still RETRY while no worker takes it.
+        due = wait_for(lambda: queued_retry_eta(redis_url, sent.task_id), "the retry in the queue")
+        wait_until(lambda: datetime.now(UTC) >= due, "the retry's countdown to pass")
         assert wait_for_state(flower, sent.task_id, "RETRY")["retried"] == task["retried"]
+        assert queued_retry_eta(redis_url, sent.task_id) == due
         assert_flower_hides(flower, sent)
     finally:
         response = flower_post(flower, worker_api % "add-consumer", queue=FLOWER_QUEUE)
@@ -198,15 +242,17 @@ def test_a_hard_killed_call_is_a_failure_with_time_limit_exceeded(
     redis_url: str, flower_worker: WorkerHandle, flower: str
 ) -> None:
     wait_for_flower_events(flower, flower_worker.hostname)
+    child = pool_process(flower_worker)
     sent = send_call(redis_url, "stuck_account", account="acme")
     outcome = wait_for_outcome(redis_url, sent.call_id)
     assert outcome.failure_kind is FailureKind.TIMEOUT and "hard limit" in (outcome.error or "")
 
     task = wait_for_state(flower, sent.task_id, "FAILURE")
     assert task["exception"] == "TimeLimitExceeded(2.0)"
-    time.sleep(1.0)
+    # The worker is done with the call once it reaped the killed process: then nothing else came of it.
+    wait_replaced(flower_worker, child)
+    wait_acked(redis_url, sent.task_id)
     assert wait_for_state(flower, sent.task_id, "FAILURE")["received"] == task["received"]
-    assert not is_unacked(redis_url, sent.task_id)
     assert late_outcomes(redis_url, sent.call_id) == 0
     assert_flower_hides(flower, sent)
 
@@ -215,6 +261,7 @@ def test_a_call_revoked_from_flower_is_revoked_and_answered_cancelled(
     redis_url: str, flower_worker: WorkerHandle, flower: str
 ) -> None:
     wait_for_flower_events(flower, flower_worker.hostname)
+    child = pool_process(flower_worker)
     sent = send_call(redis_url, "slow_account", account="acme", seconds=30.0)
     wait_for_state(flower, sent.task_id, "STARTED")
     response = flower_post(flower, f"/api/task/revoke/{sent.task_id}", terminate="true")
@@ -224,7 +271,8 @@ def test_a_call_revoked_from_flower_is_revoked_and_answered_cancelled(
 
     task = wait_for_state(flower, sent.task_id, "REVOKED")
     assert task["revoked"] is not None
-    time.sleep(1.0)  # the killed child reports in: the task stays REVOKED, with no second outcome
+    # Once the terminated process is reaped: the task stays REVOKED, with no second outcome.
+    wait_replaced(flower_worker, child)
     assert wait_for_state(flower, sent.task_id, "REVOKED")["exception"] is None
     assert late_outcomes(redis_url, sent.call_id) == 0
     assert wait_for_outcome(redis_url, sent.call_id) == outcome
@@ -237,7 +285,7 @@ def test_a_call_whose_worker_process_died_is_a_failure_with_worker_lost(
     wait_for_flower_events(flower, flower_worker.hostname)
     sent = send_call(redis_url, "slow_account", account="acme", seconds=30.0)
     wait_for_state(flower, sent.task_id, "STARTED")
-    (child,) = flower_worker.child_pids()
+    child = pool_process(flower_worker)
     os.kill(child, signal.SIGKILL)
     outcome = wait_for_outcome(redis_url, sent.call_id)
     assert outcome.failure_kind is FailureKind.WORKER_LOST  # slow_account has no retries left

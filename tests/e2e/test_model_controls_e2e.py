@@ -26,13 +26,14 @@ from pydantic import BaseModel
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage, TurnOutcome
-from tests.e2e.conftest import E2E_TOOLS, wait_for, wait_outcome
+from tests.e2e.conftest import E2E_TOOLS, wait_outcome
 from tests.openapi_schemas import assert_valid
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
 from tests.support.served import serving_api, start_python
+from tests.support.waiting import wait_until
 from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -107,7 +108,7 @@ def test_instructions_and_every_setting_reach_the_provider_in_a_valid_body(
         instructions=instructions,
         model_settings=settings,
     )
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     assert outcome.status == "completed", outcome
     bodies = bodies_with(model_server, marker)
     assert len(bodies) == 2  # the tool call, then the answer: every call carries them all
@@ -149,7 +150,7 @@ def test_an_answer_breaking_the_schema_is_retried_with_the_errors_then_parsed(
 ) -> None:
     prompt, marker = plan_prompt([{"text": "It is sunny and warm."}, {"text": json.dumps(PARIS)}])
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", output_schema=Weather)
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.status, outcome.llm_calls, outcome.output) == ("completed", 2, PARIS), outcome
     assert outcome.parse(Weather) == Weather(city="Paris", celsius=21.5)
     first, second = bodies_with(model_server, marker)
@@ -172,7 +173,7 @@ def test_an_answer_that_never_fits_ends_invalid_output_after_the_retries(
     prompt, marker = plan_prompt([{"text": '{"city": "Paris"}', "repeat": True}])
     limits = {"max_output_retries": 1, "repeat_guard_rounds": None}
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", output_schema=Weather, limits=limits)
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.stop_reason, outcome.output, outcome.llm_calls) == ("invalid_output", None, 2), outcome
     assert len(bodies_with(model_server, marker)) == 2
     sent_back = json.dumps(bodies_with(model_server, marker)[1]["messages"])
@@ -217,7 +218,7 @@ def test_the_http_api_takes_the_same_fields(
     }
     reply = httpx.post(f"{api_url}/v1/turns", json=turn, timeout=10)
     assert reply.status_code == 202, reply.text
-    outcome = wait_outcome(ready_client, reply.json()["id"], 30)
+    outcome = wait_outcome(ready_client, reply.json()["id"])
     assert outcome.output == PARIS
     shown = httpx.get(f"{api_url}/v1/turns/{reply.json()['id']}", timeout=10).json()
     assert shown["outcome"]["output"] == PARIS and shown["request"]["instructions"] == "Answer in JSON."
@@ -244,7 +245,7 @@ def test_a_model_answering_503_falls_back_to_the_next_in_the_list(
     prompt, marker = plan_prompt([down, {"text": "answered by the fallback"}])
     limits = {"max_model_retries": 1}
     turn_id = ready_client.submit(prompt=prompt, model=["scripted:plan-down", "scripted:plan"], limits=limits)
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.status, outcome.text) == ("completed", "answered by the fallback"), outcome
     asked = [body["model"] for body in bodies_with(model_server, marker)]
     assert asked == ["plan-down", "plan-down", "plan"]  # the call, its one retry, then the next model
@@ -257,7 +258,7 @@ def test_max_total_tokens_stops_a_tool_calling_turn_once_spent(ready_client: Cli
     prompt, _ = plan_prompt(rounds)
     limits = {"max_total_tokens": budget, "max_llm_calls": 20, "repeat_guard_rounds": None}
     turn_id = ready_client.submit(prompt=prompt, tools=["e2e_add"], model="scripted:plan", limits=limits)
-    outcome = wait_outcome(ready_client, turn_id, 60)
+    outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.stop_reason, outcome.limit_reached) == ("max_total_tokens", True), outcome
     spent = [record.usage.total_tokens for record in outcome.llm_call_records]
     assert outcome.usage.total_tokens == sum(spent) >= budget
@@ -277,7 +278,7 @@ def test_an_approval_with_edited_arguments_runs_the_edited_call(
         [{"calls": [{"name": "e2e_transfer", "arguments": {"amount": 500, "to": asked}}]}]
     )
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan")
-    wait_for(lambda: ready_client.get(turn_id).pending_approvals, 20, "the call to wait for approval")
+    wait_until(lambda: ready_client.get(turn_id).pending_approvals, "the call to wait for approval")
     # Edited arguments that break the tool's schema are refused before anything is recorded.
     with pytest.raises(ValueError, match="amount"):
         ready_client.approve(turn_id, "call_r0_0", True, arguments={"amount": "lots", "to": edited})
@@ -290,7 +291,7 @@ def test_an_approval_with_edited_arguments_runs_the_edited_call(
     assert "amount" in bad.json()["detail"][0]["msg"]
     assert ready_client.get(turn_id).status.value == "waiting"
     assert ready_client.approve(turn_id, "call_r0_0", True, arguments={"amount": 5, "to": edited})
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]
     assert answer.content == f"sent 5.0 to {edited}"
     assert int(e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{edited}") or 0) == 1
@@ -308,11 +309,11 @@ def test_a_denials_reason_reaches_the_models_next_request(
     )
     limits = {"stop_on_confirmation_denied": False}
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", limits=limits)
-    wait_for(lambda: ready_client.get(turn_id).pending_approvals, 20, "the call to wait for approval")
+    wait_until(lambda: ready_client.get(turn_id).pending_approvals, "the call to wait for approval")
     reason = "carol was paid last week"
     done = run_cli(e2e_redis.url, "approve", turn_id, "call_r0_0", "--deny", "--reason", reason)
     assert (done.returncode, done.stdout.strip()) == (0, "denied"), done.stderr
-    outcome = wait_outcome(ready_client, turn_id, 30)
+    outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.status, outcome.text) == ("completed", "Understood."), outcome
     last = bodies_with(model_server, marker)[-1]
     (tool_message,) = [m for m in last["messages"] if m["role"] == "tool"]

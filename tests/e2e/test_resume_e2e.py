@@ -18,14 +18,14 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, wait_for, wait_outcome
+from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import start_worker
-from workers import keys
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 class HoldingModelServer(RecordingModelServer):
@@ -54,12 +54,6 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
 
 
-def event_data(client: Client, turn_id: str, name: str) -> list[dict[str, Any]]:
-    """The data of every event `name` of a turn so far."""
-    entries = client.redis.xrange(keys.turn_events(turn_id))
-    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
-
-
 def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_made_again(
     own_redis: RedisServer,
 ) -> None:
@@ -78,11 +72,11 @@ def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_
                 model="scripted:plan",
                 limits={"max_llm_calls": 2},
             )
-            wait_for(lambda: model.count() == 2, 30, "the second model call to reach the model")
+            wait_until(lambda: model.count() == 2, "the second model call to reach the model")
             first.kill()
             model.released.set()  # the held answer now goes to a dead socket
             second = start_orchestrator(own_redis.url, model_base_url=model.base_url)
-            outcome = wait_outcome(client, turn_id, 30)
+            outcome = wait_outcome(client, turn_id)
 
             # Two answers needed, two model calls counted: the repeated request is not a new call, and
             # with max_llm_calls=2 a call counted twice would have stopped the turn instead.
@@ -93,6 +87,7 @@ def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_
             assert len(requests) == 3
             assert requests[2] == requests[1], "the new owner sent a different request for the same call"
             assert not event_data(client, turn_id, "model_failed")
+            # Resumed once (by the second owner: the first is dead), at the model call it had in flight.
             resumed = event_data(client, turn_id, "turn_resumed")
             assert [e["llm_call_index"] for e in resumed] == [1]
             # The tool that already ran was neither sent again nor run again.
@@ -101,7 +96,6 @@ def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_
             answer = next(m for m in outcome.messages if isinstance(m, ToolMessage))
             assert answer.content == f"run 1 of {key}"
             assert_every_call_answered_once(outcome.messages)
-            assert "taken_over" in second.log_text()
         finally:
             client.redis.close()
             for process in (first, second):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,11 +21,11 @@ import pytest
 
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
-from tests.e2e.conftest import wait_outcome
+from tests.e2e.conftest import event_data, wait_outcome
 from tests.support.e2e_processes import start_orchestrator
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.processes import ROOT, WorkerHandle, start_worker
-from workers import keys
+from tests.support.waiting import wait_for, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -90,16 +89,20 @@ def submit_from_app(redis_url: str, receiver: OtlpReceiver, prompt: str, tools: 
 def wait_spans(
     receiver: OtlpReceiver, trace_id: str, ready: Callable[[list[ReceivedSpan]], bool], what: str
 ) -> list[ReceivedSpan]:
-    """The spans of one trace, once `ready` says they are all in."""
-    deadline = time.monotonic() + 15
-    while True:
-        spans = [s for s in receiver.spans() if s.trace_id == trace_id]
-        if ready(spans):
-            return spans
-        if time.monotonic() > deadline:
-            listing = "\n".join(f"  {s.service}/{s.pid} {s.name} {s.attributes}" for s in spans)
-            raise AssertionError(f"timed out waiting for {what}; spans of the trace:\n{listing}")
-        time.sleep(0.1)
+    """The spans of one trace, once `ready` says they are all in; failing, those that came."""
+
+    def of_trace() -> list[ReceivedSpan]:
+        return [s for s in receiver.spans() if s.trace_id == trace_id]
+
+    def all_in() -> list[ReceivedSpan] | None:
+        spans = of_trace()
+        return spans if ready(spans) else None
+
+    try:
+        return wait_for(all_in, what)
+    except AssertionError as timed_out:
+        listing = "\n".join(f"  {s.service}/{s.pid} {s.name} {s.attributes}" for s in of_trace())
+        raise AssertionError(f"{timed_out}; spans of the trace:\n{listing}") from None
 
 
 def named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
@@ -122,7 +125,7 @@ def test_a_turn_is_one_trace_from_the_web_app_to_each_tool_task_and_across_owner
         ]
         prompt = plan_prompt([{"calls": calls}, {"text": "all done"}])
         app = submit_from_app(trace_redis.url, receiver, prompt, ["trace_login", "trace_flaky"])
-        outcome = wait_outcome(client, app["turn_id"], 30)
+        outcome = wait_outcome(client, app["turn_id"])
         assert outcome.status == "completed", outcome
 
         def complete(spans: list[ReceivedSpan]) -> bool:
@@ -184,16 +187,10 @@ def test_a_turn_is_one_trace_from_the_web_app_to_each_tool_task_and_across_owner
             [{"calls": [{"name": "trace_sleep", "arguments": {"seconds": 2}}]}, {"text": "ok"}]
         )
         app = submit_from_app(trace_redis.url, receiver, prompt, ["trace_sleep"])
-        started = time.monotonic()
-        while not any(
-            fields.get("name") == "tool_started"
-            for _, fields in client.redis.xrange(keys.turn_events(app["turn_id"]))
-        ):
-            assert time.monotonic() - started < 20, "the tool never started"
-            time.sleep(0.05)
+        wait_until(lambda: event_data(client, app["turn_id"], "tool_started"), "the tool to start")
         first.stop()
         second = start_orchestrator(trace_redis.url, env=env)
-        outcome = wait_outcome(client, app["turn_id"], 30)
+        outcome = wait_outcome(client, app["turn_id"])
         assert outcome.status == "completed", outcome
 
         def resumed(spans: list[ReceivedSpan]) -> bool:

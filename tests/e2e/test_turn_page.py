@@ -10,21 +10,20 @@ appears on it. Conditions are waited for, never timed.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
+from tests.e2e.conftest import event_data
+from tests.support import served
 from tests.support.browser import open_chromium
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
-from tests.support.served import Served, start_toolloop
-from workers import keys
+from tests.support.waiting import wait_until
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -58,33 +57,9 @@ def slow_orchestrator(e2e_redis: RedisServer, page_worker: WorkerHandle) -> Iter
 
 @pytest.fixture(scope="module")
 def api_url(e2e_redis: RedisServer) -> Iterator[str]:
-    port = find_free_port()
-    env = {"TOOLLOOP_REDIS_URL": e2e_redis.url, "TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER}
-    served: Served = start_toolloop(["api", "--host", "127.0.0.1", "--port", str(port)], env=env)
-    base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        served.wait_for(answers, "the API to answer")
+    env = {"TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER}
+    with served.serving_api(e2e_redis.url, env=env) as base:
         yield base
-    finally:
-        served.kill()
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Poll `check()` until true (the page runs under a CSP without eval, so Playwright's wait_for_function
-    cannot run there: the page is read through locators instead)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def answer_text(page: Page) -> str:
@@ -123,7 +98,9 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
             assert turn_status(page) not in TERMINAL, "the page must be open while the turn runs"
 
             # The answer grows: seen at two moments, the second longer, while the turn still runs (the status
-            # is read after the text, so a running status means the text was read before the end).
+            # is read after the text, so a running status means the text was read before the end). The page
+            # runs under a CSP without eval, where Playwright's wait_for_function cannot run: it is read
+            # through locators, polled.
             wait_until(lambda: answer_text(page) != "" and turn_status(page) == "running", "a first piece")
             first = answer_text(page)
             assert turn_status(page) == "running", (
@@ -184,9 +161,5 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
 
 def dispatched_task_id(client: Client, turn_id: str) -> str:
     """The Celery task id of the turn's one tool call, from its `tool_dispatched` event."""
-    for _id, fields in client.redis.xrange(keys.turn_events(turn_id)):
-        decoded = {k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()}
-        name = decoded["name"].decode() if isinstance(decoded["name"], bytes) else decoded["name"]
-        if name == "tool_dispatched":
-            return str(json.loads(decoded["data"])["task_id"])
-    raise AssertionError("no tool_dispatched event")
+    (dispatched,) = event_data(client, turn_id, "tool_dispatched")
+    return str(dispatched["task_id"])
