@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -211,14 +212,19 @@ def test_a_retried_call_shows_retry_with_its_reason_until_a_worker_takes_the_ret
 ) -> None:
     wait_for_flower_events(flower, flower_worker.hostname)
     assert flower_get(flower, "/api/workers", refresh="1").status_code == 200  # Flower knows the worker
-    # The first attempt holds (3 s, under its 5 s soft limit) while the worker stops taking calls from the
-    # queue: the retry then waits in the queue, as it does when every worker is busy, and Flower shows RETRY
-    # all that time. Still a race on a loaded machine: the tool should hold until the test releases it.
-    sent = send_call(redis_url, "flaky_account", account="acme", hold_s=3.0)
+    # The first attempt holds until the worker stops taking calls from the queue: the retry then waits in
+    # the queue, as it does when every worker is busy, and Flower shows RETRY all that time.
+    release = f"flower-test:release:{uuid.uuid4().hex}"
+    sent = send_call(redis_url, "flaky_account", account="acme", hold_until=release)
     wait_for_state(flower, sent.task_id, "STARTED")
     worker_api = f"/api/worker/queue/%s/{flower_worker.hostname}"
     response = flower_post(flower, worker_api % "cancel-consumer", queue=FLOWER_QUEUE)
     assert response.status_code == 200, response.text
+    release_client = redis.Redis.from_url(redis_url)
+    try:
+        release_client.set(release, "1", ex=600)
+    finally:
+        release_client.close()
     try:
         task = wait_for_state(flower, sent.task_id, "RETRY")
         assert task["exception"] == "ToolCallRetried('transient failure: account service busy for acme')"

@@ -35,7 +35,9 @@ from tests.support.processes import TOOLLOOP_BIN, WorkerHandle, start_worker
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 # The hung tool's limits: over stdio the call first starts the server (about 2 s) within its soft limit.
-HANG_LIMITS = {"stdio": (4.0, 5.5), "http": (1.5, 3.0)}
+# Over stdio the pool process opens its session (starts the server) inside the call's time: on a loaded
+# machine that alone can take seconds, and the hung call must still reach the server before its soft limit.
+HANG_LIMITS = {"stdio": (10.0, 12.0), "http": (1.5, 3.0)}
 
 
 @dataclass
@@ -95,11 +97,18 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_a_server_down_at_start_is_reported_retried_and_published_once_up(stack: Stack) -> None:
-    down = [line for line in stack.worker.log_text().splitlines() if "MCP server 'late'" in line]
-    assert len(down) == 1 and "WARNING" in down[0] and "is down: " in down[0], down
+    # On a loaded machine the start may also say the server "has not answered yet" (its wait ran out
+    # first); "is down" is said once, whatever the retries in the background.
+    def late_lines() -> list[str]:
+        return [line for line in stack.worker.log_text().splitlines() if "MCP server 'late'" in line]
+
+    wait_until(lambda: any("is down: " in line for line in late_lines()), 60, "'late' reported down")
+    down = [line for line in late_lines() if "is down: " in line]
+    assert len(down) == 1 and "WARNING" in down[0], late_lines()
     assert "retrying in the background" in down[0]
+    wait_until(lambda: "t__echo" in catalogued(stack.redis_url, stack.worker.hostname), 60, "t__echo listed")
     tools = catalogued(stack.redis_url, stack.worker.hostname)
-    assert "t__echo" in tools and "e2e_add" in tools and not [name for name in tools if "late" in name]
+    assert "e2e_add" in tools and not [name for name in tools if "late" in name]
     # Meanwhile the worker serves its other tools, MCP and @tool alike.
     assert stack.call("t__echo", {"text": "still here"}).result == "still here"
     assert stack.call("e2e_add", {"a": 2, "b": 3}).result == 5

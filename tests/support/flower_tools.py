@@ -7,7 +7,10 @@ Each ends a call one way: a success, a raised error (`execution_error`), a trans
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+
+import redis
 
 from workers import ToolContext, TransientToolError, tool
 
@@ -28,12 +31,18 @@ def close_account(account: str, api_token: str) -> str:
     raise ValueError(CLOSED_MESSAGE.format(account=account))
 
 
-@tool(queue=FLOWER_QUEUE, soft_time_limit=5, time_limit=10, retries=1, retry_backoff=2.0)
-def flaky_account(account: str, api_token: str, ctx: ToolContext, hold_s: float = 0.0) -> str:
-    """Busy on the first attempt after `hold_s` (a transient error, retried after a backoff), fine on the
-    second."""
+@tool(queue=FLOWER_QUEUE, soft_time_limit=60, time_limit=70, retries=1, retry_backoff=2.0)
+def flaky_account(account: str, api_token: str, ctx: ToolContext, hold_until: str = "") -> str:
+    """Busy on the first attempt (a transient error, retried after a backoff), fine on the second. With
+    `hold_until`, the first attempt waits until that Redis key exists: the test decides when it ends."""
     if ctx.attempt == 1:
-        time.sleep(hold_s)
+        if hold_until:
+            client = redis.Redis.from_url(os.environ["TOOLLOOP_REDIS_URL"])
+            try:
+                while not client.exists(hold_until):
+                    time.sleep(0.05)
+            finally:
+                client.close()
         raise TransientToolError(f"account service busy for {account}")
     return f"account {account} ok on attempt {ctx.attempt}"
 

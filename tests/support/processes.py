@@ -23,6 +23,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 from workers import keys
 
 TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
@@ -61,7 +62,7 @@ class WorkerHandle:
         """What the worker wrote so far (stdout and stderr)."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
+    def wait_ready(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Block until the worker has published its catalogue entry (it is consuming then)."""
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout_s
