@@ -19,6 +19,7 @@ import redis
 from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 from workers import keys
 from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 
@@ -35,7 +36,7 @@ def flower_post(base: str, path: str, **params: Any) -> httpx.Response:
     return httpx.post(f"{base}{path}", params=params, auth=AUTH, timeout=10)
 
 
-def wait_for_flower_events(base: str, hostname: str, timeout_s: float = 20.0) -> None:
+def wait_for_flower_events(base: str, hostname: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Until Flower has received an event (a heartbeat, every 2 s) of `hostname`: it sees its tasks then."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -83,7 +84,7 @@ def send_call(redis_url: str, tool: str, **arguments: Any) -> SentCall:
     return SentCall(task_id, request.call_id, f"turn_{tag}", (token, email))
 
 
-def wait_for_outcome(redis_url: str, call_id: str, timeout_s: float = 20.0) -> ToolOutcome:
+def wait_for_outcome(redis_url: str, call_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ToolOutcome:
     """The call's outcome in Redis (the record), once written."""
     client = redis.Redis.from_url(redis_url)
     try:
@@ -97,7 +98,9 @@ def wait_for_outcome(redis_url: str, call_id: str, timeout_s: float = 20.0) -> T
         client.close()
 
 
-def wait_for_state(base: str, task_id: str, state: str, timeout_s: float = 20.0) -> dict[str, Any]:
+def wait_for_state(
+    base: str, task_id: str, state: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, Any]:
     """Flower's record of the task (`/api/task/info/<id>`) once its state is `state`."""
     deadline = time.monotonic() + timeout_s
     task: dict[str, Any] = {}

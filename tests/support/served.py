@@ -24,6 +24,7 @@ import httpx
 
 from ops.redis_server import find_free_port
 from tests.support.processes import ROOT, TOOLLOOP_BIN
+from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 
 class Served:
@@ -42,18 +43,26 @@ class Served:
         """What the process wrote so far."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    def wait_for(
+        self, predicate: Callable[[], bool], what: str, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
         """Poll `predicate()` until true; fail with the log if the process exits or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def check() -> bool:
             if predicate():
-                return
+                return True
             if self.process.poll() is not None:
                 raise AssertionError(
                     f"exited with {self.process.returncode} before {what}:\n{self.log_text()}"
                 )
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{self.log_text()}")
+            return False
+
+        try:
+            wait_until(check, what, timeout_s)
+        except AssertionError as exc:
+            if self.process.poll() is not None or "timed out" not in str(exc):
+                raise
+            raise AssertionError(f"{exc}:\n{self.log_text()}") from None
 
     def stop_with(self, signum: int, within_s: float) -> tuple[int | None, float]:
         """Send `signum` to the main process and wait up to `within_s`: (exit code or None, seconds taken)."""
