@@ -38,6 +38,7 @@ from orchestrator.providers.registry import build_model_client
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 from tests.openapi_schemas import assert_valid
+from tests.support.waiting import async_wait_until
 from workers.contract import ToolSpec
 from workers.examples import arithmetic, demo
 
@@ -99,9 +100,8 @@ class ReplayServer:
 async def replay(shared_dir: Path) -> AsyncIterator[ReplayServer]:
     server = ReplayServer(shared_dir)
     task = asyncio.create_task(server.server.serve())
-    while not server.server.started:
-        assert not task.done(), "replay server did not start"
-        await asyncio.sleep(0.01)
+    await async_wait_until(lambda: server.server.started or task.done(), "the replay server to start")
+    assert not task.done(), "replay server did not start"
     port = server.server.servers[0].sockets[0].getsockname()[1]
     server.url = f"http://127.0.0.1:{port}"
     try:

@@ -114,13 +114,14 @@ def test_cancel_and_approvals(api: httpx.Client, redis_url: str) -> None:
     assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
     assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={"approved": "maybe"}).status_code == 422
     assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={}).status_code == 422
-    finish_in_thread(redis_url, turn_id, 0).join()
+    finish_in_thread(redis_url, turn_id, wait_reader=False).join()
     assert api.post(f"/v1/turns/{turn_id}/cancel").status_code == 409
 
 
 def test_events_stream_as_sse_until_turn_finished(api: httpx.Client, redis_url: str) -> None:
     turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
-    thread = finish_in_thread(redis_url, turn_id, 0.3, events=("turn_started", "tool_dispatched"))
+    # Written once the stream's reader waits for more: the stream shows them as they come.
+    thread = finish_in_thread(redis_url, turn_id, ("turn_started", "tool_dispatched"))
     names: list[str] = []
     ids: list[str] = []
     with api.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
@@ -211,7 +212,7 @@ def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> N
     settings = Settings(redis_url=f"{db_url}?socket_timeout=1")
     with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url, timeout=10) as http:
         turn_id = http.post("/v1/turns", json={"prompt": "x"}).json()["id"]
-        thread = finish_in_thread(redis_url, turn_id, 2.5, events=("tool_started",))
+        thread = finish_in_thread(redis_url, turn_id, ("tool_started",), quiet_s=2.5)
         with http.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
             lines = list(reply.iter_lines())
         names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("event:")]

@@ -24,7 +24,8 @@ from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.turns import TurnStore
 from tests.integration.store_support import empty_db_url, serve_app
-from tests.support.sse import SseStream, read_sse
+from tests.support.sse import SseStream, parse_sse_line, read_sse
+from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from workers import keys
 from workers.connect import connect_redis_async
 
@@ -81,6 +82,24 @@ def check_whole(stream: SseStream, url: str, turn_id: str, after: str = "0") -> 
     assert all(m.json()["turn_id"] == turn_id for m in stream.messages)
 
 
+async def follow_sse(
+    http: httpx.AsyncClient, path: str, stream: SseStream, headers: dict[str, str] | None = None
+) -> SseStream:
+    """`read_sse` into `stream` as the lines come, so that a test can look at a stream still open."""
+    async with http.stream("GET", path, headers=headers or {}) as reply:
+        stream.status = reply.status_code
+        pending: dict[str, str] = {}
+        async for line in reply.aiter_lines():
+            parse_sse_line(line, pending, stream)
+        parse_sse_line("", pending, stream)
+    return stream
+
+
+def waits_for_redis(stream: SseStream) -> bool:
+    """Whether the stream has told its client that it waits for Redis (a keep-alive comment)."""
+    return any(c.startswith("waiting for Redis") for c in stream.comments)
+
+
 def open_http(base_url: str) -> httpx.AsyncClient:
     # httpx's own pool is 100 connections: these tests open more streams than that.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
@@ -129,18 +148,28 @@ async def test_streams_ride_out_a_redis_restart_without_losing_or_repeating_an_e
             turn_ids = [await submit(store) for _ in range(5)]
             with serve_app(create_app(settings)) as base_url:
                 async with open_http(base_url) as http:
-                    streams = [asyncio.create_task(read_sse(http, f"/v1/turns/{t}/events")) for t in turn_ids]
+                    live = [SseStream(0) for _ in turn_ids]
+                    streams = [
+                        asyncio.create_task(follow_sse(http, f"/v1/turns/{t}/events", stream))
+                        for t, stream in zip(turn_ids, live, strict=True)
+                    ]
                     for step in range(3):
                         for turn_id in turn_ids:
                             await store.append_event(turn_id, f"before_{step}", {"turn_id": turn_id})
-                    await asyncio.sleep(0.5)
+                    await async_wait_until(
+                        lambda: all(len(stream.messages) == 4 for stream in live),
+                        "every stream to show the events before the restart",
+                    )
                     resume_after = stream_ids(server.url, turn_ids[0])[1]
                     server.stop(keep_data=True)
                     # A client reconnecting while Redis is away: the stream opens once Redis is back.
                     reconnected = asyncio.create_task(
                         read_sse(http, f"/v1/turns/{turn_ids[0]}/events", {"Last-Event-ID": resume_after})
                     )
-                    await asyncio.sleep(2)
+                    await async_wait_until(
+                        lambda: all(waits_for_redis(stream) for stream in live),
+                        "every open stream to tell its client it waits for Redis",
+                    )
                     server.start()
                     # The writer's pooled connections died with the server: a fresh one (the API's own
                     # connections are what this test is about).
@@ -151,14 +180,14 @@ async def test_streams_ride_out_a_redis_restart_without_losing_or_repeating_an_e
                             await store.append_event(turn_id, f"after_{step}", {"turn_id": turn_id})
                     for turn_id in turn_ids:
                         await store.save_outcome(turn_id, build_outcome(turn_id))
-                    results = await asyncio.wait_for(asyncio.gather(*streams), 30)
-                    again = await asyncio.wait_for(reconnected, 30)
+                    results = await asyncio.wait_for(asyncio.gather(*streams), DEFAULT_TIMEOUT_S)
+                    again = await asyncio.wait_for(reconnected, DEFAULT_TIMEOUT_S)
         finally:
             await store.aclose()
         for turn_id, stream in zip(turn_ids, results, strict=True):
             check_whole(stream, server.url, turn_id)
             assert len(stream.messages) == 1 + 3 + 3 + 1
-            assert any(c.startswith("waiting for Redis") for c in stream.comments), stream.comments
+            assert waits_for_redis(stream), stream.comments
         check_whole(again, server.url, turn_ids[0], after=resume_after)
         assert again.names[0] == "before_1"
 
@@ -173,14 +202,11 @@ async def test_a_slow_client_is_detached_and_catches_up_on_its_own(db_url: str, 
         assert first.event == "turn_queued"
         # The follower waits on the reader now; its client reads nothing while 30 events come.
         waiting = asyncio.create_task(anext(stream))
-        await asyncio.sleep(0.3)
+        await async_wait_until(lambda: api.fanout.following == 1, "the stream to follow the reader")
         for n in range(30):
             await store.append_event(turn_id, f"event_{n}", {"n": n})
         await store.save_outcome(turn_id, build_outcome(turn_id))
-        deadline = asyncio.get_running_loop().time() + 10
-        while api.fanout.detached_total == 0:
-            assert asyncio.get_running_loop().time() < deadline, "the slow stream was never detached"
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: api.fanout.detached_total > 0, "the slow stream to be detached")
         names = [first.event, (await waiting).event]
         names += [message.event async for message in stream if message.event is not None]
         assert names == ["turn_queued", *(f"event_{n}" for n in range(30)), "turn_finished"]

@@ -2,6 +2,7 @@
 
 A real `redis-server` of the test's own (stopped and started again on the same port) and the orchestrator's
 real `Publisher` on a real Celery producer app; the message is then read from the queue as a worker would.
+The failed tries are counted (`CountingOutage`), so a test waits for tries, never for time.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -17,7 +19,8 @@ from ops.redis_server import RedisServer
 from orchestrator.archive import build_archive_send, build_turn_record
 from orchestrator.model import TurnOutcome, TurnRequest, UserMessage
 from orchestrator.outage import RedisOutage, RedisRetry, is_redis_failure
-from orchestrator.runtime.publish import Publisher
+from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher
+from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from workers.app import create_app
 from workers.settings import WorkerSettings
 
@@ -39,20 +42,42 @@ def build_options(turn_id: str) -> dict[str, object]:
     return build_archive_send(record, task="teamapp.archive_turn", queue=QUEUE)
 
 
-def build_publisher(url: str) -> tuple[Publisher, RedisRetry]:
-    retry = RedisRetry(RedisOutage(url))
-    return Publisher(create_app(WorkerSettings(redis_url=url), main="archive-test"), retry), retry
+class CountingOutage(RedisOutage):
+    """The outage every loop reports to, counting the failed tries."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(redis_url)
+        self.failures = 0
+
+    def failed(self, exc: BaseException, loop: str = "other") -> None:
+        self.failures += 1
+        super().failed(exc, loop)
+
+
+def build_publisher(url: str) -> tuple[Publisher, RedisRetry, CountingOutage]:
+    outage = CountingOutage(url)
+    retry = RedisRetry(outage)
+    publisher = Publisher(create_app(WorkerSettings(redis_url=url), main="archive-test"), retry)
+    return publisher, retry, outage
+
+
+async def tries_failed(outage: CountingOutage, sending: asyncio.Task[Any], count: int) -> None:
+    """Wait until `count` tries failed for want of Redis (or the send ended first: the caller sees it)."""
+    await async_wait_until(
+        lambda: sending.done() or outage.failures >= count, f"{count} tries to fail for want of Redis"
+    )
 
 
 async def test_a_record_sent_while_redis_is_away_goes_out_once_it_is_back(own_redis: RedisServer) -> None:
-    publisher, _ = build_publisher(own_redis.url)
+    publisher, _, outage = build_publisher(own_redis.url)
     own_redis.stop(keep_data=True)
     sending = asyncio.create_task(publisher.publish_archive(build_options("turn_away")))
-    await asyncio.sleep(2.0)
-    assert not sending.done()  # still retrying, not given up
+    # More tries than a failure of another kind gets: for want of Redis it still retries, not given up.
+    await tries_failed(outage, sending, PUBLISH_ATTEMPTS + 1)
+    assert not sending.done()
 
     own_redis.start()
-    assert await asyncio.wait_for(sending, 30) is None
+    assert await asyncio.wait_for(sending, DEFAULT_TIMEOUT_S) is None
     await publisher.aclose()
 
     client = redis.Redis.from_url(own_redis.url)
@@ -67,11 +92,12 @@ async def test_a_record_sent_while_redis_is_away_goes_out_once_it_is_back(own_re
 
 
 async def test_a_stop_gives_the_record_up_instead_of_waiting_for_redis(own_redis: RedisServer) -> None:
-    publisher, retry = build_publisher(own_redis.url)
+    publisher, retry, outage = build_publisher(own_redis.url)
     own_redis.stop(keep_data=True)
     sending = asyncio.create_task(publisher.publish_archive(build_options("turn_stopped")))
-    await asyncio.sleep(1.0)
+    await tries_failed(outage, sending, 1)
+    assert not sending.done()  # retrying
     retry.stopping.set()
-    error = await asyncio.wait_for(sending, 30)
+    error = await asyncio.wait_for(sending, DEFAULT_TIMEOUT_S)
     assert error is not None and is_redis_failure(error)
     await publisher.aclose()

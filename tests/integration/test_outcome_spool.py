@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.waiting import wait_until
 from workers import keys, tool
 from workers.call_store import OutcomeWrite
 from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
@@ -40,14 +41,6 @@ def spool_work(gate_file: str) -> str:
     while not Path(gate_file).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     return "finished while Redis was full"
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +74,23 @@ def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
         dispatch_call(
             get_producer_app(Settings(redis_url=server.url)), read_catalogue(client)["spool_work"], request
         )
-        _wait_for(lambda: client.exists(keys.running(request.call_id)) == 1, 20, "the call to start")
+        wait_until(lambda: client.exists(keys.running(request.call_id)) == 1, "the call to start")
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")  # every write refused from now on: OOM
         gate.touch()
-        _wait_for(lambda: spool.holds(request.call_id), 10, "the outcome to be spooled")
-        time.sleep(4)  # past the hard limit (3 s): nothing may answer the call while its result waits
+        wait_until(lambda: spool.holds(request.call_id), "the outcome to be spooled")
+        # Real time past the hard limit (3 s), a scenario: nothing may answer the call while its result waits.
+        time.sleep(4)
         assert client.exists(keys.outcome(request.call_id)) == 0
         client.config_set("maxmemory", "0")
-        _wait_for(lambda: client.exists(keys.outcome(request.call_id)) == 1, 20, "the spooled outcome")
+        wait_until(lambda: client.exists(keys.outcome(request.call_id)) == 1, "the spooled outcome")
         raw = client.get(keys.outcome(request.call_id))
         assert raw is not None
         outcome = parse_tool_outcome(raw)
         assert outcome.ok and outcome.content == "finished while Redis was full", outcome
         assert client.llen(keys.late_outcomes(request.call_id)) == 0
         assert client.exists(keys.running(request.call_id)) == 0, "the guard went with the spooled write"
-        _wait_for(lambda: not spool.holds(request.call_id), 10, "the spool file to go")
+        wait_until(lambda: not spool.holds(request.call_id), "the spool file to go")
         assert worker.process.poll() is None, f"the worker exited:\n{worker.log_text()[-3000:]}"
         assert "Unrecoverable error" not in worker.log_text()
     finally:
@@ -111,9 +105,9 @@ def test_a_spooled_outcome_left_by_an_earlier_worker_is_written(server: RedisSer
     spool.put(OutcomeWrite.of(outcome, Fence(1, "1|gone@host:1:abcdef012345")))
     handle = start_worker(server.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(tmp_path)})
     try:
-        _wait_for(lambda: client.exists(keys.outcome(outcome.call_id)) == 1, 20, "the left outcome")
+        wait_until(lambda: client.exists(keys.outcome(outcome.call_id)) == 1, "the left outcome")
         assert client.get(keys.outcome(outcome.call_id)) == outcome.model_dump_json().encode()
-        _wait_for(lambda: not spool.holds(outcome.call_id), 10, "the spool file to go")
+        wait_until(lambda: not spool.holds(outcome.call_id), "the spool file to go")
     finally:
         handle.stop()
         client.close()

@@ -1,4 +1,8 @@
-"""The turn store on a real redis-server: submit, claim, leases, orphans, outcomes, inbox, control."""
+"""The turn store on a real redis-server: submit, claim, leases, orphans, outcomes, inbox, control.
+
+A test that needs a reader blocked before it writes waits until Redis lists that reader as blocked in its
+command (CLIENT LIST); none measures how long a read took.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -16,7 +21,8 @@ from orchestrator.machine.state import dump_entries
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.store.history import Appended
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import store_db_url
+from tests.integration.store_support import STORE_TEST_DB, store_db_url
+from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, build_failure, dump_tool_outcome, parse_tool_outcome
 
@@ -42,12 +48,28 @@ def finished(turn_id: str, text: str = "done") -> TurnOutcome:
 
 
 async def lease_owner(store: TurnStore, turn_id: str) -> str | None:
-    owner: str | None = await store.redis.get(keys.turn_lease(turn_id))
+    owner = await store.redis.get(keys.turn_lease(turn_id))
+    assert not isinstance(owner, bytes)  # the store's client decodes
     return owner
 
 
 def ok_outcome(call_id: str, turn_id: str | None, result: str) -> ToolOutcome:
     return ToolOutcome(call_id=call_id, tool="add", turn_id=turn_id, ok=True, result=result, content=result)
+
+
+async def wait_blocked(store: TurnStore, command: str, reader: asyncio.Task[Any]) -> None:
+    """Wait until a client of the test database is blocked in `command` (`xread`, `blmove`): the reader's
+    read, unless the reader ended first (the caller's assertions then show why)."""
+
+    async def blocked() -> bool:
+        if reader.done():
+            return True
+        clients = await store.redis.client_list()
+        return any(
+            c["db"] == str(STORE_TEST_DB) and c["cmd"] == command and "b" in c["flags"] for c in clients
+        )
+
+    await async_wait_until(blocked, f"a reader blocked in {command.upper()}")
 
 
 async def test_submit_is_durable_before_it_returns(store: TurnStore, redis_url: str) -> None:
@@ -89,20 +111,17 @@ async def test_claim_leases_the_turn_and_times_out_when_empty(store: TurnStore) 
     assert await lease_owner(store, turn_id) == "orch-a"
     assert await store.get_status(turn_id) == TurnStatus.RUNNING
     assert await store.redis.llen(keys.TURNS_CLAIMING) == 0
-    started = time.monotonic()
     assert await store.claim("orch-a", timeout_s=0.3) is None
-    assert 0.25 <= time.monotonic() - started < 2.0
 
 
 async def test_a_blocked_claimer_wakes_up_on_submit(store: TurnStore, redis_url: str) -> None:
     submitter = TurnStore.from_url(store_db_url(redis_url))
     try:
-        claiming = asyncio.create_task(store.claim("orch-a", timeout_s=5.0))
-        await asyncio.sleep(0.2)
-        started = time.monotonic()
+        # A claim that would block for far longer than the test: it returns the turn only if it woke on it.
+        claiming = asyncio.create_task(store.claim("orch-a", timeout_s=DEFAULT_TIMEOUT_S))
+        await wait_blocked(store, "blmove", claiming)
         turn_id = await submitter.submit(TurnRequest(prompt="wake"))
         assert await claiming == turn_id
-        assert time.monotonic() - started < 0.5
     finally:
         await submitter.aclose()
 
@@ -124,9 +143,15 @@ async def test_renew_reports_lost_leases_and_release_is_owner_only(store: TurnSt
 async def test_expired_lease_makes_an_orphan_that_one_orchestrator_takes_over(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     queued = await store.submit(TurnRequest(prompt="still queued"))
-    assert await store.claim("orch-dead", timeout_s=1.0, lease_ttl_s=0.2) == turn_id
+    assert await store.claim("orch-dead", timeout_s=1.0, lease_ttl_s=30) == turn_id
     assert await store.find_orphans() == []
-    await asyncio.sleep(0.35)
+    # The dead owner renews nothing: its lease runs out (now, rather than in 30 s).
+    await store.redis.pexpire(keys.turn_lease(turn_id), 1)
+
+    async def lease_expired() -> bool:
+        return await lease_owner(store, turn_id) is None
+
+    await async_wait_until(lease_expired, "the lease to expire")
     assert await store.find_orphans() == [turn_id]  # the queued one is not an orphan
     results = await asyncio.gather(
         store.take_over("orch-b", turn_id, 10), store.take_over("orch-c", turn_id, 10)
@@ -201,10 +226,18 @@ async def test_first_writer_wins_and_notifies_the_owner_once(store: TurnStore) -
 async def test_read_inbox_blocks_until_a_notification_arrives(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     assert await store.claim("orch-a", timeout_s=1.0) == turn_id
-    reading = asyncio.create_task(store.read_inbox("orch-a", "$", block_ms=5000))
-    await asyncio.sleep(0.2)
+
+    async def read_until_some() -> list[tuple[str, dict[str, str]]]:
+        # One read blocks at most `block_cap_ms`; the runtime reads again after an empty one, as here.
+        while not (entries := await store.read_inbox("orch-a", "0", block_ms=5000)):
+            pass
+        return entries
+
+    reading = asyncio.create_task(read_until_some())
+    await wait_blocked(store, "xread", reading)
+    assert not reading.done()  # nothing came yet: the inbox was empty
     await store.write_outcome(ok_outcome("call-2", turn_id, "ok"))
-    entries = await asyncio.wait_for(reading, 2.0)
+    entries = await asyncio.wait_for(reading, DEFAULT_TIMEOUT_S)
     assert entries[0][1]["call"] == "call-2"
 
 
@@ -236,14 +269,14 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert await store.claim("orch-a", timeout_s=1.0) == other
     assert await store.claim("orch-a", timeout_s=0.2) is None  # the second waits for the first
     assert await store.get_status(second) == TurnStatus.QUEUED
-    waiting = asyncio.create_task(store.claim("orch-b", timeout_s=5.0))
-    await asyncio.sleep(0.1)
+    waiting = asyncio.create_task(store.claim("orch-b", timeout_s=DEFAULT_TIMEOUT_S))
+    await wait_blocked(store, "blmove", waiting)
     # The outcome references the messages its steps appended to the conversation's list.
     done = finished(first, "answer one")
     append = Appended(keys.conversation_history("conv-1"), 0, tuple(dump_entries(done.messages)))
     assert await store.save_step(first, "{}", TurnStatus.RUNNING, append=append)
     await store.save_outcome(first, done)
-    assert await asyncio.wait_for(waiting, 2.0) == second
+    assert await asyncio.wait_for(waiting, DEFAULT_TIMEOUT_S) == second
     request = await store.load_request(second)
     assert request is not None and request.prompt == "two"
     history = (await store.conversation_history("conv-1")).messages
@@ -251,7 +284,9 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert [m.content for m in history] == ["hi", "answer one"]
     await store.save_outcome(second, finished(second))
     assert await store.redis.get(keys.conversation_lock("conv-1")) is None
-    head = json.loads(await store.redis.get(keys.conversation_head("conv-1")))
+    raw_head = await store.redis.get(keys.conversation_head("conv-1"))
+    assert raw_head is not None
+    head = json.loads(raw_head)
     assert head == {"history_key": keys.conversation_history("conv-1"), "history_len": 2, "turn_id": second}
 
 
@@ -268,9 +303,11 @@ async def test_events_are_redacted_streamed_and_end_with_turn_finished(store: Tu
             seen.append(event.name)
 
     collecting = asyncio.create_task(collect())
-    await asyncio.sleep(0.3)
+    # Streamed as they come: the reader has what is there and waits for more before the turn ends.
+    await async_wait_until(lambda: len(seen) == 2, "the events so far")
+    await wait_blocked(store, "xread", collecting)
     await store.save_outcome(turn_id, finished(turn_id))
-    await asyncio.wait_for(collecting, 3.0)
+    await asyncio.wait_for(collecting, DEFAULT_TIMEOUT_S)
     assert seen == ["turn_queued", "tool_dispatched", "turn_finished"]
     events = await store.read_events(turn_id)
     assert events[1].data == {"call_id": "c1", "arguments": {"api_key": "***"}}
@@ -281,17 +318,13 @@ async def test_wait_outcome_wakes_on_the_outcome_and_times_out(store: TurnStore)
     turn_id = await store.submit(TurnRequest(prompt="x"))
     with pytest.raises(TimeoutError):
         await store.wait_outcome(turn_id, 0.3)
-
-    async def finish_later() -> None:
-        await asyncio.sleep(0.3)
-        await store.save_outcome(turn_id, finished(turn_id))
-
-    finisher = asyncio.create_task(finish_later())
-    started = time.monotonic()
-    outcome = await store.wait_outcome(turn_id, 5.0)
-    await finisher
+    # A wait far longer than the test: it returns the outcome only if it woke on it.
+    waiting = asyncio.create_task(store.wait_outcome(turn_id, DEFAULT_TIMEOUT_S))
+    await wait_blocked(store, "xread", waiting)
+    assert not waiting.done()
+    await store.save_outcome(turn_id, finished(turn_id))
+    outcome = await waiting
     assert outcome.status == "completed"
-    assert time.monotonic() - started < 1.5
     with pytest.raises(UnknownTurnError):
         await store.wait_outcome("turn_nope", 0.1)
 
@@ -317,8 +350,10 @@ async def test_orchestrator_registry(store: TurnStore) -> None:
     await store.register_orchestrator("orch-a")
     await store.register_orchestrator("orch-b")
     await store.redis.xadd(keys.inbox("orch-a"), {"kind": "started"})
+    before = time.time()
     await store.heartbeat("orch-b")
-    assert time.time() - 5 < await store.redis.zscore(keys.ORCHESTRATORS, "orch-b") <= time.time()
+    seen_at = await store.redis.zscore(keys.ORCHESTRATORS, "orch-b")
+    assert seen_at is not None and before <= seen_at <= time.time()
     await store.unregister("orch-a")
     assert await store.redis.zrange(keys.ORCHESTRATORS, 0, -1) == ["orch-b"]
     assert not await store.redis.exists(keys.inbox("orch-a"))

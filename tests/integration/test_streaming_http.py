@@ -38,6 +38,7 @@ from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 from tests.integration.test_adapters import SleepRecorder
 from tests.openapi_schemas import assert_valid
+from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from tests.unit.providers.conftest import load_expected
 from tests.unit.providers.test_expected import check_turn
 
@@ -115,19 +116,18 @@ class StreamServer:
             if number == len(chunks) - 1:
                 if answer.gate:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.client_saw_deltas.wait(), 10)
+                        await asyncio.wait_for(self.client_saw_deltas.wait(), DEFAULT_TIMEOUT_S / 2)
                 self.last_chunk_sent.set()
             yield chunk
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # paced as a network would: the chunks arrive apart
 
 
 @pytest.fixture
 async def server(shared_dir: Path) -> AsyncIterator[StreamServer]:
     replay = StreamServer(shared_dir)
     task = asyncio.create_task(replay.server.serve())
-    while not replay.server.started:
-        assert not task.done(), "stream server did not start"
-        await asyncio.sleep(0.01)
+    await async_wait_until(lambda: replay.server.started or task.done(), "the stream server to start")
+    assert not task.done(), "stream server did not start"
     port = replay.server.servers[0].sockets[0].getsockname()[1]
     replay.url = f"http://127.0.0.1:{port}"
     try:
@@ -287,20 +287,21 @@ async def test_error_statuses_on_a_streaming_request(server: StreamServer, http:
 
 
 @pytest.mark.parametrize(
-    ("answer", "error_type"),
+    ("answer", "error_type", "read_timeout_s"),
     [
-        (Answer(cut_after=10), "invalid_response"),
-        (Answer(drop_after=10), "transport_error"),
-        (Answer(stall_after=10), "timeout"),
+        # A read timeout far beyond any pause of the server's: only the stall (until the test ends) meets it.
+        (Answer(cut_after=10), "invalid_response", 10.0),
+        (Answer(drop_after=10), "transport_error", 10.0),
+        (Answer(stall_after=10), "timeout", 2.0),
     ],
     ids=["cut", "dropped", "stalled"],
 )
 async def test_a_stream_broken_mid_way_is_retryable_and_not_retried_after_deltas(
-    server: StreamServer, http: httpx.AsyncClient, answer: Answer, error_type: str
+    server: StreamServer, http: httpx.AsyncClient, answer: Answer, error_type: str, read_timeout_s: float
 ) -> None:
     answer.file = "anthropic__stream_thinking_then_text.sse"
     server.answers.append(answer)
-    client = client_for("anthropic", server, http, max_retries=2, timeout=httpx.Timeout(0.5))
+    client = client_for("anthropic", server, http, max_retries=2, timeout=httpx.Timeout(read_timeout_s))
     client.sleep = sleep = SleepRecorder()
     recorder = Recorder()
     error = await client.complete(ask(), recorder)

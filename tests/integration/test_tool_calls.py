@@ -1,4 +1,8 @@
-"""Tool calls through a real redis-server and a real prefork worker (issue 2, "Done when")."""
+"""Tool calls through a real redis-server and a real prefork worker (issue 2, "Done when").
+
+No test here times a call (speed belongs in `make bench`): each waits, with a generous timeout, for what it
+expects — an outcome, a pool process replaced, the broker done with a message — and then checks it.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,14 @@ from orchestrator.runtime.publish import build_task_id, dispatch_call, get_produ
 from orchestrator.settings import Settings
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
+from tests.support.waiting import wait_for, wait_until
 from workers import keys, scripts
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+# kombu's hash of the messages delivered to a worker and not acked yet (its Redis transport's `unacked_key`).
+UNACKED_KEY = "unacked"
 
 
 def _tag() -> str:
@@ -28,6 +36,15 @@ def _tag() -> str:
 
 def _runs(client: redis.Redis, tag: str) -> int:
     return int(client.get(COUNT_PREFIX + tag) or 0)
+
+
+def _broker_holds(client: redis.Redis, call_id: str, queue: str) -> bool:
+    """Whether a message of the call is still queued, or delivered and not acked yet: once neither, every
+    delivery of it (a requeued or redelivered copy too) has run its course. A message's headers carry its
+    task id, `<call id>:<attempt>`."""
+    needle = call_id.encode()
+    messages = [*client.hvals(UNACKED_KEY), *client.lrange(queue, 0, -1)]
+    return any(needle in message for message in messages)
 
 
 @pytest.fixture
@@ -73,13 +90,11 @@ def test_context_reaches_the_tool(call: Any) -> None:
     assert outcome.result["user"] == "ann" and outcome.result["attempt"] == 1
 
 
-def test_soft_limit_is_timeout_within_a_second(call: Any) -> None:
-    started = time.monotonic()
+def test_the_soft_limit_ends_the_call_as_a_timeout(call: Any) -> None:
     outcome = call("sleepy", {"seconds": 5})
-    elapsed = time.monotonic() - started
-    assert outcome.failure_kind is FailureKind.TIMEOUT
+    # The worker's own answer at the soft limit (1 s), not the caller giving up (15 s) nor the hard limit.
+    assert outcome.failure_kind is FailureKind.TIMEOUT and not outcome.synthetic
     assert outcome.content == "Error: timed out after 1 s"
-    assert elapsed < 2.0
 
 
 def test_hard_limit_kills_a_deaf_cpu_bound_tool_and_worker_serves_next(
@@ -87,17 +102,12 @@ def test_hard_limit_kills_a_deaf_cpu_bound_tool_and_worker_serves_next(
 ) -> None:
     before = set(worker.child_pids())
     tag = _tag()
-    started = time.monotonic()
     outcome = call("spin", {"tag": tag})
-    assert outcome.failure_kind is FailureKind.TIMEOUT
+    assert outcome.failure_kind is FailureKind.TIMEOUT and not outcome.synthetic
     assert "timed out after 1.5 s (hard limit" in outcome.content
-    assert time.monotonic() - started < 3.5
     assert _runs(redis_client, tag) == 1
     assert call("echo", {"text": "next"}).result == "next"
-    deadline = time.monotonic() + 5
-    while set(worker.child_pids()) == before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert set(worker.child_pids()) != before  # the killed child was replaced
+    wait_until(lambda: set(worker.child_pids()) != before, "the killed child to be replaced")
 
 
 def test_sigkilled_child_is_retried(call: Any, redis_client: redis.Redis) -> None:
@@ -112,7 +122,12 @@ def test_sigkilled_child_without_retries_is_worker_lost(call: Any, redis_client:
     outcome = call("die_always", {"tag": tag}, timeout_s=20)
     assert outcome.failure_kind is FailureKind.WORKER_LOST and outcome.retryable
     assert outcome.attempts == 1
-    time.sleep(0.5)  # the requeued copy must not run it again
+    # Celery requeues the lost delivery; its copy meets the outcome and runs nothing. Once the broker holds
+    # no message of the call, that copy has been and gone.
+    queue = _spec(redis_client, "die_always").queue
+    wait_until(
+        lambda: not _broker_holds(redis_client, outcome.call_id, queue), "the requeued copy to be acked"
+    )
     assert _runs(redis_client, tag) == 1
 
 
@@ -167,11 +182,10 @@ def test_fixed_key_with_other_arguments_conflicts(call: Any, redis_client: redis
 
 def test_transient_failures_retried_with_backoff(call: Any, redis_client: redis.Redis) -> None:
     tag = _tag()
-    started = time.monotonic()
     outcome = call("flaky", {"tag": tag, "failures": 2})
+    # Two retries (their backoff, 0.1 then 0.2 s with jitter, is `decide_retry`'s: tests/unit), then success.
     assert outcome.ok and outcome.attempts == 3 and outcome.result["attempt"] == 3
-    # Backoff 0.1 then 0.2 s, each with jitter over [half, full].
-    assert time.monotonic() - started >= 0.15
+    assert _runs(redis_client, tag) == 3
     # The idempotency key given to the tool is stable across retries (the call id).
     assert outcome.result["key"] == outcome.call_id
 
@@ -188,14 +202,14 @@ def _spec(redis_client: redis.Redis, name: str) -> ToolSpec:
     return read_catalogue(redis_client)[name]
 
 
-def _wait_outcome(client: redis.Redis, call_id: str, timeout_s: float = 10.0) -> ToolOutcome:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _wait_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
+    def stored() -> bytes | None:
         raw = client.get(keys.outcome(call_id))
-        if raw is not None:
-            return parse_tool_outcome(raw)
-        time.sleep(0.02)
-    raise AssertionError(f"no outcome for {call_id}")
+        assert not isinstance(raw, str)  # a client that does not decode
+        return raw
+
+    raw = wait_for(stored, f"the outcome of {call_id}")
+    return parse_tool_outcome(raw)
 
 
 def test_redelivered_message_does_not_run_a_finished_tool_again(
@@ -204,12 +218,14 @@ def test_redelivered_message_does_not_run_a_finished_tool_again(
     tag = _tag()
     app = get_producer_app(Settings(redis_url=redis_url))
     spec = _spec(redis_client, "counted")
-    request = build_direct_request("counted", {"tag": tag}, None, 10.0, time.time())
+    request = build_direct_request("counted", {"tag": tag}, None, 60.0, time.time())
     dispatch_call(app, spec, request)
     outcome = _wait_outcome(redis_client, request.call_id)
     dispatch_call(app, spec, request)  # the same message again, as a redelivery would bring it
     dispatch_call(app, spec, request)
-    time.sleep(1.0)
+    wait_until(
+        lambda: not _broker_holds(redis_client, request.call_id, spec.queue), "both copies to be acked"
+    )
     assert outcome.ok and outcome.result == 1
     assert _runs(redis_client, tag) == 1
     assert redis_client.llen(keys.late_outcomes(request.call_id)) == 0
@@ -241,11 +257,10 @@ def test_concurrent_writers_leave_exactly_one_outcome(redis_client: redis.Redis)
 
 def test_revoked_task_is_cancelled(redis_url: str, worker: WorkerHandle, redis_client: redis.Redis) -> None:
     app = get_producer_app(Settings(redis_url=redis_url))
-    request = build_direct_request("sleepy", {"seconds": 0.9}, None, 10.0, time.time())
-    dispatch_call(app, _spec(redis_client, "sleepy"), request)
-    deadline = time.monotonic() + 5
-    while not redis_client.get(keys.attempts(request.call_id)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # A tool that would run 4.5 s (under its 5 s soft limit): ample time to revoke it while it runs.
+    request = build_direct_request("counted", {"tag": _tag(), "sleep_s": 4.5}, None, 30.0, time.time())
+    dispatch_call(app, _spec(redis_client, "counted"), request)
+    wait_until(lambda: redis_client.get(keys.attempts(request.call_id)), "the call to start")
     revoke_call(app, build_task_id(request), terminate=True)
     outcome = _wait_outcome(redis_client, request.call_id)
     assert outcome.failure_kind is FailureKind.CANCELLED
@@ -256,13 +271,23 @@ def test_a_vanished_catalogue_entry_is_published_again_before_the_refresh(
     worker: WorkerHandle, redis_client: redis.Redis
 ) -> None:
     # Redis restarted empty (or a failover to a replica without it) drops the entry: until it is back,
-    # every turn would find the worker's tools unserved. It comes back within seconds, not at the refresh.
-    assert redis_client.hget(keys.CATALOGUE, worker.hostname) is not None
-    redis_client.hdel(keys.CATALOGUE, worker.hostname)
-    deadline = time.monotonic() + keys.CATALOGUE_REFRESH_S / 2
-    while redis_client.hget(keys.CATALOGUE, worker.hostname) is None:
-        assert time.monotonic() < deadline, "the entry waited for the periodic refresh"
-        time.sleep(0.1)
+    # every turn would find the worker's tools unserved. It comes back at the worker's next check, not at
+    # the periodic refresh, which is due `CATALOGUE_REFRESH_S` after the worker's last publish. That publish
+    # is made just before the second removal (the first one's republish), so an entry back before the
+    # refresh was due came back because it had vanished — an order of the worker's own timestamps.
+    def entry() -> bytes | None:
+        raw = redis_client.hget(keys.CATALOGUE, worker.hostname)
+        assert not isinstance(raw, str)  # a client that does not decode
+        return raw
+
+    def vanish_and_return() -> float:
+        redis_client.hdel(keys.CATALOGUE, worker.hostname)
+        raw = wait_for(entry, "the entry to be back")
+        seen_at: float = json.loads(raw)["seen_at"]
+        return seen_at
+
+    published_at = vanish_and_return()
+    assert vanish_and_return() < published_at + keys.CATALOGUE_REFRESH_S
 
 
 def test_a_tool_call_message_carries_its_redacted_arguments_once(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from ops.redis_server import RedisServer
 from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.waiting import wait_until
 from workers import keys, tool
 from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 from workers.settings import WorkerSettings
@@ -63,14 +64,6 @@ def reconnect_quick(runs_file: str) -> str:
     return "quick"
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _runs(runs_file: Path) -> list[str]:
     return runs_file.read_text().split() if runs_file.exists() else []
 
@@ -81,8 +74,8 @@ def _publish(url: str, client: redis.Redis, name: str, arguments: dict[str, obje
     return request.call_id
 
 
-def _read_outcome(client: redis.Redis, call_id: str, timeout_s: float) -> ToolOutcome:
-    _wait_for(lambda: client.exists(keys.outcome(call_id)) == 1, timeout_s, f"the outcome of {call_id}")
+def _read_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
+    wait_until(lambda: client.exists(keys.outcome(call_id)) == 1, f"the outcome of {call_id}")
     raw = client.get(keys.outcome(call_id))
     assert raw is not None
     return parse_tool_outcome(raw)
@@ -98,14 +91,14 @@ def _restart(server: RedisServer, worker: WorkerHandle, client: redis.Redis) -> 
     """Redis down for `DOWN_S`, its data kept (AOF), back on the same port; returns once the worker's
     consumer is up again, or has given up (it exits once its running calls are over)."""
     server.stop(keep_data=True)
-    time.sleep(DOWN_S)
+    time.sleep(DOWN_S)  # the outage itself: a scenario of real time, not a wait for something to happen
     server.start()
 
     def settled() -> bool:
         gave_up = "Unrecoverable error" in worker.log_text() or worker.process.poll() is not None
         return gave_up or _consuming(client)
 
-    _wait_for(settled, 30, "the worker to reconnect")
+    wait_until(settled, "the worker to reconnect")
 
 
 @dataclass(frozen=True)
@@ -156,7 +149,7 @@ def test_a_worker_rides_out_redis_restarts_with_calls_running(
             for tag in tags
         }
         running = min(size.calls, CONCURRENCY)
-        _wait_for(lambda: len(_runs(runs_file)) == running, 20, "the calls to start")
+        wait_until(lambda: len(_runs(runs_file)) == running, "the calls to start")
         for _ in range(size.restarts):
             _restart(server, worker, client)
         log = worker.log_text()
@@ -165,15 +158,21 @@ def test_a_worker_rides_out_redis_restarts_with_calls_running(
 
         flag.touch()
         for call_id in held.values():
-            outcome = _read_outcome(client, call_id, 60)
+            outcome = _read_outcome(client, call_id)
             assert outcome.ok and outcome.content == "held" and outcome.attempts == 1, outcome
 
         # The worker still consumes: a new call is served.
         quick = _publish(server.url, client, "reconnect_quick", {"runs_file": str(runs_file)})
-        assert _read_outcome(client, quick, 30).content == "quick"
+        assert _read_outcome(client, quick).content == "quick"
 
-        # Every message left unacked by the outages was restored and acked in the end: none stays behind.
-        _wait_for(lambda: client.hlen(UNACKED_KEY) == 0, 30, "the unacked messages to be acked")
+        # Every message left unacked by the outages was restored and acked in the end: none stays behind,
+        # delivered or queued, so no second run is still to come.
+        queues = [spec.queue for spec in read_catalogue(client).values()]
+
+        def all_acked() -> bool:
+            return client.hlen(UNACKED_KEY) == 0 and all(client.llen(queue) == 0 for queue in queues)
+
+        wait_until(all_acked, "the unacked messages to be acked")
         expected = Counter(
             {"quick": 1, **{f"{event}:{tag}": 1 for tag in tags for event in ("start", "done")}}
         )

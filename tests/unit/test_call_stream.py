@@ -12,6 +12,7 @@ import redis
 from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.deltas import TextDelta, ThinkingDelta, ToolCallDelta
 from orchestrator.runtime.streaming import CallStream
+from tests.support.waiting import async_wait_until
 
 
 class Events:
@@ -39,21 +40,34 @@ def answer(text: str | None, thinking: str | None = None) -> Turn:
     return Turn(type="final_answer", text=text, thinking=thinking, provider="openai_chat")
 
 
-async def stream_pieces(stream: CallStream, pieces: list[str], pause_s: float = 0.0) -> None:
+async def written_past(events: Events, count: int, what: str) -> None:
+    """Wait until the ticker has written more than `count` events."""
+    await async_wait_until(lambda: len(events.items) > count, what)
+
+
+async def stream_pieces(stream: CallStream, events: Events, pieces: list[str]) -> None:
+    """Each piece as a slow model sends it: the next one only once the ticker has written the one before."""
     for piece in pieces:
+        written = len(events.items)
         await stream.on_delta(TextDelta(piece))
-        await asyncio.sleep(pause_s)
+        await written_past(events, written, f"the ticker to write {piece!r}")
 
 
 async def test_pieces_written_in_a_few_events_that_add_up_to_the_text() -> None:
     events = Events()
-    stream = CallStream(events.append, 3, flush_s=0.05)
+    stream = CallStream(events.append, 3, flush_s=0.01)
     pieces = [f"word{i} " for i in range(200)]
-    await stream_pieces(stream, pieces, pause_s=0.001)
+    # The model sends 20 pieces between two writes of the ticker, ten times over (`on_delta` never yields,
+    # so a burst is buffered whole before the ticker runs): each burst goes out as one event.
+    for burst in range(10):
+        written = len(events.items)
+        for piece in pieces[burst * 20 : (burst + 1) * 20]:
+            await stream.on_delta(TextDelta(piece))
+        await written_past(events, written, f"the ticker to write burst {burst}")
     await stream.finish(answer("".join(pieces)))
     texts = events.texts()
     assert "".join(texts) == "".join(pieces)
-    assert 2 <= len(texts) < len(pieces) / 4
+    assert len(texts) == 10
     assert all(data["llm_call"] == 3 for _, data in events.items)
 
 
@@ -70,7 +84,7 @@ async def test_an_answer_that_did_not_stream_is_one_text_delta() -> None:
 async def test_text_the_normaliser_reshaped_is_reset_and_sent_whole() -> None:
     events = Events()
     stream = CallStream(events.append, 1, flush_s=0.01)
-    await stream_pieces(stream, ["<think>hm</think>", "Paris"], pause_s=0.02)
+    await stream_pieces(stream, events, ["<think>hm</think>", "Paris"])
     await stream.finish(answer("Paris", thinking="hm"))
     names = events.names()
     assert "model_stream_reset" in names
@@ -81,7 +95,7 @@ async def test_text_the_normaliser_reshaped_is_reset_and_sent_whole() -> None:
 async def test_a_failed_call_that_showed_something_is_reset() -> None:
     events = Events()
     stream = CallStream(events.append, 2, flush_s=0.01)
-    await stream_pieces(stream, ["partial ", "answer"], pause_s=0.02)
+    await stream_pieces(stream, events, ["partial ", "answer"])
     await stream.finish(ProviderError(provider="openai_chat", type="transport_error", message="cut"))
     assert events.names()[-1] == "model_stream_reset"
     assert events.items[-1][1] == {"llm_call": 2}
@@ -99,8 +113,9 @@ async def test_a_dropped_write_still_ends_with_deltas_adding_up() -> None:
     stream = CallStream(events.append, 0, flush_s=0.01)
     await stream.on_delta(TextDelta("lost "))
     events.failing = 1
-    await asyncio.sleep(0.05)  # the ticker's write fails: the page missed "lost "
-    await stream_pieces(stream, ["and found"], pause_s=0.03)
+    # The ticker's write fails: the page missed "lost ".
+    await async_wait_until(lambda: events.failing == 0, "the ticker's failed write")
+    await stream_pieces(stream, events, ["and found"])
     await stream.finish(answer("lost and found"))
     names = events.names()
     last_reset = len(names) - 1 - names[::-1].index("model_stream_reset")
@@ -149,7 +164,9 @@ async def test_a_write_in_flight_when_the_call_ends_is_counted_once() -> None:
     await stream.on_delta(TextDelta("the whole answer"))
     await written.wait()
     finishing = asyncio.create_task(stream.finish(answer("the whole answer")))
-    await asyncio.sleep(0.02)
+    # One turn of the loop (no time passes): `finish` runs until it waits for the lock the write holds.
+    await asyncio.sleep(0)
+    assert not finishing.done()
     release.set()
     await finishing
     assert events.texts() == ["the whole answer"]

@@ -20,6 +20,7 @@ from orchestrator.outage import (
     build_outage_kind,
     is_redis_failure,
 )
+from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -173,12 +174,14 @@ async def test_a_retried_call_gives_up_once_the_process_stops() -> None:
         raise rx.OutOfMemoryError("full")
 
     task = asyncio.create_task(retry.call("steps", write))
-    await asyncio.sleep(0.5)
+    await async_wait_until(lambda: tries >= 3, "three tries")
     assert not task.done()
+    tries_before_stop = tries
     retry.stopping.set()
     with pytest.raises(rx.OutOfMemoryError):
-        await asyncio.wait_for(task, 1)
-    assert tries >= 3
+        await task
+    # The pause ended with the stop, and the next failure was raised instead of retried.
+    assert tries == tries_before_stop + 1
 
 
 def test_a_loop_backoff_starts_again_after_a_success() -> None:
