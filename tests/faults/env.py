@@ -1,15 +1,19 @@
-"""A whole toolloop system for one fault scenario: its own Redis (AOF), workers and orchestrators.
+"""A whole toolloop system for one fault scenario: its own Redis (AOF), model server, workers, orchestrators
+and HTTP APIs.
 
     with FaultEnv() as env:
         env.start_worker(); env.start_orchestrator()
         turn_id = env.submit([call("fault_work", tag="a")])
         check_turn(env.client.wait(turn_id, 30))
 
+The processes are the shipped commands — `toolloop worker`, `toolloop orchestrator`, `toolloop api` — set up
+as a user sets them up. The model is toolloop's scripted `plan` brain, served over HTTP by a thread of the
+test process (`RecordingModelServer`); the orchestrators reach it through the Chat Completions adapter at
+`TOOLLOOP_SCRIPTED_BASE_URL`, as any deployment reaches its model server. Being neither Redis nor an
+orchestrator, it outlives every Redis restart and orchestrator kill of the scenario.
+
 Every process started here carries a marker in its environment, so `close()` can prove that none is left
 behind — pool children and re-parented orphans included — by scanning /proc.
-
-The orchestrator is `ops.bench.instant`: the scripted `plan` brain in-process (no model server to start),
-through the real Chat Completions adapter.
 """
 
 from __future__ import annotations
@@ -18,25 +22,40 @@ import contextlib
 import json
 import os
 import signal
-import time
+import subprocess
 import uuid
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
+import httpx
 import redis
 
-from ops.bench.instant import INSTANT_MODEL
-from ops.bench.procs import Proc, start_orchestrator
-from ops.redis_server import RedisServer
+from ops.redis_server import RedisServer, find_free_port
 from orchestrator import Client
 from orchestrator.model import AssistantMessage, ToolMessage, TurnOutcome
+from orchestrator.store.catalogue import read_catalogue
 from tests.faults.fault_tools import DONE, DONE_BY, STARTS
+from tests.support.e2e_model import RecordingModelServer
+from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.served import Served, start_toolloop
+from tests.support.waiting import wait_for, wait_until
+from workers.app import ToolloopCelery, create_app
+from workers.settings import WorkerSettings
 
 TERMINAL = {"completed", "stopped", "failed", "cancelled"}
 MARK_VAR = "TOOLLOOP_FAULT_MARK"
+# The scripted model that plays the rounds its prompt lists (README, "The scripted model").
+PLAN_MODEL = "scripted:plan"
+
+
+class HasProcess(Protocol):
+    """A started process handle: a worker, an orchestrator, an API."""
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]: ...
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -44,15 +63,26 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
 
 
+def is_running(handle: HasProcess) -> bool:
+    """Whether the handle's main process has not exited."""
+    return handle.process.poll() is None
+
+
 class FaultEnv:
-    """Redis, workers and orchestrators of one scenario; a context manager that leaves nothing behind."""
+    """Redis, model server, workers, orchestrators and APIs of one scenario; a context manager that leaves
+    nothing behind."""
 
     def __init__(
         self, *, lease_ttl_s: float = 3.0, lost_grace_s: float = 2.0, persistent: bool = True
     ) -> None:
         self.mark = uuid.uuid4().hex
-        # persistent=False: a Redis without persistence, which a restart empties (test_redis_lost.py).
-        self.server = RedisServer(appendonly=persistent).start()
+        self.model = RecordingModelServer().__enter__()
+        try:
+            # persistent=False: a Redis without persistence, which a restart empties (test_redis_lost.py).
+            self.server = RedisServer(appendonly=persistent).start()
+        except BaseException:
+            self.model.__exit__(None, None, None)
+            raise
         self.url = self.server.url
         self.env = {
             MARK_VAR: self.mark,
@@ -60,9 +90,11 @@ class FaultEnv:
             "TOOLLOOP_LOST_CALL_GRACE_S": str(lost_grace_s),
         }
         self.workers: list[WorkerHandle] = []
-        self.orchestrators: list[Proc] = []
+        self.orchestrators: list[OrchestratorHandle] = []
+        self.apis: list[Served] = []
         self.client = Client(self.url)
         self.redis = redis.Redis.from_url(self.url, decode_responses=True)
+        self._celery: ToolloopCelery | None = None
 
     # --- processes -----------------------------------------------------------------------------------
 
@@ -74,11 +106,54 @@ class FaultEnv:
         self.workers.append(handle)
         return handle
 
-    def start_orchestrator(self, command: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:
-        """An orchestrator process: the instant scripted model, or `command` (`toolloop orchestrator`)."""
-        proc = start_orchestrator(self.url, {**self.env, **(env or {})}, command=command)
-        self.orchestrators.append(proc)
-        return proc
+    def start_orchestrator(self, env: dict[str, str] | None = None) -> OrchestratorHandle:
+        """A `toolloop orchestrator` whose scripted models are this scenario's model server (`env` adds to
+        or overrides its environment); registered in Redis on return."""
+        handle = start_orchestrator(
+            self.url, model_base_url=self.model.base_url, env={**self.env, **(env or {})}
+        )
+        self.orchestrators.append(handle)
+        return handle
+
+    def start_api(self, env: dict[str, str] | None = None) -> tuple[Served, str]:
+        """A `toolloop api` on a free loopback port; (its process, its base URL) once `/healthz` says 200."""
+        port = find_free_port()
+        served = start_toolloop(
+            ["api", "--host", "127.0.0.1", "--port", str(port)],
+            env={"TOOLLOOP_REDIS_URL": self.url, **self.env, **(env or {})},
+        )
+        self.apis.append(served)
+        base_url = f"http://127.0.0.1:{port}"
+        served.wait_for(lambda: _healthy(base_url), "the API to answer /healthz", timeout_s=60)
+        return served, base_url
+
+    @property
+    def celery(self) -> ToolloopCelery:
+        """A Celery app on this Redis, to inspect the workers."""
+        if self._celery is None:
+            self._celery = create_app(WorkerSettings(redis_url=self.url), main="toolloop-fault-test")
+        return self._celery
+
+    def idle(self) -> bool:
+        """True when no tool task is anywhere: none queued, and no worker holds one (active, reserved or
+        scheduled for a retry)."""
+        queues = {spec.queue for spec in read_catalogue(self.redis).values()}
+        if any(self.redis.llen(queue) for queue in queues):
+            return False
+        hosts = {w.hostname for w in self.workers if is_running(w)}
+        # A connection of its own each time: a pooled one would be stale after a Redis restart.
+        with self.celery.connection() as connection:
+            inspect = self.celery.control.inspect(
+                destination=sorted(hosts), timeout=2.0, connection=connection
+            )
+            for replies in (inspect.active(), inspect.reserved(), inspect.scheduled()):
+                if replies is None or set(replies) != hosts or any(replies.values()):
+                    return False
+        return not any(self.redis.llen(queue) for queue in queues)
+
+    def wait_idle(self) -> None:
+        """Until every execution the workers took has ended (its outcome, late or not, written)."""
+        wait_until(self.idle, "every worker to finish what it took")
 
     def marked_pids(self) -> list[int]:
         """Every live process that carries this environment's marker."""
@@ -94,18 +169,24 @@ class FaultEnv:
         """Stop everything; raise if any process of this environment survived."""
         for proc in self.orchestrators:
             proc.stop()
+        for served in self.apis:
+            served.kill()
         for handle in self.workers:
             handle.stop()
+        if self._celery is not None:
+            self._celery.close()
         self.client.close()
         self.redis.close()
         self.server.stop()
-        deadline = time.monotonic() + 5
-        while (left := self.marked_pids()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        assert not left, f"processes left behind: {left}"
+        self.model.__exit__(None, None, None)
+        try:
+            wait_until(lambda: not self.marked_pids(), "every process of the scenario to end")
+        except AssertionError:
+            left = self.marked_pids()
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"processes left behind: {left}") from None
 
     def __enter__(self) -> FaultEnv:
         return self
@@ -125,20 +206,21 @@ class FaultEnv:
         rounds: int = 1,
         tools: list[str] | None = None,
     ) -> str:
-        """A turn whose model makes `rounds` rounds of `calls`, then answers; offers `tools` (default: the
-        tools the calls name)."""
+        """A turn whose model makes `rounds` rounds of `calls`, then answers in a word; offers `tools`
+        (default: the tools the calls name)."""
         tools = tools if tools is not None else sorted({c["name"] for c in calls})
-        prompt = json.dumps({"plan": [{"calls": calls}] * rounds})
+        # A final answer of its own: the plan's default one quotes every tool result, and a 200 kB result
+        # streamed back a dozen characters a chunk costs the orchestrator more than any fault here does.
+        prompt = json.dumps({"plan": [*[{"calls": calls}] * rounds, {"text": "Done."}]})
         return self.client.submit(
-            prompt=prompt, tools=tools, model=INSTANT_MODEL, limits={"deadline_s": deadline_s}
+            prompt=prompt, tools=tools, model=PLAN_MODEL, limits={"deadline_s": deadline_s}
         )
 
     def wait_all(self, turn_ids: list[str], timeout_s: float) -> list[TurnOutcome]:
         """Every turn's terminal outcome, checked: answered exactly once, never ending on a tool call."""
-        deadline = time.monotonic() + timeout_s
         outcomes = []
         for turn_id in turn_ids:
-            outcome = self.client.wait(turn_id, max(0.1, deadline - time.monotonic()))
+            outcome = self.client.wait(turn_id, timeout_s)
             check_turn(outcome)
             outcomes.append(outcome)
         return outcomes
@@ -150,6 +232,25 @@ class FaultEnv:
     def runs(self, tag: str) -> tuple[int, int]:
         """(starts, completions) of the fault tools under `tag`."""
         return int(self.redis.get(STARTS + tag) or 0), int(self.redis.get(DONE + tag) or 0)
+
+    def total_starts(self, tags: list[str]) -> int:
+        """How many runs of the fault tools under `tags` have started so far."""
+        if not tags:
+            return 0
+        return sum(int(n or 0) for n in self.redis.mget([STARTS + tag for tag in tags]))
+
+    def wait_new_start(self, tags: list[str], since: int) -> int:
+        """Until more than `since` runs under `tags` have started (work is under way); their count."""
+        return wait_for(
+            lambda: started if (started := self.total_starts(tags)) > since else None,
+            "a fault tool run to start",
+        )
+
+
+def _healthy(base_url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200
+    return False
 
 
 def check_turn(outcome: TurnOutcome) -> None:

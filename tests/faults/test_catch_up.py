@@ -17,8 +17,9 @@ import pytest
 
 from orchestrator.model import ToolMessage
 from orchestrator.runtime.inbox import build_wire_call_id
-from tests.faults.env import FaultEnv, call
+from tests.faults.env import FaultEnv, call, is_running
 from tests.faults.fault_tools import fault_work
+from tests.support.waiting import wait_for
 from workers import keys
 from workers.catalogue import build_catalogue_entry
 from workers.contract import ToolOutcome
@@ -28,17 +29,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 DEADLINE_S = 45.0
 
 
-def _dispatched_call(env: FaultEnv, turn_id: str, timeout_s: float = 30.0) -> tuple[str, str]:
+def _dispatched_call(env: FaultEnv, turn_id: str) -> tuple[str, str]:
     """(call id, wire id) of the turn's call once its dispatch is saved in the turn's state."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def dispatched() -> tuple[str, str] | None:
         raw = env.redis.get(keys.turn_state(turn_id))
         current = json.loads(raw).get("current") if raw else None
         for state in (current or {}).get("calls", []):
             if state.get("attempt", 0) > 0:
                 return state["call_id"], build_wire_call_id(turn_id, state["call_id"])
-        time.sleep(0.05)
-    raise TimeoutError(f"turn {turn_id} dispatched no call in {timeout_s} s")
+        return None
+
+    return wait_for(dispatched, f"turn {turn_id} to dispatch its call")
 
 
 def test_an_outcome_whose_notice_was_lost_is_read_after_a_restart() -> None:
@@ -62,4 +64,4 @@ def test_an_outcome_whose_notice_was_lost_is_read_after_a_restart() -> None:
         assert finished.status == "completed", (finished.status, finished.stop_reason, logs)
         answers = [m for m in finished.messages if isinstance(m, ToolMessage)]
         assert [(m.tool_call_id, m.content) for m in answers] == [(call_id, "done")]
-        assert orchestrator.alive()
+        assert is_running(orchestrator)

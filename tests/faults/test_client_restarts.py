@@ -32,11 +32,11 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from ops.bench.instant import INSTANT_MODEL
 from orchestrator.client import AsyncClient, Client
 from orchestrator.model import TurnOutcome
-from tests.faults.env import FaultEnv, call, check_turn
+from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.support.processes import ROOT, TOOLLOOP_BIN
+from tests.support.waiting import wait_for
 from workers import keys, tool
 
 pytestmark = [pytest.mark.e2e]
@@ -93,6 +93,12 @@ def build_plan(size: Size, gate: Path) -> str:
     if size.hold == "approval":
         return json.dumps({"plan": [*naps[:2], {"calls": [call("restart_approval")]}, *naps[2:]]})
     return json.dumps({"plan": [*naps, {"calls": [call("restart_gate", flag=str(gate))]}]})
+
+
+def stored_turn(env: FaultEnv, conversation: str) -> str | None:
+    """The turn the conversation's lock names, once it is stored."""
+    turn_id = env.redis.get(keys.conversation_lock(conversation))
+    return str(turn_id) if turn_id is not None else None
 
 
 def release(env: FaultEnv, size: Size, gate: Path, turn_ids: list[str]) -> None:
@@ -172,21 +178,13 @@ FOLLOWERS: dict[str, Callable[[str, str], Seen]] = {
 
 def submit_wait_cli(url: str, prompt: str, conversation: str) -> subprocess.CompletedProcess[str]:
     """`toolloop submit --wait`, as a person runs it."""
-    command = [str(TOOLLOOP_BIN), "submit", "--prompt", prompt, "--model", INSTANT_MODEL]
+    command = [str(TOOLLOOP_BIN), "submit", "--prompt", prompt, "--model", PLAN_MODEL]
     command += ["--tools", ",".join(TOOLS), "--max-llm-calls", "40", "--deadline-s", "240"]
     command += ["--conversation", conversation, "--wait", "--timeout", str(CLIENT_TIMEOUT_S)]
     env = {**os.environ, "TOOLLOOP_REDIS_URL": url, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S + 30, check=False
     )
-
-
-def wait_for(find: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while (found := find()) is None:
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
-        time.sleep(0.05)
-    return found
 
 
 class Background(Generic[T]):
@@ -239,20 +237,20 @@ def env() -> Iterator[FaultEnv]:
 def test_every_client_kind_rides_out_redis_restarts(env: FaultEnv, size: Size, tmp_path: Path) -> None:
     gate = tmp_path / "restarts-over"
     prompt = build_plan(size, gate)
-    turn_id = env.client.submit(prompt=prompt, tools=TOOLS, model=INSTANT_MODEL, limits=LIMITS)
+    turn_id = env.client.submit(prompt=prompt, tools=TOOLS, model=PLAN_MODEL, limits=LIMITS)
     conversation = f"cli-{uuid.uuid4().hex}"
     cli = Background(lambda: submit_wait_cli(env.url, prompt, conversation))
     followers = {kind: Background(partial(follow, env.url, turn_id)) for kind, follow in FOLLOWERS.items()}
     # The CLI's turn is stored (its conversation names it) before Redis goes away the first time.
-    cli_turn = wait_for(lambda: env.redis.get(keys.conversation_lock(conversation)), "the CLI's submit")
+    cli_turn = wait_for(partial(stored_turn, env, conversation), "the CLI's submit")
     wait_held(env, size, [turn_id, cli_turn])
     time.sleep(UP_S)
     for _ in range(size.restarts):
         restart(env)
         time.sleep(UP_S)
     # Every process rode the restarts out too (else a turn stalls, and that is not the clients' fault).
-    dead = [f"worker {w.pid}" for w in env.workers if w.process.poll() is not None]
-    dead += [f"orchestrator {o.pid}" for o in env.orchestrators if not o.alive()]
+    dead = [f"worker {w.pid}" for w in env.workers if not is_running(w)]
+    dead += [f"orchestrator {o.pid}" for o in env.orchestrators if not is_running(o)]
     assert not dead, f"exited during the restarts: {dead}"
     # Nothing may have ended yet: the turns are held running, so a client that returned has failed.
     running: dict[str, Background[Any]] = {**followers, "cli": cli}

@@ -7,12 +7,14 @@ idempotent tools ran to completion at most once, and no process is left behind (
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pytest
 
@@ -22,7 +24,9 @@ from orchestrator.runtime.publish import build_send_options, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from orchestrator.store.codec import parse_tool_outcome
-from tests.faults.env import FaultEnv, call
+from tests.faults.env import FaultEnv, call, is_running
+from tests.support.task_events import TaskEvents
+from tests.support.waiting import wait_until
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest
 
@@ -40,6 +44,8 @@ class Size:
 
 QUICK = Size(turns=4, calls=2, repeats=2, seconds=0.3, timeout_s=60)
 LONG = Size(turns=30, calls=3, repeats=12, seconds=0.5, timeout_s=300)
+# How long Redis stays away each time it is stopped mid-turn.
+OUTAGE_S = 1.5
 SIZES = [
     pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(90)),
     pytest.param(LONG, id="long", marks=[pytest.mark.faults, pytest.mark.timeout(600)]),
@@ -85,6 +91,11 @@ def _tool_messages(outcome: TurnOutcome) -> list[ToolMessage]:
     return [m for m in outcome.messages if isinstance(m, ToolMessage)]
 
 
+def _events(env: FaultEnv, turn_id: str, name: str) -> list[dict[str, Any]]:
+    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
+    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_worker_children_sigkilled_under_load(size: Size) -> None:
     with FaultEnv() as env:
@@ -92,8 +103,10 @@ def test_worker_children_sigkilled_under_load(size: Size) -> None:
         env.start_orchestrator()
         ids, tags = _submit_work(env, size)
         killed: set[int] = set()
+        started = 0
         for _ in range(size.repeats):
-            time.sleep(size.seconds * 0.7)
+            # A kill lands while work runs: once a run has started since the last one.
+            started = env.wait_new_start(tags, started)
             children = worker.child_pids()
             if children:
                 victim = random.choice(children)
@@ -103,7 +116,7 @@ def test_worker_children_sigkilled_under_load(size: Size) -> None:
         _check_idempotent(env, tags, outcomes, frozenset(killed))
         assert worker.process.poll() is None, "the worker itself must survive its children's deaths"
         # Still serving: a fresh turn completes.
-        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 30)
+        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 60)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -113,17 +126,11 @@ def test_one_of_two_orchestrators_sigkilled(size: Size) -> None:
         victim = env.start_orchestrator()
         env.start_orchestrator()
         ids, tags = _submit_work(env, size, rounds=2)
-        marker = f"-{victim.pid}-"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            owners = [env.redis.get(keys.turn_lease(t)) or "" for t in ids]
-            if any(marker in o for o in owners):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the victim never owned a turn")
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.process.wait(timeout=5)
+        wait_until(
+            lambda: victim.orchestrator_id in env.redis.mget([keys.turn_lease(t) for t in ids]),
+            "the victim to own a turn",
+        )
+        victim.kill()
         outcomes = env.wait_all(ids, size.timeout_s)
         assert all(o.status == "completed" for o in outcomes), [o.stop_reason for o in outcomes]
         _check_idempotent(env, tags, outcomes)
@@ -135,16 +142,17 @@ def test_redis_stopped_and_restarted_mid_turn(size: Size) -> None:
         env.start_worker(concurrency=2)
         env.start_orchestrator()
         ids, tags = _submit_work(env, size, rounds=2)
+        started = 0
         for _ in range(1 if size is QUICK else 3):
-            time.sleep(size.seconds)
+            started = env.wait_new_start(tags, started)  # mid-turn: tools are running
             env.server.stop(keep_data=True)  # SIGTERM: Redis flushes its append-only file
-            time.sleep(1.5)
+            time.sleep(OUTAGE_S)  # the fault itself: how long Redis stays away
             env.server.start()
         outcomes = env.wait_all(ids, size.timeout_s)
         _check_idempotent(env, tags, outcomes)
-        assert all(p.alive() for p in env.orchestrators)
-        assert all(w.process.poll() is None for w in env.workers)
-        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 30)
+        assert all(is_running(p) for p in env.orchestrators)
+        assert all(is_running(w) for w in env.workers)
+        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 60)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -155,31 +163,33 @@ def test_broker_redelivers_a_finished_task(size: Size) -> None:
         settings = Settings(redis_url=env.url)
         app = get_producer_app(settings)
         spec = read_catalogue(env.redis)["fault_work"]
-        for _ in range(size.repeats):
-            tag = _tag()
-            turn_id = env.submit([call("fault_work", tag=tag, seconds=0.05)])
-            (outcome,) = env.wait_all([turn_id], 30)
-            (answer,) = _tool_messages(outcome)
-            wire_id = build_wire_call_id(turn_id, answer.tool_call_id)
-            stored = env.redis.get(keys.outcome(wire_id))
-            assert stored is not None
-            # The very message the orchestrator published (same task id), delivered once more.
-            request = ToolCallRequest(
-                call_id=wire_id,
-                tool="fault_work",
-                arguments={"tag": tag, "seconds": 0.05},
-                turn_id=turn_id,
-            )
-            options = build_send_options(spec, request, time.time())
-            app.send_task(**options)
-            deadline = time.monotonic() + 10
-            while env.redis.llen(spec.queue) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)  # the worker has the message; give it time to (not) run it
-            assert env.runs(tag) == (1, 1)
-            assert env.redis.get(keys.outcome(wire_id)) == stored
-            assert env.redis.llen(keys.late_outcomes(wire_id)) == 0
-            assert env.client.outcome(turn_id) == outcome
+        with TaskEvents(env.url) as task_events:
+            for _ in range(size.repeats):
+                tag = _tag()
+                turn_id = env.submit([call("fault_work", tag=tag, seconds=0.05)])
+                (outcome,) = env.wait_all([turn_id], 60)
+                (answer,) = _tool_messages(outcome)
+                wire_id = build_wire_call_id(turn_id, answer.tool_call_id)
+                stored = env.redis.get(keys.outcome(wire_id))
+                assert stored is not None
+                (dispatched,) = _events(env, turn_id, "tool_dispatched")
+                task_id = dispatched["task_id"]
+                task_events.wait_ended(task_id)
+                # The very message the orchestrator published (same task id), delivered once more.
+                request = ToolCallRequest(
+                    call_id=wire_id,
+                    tool="fault_work",
+                    arguments={"tag": tag, "seconds": 0.05},
+                    turn_id=turn_id,
+                    attempt=dispatched["attempt"],
+                )
+                app.send_task(**build_send_options(spec, request, time.time(), task_id=task_id))
+                # The second delivery has ended (Flower's events say so): it ran nothing, wrote nothing.
+                task_events.wait_ended(task_id, times=2)
+                assert env.runs(tag) == (1, 1)
+                assert env.redis.get(keys.outcome(wire_id)) == stored
+                assert env.redis.llen(keys.late_outcomes(wire_id)) == 0
+                assert env.client.outcome(turn_id) == outcome
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -202,7 +212,7 @@ def test_tool_that_never_returns(size: Size) -> None:
         for tag in hang_tags:
             assert env.runs(tag)[0] == 1  # killed at the hard limit, never retried
         assert worker.process.poll() is None
-        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 30)
+        env.wait_all([env.submit([call("fault_work", tag=_tag(), seconds=0.0)])], 60)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -223,4 +233,4 @@ def test_tool_that_returns_50_mb(size: Size) -> None:
             assert stored is not None and stored.truncated and stored.full_result_key
             assert stored.result_bytes is not None and stored.result_bytes >= 50 * 1024 * 1024
             assert int(env.redis.strlen(stored.full_result_key)) >= 50 * 1024 * 1024
-        assert orchestrator.alive()
+        assert is_running(orchestrator)

@@ -18,22 +18,25 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from orchestrator.model import ToolMessage, TurnOutcome
 from orchestrator.store.catalogue import read_catalogue
-from tests.faults.env import FaultEnv, call
+from tests.faults.env import FaultEnv, call, is_running
 from tests.faults.hung_tools import DONE, STARTS
 from tests.support.processes import WorkerHandle
+from tests.support.waiting import wait_for, wait_until
 from workers import keys
 from workers.outcomes import build_idempotency_key
 
 pytestmark = [pytest.mark.e2e]
 
 MODULES = ("tests.faults.hung_tools",)
+# How long a second attempt is watched for running beside a frozen first one (it must wait for its lock).
+BESIDE_WINDOW_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,31 +52,21 @@ SIZES = [
 ]
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not within {timeout_s} s")
-        time.sleep(0.05)
-
-
 def _started_call(env: FaultEnv, seen: set[str]) -> str:
     """The id of the call that started (it has a fence) and is not in `seen`; waits for it."""
-    found: list[str] = []
 
-    def started() -> bool:
+    def started() -> str | None:
         fenced = {key.removeprefix(keys.fence("")) for key in env.redis.scan_iter(keys.fence("*"))}
-        found[:] = sorted(fenced - seen)
-        return bool(found)
+        return min(fenced - seen, default=None)
 
-    _wait_for("the call's start", started)
-    seen.add(found[0])
-    return found[0]
+    found = wait_for(started, "the call's start")
+    seen.add(found)
+    return found
 
 
 def _token(env: FaultEnv, call_id: str) -> str:
     """The token of the call's current execution (the fence)."""
-    return env.redis.get(keys.fence(call_id)) or ""
+    return str(env.redis.get(keys.fence(call_id)) or "")
 
 
 def _attempts(env: FaultEnv, call_id: str) -> int:
@@ -104,10 +97,11 @@ def _starts(env: FaultEnv, tag: str) -> list[dict[str, float]]:
 
 
 def _settle(env: FaultEnv, woken: WorkerHandle, call_id: str) -> None:
-    """Give the woken worker time to do whatever it would (revoke, timeouts, its stale execution), then check
-    that it is alive and its Redis traffic is over: it holds neither the running guard nor a lock."""
-    time.sleep(3)  # not a timed assertion: only time for a wrong write to land, if there were one
-    assert woken.process.poll() is None, "the woken worker must survive"
+    """Once the woken worker has done whatever it would (revoke, timeouts, its stale execution) — no worker
+    holds a task any more — check that it is alive and its Redis traffic is over: no running guard is left
+    (a wrong write it could make would have landed by then)."""
+    env.wait_idle()
+    assert is_running(woken), "the woken worker must survive"
     assert env.redis.exists(keys.running(call_id)) == 0
 
 
@@ -134,12 +128,12 @@ def _run_frozen_before_the_body(env: FaultEnv, seen: set[str]) -> None:
     first = _holder(env, _token(env, call_id))
     with _frozen(first):
         # The orchestrator finds the call lost (hard limit + grace) and dispatches it again.
-        _wait_for("the second attempt's start", lambda: _attempts(env, call_id) >= 2)
+        wait_until(lambda: _attempts(env, call_id) >= 2, "the second attempt's start")
         second = _holder(env, _token(env, call_id))
         assert second is not first
         env.redis.delete(lock)  # the identical call is over: the second attempt runs the body (and fails)
-        _wait_for("the second attempt's outcome", lambda: env.redis.exists(keys.outcome(call_id)) == 1)
-    (outcome,) = env.wait_all([turn_id], 30)
+        wait_until(lambda: env.redis.exists(keys.outcome(call_id)) == 1, "the second attempt's outcome")
+    (outcome,) = env.wait_all([turn_id], 60)
     _settle(env, first, call_id)
     message = _check_answered_once(env, outcome, call_id)
     assert message.is_error and "failed on purpose" in message.content
@@ -152,14 +146,15 @@ def _run_frozen_mid_body(env: FaultEnv, seen: set[str]) -> None:
     tag = uuid.uuid4().hex[:12]
     turn_id = env.submit([call("hung_work", tag=tag, seconds=2.0)])
     call_id = _started_call(env, seen)
-    _wait_for("the body's start", lambda: env.redis.llen(STARTS + tag) >= 1)
+    wait_until(lambda: env.redis.llen(STARTS + tag) >= 1, "the body's start")
     first = _holder(env, _token(env, call_id))
     first_pids = set(first.child_pids())
     with _frozen(first) as woken:
-        _wait_for("the second attempt's start", lambda: _attempts(env, call_id) >= 2)
-        # Room for the second attempt to run its body beside the frozen one, were it to (it must wait).
-        time.sleep(1.0)
-    (outcome,) = env.wait_all([turn_id], 30)
+        wait_until(lambda: _attempts(env, call_id) >= 2, "the second attempt's start")
+        # Not a synchronisation: no event marks a wait for the lock, so the second attempt is given a window
+        # in which it would run its body beside the frozen one, were it to (it must wait).
+        time.sleep(BESIDE_WINDOW_S)
+    (outcome,) = env.wait_all([turn_id], 60)
     _settle(env, first, call_id)
     message = _check_answered_once(env, outcome, call_id)
     assert not message.is_error and message.content == f"done {tag}", message.content

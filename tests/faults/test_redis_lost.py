@@ -12,45 +12,39 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from ops.bench.procs import Proc
 from ops.redis_server import find_free_port
 from orchestrator.model import ToolMessage
-from orchestrator.runtime.durability import TRACK_S
 from orchestrator.runtime.inbox import build_wire_call_id
 from orchestrator.store import losses
 from orchestrator.store.codec import parse_tool_outcome
-from tests.faults.env import FaultEnv, call, check_turn
+from tests.faults.env import FaultEnv, call, check_turn, is_running
+from tests.support.e2e_processes import OrchestratorHandle
+from tests.support.processes import TOOLLOOP_BIN
+from tests.support.waiting import wait_until
 from workers import keys
 
 pytestmark = [pytest.mark.e2e]
-
-TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
-# The instant-model orchestrator of the fault suite, serving its metrics on the port given as argument.
-SERVE_WITH_METRICS = (
-    "import sys; from orchestrator.metrics import serve_metrics; "
-    "serve_metrics(int(sys.argv[1]), '127.0.0.1'); from ops.bench.instant import main; main()"
-)
 
 
 @dataclass(frozen=True)
 class Size:
     turns: int
     restarts: int
+    # Long enough that the calls started are still running when Redis goes: the wait for a lease renewal
+    # (`_wait_in_flight`) comes first.
     tool_s: float
     timeout_s: float
 
 
-QUICK = Size(turns=3, restarts=1, tool_s=3.0, timeout_s=30)
-LONG = Size(turns=12, restarts=3, tool_s=4.0, timeout_s=60)
+QUICK = Size(turns=3, restarts=1, tool_s=4.0, timeout_s=60)
+LONG = Size(turns=12, restarts=3, tool_s=5.0, timeout_s=120)
 SIZES = [
     pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(120)),
     pytest.param(LONG, id="long", marks=[pytest.mark.faults, pytest.mark.timeout(600)]),
@@ -61,10 +55,10 @@ def _tag() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _start_orchestrator(env: FaultEnv) -> tuple[Proc, int]:
+def _start_orchestrator(env: FaultEnv) -> tuple[OrchestratorHandle, int]:
+    """`toolloop orchestrator` serving its Prometheus metrics (TOOLLOOP_METRICS_PORT); (it, the port)."""
     port = find_free_port()
-    proc = env.start_orchestrator(command=[sys.executable, "-c", SERVE_WITH_METRICS, str(port)])
-    return proc, port
+    return env.start_orchestrator(env={"TOOLLOOP_METRICS_PORT": str(port)}), port
 
 
 def _turns_lost_total(port: int) -> float:
@@ -85,29 +79,40 @@ def _show(env: FaultEnv, turn_id: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _wait_in_flight(env: FaultEnv, ids: list[str], tags: list[str], timeout_s: float) -> None:
-    """Until every turn is adopted (its first state saved) and a tool call has started on a worker."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        adopted = [env.redis.exists(keys.turn_state(t)) for t in ids]
-        started = sum(env.runs(tag)[0] for tag in tags)
-        if all(adopted) and started >= 1:
-            # The watcher notes the turns held every TRACK_S: one adopted in the last instant before Redis
-            # goes, and dropped by the driver before the watcher looks, is a window this test stays out of.
-            time.sleep(TRACK_S * 3)
-            return
-        time.sleep(0.05)
-    pytest.fail(f"turns not in flight: {sum(adopted)} of {len(ids)} adopted")
+def _wait_in_flight(env: FaultEnv, ids: list[str], tags: list[str]) -> None:
+    """Until every turn is adopted (its first state saved), a tool call has started on a worker, and the
+    orchestrator has held every turn for a while.
+
+    Its durability watcher notes the turns held every `TRACK_S` (0.1 s), in memory: a turn adopted in the
+    last instant before Redis goes, and dropped by the driver before the watcher looks, is a window this test
+    stays out of. A lease renewed after the test first saw it (its expiry moved on) shows that the
+    orchestrator's loop has run a renewal period — many of the watcher's looks — with the turn held."""
+
+    def in_flight() -> bool:
+        adopted = all(env.redis.exists(keys.turn_state(t)) for t in ids)
+        return adopted and sum(env.runs(tag)[0] for tag in tags) >= 1
+
+    def expiry_s(turn_id: str) -> float:
+        return time.monotonic() + env.redis.pttl(keys.turn_lease(turn_id)) / 1000
+
+    wait_until(in_flight, "every turn adopted and a tool call started")
+    first = {t: expiry_s(t) for t in ids}
+    # Renewals come every third of the lease's life (1 s here): far more than this margin of error.
+    wait_until(
+        lambda: all(expiry_s(t) > first[t] + 0.2 for t in ids),
+        "every turn's lease renewed by its orchestrator",
+    )
 
 
-def _wait_recorded(env: FaultEnv, ids: list[str], timeout_s: float, orchestrator: Proc) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(env.redis.get(keys.turn_status(t)) == "failed" for t in ids):
-            return
-        time.sleep(0.1)
-    statuses = [env.redis.get(keys.turn_status(t)) for t in ids]
-    pytest.fail(f"lost turns {ids} not recorded: {statuses}\n{orchestrator.log_text()}")
+def _wait_recorded(env: FaultEnv, ids: list[str], orchestrator: OrchestratorHandle) -> None:
+    try:
+        wait_until(
+            lambda: all(env.redis.get(keys.turn_status(t)) == "failed" for t in ids),
+            f"the lost turns {ids} recorded as failed",
+        )
+    except AssertionError as exc:
+        statuses = [env.redis.get(keys.turn_status(t)) for t in ids]
+        raise AssertionError(f"{exc}: {statuses}\n{orchestrator.log_text()}") from None
 
 
 def _check_lost(env: FaultEnv, turn_id: str) -> None:
@@ -119,7 +124,7 @@ def _check_lost(env: FaultEnv, turn_id: str) -> None:
     assert view["outcome"]["error"]["code"] == losses.LOST_CODE
     assert "without its data" in view["outcome"]["error"]["message"]
     assert f"turn {turn_id} was lost" in shown.stderr
-    outcome = env.client.wait(turn_id, 5)
+    outcome = env.client.wait(turn_id, 30)
     assert outcome.status == "failed" and losses.is_lost_outcome(outcome)
     check_turn(outcome)  # its round closed: no call left unanswered in the transcript
     for message in outcome.messages:
@@ -131,20 +136,21 @@ def _check_lost(env: FaultEnv, turn_id: str) -> None:
 
 def _wait_catalogue(env: FaultEnv) -> None:
     """Until the worker's tools are published: after Redis came back empty, at its next catalogue refresh."""
-    deadline = time.monotonic() + keys.CATALOGUE_REFRESH_S * 2
-    while not env.redis.hlen(keys.CATALOGUE):
-        assert time.monotonic() < deadline, "the worker never published its catalogue again"
-        time.sleep(0.2)
+    wait_until(
+        lambda: env.redis.hlen(keys.CATALOGUE),
+        "the worker to publish its catalogue again",
+        timeout_s=max(60.0, 3 * keys.CATALOGUE_REFRESH_S),
+    )
 
 
-def _lose_turns(env: FaultEnv, size: Size, orchestrator: Proc) -> list[str]:
+def _lose_turns(env: FaultEnv, size: Size, orchestrator: OrchestratorHandle) -> list[str]:
     _wait_catalogue(env)
     tags = [_tag() for _ in range(size.turns)]
     ids = [env.submit([call("fault_work", tag=t, seconds=size.tool_s)]) for t in tags]
-    _wait_in_flight(env, ids, tags, 20)
+    _wait_in_flight(env, ids, tags)
     env.server.kill()  # a crash; with no append-only file, it comes back empty
     env.server.start()
-    _wait_recorded(env, ids, 20, orchestrator)
+    _wait_recorded(env, ids, orchestrator)
     return ids
 
 
@@ -165,8 +171,9 @@ def test_redis_restarted_empty_loses_turns_loudly(size: Size) -> None:
             assert _turns_lost_total(metrics_port) == lost_total
             for turn_id in ids:
                 _check_lost(env, turn_id)
-            # Past the time the tools took: a late result was kept for audit, no lost turn came back to life.
-            time.sleep(size.tool_s)
+            # Once every tool call still running has ended and written its late result (kept for audit),
+            # no lost turn came back to life.
+            env.wait_idle()
             assert all(env.redis.get(keys.turn_status(t)) == "failed" for t in ids)
             assert all(losses.is_lost_outcome(env.client.outcome(t)) for t in ids)
 
@@ -181,5 +188,5 @@ def test_redis_restarted_empty_loses_turns_loudly(size: Size) -> None:
         assert outcome.status == "completed", outcome
         answers = [m for m in outcome.messages if isinstance(m, ToolMessage)]
         assert [m.content for m in answers] == [f"done {tag}"], answers
-        assert orchestrator.alive(), orchestrator.log_text()
-        assert worker.process.poll() is None, worker.log_text()
+        assert is_running(orchestrator), orchestrator.log_text()
+        assert is_running(worker), worker.log_text()

@@ -22,6 +22,7 @@ import pytest
 from orchestrator.model import ToolMessage, TurnOutcome
 from tests.faults.env import FaultEnv, call
 from tests.faults.oom_tools import read_finished
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -38,13 +39,14 @@ class Burst:
     headroom_bytes: int
     # How long Redis stays full once it refused a write, while every process retries.
     full_s: float
-    timeout_s: float
+    # The turns' deadline: far beyond what they need, so that a turn that ends `stopped` shows a call lost.
+    deadline_s: float
 
 
-QUICK = Burst(turns=6, repeats=1, headroom_bytes=512 * 1024, full_s=3.0, timeout_s=40)
-LONG = Burst(turns=50, repeats=2, headroom_bytes=2 * 1024 * 1024, full_s=10.0, timeout_s=180)
+QUICK = Burst(turns=6, repeats=1, headroom_bytes=512 * 1024, full_s=3.0, deadline_s=90)
+LONG = Burst(turns=50, repeats=2, headroom_bytes=2 * 1024 * 1024, full_s=10.0, deadline_s=240)
 BURSTS = [
-    pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(120)),
+    pytest.param(QUICK, id="quick", marks=pytest.mark.timeout(240)),
     pytest.param(LONG, id="long", marks=[pytest.mark.faults, pytest.mark.timeout(900)]),
 ]
 
@@ -53,14 +55,6 @@ def _oom_refusals(env: FaultEnv) -> int:
     """How many commands Redis refused for want of memory so far."""
     stats: dict[str, Any] = env.redis.info("errorstats")
     return int(stats.get("errorstat_OOM", {}).get("count", 0))
-
-
-def _wait_until(what: str, check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s} s: {what}")
-        time.sleep(0.1)
 
 
 def _fill_then_free(env: FaultEnv, burst: Burst, record_dir: Path) -> list[str]:
@@ -73,12 +67,12 @@ def _fill_then_free(env: FaultEnv, burst: Burst, record_dir: Path) -> list[str]:
     ids = [
         env.submit(
             [call("oom_bulky", tag=uuid.uuid4().hex[:12], record_dir=str(record_dir), seconds=0.2)],
-            deadline_s=burst.timeout_s + burst.full_s + 30,
+            deadline_s=burst.deadline_s,
         )
         for _ in range(burst.turns)
     ]
-    _wait_until("Redis refused a write for want of memory", lambda: _oom_refusals(env) > refused_before, 60)
-    time.sleep(burst.full_s)
+    wait_until(lambda: _oom_refusals(env) > refused_before, "Redis to refuse a write for want of memory")
+    time.sleep(burst.full_s)  # the fault itself: how long Redis stays full
     env.redis.config_set("maxmemory", 0)
     return ids
 
@@ -95,7 +89,8 @@ def _check_no_result_lost(outcomes: list[TurnOutcome], record_dir: Path) -> None
 
 def _check_alive(env: FaultEnv) -> None:
     for proc in env.orchestrators:
-        assert proc.alive(), f"the orchestrator exited ({proc.process.returncode}):\n{_tail(proc.log_text())}"
+        code = proc.process.poll()
+        assert code is None, f"the orchestrator exited ({code}):\n{_tail(proc.log_text())}"
     for worker in env.workers:
         code = worker.process.poll()
         assert code is None, f"the worker exited ({code}):\n{_tail(worker.log_text())}"
@@ -118,7 +113,7 @@ def test_redis_out_of_memory_then_freed(burst: Burst, tmp_path: Path) -> None:
             record_dir.mkdir()
             ids = _fill_then_free(env, burst, record_dir)
             try:
-                outcomes = env.wait_all(ids, burst.timeout_s)
+                outcomes = env.wait_all(ids, burst.deadline_s + 30)
             except TimeoutError:
                 _check_alive(env)  # a process that exited is the reason to name
                 raise
@@ -127,10 +122,10 @@ def test_redis_out_of_memory_then_freed(burst: Burst, tmp_path: Path) -> None:
             statuses = Counter(o.status for o in outcomes)
             assert statuses == {"completed": burst.turns}, statuses
         # The outage was told for what it was, and its end too (once writes pass for a while).
-        _wait_until("the orchestrator said Redis is back", lambda: BACK_LINE in orchestrator.log_text(), 30)
+        wait_until(lambda: BACK_LINE in orchestrator.log_text(), "the orchestrator to say Redis is back")
         told = orchestrator.log_text()
         assert OUT_OF_MEMORY_LINE in told
         assert "Traceback" not in told, told[-4000:]
         # Still serving, without a restart.
-        env.wait_all([env.submit([call("oom_bulky", tag="after", record_dir=str(tmp_path))])], 30)
+        env.wait_all([env.submit([call("oom_bulky", tag="after", record_dir=str(tmp_path))])], 60)
         _check_alive(env)

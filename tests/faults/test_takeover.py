@@ -4,34 +4,32 @@ The old owner saves each step before performing its commands, so a SIGKILL can l
 is in Redis and before the Celery message is. No worker then ever reports the call, and before the fix the
 new owner waited for the turn's deadline. Here the first orchestrator's broker is a port nobody listens on:
 it persists the dispatch, then cannot publish, and is killed while it tries — the very window of the bug,
-without a race. The survivor must send the call again and finish the turn long before its deadline, with
-the tool run exactly once.
+without a race. The survivor must send the call again and complete the turn — not stop it at its deadline
+— with the tool run exactly once.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from ops.redis_server import find_free_port
-from tests.faults.env import FaultEnv, call
+from tests.faults.env import FaultEnv, call, is_running
+from tests.support.waiting import wait_until
 from workers import keys
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
+# A turn left to its deadline ends `stopped`, not `completed`: the outcome itself tells whether the survivor
+# sent the call, so the waits below need no bound tighter than this.
 DEADLINE_S = 60.0
-# The survivor takes over within a lease period (1 s) plus a scan (0.5 s); the tool takes 0.2 s.
-FINISH_WITHIN_S = 20.0
 
 
 def _events(env: FaultEnv, turn_id: str, name: str) -> list[dict[str, Any]]:
-    entries = env.redis.xrange(keys.turn_events(turn_id))
+    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
     return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
 
 
@@ -42,21 +40,17 @@ def test_a_dispatch_that_died_unpublished_with_its_owner_is_sent_by_the_new_owne
         victim = env.start_orchestrator(env={"TOOLLOOP_BROKER_URL": dead_broker})
         tag = uuid.uuid4().hex[:12]
         turn_id = env.submit([call("fault_work", tag=tag, seconds=0.2)], deadline_s=DEADLINE_S)
-        give_up = time.monotonic() + 20
-        while not _events(env, turn_id, "tool_dispatched"):
-            assert time.monotonic() < give_up, f"the victim never dispatched:\n{victim.log_text()}"
-            time.sleep(0.02)
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.process.wait(timeout=5)
+        wait_until(lambda: _events(env, turn_id, "tool_dispatched"), "the victim's dispatch")
+        victim.kill()
         # The dispatch is persisted, and nothing reached the workers: no message, no start, no outcome.
         assert env.runs(tag) == (0, 0)
         assert not _events(env, turn_id, "tool_synthesized")
 
         survivor = env.start_orchestrator()
-        outcome = env.client.wait(turn_id, FINISH_WITHIN_S)
+        outcome = env.client.wait(turn_id, DEADLINE_S + 60)
         assert (outcome.status, outcome.stop_reason) == ("completed", None), outcome.text
         assert env.runs(tag) == (1, 1)
         (resumed,) = _events(env, turn_id, "turn_resumed")
         (dispatched,) = _events(env, turn_id, "tool_dispatched")
         assert resumed["redispatched_call_ids"] == [dispatched["call_id"]]
-        assert survivor.alive()
+        assert is_running(survivor)

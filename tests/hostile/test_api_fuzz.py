@@ -1,7 +1,7 @@
 """Hypothesis over the HTTP API's bodies: huge, deeply nested, wrong types, invalid UTF-8, unknown fields.
 
 Every answer is a clear 4xx (or 202 for a body that happens to be a valid turn), never a 5xx, and the
-server keeps answering. A real uvicorn over a real Redis.
+server keeps answering. The shipped server, `toolloop api`, over a real Redis.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.api import create_app
-from orchestrator.settings import Settings
-from tests.integration.store_support import serve_app, store_db_url
+from tests.integration.store_support import store_db_url
+from tests.support.served import serving_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -64,7 +63,7 @@ raw_bodies = st.one_of(
 @pytest.fixture(scope="module")
 def api(redis_url: str) -> Iterator[httpx.Client]:
     with (
-        serve_app(create_app(Settings(redis_url=store_db_url(redis_url, HOSTILE_DB)))) as base_url,
+        serving_api(store_db_url(redis_url, HOSTILE_DB)) as base_url,
         httpx.Client(base_url=base_url, timeout=30) as http,
     ):
         yield http

@@ -1,5 +1,6 @@
 """Hostile models mid-turn: a tool name that reaches for a sensitive tool outside the turn's allowlist, and
-provider bodies that are garbage. Whole system: Redis, a prefork worker, an orchestrator process.
+provider bodies that are garbage. Whole system (`FaultEnv`): Redis, `toolloop worker`, `toolloop orchestrator`
+reaching its model over HTTP — the scripted one, or here a server that answers garbage.
 
 - Allowlist: the call is answered `not_allowed`/`not_found`, the sensitive tool never runs and is never
   offered (listed) to the model.
@@ -12,14 +13,14 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from ops.bench.procs import TOOLLOOP_BIN
 from orchestrator.model import ToolMessage
-from tests.faults.env import FaultEnv, call, check_turn
+from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.hostile.hostile_tools import RUNS
+from workers import keys
 from workers.contract import FailureKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -79,7 +80,7 @@ def test_sensitive_tools_outside_the_allowlist_never_run(env: FaultEnv) -> None:
 
 def test_a_turn_with_no_allowlist_is_not_offered_sensitive_tools(env: FaultEnv) -> None:
     turn_id = env.client.submit(
-        prompt=json.dumps({"plan": [{"calls": [call("delete_file", path="/")]}]}), model="scripted:plan"
+        prompt=json.dumps({"plan": [{"calls": [call("delete_file", path="/")]}]}), model=PLAN_MODEL
     )
     outcome = env.client.wait(turn_id, 60)
     check_turn(outcome)
@@ -92,12 +93,8 @@ def test_a_turn_with_no_allowlist_is_not_offered_sensitive_tools(env: FaultEnv) 
 
 
 def _events(env: FaultEnv, turn_id: str) -> list[dict[str, Any]]:
-    from workers import keys
-
-    return [
-        {"name": f["name"], "data": json.loads(f["data"])}
-        for _, f in env.redis.xrange(keys.turn_events(turn_id))  # type: ignore[union-attr]
-    ]
+    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
+    return [{"name": f["name"], "data": json.loads(f["data"])} for _, f in entries]
 
 
 # --- malformed provider bodies -----------------------------------------------------------------------
@@ -125,7 +122,7 @@ class _GarbageModel(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         kind = str(body["model"]).removeprefix("garbage-")
         if not any(m.get("role") == "tool" for m in body["messages"]):
-            tool_call = {"id": f"call_{id(body)}", "type": "function"}
+            tool_call: dict[str, Any] = {"id": f"call_{id(body)}", "type": "function"}
             tool_call["function"] = {
                 "name": "fault_work",
                 "arguments": json.dumps({"tag": kind, "seconds": 0}),
@@ -157,10 +154,8 @@ def garbage_env() -> Iterator[FaultEnv]:
         with FaultEnv() as fault_env:
             fault_env.start_worker(concurrency=2)
             base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-            fault_env.start_orchestrator(
-                command=[str(TOOLLOOP_BIN), "orchestrator"],
-                env={"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "test-key", "PYTHONUNBUFFERED": "1"},
-            )
+            # A user's OpenAI-compatible server: OPENAI_BASE_URL and a key, the model named `openai:…`.
+            fault_env.start_orchestrator(env={"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "test-key"})
             yield fault_env
     finally:
         server.shutdown()
@@ -182,4 +177,4 @@ def test_garbage_from_the_provider_mid_turn_fails_the_turn_cleanly(garbage_env: 
     assert outcome.llm_calls == 2
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]
     assert not answer.is_error  # the round before the garbage was answered
-    assert all(p.alive() for p in garbage_env.orchestrators)
+    assert all(is_running(p) for p in garbage_env.orchestrators)

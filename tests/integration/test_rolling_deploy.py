@@ -1,8 +1,9 @@
 """A rolling deploy: workers with different tool sets on one Redis, and no call lost or left to its deadline.
 
 Worker A serves `tests.support.tools`; workers B and D serve `tests.support.rolling_tools`, each narrowed
-to one tool's queue (`--queues`). Turns run on the benchmark's instant orchestrator (`scripted:plan`), with
-deadlines far longer than the waits here: a call that was dropped would show as a wait that times out.
+to one tool's queue (`--queues`). Turns run on `toolloop orchestrator` with the scripted model over HTTP
+(`scripted:plan`, `FaultEnv`). A call that was dropped would be answered `deadline_exceeded` at its turn's
+deadline: each turn's answers are checked for what they say, never for how soon they came.
 """
 
 from __future__ import annotations
@@ -17,22 +18,20 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ops.bench.instant import INSTANT_MODEL
 from ops.redis_server import RedisServer
 from orchestrator.model import ToolMessage, TurnOutcome
-from orchestrator.store.catalogue import LiveCatalogue
-from tests.faults.env import FaultEnv, call, check_turn
+from orchestrator.store.catalogue import LIVE_CATALOGUE_MAX_AGE_S, LiveCatalogue
+from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.waiting import wait_for
 from workers import keys
 from workers.app import create_app
 from workers.contract import FailureKind, ToolSpec
 from workers.settings import WorkerSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-# Far beyond every wait below: a turn that needs it waited for its deadline, which is the bug.
 DEADLINE_S = 90.0
-WAIT_S = 20.0
 
 
 class Fleet:
@@ -54,11 +53,11 @@ class Fleet:
         prompt = json.dumps({"plan": [{"calls": list(calls)}]})
         tools = sorted({c["name"] for c in calls})
         return self.env.client.submit(
-            prompt=prompt, tools=tools, model=INSTANT_MODEL, limits={"deadline_s": DEADLINE_S}
+            prompt=prompt, tools=tools, model=PLAN_MODEL, limits={"deadline_s": DEADLINE_S}
         )
 
     def wait(self, turn_id: str) -> TurnOutcome:
-        outcome = self.env.client.wait(turn_id, WAIT_S)
+        outcome = self.env.client.wait(turn_id, DEADLINE_S + 60)
         check_turn(outcome)
         return outcome
 
@@ -75,11 +74,17 @@ def answers(outcome: TurnOutcome) -> dict[str, ToolMessage]:
 
 def test_each_worker_consumes_exactly_the_queues_of_the_tools_it_serves(fleet: Fleet) -> None:
     app = create_app(WorkerSettings(redis_url=fleet.env.url))
+    hosts = {fleet.a.hostname, fleet.b.hostname, fleet.d.hostname}
+
+    def replies() -> dict[str, Any] | None:
+        got = app.control.inspect(destination=sorted(hosts), timeout=2).active_queues() or {}
+        return got if set(got) == hosts else None
+
     try:
-        replies = app.control.inspect(timeout=5).active_queues() or {}
+        found = wait_for(replies, "every worker's queues (active_queues)")
     finally:
         app.close()
-    consumed = {host: sorted(q["name"] for q in queues) for host, queues in replies.items()}
+    consumed = {host: sorted(q["name"] for q in queues) for host, queues in found.items()}
     raw = fleet.env.redis.hget(keys.CATALOGUE, fleet.a.hostname)
     served_by_a = [spec["name"] for spec in json.loads(raw or "{}")["tools"]]
     assert "echo" in served_by_a
@@ -91,11 +96,10 @@ def test_each_worker_consumes_exactly_the_queues_of_the_tools_it_serves(fleet: F
 
 
 def test_turns_calling_tools_of_two_workers_all_finish_without_waiting_for_the_deadline(fleet: Fleet) -> None:
-    started = time.monotonic()
     turn_ids = [fleet.submit(call("echo", text=f"hi{i}"), call("shout", text=f"hey{i}")) for i in range(8)]
     outcomes = [fleet.wait(turn_id) for turn_id in turn_ids]
-    assert time.monotonic() - started < WAIT_S
     for i, outcome in enumerate(outcomes):
+        assert (outcome.status, outcome.stop_reason) == ("completed", None), outcome.stop_reason
         got = answers(outcome)
         assert (got["echo"].content, got["shout"].content) == (f"hi{i}", f"HEY{i}!"), outcome.messages
         assert not any(m.is_error for m in got.values())
@@ -108,11 +112,9 @@ def test_a_worker_answers_a_tool_it_does_not_serve_at_once(fleet: Fleet) -> None
     entry = {"seen_at": time.time() + 30, "tools": [retired.model_dump(mode="json")]}
     fleet.env.redis.hset(keys.CATALOGUE, "old-release@host", json.dumps(entry))
     try:
-        started = time.monotonic()
         outcome = fleet.wait(fleet.submit(call("retired_tool")))
     finally:
         fleet.env.redis.hdel(keys.CATALOGUE, "old-release@host")
-    assert time.monotonic() - started < WAIT_S
     answer = answers(outcome)["retired_tool"]
     assert answer.failure_kind is FailureKind.NOT_FOUND and not answer.synthetic
     assert "'retired_tool' is not served by worker" in answer.content
@@ -125,18 +127,21 @@ def test_a_tool_whose_worker_is_gone_fails_at_dispatch_as_not_found(fleet: Fleet
     events = fleet.env.client.events(turn_id)
     asked = next(e for e in events if e.name == "approval_requested")
     fleet.d.stop()
-    assert fleet.env.redis.hget(keys.CATALOGUE, fleet.d.hostname) is None  # a clean stop removes its entry
-    time.sleep(1.2)  # past the dispatcher's one-second view of the catalogue
-    started = time.monotonic()
-    assert fleet.env.client.approve(turn_id, asked.data["call_ids"][0], True)
-    outcome = fleet.wait(turn_id)
-    assert time.monotonic() - started < 5
-    answer = answers(outcome)["ship_parcel"]
-    assert answer.failure_kind is FailureKind.NOT_FOUND and answer.synthetic
-    assert "not served by any live worker" in answer.content
-    # Direct calls read the same catalogue: the same verdict, before anything is sent.
-    direct = fleet.env.client.call_tool("ship_parcel", {"parcel": "p2"}, timeout_s=5)
-    assert direct.failure_kind is FailureKind.NOT_FOUND and direct.attempts == 0
+    try:
+        assert fleet.env.redis.hget(keys.CATALOGUE, fleet.d.hostname) is None  # a clean stop removes it
+        # Not a synchronisation: the dispatcher trusts a view of the catalogue this old by design, and no
+        # event marks the next read; once the view is older, the dispatch must see that D is gone.
+        time.sleep(LIVE_CATALOGUE_MAX_AGE_S + 0.2)
+        assert fleet.env.client.approve(turn_id, asked.data["call_ids"][0], True)
+        outcome = fleet.wait(turn_id)
+        answer = answers(outcome)["ship_parcel"]
+        assert answer.failure_kind is FailureKind.NOT_FOUND and answer.synthetic
+        assert "not served by any live worker" in answer.content
+        # Direct calls read the same catalogue: the same verdict, before anything is sent.
+        direct = fleet.env.client.call_tool("ship_parcel", {"parcel": "p2"}, timeout_s=30)
+        assert direct.failure_kind is FailureKind.NOT_FOUND and direct.attempts == 0
+    finally:
+        fleet.d = fleet.start("tool.ship_parcel")  # the fleet whole again, for the tests after this one
 
 
 async def test_a_burst_of_dispatch_reads_costs_one_hgetall() -> None:
