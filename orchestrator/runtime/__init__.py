@@ -10,6 +10,7 @@ One module per thing owned, each calling only downwards (nothing calls back up i
     perform   Performer: an I/O command in, the events it produces out (at once, or from slow work)
     durability DurabilityWatcher: Redis's run id watched; turns lost with its data told, counted, recorded
     publish   Publisher (one thread, batched and retried publishes, batched revokes), send options, limits
+    task_messages TaskSender: Celery-protocol task messages and their task-sent events, in one kombu batch
     inbox     inbox entries → machine events, and call ids on the wire (pure)
     timers    the one timer heap of all turns
     turn_spans TurnSpans: each turn's `invoke_agent` span (tracing on), its context for model calls and tasks

@@ -4,9 +4,10 @@
 just past the turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still
 queued then never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call
 id. `Publisher` is what the orchestrator process publishes and revokes through: one thread, batched
-publishes retried with backoff (for want of Redis, until they go out), batched revocations. `dispatch_call`
-/ `revoke_call` publish or revoke one call directly (short blocking calls: run them off the event loop with
-`asyncio.to_thread`).
+publishes retried with backoff (for want of Redis, until they go out), batched revocations. A batch's
+messages are `send_task`'s, built with Celery's protocol and sent on one producer without `send_task`'s
+per-message overhead (`task_messages`). `dispatch_call` / `revoke_call` publish (through `send_task`) or
+revoke one call directly (short blocking calls: run them off the event loop with `asyncio.to_thread`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from celery import Celery
 
 from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_redis_failure
+from orchestrator.runtime.task_messages import TaskMessage, TaskSender, current_origin
 from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import WorkerSettings
@@ -171,6 +173,7 @@ class Publisher:
         `runtime.turn_spans`); none without it."""
         self._app = app
         self._trace_of = trace_of or _no_trace
+        self._sender = TaskSender(app)
         self._retry = retry or RedisRetry(RedisOutage(str(app.conf.broker_url or "")))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
         # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
@@ -220,19 +223,21 @@ class Publisher:
     def _publish_all(
         self, sends: list[Send], traces: Mapping[str, Mapping[str, str] | None]
     ) -> dict[str, Exception]:
+        # Each message built once with Celery's protocol, all of them (and their `task-sent` events) sent on
+        # one producer in one kombu batch: one pipelined round trip (`task_messages`).
+        sender, origin = self._sender, current_origin()
+        messages: list[TaskMessage] = []
         errors: dict[str, Exception] = {}
+        for spec, request, task_id in sends:
+            try:
+                options = build_send_options(
+                    spec, request, time.time(), task_id=task_id, trace=traces.get(task_id)
+                )
+                messages.append(sender.build(options, origin=origin))
+            except Exception as exc:
+                errors[task_id] = exc
         try:
-            # One producer and one kombu publish batch: every message of the batch (and its `task-sent`
-            # event) goes out in one pipelined round trip when the batch closes.
-            with self._app.producer_or_acquire() as producer, producer.batch():
-                for spec, request, task_id in sends:
-                    try:
-                        options = build_send_options(
-                            spec, request, time.time(), task_id=task_id, trace=traces.get(task_id)
-                        )
-                        self._app.send_task(**options, producer=producer)
-                    except Exception as exc:
-                        errors[task_id] = exc
+            errors.update(sender.send_batch(messages))
         except Exception as exc:
             # The flush failed: any message of the batch may be lost. Publishing one again is harmless (a
             # second delivery of a call never runs it twice), losing one is not.

@@ -1,10 +1,7 @@
 """The orchestrator runtime, in this process, against a real Redis that refuses writes (out of memory under
 `maxmemory` with `noeviction`): a turn whose writes are refused is retried, not abandoned, and goes on once
 memory is freed; a publish refused is retried until it goes out, not answered `worker_lost`; stopping never
-raises. `maxmemory 1` makes Redis refuse every write that would add memory, at once.
-
-The model is the scripted one over HTTP (`ScriptedServer`, in this event loop), reached through the Chat
-Completions adapter at its base URL as a deployment reaches its model server."""
+raises. `maxmemory 1` makes Redis refuse every write that would add memory, at once."""
 
 from __future__ import annotations
 
@@ -12,26 +9,24 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
-import httpx
 import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from ops.bench.instant import INSTANT_BASE_URL, INSTANT_MODEL, build_instant_http
 from ops.redis_server import RedisServer
 from orchestrator.model import TurnRequest
 from orchestrator.outage import RedisOutage, RedisRetry
-from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.runtime.process import Runtime
 from orchestrator.runtime.publish import Publisher, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
-from tests.support.waiting import async_wait_until
 from workers import keys
 from workers.contract import ToolCallRequest, ToolSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 # Served by no worker here: its calls stay queued, and the turn's deadline answers them.
 SPEC = ToolSpec(name="oom_probe", description="A tool nobody runs.", soft_time_limit_s=5, time_limit_s=10)
@@ -78,11 +73,11 @@ def redis_errors(loop: str) -> float:
     )
 
 
-@pytest.fixture
-async def model_url() -> AsyncIterator[str]:
-    """The base URL of a scripted model server running in the test's event loop."""
-    async with ScriptedServer() as base_url:
-        yield base_url
+async def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        await asyncio.sleep(0.05)
 
 
 def probe_request() -> TurnRequest:
@@ -91,50 +86,45 @@ def probe_request() -> TurnRequest:
     return TurnRequest(prompt=json.dumps(plan), tools=[SPEC.name], limits={"deadline_s": 1.5})
 
 
-def build_settings(url: str, model_url: str) -> Settings:
-    return Settings(redis_url=url, scripted_base_url=model_url, model="scripted:plan", lease_ttl_s=3)
+def build_settings(url: str) -> Settings:
+    return Settings(redis_url=url, scripted_base_url=INSTANT_BASE_URL, model=INSTANT_MODEL, lease_ttl_s=3)
 
 
 async def test_a_turn_whose_writes_are_refused_goes_on_once_memory_is_freed(
-    server: RedisServer, sync_redis: redis.Redis, store: TurnStore, model_url: str
+    server: RedisServer, sync_redis: redis.Redis, store: TurnStore
 ) -> None:
-    settings = build_settings(server.url, model_url)
-    async with httpx.AsyncClient() as http:
+    settings = build_settings(server.url)
+    async with build_instant_http() as http:
         runtime = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         running = asyncio.create_task(runtime.run())
         turn_id = await store.submit(probe_request())
-        await async_wait_until(lambda: sync_redis.llen(SPEC.queue), "the call published")
+        await wait_for("the call published", lambda: bool(sync_redis.llen(SPEC.queue)))
         refuse_writes(sync_redis)
         before = redis_errors("steps")
         # The deadline passes: the step that answers the call `deadline_exceeded` is refused, and retried.
-        await async_wait_until(lambda: redis_errors("steps") > before, "a step refused for want of memory")
+        await asyncio.sleep(3)
         assert not running.done(), "the runtime must ride out a Redis that refuses writes"
         assert await store.get_outcome(turn_id) is None
         free_memory(sync_redis)
-        outcome = await store.wait_outcome(turn_id, 60)
+        outcome = await store.wait_outcome(turn_id, 20)
         assert (outcome.status, outcome.stop_reason) == ("stopped", "deadline")
+        assert redis_errors("steps") > before
         runtime.request_stop()
         await running
 
 
 async def test_stopping_never_raises_while_redis_refuses_writes(
-    server: RedisServer,
-    sync_redis: redis.Redis,
-    store: TurnStore,
-    model_url: str,
-    caplog: pytest.LogCaptureFixture,
+    server: RedisServer, sync_redis: redis.Redis, store: TurnStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    settings = build_settings(server.url, model_url)
-    async with httpx.AsyncClient() as http:
+    settings = build_settings(server.url)
+    async with build_instant_http() as http:
         runtime = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         running = asyncio.create_task(runtime.run())
         turn_id = await store.submit(probe_request())
-        await async_wait_until(lambda: sync_redis.llen(SPEC.queue), "the call published")
+        await wait_for("the call published", lambda: bool(sync_redis.llen(SPEC.queue)))
         refuse_writes(sync_redis)
-        before = redis_errors("steps")
-        # The deadline's step is refused (the heartbeat too, meanwhile): the runtime is stopped mid-retry.
-        await async_wait_until(lambda: redis_errors("steps") > before, "a step refused for want of memory")
+        await asyncio.sleep(3)  # the heartbeat and the deadline's step are refused meanwhile
         assert not running.done()
         runtime.request_stop()
         await running  # the step retrying gives up, unregistering is refused: said, never raised
@@ -145,7 +135,7 @@ async def test_stopping_never_raises_while_redis_refuses_writes(
         free_memory(sync_redis)
         successor = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         serving = asyncio.create_task(successor.run())
-        outcome = await store.wait_outcome(turn_id, 60)
+        outcome = await store.wait_outcome(turn_id, 30)
         assert (outcome.status, outcome.stop_reason) == ("stopped", "deadline")
         successor.request_stop()
         await serving
@@ -154,16 +144,17 @@ async def test_stopping_never_raises_while_redis_refuses_writes(
 async def test_a_publish_refused_for_want_of_memory_goes_out_once_memory_is_freed(
     server: RedisServer, sync_redis: redis.Redis
 ) -> None:
-    settings = Settings(redis_url=server.url)
+    settings = build_settings(server.url)
     publisher = Publisher(get_producer_app(settings), RedisRetry(RedisOutage(server.url)))
     request = ToolCallRequest(call_id="turn_x/call_1", tool=SPEC.name, arguments={}, turn_id="turn_x")
     refuse_writes(sync_redis)
     before = redis_errors("publish")
     publishing = asyncio.create_task(publisher.publish([(SPEC, request, "turn_x/call_1:1")]))
-    # Refused again and again: a refusal for want of memory is not a reason to give up.
-    await async_wait_until(lambda: redis_errors("publish") >= before + 3, "three refused publish attempts")
+    await wait_for("the publish refused", lambda: redis_errors("publish") > before)
+    # Longer than a few attempts' backoff: a refusal for want of memory is not a reason to give up.
+    await asyncio.sleep(4)
     assert not publishing.done()
     free_memory(sync_redis)
-    assert await asyncio.wait_for(publishing, 60) == {}
+    assert await asyncio.wait_for(publishing, 10) == {}
     assert sync_redis.llen(SPEC.queue) == 1
     await publisher.aclose()

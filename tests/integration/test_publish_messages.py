@@ -1,0 +1,216 @@
+"""The orchestrator's batched publishing (`Publisher` → `runtime.task_messages`), against real things.
+
+A real `redis-server` and a real prefork `toolloop worker` (the session's): the messages a batch publishes
+are the very messages `Celery.send_task` publishes for the same options (read raw from a queue no worker
+serves, header by header), their `task-sent` events — what Flower shows a task by — are Celery's too,
+calls published in one batch run and answer, and a batch sent while Redis is away goes out once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from ops.redis_server import RedisServer
+from orchestrator.direct import build_direct_request
+from orchestrator.outage import RedisOutage, RedisRetry
+from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, Send, build_send_options, build_task_id
+from orchestrator.store.catalogue import read_catalogue
+from tests.support.processes import WorkerHandle
+from tests.support.task_events import TaskEvents
+from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until, wait_for
+from workers import keys
+from workers.app import create_app
+from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec, build_task_name, parse_tool_outcome
+from workers.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CARRIER = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+# What differs between two deliveries of the same event by design: when and in which order it was sent.
+EVENT_MOMENT = frozenset({"timestamp", "clock", "local_received"})
+
+
+@pytest.fixture
+def app(redis_url: str) -> Iterator[Celery]:
+    app = create_app(WorkerSettings(redis_url=redis_url), main="publish-messages-test")
+    yield app
+    app.close()
+
+
+def publish(
+    app: Celery, sends: Sequence[Send], trace: Mapping[str, str] | None = None
+) -> dict[str, Exception]:
+    """`Publisher.publish` of `sends` in one batch (the turns' trace context `trace`), as a runtime does."""
+
+    async def run() -> dict[str, Exception]:
+        publisher = Publisher(app, trace_of=lambda turn_id: trace)
+        try:
+            return await publisher.publish(sends)
+        finally:
+            await publisher.aclose()
+
+    return asyncio.run(run())
+
+
+def read_queue(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """The messages waiting on `queue`, oldest first (kombu LPUSHes, a worker takes from the right)."""
+    return [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+
+
+def decode_body(message: Mapping[str, Any]) -> Any:
+    assert message["properties"]["body_encoding"] == "base64"
+    return json.loads(base64.b64decode(message["body"]))
+
+
+def differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Each key whose value differs, with (new, old): empty when the two agree key by key."""
+    return {
+        key: (new.get(key), old.get(key)) for key in new.keys() | old.keys() if new.get(key) != old.get(key)
+    }
+
+
+def sent_events(events: TaskEvents, task_id: str, count: int) -> list[dict[str, Any]]:
+    return wait_for(
+        lambda: (
+            found
+            if len(found := [e for e in events.of_type("task-sent") if e["uuid"] == task_id]) >= count
+            else None
+        ),
+        f"{count} task-sent events of {task_id}",
+    )
+
+
+def held_call(deadline_at: float | None) -> tuple[ToolSpec, ToolCallRequest, str]:
+    """A call of a tool no worker serves (its message stays queued to be read), in a turn."""
+    name = f"held_{uuid.uuid4().hex[:12]}"
+    spec = ToolSpec(name=name, soft_time_limit_s=7, time_limit_s=9)
+    request = ToolCallRequest(
+        call_id=f"turn_{name}/call_1",
+        tool=name,
+        arguments={"path": "/tmp/ünïcode", "n": 3, "nested": {"list": [1, None, "x"]}},
+        turn_id=f"turn_{name}",
+        context={"user": "u1"},
+        deadline_at=deadline_at,
+        dispatched_at=time.time(),
+    )
+    return spec, request, f"{request.call_id}:r1:a1"
+
+
+# No deadline: the tool's own limits, no expiry. A deadline already past (a publish retried that long):
+# limits cut to the margin and an expiry of 0 s — both fixed, so the two messages must agree to the byte.
+@pytest.mark.parametrize("deadline_in_s", [None, -5.0], ids=["no-deadline", "deadline-past"])
+def test_a_batch_publishes_the_very_message_and_event_send_task_does(
+    app: Celery, redis_client: redis.Redis, worker: WorkerHandle, deadline_in_s: float | None
+) -> None:
+    spec, request, task_id = held_call(None if deadline_in_s is None else time.time() + deadline_in_s)
+    with TaskEvents(worker.redis_url) as events:
+        assert publish(app, [(spec, request, task_id)], trace=CARRIER) == {}
+        app.send_task(**build_send_options(spec, request, time.time(), task_id=task_id, trace=CARRIER))
+        new_event, old_event = sent_events(events, task_id, 2)
+
+    new, old = read_queue(redis_client, spec.queue)
+    assert differences(new["headers"], old["headers"]) == {}
+    assert decode_body(new) == decode_body(old)
+    assert decode_body(new)[1] == request.model_dump(mode="json")
+    new_properties, old_properties = dict(new["properties"]), dict(old["properties"])
+    # kombu's delivery tag names one message in the broker's unacked hash: unique per message by design.
+    assert new_properties.pop("delivery_tag") != old_properties.pop("delivery_tag")
+    assert differences(new_properties, old_properties) == {}
+    assert differences({**new, "headers": 0, "properties": 0}, {**old, "headers": 0, "properties": 0}) == {}
+    assert new["headers"]["traceparent"] == CARRIER["traceparent"]
+    assert not {"argsrepr", "kwargsrepr", "reply_to"} & set(new_properties)  # app's before_task_publish ran
+
+    assert new_event["name"] == build_task_name(spec.name) and new_event["queue"] == spec.queue
+    moment = dict.fromkeys(EVENT_MOMENT)
+    assert differences({**new_event, **moment}, {**old_event, **moment}) == {}
+    assert new_event["clock"] != old_event["clock"]  # each forwards the app's logical clock
+    redis_client.delete(spec.queue)
+
+
+def test_calls_published_in_one_batch_run_and_flower_hears_each(
+    app: Celery, redis_client: redis.Redis, worker: WorkerHandle
+) -> None:
+    spec = read_catalogue(redis_client)["echo"]
+    requests = [
+        build_direct_request("echo", {"text": f"b{i}", "times": 2}, None, 60.0, time.time()) for i in range(6)
+    ]
+    sends = [(spec, request, build_task_id(request)) for request in requests]
+    with TaskEvents(worker.redis_url) as events:
+        assert publish(app, sends) == {}
+        outcomes = [wait_outcome(redis_client, request.call_id) for request in requests]
+        for _, request, task_id in sends:
+            (sent,) = sent_events(events, task_id, 1)
+            assert sent["name"] == "tool.echo" and sent["queue"] == spec.queue
+            assert sent["routing_key"] == spec.queue and sent["exchange"] == ""
+            assert request.call_id in sent["kwargs"]  # Flower's redacted arguments
+            ended = events.wait_ended(task_id)
+            assert [event["type"] for event in ended] == ["task-succeeded"]
+    assert [(o.ok, o.result, o.worker) for o in outcomes] == [
+        (True, f"b{i}b{i}", worker.hostname) for i in range(6)
+    ]
+
+
+def wait_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
+    def stored() -> bytes | None:
+        raw = client.get(keys.outcome(call_id))
+        assert not isinstance(raw, str)  # a client that does not decode
+        return raw
+
+    return parse_tool_outcome(wait_for(stored, f"the outcome of {call_id}"))
+
+
+class CountingOutage(RedisOutage):
+    """The outage the publisher reports to, counting its failed tries."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(redis_url)
+        self.failures = 0
+
+    def failed(self, exc: BaseException, loop: str = "other") -> None:
+        self.failures += 1
+        super().failed(exc, loop)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    # Append-only: what was published before the stop is still queued after the start.
+    server = RedisServer(appendonly=True).start()
+    yield server
+    server.stop()
+
+
+async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(own_redis: RedisServer) -> None:
+    app = create_app(WorkerSettings(redis_url=own_redis.url), main="publish-outage-test")
+    outage = CountingOutage(own_redis.url)
+    publisher = Publisher(app, RedisRetry(outage))
+    calls = [held_call(time.time() + 600) for _ in range(3)]
+    # Once with Redis up: the producer's connection and the queues' declarations are the ones that break.
+    assert await publisher.publish(calls[:1]) == {}
+    own_redis.stop(keep_data=True)
+    sending = asyncio.create_task(publisher.publish(calls[1:]))
+    # More tries than a failure of another kind gets: for want of Redis it still retries, not given up.
+    await async_wait_until(
+        lambda: sending.done() or outage.failures >= PUBLISH_ATTEMPTS + 1, "tries to fail for want of Redis"
+    )
+    assert not sending.done()
+
+    own_redis.start()
+    assert await asyncio.wait_for(sending, DEFAULT_TIMEOUT_S) == {}
+    await publisher.aclose()
+    app.close()
+    client = redis.Redis.from_url(own_redis.url)
+    try:
+        for spec, _, task_id in calls:
+            assert [message["headers"]["id"] for message in read_queue(client, spec.queue)] == [task_id]
+    finally:
+        client.close()
