@@ -1,13 +1,10 @@
 """A fast OpenAI-compatible model server for the benchmark's HTTP variant, as its own process.
 
-The scripted brain (`providers.scripted.brain.build_reply`) behind `POST /v1/chat/completions`, as the
-shipped scripted server (`providers.scripted.server`) serves it — a plain body, or SSE chunks when the request
-asks for a stream — with two differences that the benchmark needs:
-
-- every tool call gets a random id, as real providers give them (`instant.give_unique_ids`), rather than the
-  brain's per-round numbers (`call_r1_0`): the id is in every key and message of the call, so its length and
-  its spread are those of production;
-- no pause between chunks and no count of identical requests (the benchmark's plans have no error round).
+The shipped scripted server's app (`providers.scripted.server.build_app`: a plain body, or SSE chunks when the
+request asks for a stream, no pause between chunks) with one change the benchmark needs: every tool call gets a
+random id, as real providers give them (`instant.give_unique_ids`), rather than the brain's per-round numbers
+(`call_r1_0`): the id is in every key and message of the call, so its length and its spread are those of
+production.
 
 It runs apart from the orchestrator so that the model's CPU is the model server's, not the orchestrator's,
 and the orchestrator pays exactly what it pays in production: building the request, the socket, reading the
@@ -18,64 +15,19 @@ answer.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import typer
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from ops.bench.instant import give_unique_ids
 from ops.bench.procs import Proc
 from ops.redis_server import find_free_port
-from orchestrator.providers.scripted.brain import build_models_list, build_reply
-from orchestrator.providers.scripted.wire import build_error_reply, build_stream_chunks
+from orchestrator.providers.scripted.server import build_app
 
 HOST = "127.0.0.1"
-
-
-def build_app() -> Starlette:
-    """The Starlette app of the bench's model server."""
-
-    async def chat_completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            reply = build_error_reply(400, f"request body is not valid JSON: {exc}")
-            return JSONResponse(reply.body, status_code=reply.status)
-        reply = build_reply(body, created=int(time.time()))
-        if reply.status != 200:
-            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
-        give_unique_ids(reply.body)
-        if isinstance(body, dict) and body.get("stream") is True:
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            chunks = build_stream_chunks(reply.body, include_usage=include_usage)
-            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-        return JSONResponse(reply.body)
-
-    async def models(_: Request) -> Response:
-        return JSONResponse(build_models_list())
-
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-        ]
-    )
-
-
-async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
-    yield b"data: [DONE]\n\n"
 
 
 class ModelServer:
@@ -104,7 +56,8 @@ class ModelServer:
 
 def serve(port: int = typer.Option(..., help="Port on 127.0.0.1.")) -> None:
     """Serve until SIGTERM/SIGINT."""
-    uvicorn.run(build_app(), host=HOST, port=port, lifespan="off", log_level="warning", access_log=False)
+    app = build_app(amend=give_unique_ids)
+    uvicorn.run(app, host=HOST, port=port, lifespan="off", log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

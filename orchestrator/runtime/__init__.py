@@ -21,8 +21,8 @@ From an inbox entry to the machine:
     process.Runtime._inbox_loop            one blocking read of the inbox stream for all turns
     → process.Runtime._handle_inbox        entries → events per turn (inbox.parse_inbox, parse_payloads)
     → driver.TurnDriver.deliver            (`started` alone: .defer, then ._flush_deferred → .deliver)
-    → driver.TurnDriver._spawn → ._guarded a task of the turn
-    → driver.TurnDriver._feed              under the turn's lock
+    → driver.TurnDriver._spawn → ._guarded a task of the turn (one: what arrives while it waits joins it)
+    → driver.TurnDriver._feed_deferred     under the turn's lock
     → driver.TurnDriver._advance           every event at hand, then one save (._persist)
     → machine.step
 

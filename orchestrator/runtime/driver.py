@@ -116,7 +116,14 @@ class TurnDriver:
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
-        self._spawn(handle, self._feed(handle, events, read_control=read_control))
+        # Outcomes that arrive while the turn's lock is held (a step saving, a model answer being stepped)
+        # join the one step already waiting for it: one step and one save for the batch, not one each.
+        handle.deferred = [*(handle.deferred or ()), *events]
+        if handle.feeding is not None:
+            handle.feeding = handle.feeding or read_control
+            return
+        handle.feeding = read_control
+        self._spawn(handle, self._feed_deferred(handle))
 
     def defer(self, handle: TurnHandle, events: list[Event]) -> None:
         """Hold `started` notifications back for STARTED_DELAY_S, to be stepped with what follows them."""
@@ -211,9 +218,16 @@ class TurnDriver:
 
     # --- stepping --------------------------------------------------------------------------------------
 
-    async def _feed(self, handle: TurnHandle, events: Sequence[Event], *, read_control: bool = False) -> None:
+    async def _feed(self, handle: TurnHandle, events: Sequence[Event]) -> None:
         async with handle.lock:
             await self._advance(handle, events)
+        self._hydrated.stepped(handle)
+
+    async def _feed_deferred(self, handle: TurnHandle) -> None:
+        async with handle.lock:
+            # From here on, what is delivered waits for the next step: this one takes what is deferred now.
+            read_control, handle.feeding = handle.feeding, None
+            await self._advance(handle, ())
             if read_control and not handle.dropped:
                 await self._read_control(handle)
         self._hydrated.stepped(handle)

@@ -36,6 +36,7 @@ class TurnHandle:
         "deferred",
         "dropped",
         "entries",
+        "feeding",
         "lock",
         "log",
         "state_json",
@@ -68,8 +69,12 @@ class TurnHandle:
         # Model calls, dispatches and revocations in flight; kept so they are not garbage-collected, and
         # cancelled when the turn moves away. None while there are none (most parked turns).
         self.tasks: set[asyncio.Task[None]] | None = None
-        # Notifications held back to be stepped with the next ones (see TurnDriver.defer).
+        # Events waiting to be stepped: notifications held back (TurnDriver.defer), and those delivered
+        # while a step already waits for the lock (TurnDriver.deliver).
         self.deferred: list[Event] | None = None
+        # A step waits for the lock and will take every deferred event (None: none waits); True: it also reads
+        # the turn's control requests.
+        self.feeding: bool | None = None
 
     @property
     def state(self) -> TurnState:

@@ -16,7 +16,7 @@ import json
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -33,9 +33,12 @@ from orchestrator.providers.scripted.wire import build_error_reply, build_stream
 _STREAM_FIELDS = frozenset({"stream", "stream_options"})
 
 
-def build_app(chunk_delay_s: float = 0.0) -> Starlette:
+def build_app(
+    chunk_delay_s: float = 0.0, *, amend: Callable[[dict[str, Any]], None] | None = None
+) -> Starlette:
     """The Starlette app. It counts identical requests so that a plan's error round can let a retry pass;
-    a streamed answer waits `chunk_delay_s` between its chunks."""
+    a streamed answer waits `chunk_delay_s` between its chunks; `amend` changes each answer (a completion
+    body) in place before it goes out, streamed or not."""
     attempts: Counter[str] = Counter()
 
     async def chat_completions(request: Request) -> Response:
@@ -51,6 +54,8 @@ def build_app(chunk_delay_s: float = 0.0) -> Starlette:
         attempts[fingerprint] += 1
         if reply.status != 200:
             return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        if amend is not None:
+            amend(reply.body)
         if isinstance(body, dict) and body.get("stream") is True:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
