@@ -61,7 +61,8 @@ from workers.contract import ToolOutcome
 
 log = logging.getLogger("toolloop.orchestrator")
 
-# How long a call's `started` notification may wait for its outcome, to be stepped with it (see `defer`).
+# How long a notification that moves nothing on (`started`, an outcome while its round still runs) may wait
+# for what follows, to be stepped with it (see `defer`).
 STARTED_DELAY_S = 0.05
 
 
@@ -116,24 +117,13 @@ class TurnDriver:
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
-        # Outcomes that arrive while the turn's lock is held (a step saving, a model answer being stepped)
-        # join the one step already waiting for it: one step and one save for the batch, not one each.
-        handle.deferred = [*(handle.deferred or ()), *events]
-        if handle.feeding is not None:
-            handle.feeding = handle.feeding or read_control
-            return
-        handle.feeding = read_control
-        self._spawn(handle, self._feed_deferred(handle))
+        if handle.queue(events, read_control=read_control):
+            self._spawn(handle, self._feed_deferred(handle))
 
     def defer(self, handle: TurnHandle, events: list[Event]) -> None:
-        """Hold `started` notifications back for STARTED_DELAY_S, to be stepped with what follows them."""
-        # A `started` notification only arms a lost-work timer (hard limit + grace away) and tells
-        # observers; the call's outcome usually follows within milliseconds. Held back for STARTED_DELAY_S,
-        # the two are stepped and saved together, and the outcome never waits behind the started step.
-        if handle.deferred is None:
-            handle.deferred = []
+        """Hold back notifications that move nothing on (STARTED_DELAY_S), to be stepped with what follows."""
+        if handle.hold(events):
             asyncio.get_running_loop().call_later(STARTED_DELAY_S, self._flush_deferred, handle)
-        handle.deferred += events
 
     async def drop(self, handle: TurnHandle, *, release: bool) -> None:
         """Forget a turn once its step in progress ends (lease lost, or stopping); `release` its lease."""
@@ -226,7 +216,7 @@ class TurnDriver:
     async def _feed_deferred(self, handle: TurnHandle) -> None:
         async with handle.lock:
             # From here on, what is delivered waits for the next step: this one takes what is deferred now.
-            read_control, handle.feeding = handle.feeding, None
+            read_control = handle.take_feeding()
             await self._advance(handle, ())
             if read_control and not handle.dropped:
                 await self._read_control(handle)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from orchestrator.machine.events import Event
+from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.machine.state import TurnState, load_state
 from orchestrator.store.turns import UNREAD, Unread
 from workers import keys
@@ -114,6 +115,48 @@ class TurnHandle:
     def hydrated(self) -> bool:
         """True while the parsed state is held."""
         return self._state is not None
+
+    def queue(self, events: Sequence[Event], *, read_control: bool) -> bool:
+        """Add events to step; True when no step waits for the lock yet (the caller starts one).
+
+        Events that arrive while the lock is held (a step saving, a model answer being stepped) join the one
+        step already waiting for it: one step and one save for the batch, not one each."""
+        self.deferred = [*(self.deferred or ()), *events]
+        if self.feeding is not None:
+            self.feeding = self.feeding or read_control
+            return False
+        self.feeding = read_control
+        return True
+
+    def take_feeding(self) -> bool:
+        """The waiting step has the lock (what comes later waits for the next): whether it reads control."""
+        read_control = bool(self.feeding)
+        self.feeding = None
+        return read_control
+
+    def hold(self, events: Sequence[Event]) -> bool:
+        """Hold back events that move nothing on; True when none were held yet (the caller arms a flush).
+
+        A `started` notification only arms a lost-work timer (hard limit + grace away) and tells observers;
+        an outcome while other calls of its round run only records it (it is stored already, in its own key).
+        What follows usually comes within milliseconds: held back a moment, they are stepped and saved
+        together, and the round's last outcome never waits behind their steps."""
+        first = self.deferred is None
+        self.deferred = [*(self.deferred or ()), *events]
+        return first
+
+    def still_waits(self, events: Sequence[Event]) -> bool:
+        """True when, with `events` and those deferred stepped, a call of the current round would still have
+        no outcome: stepping them now would move nothing on. False when that is not known without parsing a
+        parked state or reading one that a step is changing."""
+        state = self._state
+        if state is None or state.current is None or self.lock.locked():
+            return False
+        waiting = {call.call_id for call in state.current.calls if call.outcome is None}
+        for event in (*(self.deferred or ()), *events):
+            if isinstance(event, ToolFinished):
+                waiting.discard(event.outcome.call_id)
+        return bool(waiting)
 
     def park(self) -> bool:
         """Drop the parsed state, keeping its JSON; False (nothing done) when it is in use or unsaved."""

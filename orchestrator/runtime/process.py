@@ -362,11 +362,12 @@ class Runtime:
                 for c in batch.outcomes.get(turn_id, [])
                 if c in outcomes
             ]
-            control = turn_id in batch.control
-            if finished or control:
-                self.driver.deliver(handle, started + finished, read_control=control)
-            elif started:
-                self.driver.defer(handle, started)
+            # Outcomes that leave a call of the round unanswered move nothing on: they are held back, like a
+            # `started` notification, to be stepped and saved with the round's last (one save, not five).
+            if turn_id in batch.control or (finished and not handle.still_waits(finished)):
+                self.driver.deliver(handle, started + finished, read_control=turn_id in batch.control)
+            elif started or finished:
+                self.driver.defer(handle, started + finished)
 
 
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:

@@ -1,15 +1,18 @@
-"""Outcomes that arrive while a turn's step holds its lock are stepped and saved together (issue 16).
+"""Outcomes are stepped and saved in batches (issue 16): those that arrive while a turn's step holds its
+lock join one step, and those that leave a call of the round unanswered wait for the round's last.
 
 A real `Runtime` (the instant scripted model, real Redis) runs a turn whose round of three calls goes to a
 tool no worker serves. With the turn's lock held, as a step saving or a model answer being stepped holds
 it, the three outcomes are written (first writer wins, as a worker writes them) and delivered one by one, as
 three inbox reads would deliver them. Once the lock is released they must cost one step and one save — not
-three — and the turn must still end with all three answered.
+three — and the turn must still end with all three answered. Delivered through the inbox path one read at a
+time, with the turn idle in between, the first two are held back and the third steps all three at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -21,7 +24,9 @@ import redis.asyncio
 from ops.bench.instant import INSTANT_BASE_URL, INSTANT_MODEL, build_instant_http
 from orchestrator.machine.events import ToolFinished
 from orchestrator.model import TurnRequest, TurnStatus
-from orchestrator.runtime.inbox import to_local_outcome
+from orchestrator.runtime import driver
+from orchestrator.runtime.handle import TurnHandle
+from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.runtime.process import Runtime
 from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
@@ -66,14 +71,15 @@ async def store(redis_url: str) -> AsyncIterator[CountingStore]:
     entry = {"seen_at": time.time() + 3600, "tools": [SPEC.model_dump(mode="json")]}
     await store.redis.hset(keys.CATALOGUE, "batch@test", json.dumps(entry))
     yield store
+    # The round's messages no worker took: the next test counts its own.
+    await store.redis.delete(SPEC.queue)
     await store.redis.hdel(keys.CATALOGUE, "batch@test")
     await store.aclose()
 
 
-async def test_outcomes_delivered_while_a_step_runs_are_stepped_and_saved_once(
-    redis_url: str, store: CountingStore
-) -> None:
-    assert isinstance(store, CountingStore)
+@contextlib.asynccontextmanager
+async def waiting_turn(redis_url: str, store: CountingStore) -> AsyncIterator[tuple[Runtime, TurnHandle]]:
+    """A running `Runtime` and its turn, idle, its round of CALLS calls published and unanswered."""
     settings = Settings(redis_url=redis_url, scripted_base_url=INSTANT_BASE_URL, model=INSTANT_MODEL)
     plan = {"plan": [{"calls": [{"name": SPEC.name, "arguments": {"n": n}} for n in range(CALLS)]}]}
     queue = redis.asyncio.Redis.from_url(redis_url)
@@ -88,23 +94,38 @@ async def test_outcomes_delivered_while_a_step_runs_are_stepped_and_saved_once(
 
             await async_wait_until(published, "the round's calls published")
             handle = runtime.turns[turn_id]
-            await async_wait_until(lambda: _idle(handle), "the turn idle")
-            calls = [call.call_id for call in handle.state.current.calls]  # type: ignore[union-attr]
-            async with handle.lock:
-                saves_before = store.saves
-                for call_id in calls:
-                    answer = ToolOutcome(
-                        call_id=call_id, tool=SPEC.name, turn_id=turn_id, ok=True, content="ok"
-                    )
-                    await store.write_outcome(answer)
-                    finished = ToolFinished(outcome=to_local_outcome(answer), at=time.time())
-                    runtime.driver.deliver(handle, [finished])
-                await asyncio.sleep(0)  # the step waiting for the lock is scheduled, and waits
-            outcome = await async_wait_for(lambda: store.get_outcome(turn_id), "the turn's outcome")
+            await async_wait_until(lambda: not handle.lock.locked() and not handle.tasks, "the turn idle")
+            yield runtime, handle
         finally:
             runtime.request_stop()
             await running
             await queue.aclose()
+
+
+async def answer(store: TurnStore, handle: TurnHandle, call_id: str) -> ToolOutcome:
+    """Write the call's outcome as a worker does (first writer wins); the outcome, under its wire id."""
+    wire_id = build_wire_call_id(handle.turn_id, call_id)
+    outcome = ToolOutcome(call_id=wire_id, tool=SPEC.name, turn_id=handle.turn_id, ok=True, content="ok")
+    return await store.write_outcome(outcome)
+
+
+def call_ids(handle: TurnHandle) -> list[str]:
+    assert handle.state.current is not None
+    return [call.call_id for call in handle.state.current.calls]
+
+
+async def test_outcomes_delivered_while_a_step_runs_are_stepped_and_saved_once(
+    redis_url: str, store: CountingStore
+) -> None:
+    async with waiting_turn(redis_url, store) as (runtime, handle):
+        async with handle.lock:
+            saves_before = store.saves
+            for call_id in call_ids(handle):
+                outcome = await answer(store, handle, call_id)
+                finished = ToolFinished(outcome=to_local_outcome(outcome), at=time.time())
+                runtime.driver.deliver(handle, [finished])
+            await asyncio.sleep(0)  # the step waiting for the lock is scheduled, and waits
+        outcome = await async_wait_for(lambda: store.get_outcome(handle.turn_id), "the turn's outcome")
     assert outcome.status == "completed"
     assert outcome.tool_executions == CALLS
     # One save for the three outcomes, one for the model's final answer (the outcome itself is written by
@@ -112,5 +133,24 @@ async def test_outcomes_delivered_while_a_step_runs_are_stepped_and_saved_once(
     assert store.saves - saves_before == 2
 
 
-def _idle(handle: Any) -> bool:
-    return not handle.lock.locked() and not handle.tasks
+async def test_outcomes_that_leave_the_round_waiting_are_held_for_its_last(
+    redis_url: str, store: CountingStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Held far longer than the test takes: only the round's last outcome can step them.
+    monkeypatch.setattr(driver, "STARTED_DELAY_S", 600.0)
+    async with waiting_turn(redis_url, store) as (runtime, handle):
+        saves_before = store.saves
+        for number, call_id in enumerate(call_ids(handle)):
+            outcome = await answer(store, handle, call_id)
+            entry = {"kind": "outcome", "turn": handle.turn_id, "call": outcome.call_id}
+            # Each in an inbox read of its own, as the inbox loop hands them over, the turn idle in between.
+            entry["outcome"] = outcome.model_dump_json()
+            await runtime._handle_inbox([(f"{number + 1}-0", entry)])
+            await async_wait_until(lambda: not handle.lock.locked() and not handle.tasks, "the turn idle")
+            if number < CALLS - 1:
+                assert store.saves == saves_before, "an outcome that moves nothing on is held back"
+        outcome = await async_wait_for(lambda: store.get_outcome(handle.turn_id), "the turn's outcome")
+    assert outcome.status == "completed"
+    assert outcome.tool_executions == CALLS
+    # The three outcomes in one save with the round's last, then the model's final answer.
+    assert store.saves - saves_before == 2

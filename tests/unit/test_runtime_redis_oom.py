@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -20,9 +20,10 @@ from ops.redis_server import RedisServer
 from orchestrator.model import TurnRequest
 from orchestrator.outage import RedisOutage, RedisRetry
 from orchestrator.runtime.process import Runtime
-from orchestrator.runtime.publish import Publisher, get_producer_app
+from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
+from tests.support.waiting import async_wait_until
 from workers import keys
 from workers.contract import ToolCallRequest, ToolSpec
 
@@ -73,13 +74,6 @@ def redis_errors(loop: str) -> float:
     )
 
 
-async def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 def probe_request() -> TurnRequest:
     """A turn that calls the tool nobody runs, then waits for its deadline (1.5 s)."""
     plan = {"plan": [{"calls": [{"name": SPEC.name, "arguments": {}}]}]}
@@ -98,11 +92,12 @@ async def test_a_turn_whose_writes_are_refused_goes_on_once_memory_is_freed(
         runtime = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         running = asyncio.create_task(runtime.run())
         turn_id = await store.submit(probe_request())
-        await wait_for("the call published", lambda: bool(sync_redis.llen(SPEC.queue)))
+        await async_wait_until(lambda: sync_redis.llen(SPEC.queue), "the call published")
         refuse_writes(sync_redis)
         before = redis_errors("steps")
-        # The deadline passes: the step that answers the call `deadline_exceeded` is refused, and retried.
-        await asyncio.sleep(3)
+        # The deadline passes: the step that answers the call `deadline_exceeded` is refused, and retried —
+        # several times, never given up.
+        await async_wait_until(lambda: redis_errors("steps") >= before + 3, "the step refused 3 times")
         assert not running.done(), "the runtime must ride out a Redis that refuses writes"
         assert await store.get_outcome(turn_id) is None
         free_memory(sync_redis)
@@ -122,9 +117,11 @@ async def test_stopping_never_raises_while_redis_refuses_writes(
         runtime = Runtime(store=store, celery_app=get_producer_app(settings), http=http, settings=settings)
         running = asyncio.create_task(runtime.run())
         turn_id = await store.submit(probe_request())
-        await wait_for("the call published", lambda: bool(sync_redis.llen(SPEC.queue)))
+        await async_wait_until(lambda: sync_redis.llen(SPEC.queue), "the call published")
+        before = redis_errors("steps")
         refuse_writes(sync_redis)
-        await asyncio.sleep(3)  # the heartbeat and the deadline's step are refused meanwhile
+        # Stopping lands right after the deadline's step is first refused, while it retries.
+        await async_wait_until(lambda: redis_errors("steps") > before, "the deadline's step refused")
         assert not running.done()
         runtime.request_stop()
         await running  # the step retrying gives up, unregistering is refused: said, never raised
@@ -150,9 +147,9 @@ async def test_a_publish_refused_for_want_of_memory_goes_out_once_memory_is_free
     refuse_writes(sync_redis)
     before = redis_errors("publish")
     publishing = asyncio.create_task(publisher.publish([(SPEC, request, "turn_x/call_1:1")]))
-    await wait_for("the publish refused", lambda: redis_errors("publish") > before)
-    # Longer than a few attempts' backoff: a refusal for want of memory is not a reason to give up.
-    await asyncio.sleep(4)
+    # More refusals in a row than a publish failing otherwise gets: want of memory is no reason to give up.
+    refusals = before + PUBLISH_ATTEMPTS + 1
+    await async_wait_until(lambda: redis_errors("publish") >= refusals, "the publish refused 5 times")
     assert not publishing.done()
     free_memory(sync_redis)
     assert await asyncio.wait_for(publishing, 10) == {}
