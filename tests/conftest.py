@@ -3,6 +3,11 @@
 - `redis_server` / `redis_url`: one real `redis-server` per test session on a free port (ops.redis_server).
 - `redis_client`: a client of it (decode_responses off). Tests use unique ids instead of flushing, because
   the session's workers keep their catalogue entries in the same Redis.
+- `own_redis` / `own_persistent_redis`: a `redis-server` of the test's own, to stop and start again (the
+  session's must stay up for the other tests), to fill, or to serve workers of its own; the persistent one
+  keeps an append-only file, so what was written before a stop is there after the start.
+- `module_redis` / `module_persistent_redis`: the same for a whole module: its workers' tools never mix with
+  the session worker's catalogue, and its orchestrators claim only its turns.
 - `worker`: one real prefork worker per session (`toolloop worker`, concurrency 2) serving
   `tests.support.tools`; for other modules or queues call `tests.support.processes.start_worker` yourself.
 """
@@ -53,6 +58,30 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def own_persistent_redis() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def module_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def module_persistent_redis() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

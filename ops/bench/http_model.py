@@ -1,10 +1,10 @@
 """A fast OpenAI-compatible model server for the benchmark's HTTP variant, as its own process.
 
-The shipped scripted server's app (`providers.scripted.server.build_app`: a plain body, or SSE chunks when the
-request asks for a stream, no pause between chunks) with one change the benchmark needs: every tool call gets a
-random id, as real providers give them (`instant.give_unique_ids`), rather than the brain's per-round numbers
-(`call_r1_0`): the id is in every key and message of the call, so its length and its spread are those of
-production.
+The shipped scripted server's app (`providers.scripted.server.build_app`: a plain body, or SSE chunks when
+the request asks for a stream, no pause between chunks) with one change the benchmark needs: every tool call
+gets a random id, as real providers give them (`instant.give_unique_ids`), rather than the brain's per-round
+numbers (`call_r1_0`): the id is in every key and message of the call, so its length and its spread are
+those of production.
 
 It runs apart from the orchestrator so that the model's CPU is the model server's, not the orchestrator's,
 and the orchestrator pays exactly what it pays in production: building the request, the socket, reading the

@@ -54,7 +54,6 @@ from orchestrator.runtime.perform import Performer, build_context_budget
 from orchestrator.runtime.persist import persist_step
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
-from orchestrator.store.catalogue import aread_catalogue
 from orchestrator.store.history import Prior
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
@@ -191,7 +190,7 @@ class TurnDriver:
         prior = Prior([], [])
         if request.conversation_id:
             prior = await self._store.conversation_history(request.conversation_id)
-        catalogue = await aread_catalogue(self._store.redis)
+        catalogue = await self._performer.read_catalogue(request.tools)
         models = resolve_turn_models(request.model, self._settings)
         state, commands = machine.start(
             turn_id,

@@ -211,7 +211,7 @@ class Performer:
     async def _call_model(self, turn_id: str, command: CallModel) -> Sequence[Event]:
         started = time.monotonic()
         stream = CallStream(
-            functools.partial(self._store.append_event, turn_id),
+            functools.partial(self._store.append_events, turn_id),
             command.llm_call_index,
             flush_s=self._stream_flush_s,
             id_prefix=command.id_prefix,
@@ -334,6 +334,14 @@ class Performer:
             )
             unsent.append(await self._write(outcome))
         return unsent
+
+    async def read_catalogue(self, names: Sequence[str] | None) -> Mapping[str, ToolSpec]:
+        """The live catalogue for a turn that starts, offering the tools `names` (None: all): the view
+        read at most a second ago, unless it lacks one of them (a worker that just came up: read again)."""
+        catalogue = await self._catalogue.read()
+        if names is not None and not all(name in catalogue for name in names):
+            catalogue = await self._catalogue.read(newer_than=self._clock())
+        return catalogue
 
     async def _read_live(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec] | None:
         try:

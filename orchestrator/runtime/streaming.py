@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +43,8 @@ MODEL_STREAM_RESET = "model_stream_reset"
 MAX_EVENT_CHARS = 8_000
 WRITE_TIMEOUT_S = 2.0
 
-Append = Callable[[str, Mapping[str, Any]], Awaitable[object]]
-"""Appends one event (name, data) to the turn's stream; may raise `redis.RedisError`."""
+Append = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[object]]
+"""Appends events (name, data), in order, to the turn's stream in one write; may raise `redis.RedisError`."""
 
 
 @dataclass
@@ -129,9 +129,13 @@ class CallStream:
             await asyncio.sleep(self._flush_s)
 
     async def _flush(self) -> None:
+        # Everything buffered goes out in one write: each round trip costs the orchestrator more CPU than
+        # the events it carries.
         pending, self._pending = self._pending, []
+        if not pending or not await self._write_all(pending):
+            return
         for name, data in pending:
-            if await self._write(name, data) and name != TOOL_CALL_STARTED:
+            if name != TOOL_CALL_STARTED:
                 shown = self._shown.text if name == TEXT_DELTA else self._shown.thinking
                 shown.append(data["text"])
 
@@ -150,17 +154,20 @@ class CallStream:
             await self._write_text(TEXT_DELTA, text[len(shown) :])
 
     async def _write_text(self, name: str, text: str) -> None:
-        for start in range(0, len(text), MAX_EVENT_CHARS):
-            await self._write(
-                name, {"llm_call": self._llm_call, "text": text[start : start + MAX_EVENT_CHARS]}
-            )
+        pieces = range(0, len(text), MAX_EVENT_CHARS)
+        data = {"llm_call": self._llm_call}
+        await self._write_all([(name, {**data, "text": text[i : i + MAX_EVENT_CHARS]}) for i in pieces])
 
     async def _write(self, name: str, data: Mapping[str, Any]) -> bool:
+        return await self._write_all([(name, data)])
+
+    async def _write_all(self, events: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
         try:
-            await asyncio.wait_for(self._append(name, data), WRITE_TIMEOUT_S)
+            await asyncio.wait_for(self._append(events), WRITE_TIMEOUT_S)
         except (redis.RedisError, TimeoutError) as exc:
             if not self._failed:
-                log.warning("model call %d: %s event dropped (%s)", self._llm_call, name, exc or type(exc))
+                names = ", ".join(dict.fromkeys(name for name, _ in events))
+                log.warning("model call %d: %s events dropped (%s)", self._llm_call, names, exc or type(exc))
             self._failed = True
             return False
         self._shown.anything = True

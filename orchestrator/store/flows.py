@@ -185,18 +185,23 @@ def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -
     trips the Redis client's socket timeout."""
     deadline = clock() + timeout_s
     after: str = yield operations.get_last_event_id(turn_id)
+    look = True
     while True:
-        outcome: TurnOutcome | None = yield history.get_outcome(turn_id)
-        if outcome is not None:
-            return outcome
-        if (yield operations.get_status(turn_id)) is None:
-            raise UnknownTurnError(turn_id)
+        if look:
+            outcome: TurnOutcome | None = yield history.get_outcome(turn_id)
+            if outcome is not None:
+                return outcome
+            if (yield operations.get_status(turn_id)) is None:
+                raise UnknownTurnError(turn_id)
         step_ms = build_step_ms(deadline, clock(), cap_ms)
         if step_ms is None:
             raise TimeoutError(f"turn {turn_id} did not finish within {timeout_s:g} s")
         batch: list[TurnEvent] = yield operations.read_events(turn_id, after, step_ms)
         if batch:
             after = batch[-1].id
+        # The outcome is stored together with `turn_finished`: a batch without it (a turn writes a dozen
+        # events or more) is no reason to read the outcome again. A quiet read is (the turn may have expired).
+        look = not batch or any(event.name == codec.TURN_FINISHED for event in batch)
 
 
 def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int) -> Stream[TurnEvent]:

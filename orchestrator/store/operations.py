@@ -264,6 +264,19 @@ def append_event(turn_id: str, name: str, data: Mapping[str, Any], now: float) -
     return RedisCommand((*words, *(w for pair in fields.items() for w in pair)), codec.text)
 
 
+def append_events(
+    turn_id: str, events: Sequence[tuple[str, Mapping[str, Any]]], now: float
+) -> ScriptCall[str]:
+    """Add progress events (redacted), in order, in one round trip (`append_events.lua`); the reply is the
+    last one's stream id. `turn_finished` is left out: only `save_outcome` publishes it."""
+    args: list[str | int] = [keys.EVENTS_MAXLEN]
+    for name, data in events:
+        if name != codec.TURN_FINISHED:
+            fields = codec.build_event_fields(name, data, now)
+            args += [fields["name"], fields["at"], fields["data"]]
+    return _script(scripts.APPEND_EVENTS, [keys.turn_events(turn_id)], args, codec.text)
+
+
 def _xread(stream: str, after: str, block_ms: int | None, count: int | None) -> tuple[str | int, ...]:
     count_words: tuple[str | int, ...] = () if count is None else ("COUNT", count)
     block_words: tuple[str | int, ...] = () if block_ms is None else ("BLOCK", block_ms)

@@ -15,6 +15,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST / HISTORY_GAP|
 | `save_outcome.lua`  | `FinishResult`: FINISHED / ALREADY_TERMINAL              |
 | `read_history.lua`  | the values read, then the history they reference        |
+| `append_events.lua` | the stream id of the last event added                   |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
 | `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
@@ -27,6 +28,7 @@ from enum import IntEnum
 from workers.scripts import RELEASE, WRITE_OUTCOME, ReleaseResult, Script, WriteResult, load_script
 
 __all__ = [
+    "APPEND_EVENTS",
     "CLAIM",
     "CONTROL",
     "FIND_ORPHANS",
@@ -61,6 +63,7 @@ SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
 CONTROL = load_script(_PACKAGE, "control")
 RECORD_LOST = load_script(_PACKAGE, "record_lost")
 READ_HISTORY = load_script(_PACKAGE, "read_history")
+APPEND_EVENTS = load_script(_PACKAGE, "append_events")
 
 
 class SubmitResult(IntEnum):

@@ -270,6 +270,15 @@ class TurnStore:
             return None
         return await self._runner.run(operations.append_event(turn_id, name, data, codec.now_s()))
 
+    async def append_events(
+        self, turn_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> str | None:
+        """Publish progress events (sensitive values redacted), in order, in one round trip; the last one's
+        stream id (None when there was none to publish: `turn_finished` is ignored, as by `append_event`)."""
+        if not any(name != codec.TURN_FINISHED for name, _ in events):
+            return None
+        return await self._runner.run(operations.append_events(turn_id, events, codec.now_s()))
+
     async def read_events(
         self, turn_id: str, after: str = "0", block_ms: float | None = None, count: int | None = None
     ) -> list[TurnEvent]:

@@ -24,9 +24,11 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import AsyncClient, Client
 from orchestrator.model import TurnOutcome
-from tests.e2e.conftest import assert_every_call_answered_once
 from tests.support import served
+from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN
+from tests.support.sse import iter_sse
+from tests.support.turns import assert_every_call_answered_once
 from tests.support.waiting import wait_for, wait_until
 from workers.contract import FailureKind
 
@@ -37,15 +39,10 @@ QUIET_TOOL_S = 7  # longer than redis-py's default socket timeout (5 s)
 QUIET_SLEEP = {"name": "e2e_sleep", "arguments": {"seconds": QUIET_TOOL_S}}
 
 
-def plan_prompt(rounds: list[dict[str, Any]]) -> str:
-    """A prompt the scripted `plan` model plays round by round; unique, so no two tests share a turn."""
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
-
-
 @pytest.fixture(scope="module")
-def api_base_url(e2e_redis: RedisServer) -> Iterator[str]:
+def api_base_url(module_redis: RedisServer) -> Iterator[str]:
     """`toolloop api` as an operator runs it, with a token; its process group is killed at teardown."""
-    with served.serving_api(e2e_redis.url, env={"TOOLLOOP_API_TOKEN": TOKEN}) as base_url:
+    with served.serving_api(module_redis.url, env={"TOOLLOOP_API_TOKEN": TOKEN}) as base_url:
         yield base_url
 
 
@@ -82,16 +79,12 @@ def still_running(http: httpx.Client, turn_id: str) -> bool:
 def stream_events(http: httpx.Client, turn_id: str, on_event: Any = None) -> list[tuple[str, dict[str, Any]]]:
     """The turn's SSE stream read to its end, as (name, event) pairs; `on_event(name, event)` sees each."""
     events: list[tuple[str, dict[str, Any]]] = []
-    name = ""
     with http.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
-        for line in reply.iter_lines():
-            if line.startswith("event:"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("data:"):
-                events.append((name, json.loads(line.split(":", 1)[1])))
-                if on_event is not None:
-                    on_event(name, events[-1][1])
+        for message in iter_sse(reply.iter_lines()):
+            events.append((message.event or "", message.json()))
+            if on_event is not None:
+                on_event(*events[-1])
     return events
 
 
@@ -118,21 +111,23 @@ def test_a_turn_submitted_over_http_completes(http: httpx.Client) -> None:
     assert_every_call_answered_once(TurnOutcome.model_validate(outcome).messages)
 
 
-def test_sse_and_both_clients_wait_through_a_quiet_tool(http: httpx.Client, e2e_redis: RedisServer) -> None:
+def test_sse_and_both_clients_wait_through_a_quiet_tool(
+    http: httpx.Client, module_redis: RedisServer
+) -> None:
     turn_id = submit(http, [{"calls": [QUIET_SLEEP]}])
     # Whether the turn was still running when each reader began: then its wait spans the quiet tool.
     began_early: dict[str, bool] = {}
 
     def async_wait() -> TurnOutcome:
         async def wait() -> TurnOutcome:
-            async with AsyncClient(e2e_redis.url) as client:
+            async with AsyncClient(module_redis.url) as client:
                 began_early["AsyncClient.wait"] = await client.outcome(turn_id) is None
                 return await client.wait(turn_id, 60)
 
         return asyncio.run(wait())
 
     def sync_wait() -> TurnOutcome:
-        with Client(e2e_redis.url) as client:
+        with Client(module_redis.url) as client:
             began_early["Client.wait"] = client.outcome(turn_id) is None
             return client.wait(turn_id, 60)
 
@@ -156,8 +151,8 @@ def test_sse_and_both_clients_wait_through_a_quiet_tool(http: httpx.Client, e2e_
         )
 
 
-def test_toolloop_submit_wait_outlasts_a_quiet_tool(e2e_redis: RedisServer) -> None:
-    env = {**os.environ, "TOOLLOOP_REDIS_URL": e2e_redis.url, "PYTHONPATH": str(ROOT)}
+def test_toolloop_submit_wait_outlasts_a_quiet_tool(module_redis: RedisServer) -> None:
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": module_redis.url, "PYTHONPATH": str(ROOT)}
     command = [str(TOOLLOOP_BIN), "submit", "--prompt", plan_prompt([{"calls": [QUIET_SLEEP]}])]
     command += ["--model", "scripted:plan", "--wait", "--timeout", "60"]
     # Submitted and waited on by one command: its wait began before the quiet tool did.
@@ -178,7 +173,7 @@ def toolloop_show(redis_server: RedisServer, turn_id: str) -> str:
 
 
 def test_one_confirmation_approved_and_another_denied_over_http(
-    http: httpx.Client, e2e_redis: RedisServer
+    http: httpx.Client, module_redis: RedisServer
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
     calls = [
@@ -200,7 +195,7 @@ def test_one_confirmation_approved_and_another_denied_over_http(
         asked.extend(data["data"]["call_ids"])
         view = http.get(f"/v1/turns/{turn_id}").json()
         assert (view["status"], view["pending_approvals"]) == ("waiting", waiting)
-        assert json.loads(toolloop_show(e2e_redis, turn_id))["pending_approvals"] == waiting
+        assert json.loads(toolloop_show(module_redis, turn_id))["pending_approvals"] == waiting
         reply = http.post(f"/v1/turns/{turn_id}/approvals/call_r0_0", json={"approved": True})
         assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
         # Once the orchestrator took the answer, only the other call is left to render.
@@ -272,7 +267,7 @@ def test_the_token_is_enforced(api_base_url: str, http: httpx.Client) -> None:
 
 def sse_ids(text: str) -> list[str]:
     """The `id` fields of an SSE body, in order."""
-    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("id:")]
+    return [message.id for message in iter_sse(text.splitlines()) if message.id is not None]
 
 
 def read_sse_ids(
@@ -282,8 +277,8 @@ def read_sse_ids(
     ids: list[str] = []
     with http.stream("GET", f"/v1/turns/{turn_id}/events", headers=headers) as reply:
         assert reply.status_code == 200, reply.read()
-        for line in reply.iter_lines():
-            ids += sse_ids(line)
+        for message in iter_sse(reply.iter_lines()):
+            ids += [message.id] if message.id is not None else []
             if stop_after is not None and len(ids) == stop_after:
                 break
     return ids

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from ops.redis_server import find_free_port
-from tests.support.served import Served, start_toolloop
+from tests.support.served import Served, answers, start_toolloop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -37,14 +37,7 @@ def run_api(started: list[Served], redis_url: str, host: str, env: dict[str, str
     )
     started.append(served)
     base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    served.wait_for(answers, "the API to answer")
+    served.wait_for(lambda: answers(f"{base}/healthz"), "the API to answer")
     return base
 
 

@@ -26,10 +26,11 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import AssistantMessage, TurnOutcome
-from tests.e2e.conftest import wait_outcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, WorkerHandle
+from tests.support.turns import wait_outcome
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -45,12 +46,12 @@ def archive_db() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def archive_worker(e2e_redis: RedisServer, archive_db: Path) -> Iterator[subprocess.Popen[bytes]]:
+def archive_worker(module_redis: RedisServer, archive_db: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The team's Celery worker, prefork, on the archive queue only."""
     log = Path(tempfile.mkstemp(prefix="toolloop-archive-worker-", suffix=".log")[1])
     env = {
         **os.environ,
-        "TOOLLOOP_REDIS_URL": e2e_redis.url,
+        "TOOLLOOP_REDIS_URL": module_redis.url,
         "TOOLLOOP_ARCHIVE_TASK": ARCHIVE_TASK,
         "ARCHIVE_SQLITE_PATH": str(archive_db),
         "PYTHONPATH": str(ROOT),
@@ -86,10 +87,10 @@ def archive_worker(e2e_redis: RedisServer, archive_db: Path) -> Iterator[subproc
 
 @pytest.fixture(scope="module")
 def archiving_orchestrator(
-    e2e_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
+    module_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     handle = start_orchestrator(
-        e2e_redis.url, model_base_url=model_server.base_url, env={"TOOLLOOP_ARCHIVE_TASK": ARCHIVE_TASK}
+        module_redis.url, model_base_url=model_server.base_url, env={"TOOLLOOP_ARCHIVE_TASK": ARCHIVE_TASK}
     )
     yield handle
     handle.stop()
@@ -115,10 +116,6 @@ def wait_archived(db: Path, turn_id: str) -> tuple[dict[str, Any], list[dict[str
     return wait_for(lambda: read_archived(db, turn_id), f"turn {turn_id} in the archive")
 
 
-def plan(calls: list[dict[str, Any]]) -> str:
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": [{"calls": calls}]})
-
-
 def assert_archived_whole(
     row: tuple[dict[str, Any], list[dict[str, Any]]], outcome: TurnOutcome, prompt: str
 ) -> None:
@@ -133,10 +130,14 @@ def assert_archived_whole(
 
 @pytest.mark.usefixtures("archive_worker", "archiving_orchestrator")
 def test_a_finished_turn_is_archived_whole(client: Client, archive_db: Path) -> None:
-    prompt = plan(
+    prompt = plan_prompt(
         [
-            {"name": "e2e_add", "arguments": {"a": 6, "b": 7}},
-            {"name": "e2e_multiply", "arguments": {"a": 6, "b": 7}},
+            {
+                "calls": [
+                    {"name": "e2e_add", "arguments": {"a": 6, "b": 7}},
+                    {"name": "e2e_multiply", "arguments": {"a": 6, "b": 7}},
+                ]
+            }
         ]
     )
     turn_id = client.submit(prompt=prompt, model="scripted:plan")
@@ -164,14 +165,12 @@ def test_a_conversation_turn_archives_its_own_calls_only(client: Client, archive
     conversation = f"conv-{uuid.uuid4().hex[:8]}"
     # The plan model plays the rounds of the conversation's first user message: this turn the call and an
     # answer, the next turn (whatever it asks) the round after them.
-    script = f"marker-{uuid.uuid4().hex} " + json.dumps(
-        {
-            "plan": [
-                {"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}]},
-                {"text": "first turn done"},
-                {"calls": [{"name": "e2e_multiply", "arguments": {"a": 3, "b": 4}}]},
-            ]
-        }
+    script = plan_prompt(
+        [
+            {"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}]},
+            {"text": "first turn done"},
+            {"calls": [{"name": "e2e_multiply", "arguments": {"a": 3, "b": 4}}]},
+        ]
     )
     first = client.submit(prompt=script, model="scripted:plan", conversation_id=conversation)
     wait_outcome(client, first)

@@ -11,20 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import pytest
 import redis
 
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
-from tests.e2e.conftest import E2E_TOOLS
-from tests.integration.store_support import store_db_url
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
+from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.store_db import store_db_url
 from tests.support.waiting import wait_for
 from workers import keys
 
@@ -34,16 +32,16 @@ NOT_QUEUED_DB = 14  # of the session's Redis, where no orchestrator runs
 
 
 @pytest.fixture(scope="module")
-def e2e_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
+def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     """This module's worker also serves the example tools of the README (add, multiply, …)."""
-    handle = start_worker(e2e_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
+    handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
 def orchestrator_process(
-    e2e_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
+    module_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     """An orchestrator with the default model and no key for OpenAI's or Anthropic's own API."""
     env = {
@@ -54,7 +52,7 @@ def orchestrator_process(
         "ANTHROPIC_API_KEY": "",
         "ANTHROPIC_BASE_URL": "",
     }
-    handle = start_orchestrator(e2e_redis.url, model_base_url=model_server.base_url, env=env)
+    handle = start_orchestrator(module_redis.url, model_base_url=model_server.base_url, env=env)
     yield handle
     handle.stop()
 
@@ -75,15 +73,15 @@ def submit(
     )
 
 
-def plan(*rounds: dict[str, Any]) -> str:
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": list(rounds)})
-
-
 @pytest.mark.usefixtures("orchestrator_process")
-def test_the_readme_example_completes_with_the_right_answer_and_exits_0(e2e_redis: RedisServer) -> None:
+def test_the_readme_example_completes_with_the_right_answer_and_exits_0(module_redis: RedisServer) -> None:
     # The submitting process's own TOOLLOOP_MODEL is not the turn's: the orchestrator's default is.
     done = submit(
-        e2e_redis.url, "--prompt", "What is 2+3, times 4?", "--wait", env={"TOOLLOOP_MODEL": "scripted:echo"}
+        module_redis.url,
+        "--prompt",
+        "What is 2+3, times 4?",
+        "--wait",
+        env={"TOOLLOOP_MODEL": "scripted:echo"},
     )
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
@@ -91,7 +89,7 @@ def test_the_readme_example_completes_with_the_right_answer_and_exits_0(e2e_redi
     assert outcome["text"].startswith("(2 + 3) × 4 = 20\n")
     calls = [c["name"] for m in outcome["messages"] if m["role"] == "assistant" for c in m["tool_calls"]]
     assert calls == ["add", "multiply"] and outcome["llm_calls"] == 3
-    chosen = submit(e2e_redis.url, "--prompt", "hi there", "--model", "scripted:echo", "--wait")
+    chosen = submit(module_redis.url, "--prompt", "hi there", "--model", "scripted:echo", "--wait")
     assert chosen.returncode == 0, chosen.stderr
     assert (json.loads(chosen.stdout)["model"], json.loads(chosen.stdout)["text"]) == (
         "scripted:echo",
@@ -99,8 +97,8 @@ def test_the_readme_example_completes_with_the_right_answer_and_exits_0(e2e_redi
     )
 
 
-FAILING = plan({"error": {"status": 400, "message": "bad request"}})
-TWO_ROUNDS = plan({"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}]}, {"text": "3"})
+FAILING = plan_prompt([{"error": {"status": 400, "message": "bad request"}}])
+TWO_ROUNDS = plan_prompt([{"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}]}, {"text": "3"}])
 
 
 @pytest.mark.usefixtures("orchestrator_process")
@@ -113,9 +111,9 @@ TWO_ROUNDS = plan({"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}]
     ids=["failed", "stopped"],
 )
 def test_a_turn_that_did_not_complete_exits_1_and_still_prints_its_outcome(
-    e2e_redis: RedisServer, arguments: list[str], status: str, stop_reason: str
+    module_redis: RedisServer, arguments: list[str], status: str, stop_reason: str
 ) -> None:
-    done = submit(e2e_redis.url, *arguments, "--model", "scripted:plan", "--wait")
+    done = submit(module_redis.url, *arguments, "--model", "scripted:plan", "--wait")
     assert done.returncode == 1, (done.stdout, done.stderr)
     outcome = json.loads(done.stdout)
     assert (outcome["status"], outcome["stop_reason"]) == (status, stop_reason)
@@ -123,9 +121,9 @@ def test_a_turn_that_did_not_complete_exits_1_and_still_prints_its_outcome(
 
 
 @pytest.mark.usefixtures("orchestrator_process")
-def test_a_cancelled_turn_exits_1(e2e_redis: RedisServer, client: Client) -> None:
-    prompt = plan({"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]})
-    env = {**os.environ, "TOOLLOOP_REDIS_URL": e2e_redis.url, "PYTHONPATH": str(ROOT)}
+def test_a_cancelled_turn_exits_1(module_redis: RedisServer, client: Client) -> None:
+    prompt = plan_prompt([{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]}])
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": module_redis.url, "PYTHONPATH": str(ROOT)}
     command = [str(TOOLLOOP_BIN), "submit", "--prompt", prompt, "--model", "scripted:plan", "--wait"]
     waiting = subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -161,10 +159,12 @@ def find_running_turn(client: Client, prompt: str) -> str:
 
 @pytest.mark.usefixtures("orchestrator_process")
 def test_a_wait_that_times_out_exits_4_and_says_the_turn_goes_on(
-    e2e_redis: RedisServer, client: Client
+    module_redis: RedisServer, client: Client
 ) -> None:
-    prompt = plan({"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]})
-    done = submit(e2e_redis.url, "--prompt", prompt, "--model", "scripted:plan", "--wait", "--timeout", "2")
+    prompt = plan_prompt([{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]}])
+    done = submit(
+        module_redis.url, "--prompt", prompt, "--model", "scripted:plan", "--wait", "--timeout", "2"
+    )
     assert done.returncode == 4, (done.stdout, done.stderr)
     assert done.stdout == ""
     turn_id = done.stderr.split()[2]
@@ -186,10 +186,10 @@ def test_a_wait_on_a_turn_nobody_picked_up_asks_whether_an_orchestrator_runs(red
 
 
 @pytest.mark.usefixtures("orchestrator_process")
-def test_a_model_whose_key_the_orchestrator_lacks_fails_at_its_first_call(e2e_redis: RedisServer) -> None:
+def test_a_model_whose_key_the_orchestrator_lacks_fails_at_its_first_call(module_redis: RedisServer) -> None:
     # The submitting process has a key; the orchestrator, which calls the model, has none.
     env = {"OPENAI_API_KEY": "sk-not-the-orchestrators"}
-    done = submit(e2e_redis.url, "--prompt", "hi", "--model", "openai:gpt-4.1-mini", "--wait", env=env)
+    done = submit(module_redis.url, "--prompt", "hi", "--model", "openai:gpt-4.1-mini", "--wait", env=env)
     assert done.returncode == 1, (done.stdout, done.stderr)
     outcome = json.loads(done.stdout)
     assert (outcome["status"], outcome["stop_reason"], outcome["llm_calls"]) == (

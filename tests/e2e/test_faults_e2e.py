@@ -9,11 +9,9 @@ synthetic outcome) while the tool itself would still be running; speed is `make 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,20 +19,17 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import start_orchestrator
+from tests.support.e2e_processes import E2E_TOOLS, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
+from tests.support.plans import plan_prompt
 from tests.support.processes import start_worker
+from tests.support.turns import assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.waiting import wait_until
 from workers import keys
 from workers.contract import FailureKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def plan_prompt(rounds: list[dict[str, Any]]) -> str:
-    return f"fault-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
 
 
 def only_tool_message(messages: list[Any]) -> ToolMessage:
@@ -53,7 +48,7 @@ def test_deadline_during_a_long_tool_ends_the_turn_at_once(client: Client) -> No
     answer = only_tool_message(outcome.messages)
     assert answer.failure_kind == FailureKind.DEADLINE_EXCEEDED
     assert answer.synthetic
-    assert not event_data(client, turn_id, "tool_finished")
+    assert not event_data(client.redis, turn_id, "tool_finished")
     assert_every_call_answered_once(outcome.messages)
 
 
@@ -76,7 +71,7 @@ def test_a_hard_limited_tool_is_answered_timeout_and_the_turn_goes_on(client: Cl
 def test_cancel_mid_tool_ends_the_turn_cancelled(client: Client) -> None:
     prompt = plan_prompt([{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": 30}}]}])
     turn_id = client.submit(prompt=prompt, model="scripted:plan")
-    wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
+    wait_until(lambda: event_data(client.redis, turn_id, "tool_started"), "the tool to start")
     assert client.cancel(turn_id)
     outcome = wait_outcome(client, turn_id)
     assert (outcome.status, outcome.stop_reason) == ("cancelled", "cancelled")
@@ -86,12 +81,6 @@ def test_cancel_mid_tool_ends_the_turn_cancelled(client: Client) -> None:
     assert answer.synthetic
     assert_every_call_answered_once(outcome.messages)
     assert not client.cancel(turn_id)  # already over
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_an_orchestrator_killed_mid_turn_is_replaced_and_the_tool_runs_once(
@@ -105,7 +94,7 @@ def test_an_orchestrator_killed_mid_turn_is_replaced_and_the_tool_runs_once(
         key = f"takeover-{uuid.uuid4().hex[:8]}"
         call = {"name": "e2e_counted", "arguments": {"key": key, "seconds": 2}}
         turn_id = client.submit(prompt=plan_prompt([{"calls": [call]}]), model="scripted:plan")
-        wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
+        wait_until(lambda: event_data(client.redis, turn_id, "tool_started"), "the tool to start")
         first.kill()
         second = start_orchestrator(own_redis.url, model_base_url=model_server.base_url)
         outcome = wait_outcome(client, turn_id)
@@ -115,7 +104,7 @@ def test_an_orchestrator_killed_mid_turn_is_replaced_and_the_tool_runs_once(
         assert client.redis.get(keys.turn_lease(turn_id)) is None  # released when it finished
         assert_every_call_answered_once(outcome.messages)
         # The first owner is dead: the turn was resumed once, by the second.
-        assert len(event_data(client, turn_id, "turn_resumed")) == 1
+        assert len(event_data(client.redis, turn_id, "turn_resumed")) == 1
     finally:
         client.redis.close()
         for process in (first, second):
@@ -134,8 +123,8 @@ def test_a_worker_killed_mid_tool_is_survived(
         key = f"fragile-{uuid.uuid4().hex[:8]}"
         call = {"name": "e2e_fragile", "arguments": {"key": key, "seconds": 30}}
         turn_id = client.submit(prompt=plan_prompt([{"calls": [call]}]), model="scripted:plan")
-        wait_until(lambda: event_data(client, turn_id, "tool_started"), "the tool to start")
-        ran_on = event_data(client, turn_id, "tool_started")[0]["worker"]
+        wait_until(lambda: event_data(client.redis, turn_id, "tool_started"), "the tool to start")
+        ran_on = event_data(client.redis, turn_id, "tool_started")[0]["worker"]
         victim = next(w for w in workers if w.hostname == ran_on)
         os.killpg(victim.pid, signal.SIGKILL)  # the main process and its pool: the whole worker dies
         outcome = wait_outcome(client, turn_id)
@@ -143,7 +132,7 @@ def test_a_worker_killed_mid_tool_is_survived(
         # Found lost by the orchestrator's timer (hard limit plus grace) and sent again as attempt 2, not
         # redelivered by the broker once its visibility timeout (hours) is over.
         assert only_tool_message(outcome.messages).content == f"run 2 of {key}"
-        assert [e["attempt"] for e in event_data(client, turn_id, "tool_redispatched")] == [2]
+        assert [e["attempt"] for e in event_data(client.redis, turn_id, "tool_redispatched")] == [2]
         assert_every_call_answered_once(outcome.messages)
     finally:
         client.redis.close()

@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from ops.redis_server import find_free_port
+from tests.support import broker
 from tests.support.browser import open_chromium
 from tests.support.flower_client import (
     AUTH,
@@ -103,7 +104,7 @@ def is_unacked(redis_url: str, task_id: str) -> bool:
     """True while kombu's Redis transport holds the task's message unacked (it would be delivered again)."""
     client = redis.Redis.from_url(redis_url)
     try:
-        return any(task_id.encode() in raw for raw in client.hvals("unacked"))
+        return broker.is_unacked(client, task_id)
     finally:
         client.close()
 

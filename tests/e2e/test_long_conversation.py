@@ -19,11 +19,11 @@ import pytest
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
 from orchestrator.model import AssistantMessage, ToolMessage, UserMessage
-from tests.e2e.conftest import assert_every_call_answered_once, wait_outcome
 from tests.support.context_model import SmallWindowModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.page_tools import build_page
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.turns import assert_every_call_answered_once, wait_outcome
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -40,15 +40,15 @@ def small_model() -> Iterator[SmallWindowModelServer]:
 
 
 @pytest.fixture(scope="module")
-def page_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(e2e_redis.url, ["tests.support.page_tools"], concurrency=2)
+def page_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(module_redis.url, ["tests.support.page_tools"], concurrency=2)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
 def small_window_orchestrator(
-    e2e_redis: RedisServer, small_model: SmallWindowModelServer, page_worker: WorkerHandle
+    module_redis: RedisServer, small_model: SmallWindowModelServer, page_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     env = {
         "TOOLLOOP_MODEL": MODEL,
@@ -56,7 +56,7 @@ def small_window_orchestrator(
         "OPENAI_API_KEY": "sk-test",
         "TOOLLOOP_METRICS_PORT": str(find_free_port()),
     }
-    handle = start_orchestrator(e2e_redis.url, env=env)
+    handle = start_orchestrator(module_redis.url, env=env)
     yield handle
     handle.stop()
 

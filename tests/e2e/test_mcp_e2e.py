@@ -27,10 +27,12 @@ from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
 from orchestrator.direct import call_tool
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once
-from tests.support.e2e_processes import start_orchestrator
-from tests.support.mcp_support import HttpMcpServer, catalogued, stdio_entry, wait_until
+from tests.support.e2e_processes import E2E_TOOLS, start_orchestrator
+from tests.support.mcp_support import HttpMcpServer, catalogued, stdio_entry
+from tests.support.plans import plan_prompt
 from tests.support.processes import TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.turns import assert_every_call_answered_once
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -102,11 +104,11 @@ def test_a_server_down_at_start_is_reported_retried_and_published_once_up(stack:
     def late_lines() -> list[str]:
         return [line for line in stack.worker.log_text().splitlines() if "MCP server 'late'" in line]
 
-    wait_until(lambda: any("is down: " in line for line in late_lines()), 60, "'late' reported down")
+    wait_until(lambda: any("is down: " in line for line in late_lines()), "'late' reported down", 60)
     down = [line for line in late_lines() if "is down: " in line]
     assert len(down) == 1 and "WARNING" in down[0], late_lines()
     assert "retrying in the background" in down[0]
-    wait_until(lambda: "t__echo" in catalogued(stack.redis_url, stack.worker.hostname), 60, "t__echo listed")
+    wait_until(lambda: "t__echo" in catalogued(stack.redis_url, stack.worker.hostname), "t__echo listed", 60)
     tools = catalogued(stack.redis_url, stack.worker.hostname)
     assert "e2e_add" in tools and not [name for name in tools if "late" in name]
     # Meanwhile the worker serves its other tools, MCP and @tool alike.
@@ -114,7 +116,7 @@ def test_a_server_down_at_start_is_reported_retried_and_published_once_up(stack:
     assert stack.call("e2e_add", {"a": 2, "b": 3}).result == 5
     stack.bring_late_up()
     wait_until(
-        lambda: "late__echo" in catalogued(stack.redis_url, stack.worker.hostname), 60, "late__echo listed"
+        lambda: "late__echo" in catalogued(stack.redis_url, stack.worker.hostname), "late__echo listed", 60
     )
     assert stack.call("late__echo", {"text": "up"}).result == "up"
 
@@ -154,16 +156,12 @@ def test_toolloop_call_runs_one(stack: Stack) -> None:
     assert failed.error == "McpToolError: Error executing tool fail: disk full"
 
 
-def plan(rounds: list[dict[str, Any]]) -> str:
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
-
-
 def test_a_turn_runs_mcp_calls_in_parallel_and_goes_on_after_a_hung_one(stack: Stack) -> None:
     client = Client(stack.redis_url)
     group = uuid.uuid4().hex
     try:
         turn_id = client.submit(
-            prompt=plan(
+            prompt=plan_prompt(
                 [
                     {
                         "calls": [
@@ -201,6 +199,6 @@ def test_a_changed_tool_list_is_published_and_served(stack: Stack) -> None:
     name = f"n{uuid.uuid4().hex[:6]}"
     (stack.folder / "extra.txt").write_text(f"{name}\n")
     tool = f"t__extra_{name}"
-    wait_until(lambda: tool in catalogued(stack.redis_url, stack.worker.hostname), 30, f"{tool} listed")
+    wait_until(lambda: tool in catalogued(stack.redis_url, stack.worker.hostname), f"{tool} listed", 30)
     # The pool processes were forked before the tool existed: the one the call reaches builds its task.
     assert stack.call(tool, {}).result == name

@@ -26,13 +26,14 @@ from pydantic import BaseModel
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage, TurnOutcome
-from tests.e2e.conftest import E2E_TOOLS, wait_outcome
 from tests.openapi_schemas import assert_valid
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import OrchestratorHandle
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle
 from tests.support.e2e_tools import COUNTER_PREFIX
+from tests.support.plans import marked_plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
-from tests.support.served import serving_api, start_python
+from tests.support.served import answers, serving_api, start_python
+from tests.support.turns import wait_outcome
 from tests.support.waiting import wait_until
 from workers import keys
 
@@ -47,20 +48,14 @@ class Weather(BaseModel):
 PARIS = {"city": "Paris", "celsius": 21.5}
 
 
-def plan_prompt(rounds: list[dict[str, Any]]) -> tuple[str, str]:
-    """A prompt the scripted `plan` model plays, and the marker that finds its requests."""
-    marker = f"marker-{uuid.uuid4().hex}"
-    return f"{marker} " + json.dumps({"plan": rounds}), marker
-
-
 def bodies_with(server: RecordingModelServer, marker: str) -> list[dict[str, Any]]:
     return [body for body in server.requests() if marker in json.dumps(body)]
 
 
 @pytest.fixture(scope="module")
-def e2e_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
+def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     # The demo's tools too: the README's typed-answer example offers get_weather.
-    handle = start_worker(e2e_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
+    handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
 
@@ -71,8 +66,8 @@ def ready_client(client: Client, orchestrator_process: OrchestratorHandle) -> Cl
 
 
 @pytest.fixture(scope="module")
-def api_url(e2e_redis: RedisServer, orchestrator_process: OrchestratorHandle) -> Iterator[str]:
-    with serving_api(e2e_redis.url) as url:
+def api_url(module_redis: RedisServer, orchestrator_process: OrchestratorHandle) -> Iterator[str]:
+    with serving_api(module_redis.url) as url:
         yield url
 
 
@@ -89,7 +84,7 @@ def run_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_instructions_and_every_setting_reach_the_provider_in_a_valid_body(
     ready_client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt([{"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}]}])
+    prompt, marker = marked_plan_prompt([{"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}]}])
     settings = {
         "temperature": 0.3,
         "top_p": 0.9,
@@ -126,20 +121,20 @@ def test_instructions_and_every_setting_reach_the_provider_in_a_valid_body(
 
 
 def test_a_setting_the_provider_cannot_honour_is_refused_and_nothing_is_stored(
-    ready_client: Client, e2e_redis_client: redis.Redis, e2e_redis: RedisServer
+    ready_client: Client, module_redis_client: redis.Redis, module_redis: RedisServer
 ) -> None:
-    before = e2e_redis_client.llen(keys.TURN_QUEUE)
+    before = module_redis_client.llen(keys.TURN_QUEUE)
     with pytest.raises(ValueError, match=r"model_settings\.seed: seed is not supported by anthropic"):
         ready_client.submit(
             prompt="hi", model=["scripted:plan", "anthropic:claude-x"], model_settings={"seed": 1}
         )
     done = run_cli(
-        e2e_redis.url, "submit", "--prompt", "hi", "--model", "openai_responses:gpt-x", "--stop", "X"
+        module_redis.url, "submit", "--prompt", "hi", "--model", "openai_responses:gpt-x", "--stop", "X"
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: model_settings.stop: stop is not supported by openai_responses")
     assert len(done.stderr.strip().splitlines()) == 1
-    assert e2e_redis_client.llen(keys.TURN_QUEUE) == before
+    assert module_redis_client.llen(keys.TURN_QUEUE) == before
 
 
 # --- a typed answer ----------------------------------------------------------------------------------------
@@ -148,7 +143,7 @@ def test_a_setting_the_provider_cannot_honour_is_refused_and_nothing_is_stored(
 def test_an_answer_breaking_the_schema_is_retried_with_the_errors_then_parsed(
     ready_client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt([{"text": "It is sunny and warm."}, {"text": json.dumps(PARIS)}])
+    prompt, marker = marked_plan_prompt([{"text": "It is sunny and warm."}, {"text": json.dumps(PARIS)}])
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", output_schema=Weather)
     outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.status, outcome.llm_calls, outcome.output) == ("completed", 2, PARIS), outcome
@@ -170,7 +165,7 @@ def test_an_answer_breaking_the_schema_is_retried_with_the_errors_then_parsed(
 def test_an_answer_that_never_fits_ends_invalid_output_after_the_retries(
     ready_client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt([{"text": '{"city": "Paris"}', "repeat": True}])
+    prompt, marker = marked_plan_prompt([{"text": '{"city": "Paris"}', "repeat": True}])
     limits = {"max_output_retries": 1, "repeat_guard_rounds": None}
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", output_schema=Weather, limits=limits)
     outcome = wait_outcome(ready_client, turn_id)
@@ -183,12 +178,12 @@ def test_an_answer_that_never_fits_ends_invalid_output_after_the_retries(
 
 
 def test_the_cli_sends_its_flags_and_prints_the_output(
-    e2e_redis: RedisServer, orchestrator_process: OrchestratorHandle, model_server: RecordingModelServer
+    module_redis: RedisServer, orchestrator_process: OrchestratorHandle, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt([{"text": json.dumps(PARIS)}])
+    prompt, marker = marked_plan_prompt([{"text": json.dumps(PARIS)}])
     schema = json.dumps(Weather.model_json_schema())
     done = run_cli(
-        e2e_redis.url,
+        module_redis.url,
         *("submit", "--prompt", prompt, "--model", "scripted:plan", "--wait", "--timeout", "30"),
         *("--instructions", "Be brief.", "--temperature", "0.5", "--max-output-tokens", "64"),
         *("--no-parallel-tool-calls", "--setting", "top_k=5", "--setting", 'logit_bias={"50256": -100}'),
@@ -208,7 +203,7 @@ def test_the_cli_sends_its_flags_and_prints_the_output(
 def test_the_http_api_takes_the_same_fields(
     api_url: str, ready_client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt([{"text": json.dumps(PARIS)}])
+    prompt, marker = marked_plan_prompt([{"text": json.dumps(PARIS)}])
     turn = {
         "prompt": prompt,
         "model": ["scripted:plan"],
@@ -242,7 +237,7 @@ def test_a_model_answering_503_falls_back_to_the_next_in_the_list(
     ready_client: Client, model_server: RecordingModelServer
 ) -> None:
     down = {"error": {"status": 503, "message": "overloaded", "model": "plan-down"}}
-    prompt, marker = plan_prompt([down, {"text": "answered by the fallback"}])
+    prompt, marker = marked_plan_prompt([down, {"text": "answered by the fallback"}])
     limits = {"max_model_retries": 1}
     turn_id = ready_client.submit(prompt=prompt, model=["scripted:plan-down", "scripted:plan"], limits=limits)
     outcome = wait_outcome(ready_client, turn_id)
@@ -255,7 +250,7 @@ def test_a_model_answering_503_falls_back_to_the_next_in_the_list(
 def test_max_total_tokens_stops_a_tool_calling_turn_once_spent(ready_client: Client) -> None:
     budget = 600
     rounds = [{"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 2}}], "repeat": True}]
-    prompt, _ = plan_prompt(rounds)
+    prompt, _ = marked_plan_prompt(rounds)
     limits = {"max_total_tokens": budget, "max_llm_calls": 20, "repeat_guard_rounds": None}
     turn_id = ready_client.submit(prompt=prompt, tools=["e2e_add"], model="scripted:plan", limits=limits)
     outcome = wait_outcome(ready_client, turn_id)
@@ -270,11 +265,11 @@ def test_max_total_tokens_stops_a_tool_calling_turn_once_spent(ready_client: Cli
 
 
 def test_an_approval_with_edited_arguments_runs_the_edited_call(
-    ready_client: Client, api_url: str, e2e_redis_client: redis.Redis
+    ready_client: Client, api_url: str, module_redis_client: redis.Redis
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
     asked, edited = f"alice-{suffix}", f"bob-{suffix}"
-    prompt, _ = plan_prompt(
+    prompt, _ = marked_plan_prompt(
         [{"calls": [{"name": "e2e_transfer", "arguments": {"amount": 500, "to": asked}}]}]
     )
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan")
@@ -294,14 +289,14 @@ def test_an_approval_with_edited_arguments_runs_the_edited_call(
     outcome = wait_outcome(ready_client, turn_id)
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]
     assert answer.content == f"sent 5.0 to {edited}"
-    assert int(e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{edited}") or 0) == 1
-    assert e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{asked}") is None
+    assert int(module_redis_client.get(f"{COUNTER_PREFIX}transfer:{edited}") or 0) == 1
+    assert module_redis_client.get(f"{COUNTER_PREFIX}transfer:{asked}") is None
 
 
 def test_a_denials_reason_reaches_the_models_next_request(
-    ready_client: Client, e2e_redis: RedisServer, model_server: RecordingModelServer
+    ready_client: Client, module_redis: RedisServer, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt(
+    prompt, marker = marked_plan_prompt(
         [
             {"calls": [{"name": "e2e_transfer", "arguments": {"amount": 9, "to": "carol"}}]},
             {"text": "Understood."},
@@ -311,14 +306,14 @@ def test_a_denials_reason_reaches_the_models_next_request(
     turn_id = ready_client.submit(prompt=prompt, model="scripted:plan", limits=limits)
     wait_until(lambda: ready_client.get(turn_id).pending_approvals, "the call to wait for approval")
     reason = "carol was paid last week"
-    done = run_cli(e2e_redis.url, "approve", turn_id, "call_r0_0", "--deny", "--reason", reason)
+    done = run_cli(module_redis.url, "approve", turn_id, "call_r0_0", "--deny", "--reason", reason)
     assert (done.returncode, done.stdout.strip()) == (0, "denied"), done.stderr
     outcome = wait_outcome(ready_client, turn_id)
     assert (outcome.status, outcome.text) == ("completed", "Understood."), outcome
     last = bodies_with(model_server, marker)[-1]
     (tool_message,) = [m for m in last["messages"] if m["role"] == "tool"]
     assert reason in tool_message["content"]
-    again = run_cli(e2e_redis.url, "approve", turn_id, "call_r0_0")
+    again = run_cli(module_redis.url, "approve", turn_id, "call_r0_0")
     assert again.returncode == 1 and "already ended" in again.stderr
 
 
@@ -343,7 +338,7 @@ def check_typed_answer_example(block: str, redis_url: str, app_dir: Path) -> Non
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        served.wait_for(lambda: _answers(url), "the README's app answers")
+        served.wait_for(lambda: answers(f"{url}/docs"), "the README's app answers")
         reply = httpx.get(f"{url}/weather", params={"city": "Paris"}, timeout=60)
         assert reply.status_code == 200, (reply.text, served.log_text())
         answer = reply.json()
@@ -352,14 +347,7 @@ def check_typed_answer_example(block: str, redis_url: str, app_dir: Path) -> Non
         served.kill()
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/docs", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def test_the_readmes_typed_answer_example_runs(
-    e2e_redis: RedisServer, orchestrator_process: OrchestratorHandle, tmp_path: Path
+    module_redis: RedisServer, orchestrator_process: OrchestratorHandle, tmp_path: Path
 ) -> None:
-    check_typed_answer_example(readme_block("# FastAPI typed answer:"), e2e_redis.url, tmp_path)
+    check_typed_answer_example(readme_block("# FastAPI typed answer:"), module_redis.url, tmp_path)

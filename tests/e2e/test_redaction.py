@@ -27,9 +27,8 @@ from orchestrator.api import create_app
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
 from orchestrator.settings import Settings
-from tests.e2e.conftest import E2E_TOOLS
-from tests.integration.store_support import serve_app
-from tests.support.e2e_processes import OrchestratorHandle
+from tests.support.api_server import serve_app
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
 from workers import keys
 
@@ -37,9 +36,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
-def e2e_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
+def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     """This module's worker also serves `secret_login`, whose arguments carry secrets."""
-    handle = start_worker(e2e_redis.url, [E2E_TOOLS, "tests.security.secret_tools"], concurrency=2)
+    handle = start_worker(module_redis.url, [E2E_TOOLS, "tests.security.secret_tools"], concurrency=2)
     yield handle
     handle.stop()
 
@@ -95,8 +94,8 @@ def run_cli(redis_server: RedisServer, *args: str) -> str:
 
 def test_every_view_of_a_turn_is_redacted_while_the_tool_and_the_store_keep_the_secrets(
     client: Client,
-    e2e_redis: RedisServer,
-    e2e_redis_client: redis.Redis,
+    module_redis: RedisServer,
+    module_redis_client: redis.Redis,
     orchestrator_process: OrchestratorHandle,
     e2e_worker: WorkerHandle,
 ) -> None:
@@ -122,20 +121,20 @@ def test_every_view_of_a_turn_is_redacted_while_the_tool_and_the_store_keep_the_
     secrets.assert_hidden_in(view.model_dump_json(), "Client.get")
     secrets.assert_hidden_in(waited.model_dump_json(), "Client.wait")
     secrets.assert_hidden_in(client.outcome(turn_id).model_dump_json(), "Client.outcome")  # type: ignore[union-attr]
-    secrets.assert_hidden_in(run_cli(e2e_redis, "show", turn_id), "toolloop show")
-    with serve_app(create_app(Settings(redis_url=e2e_redis.url))) as base_url:
+    secrets.assert_hidden_in(run_cli(module_redis, "show", turn_id), "toolloop show")
+    with serve_app(create_app(Settings(redis_url=module_redis.url))) as base_url:
         reply = httpx.get(f"{base_url}/v1/turns/{turn_id}", timeout=10)
     assert reply.status_code == 200
     secrets.assert_hidden_in(reply.text, "GET /v1/turns/{id}")
 
     # What is stored is whole: a tool receives its context, and a resumed turn its history.
-    stored_request = e2e_redis_client.get(keys.turn_request(turn_id)) or b""
+    stored_request = module_redis_client.get(keys.turn_request(turn_id)) or b""
     # The turn's messages are stored once, in its history list (the outcome references it).
-    stored_history = b"".join(e2e_redis_client.lrange(keys.turn_history(turn_id), 0, -1))
+    stored_history = b"".join(module_redis_client.lrange(keys.turn_history(turn_id), 0, -1))
     assert secrets.context_password.encode() in stored_request
     assert secrets.password.encode() in stored_history
     # Events are redacted when they are written; no process logs a secret.
-    events = str(e2e_redis_client.xrange(keys.turn_events(turn_id)))
+    events = str(module_redis_client.xrange(keys.turn_events(turn_id)))
     assert "tool_dispatched" in events
     for value in (secrets.password, secrets.api_key, secrets.context_password):
         assert value not in events
@@ -143,15 +142,15 @@ def test_every_view_of_a_turn_is_redacted_while_the_tool_and_the_store_keep_the_
 
 
 async def test_the_async_client_and_submit_wait_show_the_same_redaction(
-    e2e_redis: RedisServer, orchestrator_process: OrchestratorHandle
+    module_redis: RedisServer, orchestrator_process: OrchestratorHandle
 ) -> None:
     secrets = Secrets()
     arguments = ["--prompt", secrets.prompt(), "--model", "scripted:plan", "--tools", "secret_login"]
     arguments += ["--context", json.dumps(secrets.context()), "--wait", "--timeout", "45"]
-    printed = run_cli(e2e_redis, "submit", *arguments)
+    printed = run_cli(module_redis, "submit", *arguments)
     secrets.assert_hidden_in(printed, "toolloop submit --wait")
     outcome = json.loads(printed)
-    async with AsyncClient(e2e_redis.url) as aclient:
+    async with AsyncClient(module_redis.url) as aclient:
         view = await aclient.get(outcome["turn_id"])
         waited = await aclient.wait(outcome["turn_id"], timeout=5)
     assert view.request.context == {"user_id": 7, "password": "***"}

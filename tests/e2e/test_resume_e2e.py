@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,11 +17,11 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import start_worker
+from tests.support.turns import assert_every_call_answered_once, event_data, wait_outcome
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -46,12 +45,6 @@ class HoldingModelServer(RecordingModelServer):
     def marked_requests(self) -> list[dict[str, Any]]:
         """Every request body carrying the marker so far, decoded, in arrival order."""
         return [body for body in self.requests() if self.marker in json.dumps(body)]
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_made_again(
@@ -86,12 +79,12 @@ def test_an_orchestrator_killed_during_a_model_call_is_replaced_and_the_call_is_
             requests = model.marked_requests()
             assert len(requests) == 3
             assert requests[2] == requests[1], "the new owner sent a different request for the same call"
-            assert not event_data(client, turn_id, "model_failed")
+            assert not event_data(client.redis, turn_id, "model_failed")
             # Resumed once (by the second owner: the first is dead), at the model call it had in flight.
-            resumed = event_data(client, turn_id, "turn_resumed")
+            resumed = event_data(client.redis, turn_id, "turn_resumed")
             assert [e["llm_call_index"] for e in resumed] == [1]
             # The tool that already ran was neither sent again nor run again.
-            assert len(event_data(client, turn_id, "tool_dispatched")) == 1
+            assert len(event_data(client.redis, turn_id, "tool_dispatched")) == 1
             assert int(client.redis.get(f"{COUNTER_PREFIX}{key}") or 0) == 1
             answer = next(m for m in outcome.messages if isinstance(m, ToolMessage))
             assert answer.content == f"run 1 of {key}"

@@ -26,7 +26,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops.redis_server import RedisServer, find_free_port
-from tests.support.served import Served, start_toolloop
+from tests.support.served import Served, answers, start_toolloop
 from tests.support.waiting import wait_until
 from workers import keys
 
@@ -53,14 +53,6 @@ def launch(args: list[str], env: dict[str, str] | None = None) -> Served:
     served = start_toolloop(args, env)
     _launched.append(served)
     return served
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A Redis of the test's own, to stop and restart (the session's must stay up for the other tests)."""
-    server = RedisServer(appendonly=True).start()
-    yield server
-    server.stop()
 
 
 def dead_url() -> str:
@@ -119,13 +111,6 @@ def start_flower(url: str) -> tuple[Served, str]:
         ["flower", "--port", str(port)], env={"TOOLLOOP_REDIS_URL": url, "FLOWER_BASIC_AUTH": "ops:pass"}
     )
     return served, f"http://127.0.0.1:{port}"
-
-
-def flower_answers(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthcheck", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def capture_failures(log: str) -> int:
@@ -193,25 +178,29 @@ def test_an_orchestrator_that_never_reached_redis_stops_and_said_so_once(signum:
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_an_orchestrator_whose_redis_is_gone_stops(own_redis: RedisServer, signum: int) -> None:
-    served, metrics = start_orchestrator(own_redis.url)
-    served.wait_for(lambda: orchestrator_registered(own_redis.url), "registration")
-    own_redis.stop(keep_data=True)
+def test_an_orchestrator_whose_redis_is_gone_stops(own_persistent_redis: RedisServer, signum: int) -> None:
+    served, metrics = start_orchestrator(own_persistent_redis.url)
+    served.wait_for(lambda: orchestrator_registered(own_persistent_redis.url), "registration")
+    own_persistent_redis.stop(keep_data=True)
     served.wait_for(lambda: redis_retries(metrics) >= SEVERAL_RETRIES, "several retries")
     assert_stops(served, signum, "orchestrator, Redis gone")
     # Four loops noticed the outage; the operator reads about it once.
-    assert len(unreachable_lines(served.log_text(), own_redis.url)) == 1, served.log_text()
+    assert len(unreachable_lines(served.log_text(), own_persistent_redis.url)) == 1, served.log_text()
 
 
-def test_an_orchestrator_says_when_redis_is_back_and_stops(own_redis: RedisServer) -> None:
-    served, _metrics = start_orchestrator(own_redis.url)
-    served.wait_for(lambda: orchestrator_registered(own_redis.url), "registration")
-    own_redis.stop(keep_data=True)
-    served.wait_for(lambda: bool(unreachable_lines(served.log_text(), own_redis.url)), "the outage line")
-    own_redis.start()
+def test_an_orchestrator_says_when_redis_is_back_and_stops(own_persistent_redis: RedisServer) -> None:
+    served, _metrics = start_orchestrator(own_persistent_redis.url)
+    served.wait_for(lambda: orchestrator_registered(own_persistent_redis.url), "registration")
+    own_persistent_redis.stop(keep_data=True)
+    served.wait_for(
+        lambda: bool(unreachable_lines(served.log_text(), own_persistent_redis.url)), "the outage line"
+    )
+    own_persistent_redis.start()
     served.wait_for(
         lambda: (
-            re.search(rf"Redis at {re.escape(own_redis.url)} is back after [\d.]+ s", served.log_text())
+            re.search(
+                rf"Redis at {re.escape(own_persistent_redis.url)} is back after [\d.]+ s", served.log_text()
+            )
             is not None
         ),
         "the line saying Redis is back",
@@ -231,15 +220,17 @@ def test_an_api_that_never_reached_redis_stops(signum: int) -> None:
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_an_api_whose_redis_is_gone_stops_with_a_stream_open(own_redis: RedisServer, signum: int) -> None:
-    served, base = start_api(own_redis.url)
+def test_an_api_whose_redis_is_gone_stops_with_a_stream_open(
+    own_persistent_redis: RedisServer, signum: int
+) -> None:
+    served, base = start_api(own_persistent_redis.url)
     served.wait_for(lambda: api_answers(base), "the API to answer")
     reply = httpx.post(f"{base}/v1/turns", json={"prompt": "nobody runs this turn"}, timeout=5)
     assert reply.status_code == 202, reply.text
     turn_id = reply.json()["id"]
     # A client following the turn keeps a stream open through the outage and the stop.
     with httpx.stream("GET", f"{base}/v1/turns/{turn_id}/events", timeout=None):
-        own_redis.stop(keep_data=True)
+        own_persistent_redis.stop(keep_data=True)
         served.wait_for(lambda: redis_retries(f"{base}/metrics") >= SEVERAL_RETRIES, "the stream's retries")
         assert_stops(served, signum, "api, Redis gone, SSE stream open")
 
@@ -250,16 +241,16 @@ def test_an_api_whose_redis_is_gone_stops_with_a_stream_open(own_redis: RedisSer
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_flower_that_never_reached_redis_stops(signum: int) -> None:
     served, base = start_flower(dead_url())
-    served.wait_for(lambda: flower_answers(base), "Flower to answer")
+    served.wait_for(lambda: answers(f"{base}/healthcheck"), "Flower to answer")
     served.wait_for(lambda: capture_failures(served.log_text()) >= 1, "Flower to meet the missing broker")
     assert_stops(served, signum, "flower, Redis never reachable")
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_flower_whose_redis_is_gone_stops(own_redis: RedisServer, signum: int) -> None:
-    served, base = start_flower(own_redis.url)
-    served.wait_for(lambda: flower_answers(base), "Flower to answer")
-    own_redis.stop(keep_data=True)
+def test_flower_whose_redis_is_gone_stops(own_persistent_redis: RedisServer, signum: int) -> None:
+    served, base = start_flower(own_persistent_redis.url)
+    served.wait_for(lambda: answers(f"{base}/healthcheck"), "Flower to answer")
+    own_persistent_redis.stop(keep_data=True)
     # Its event capture failed twice, the second time after a reconnect that retries for seconds: by then
     # Flower's `enable_events` broadcast (every 5 s) has met the missing broker too, and retries.
     served.wait_for(lambda: capture_failures(served.log_text()) >= 2, "Flower's second reconnect")
@@ -281,36 +272,38 @@ def test_a_worker_that_cannot_reach_redis_says_so_and_exits() -> None:
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_a_worker_whose_redis_is_gone_stops(own_redis: RedisServer, signum: int) -> None:
-    served = start_worker(own_redis.url)
-    served.wait_for(lambda: worker_ready(own_redis.url), "the worker's catalogue")
-    own_redis.stop(keep_data=True)
+def test_a_worker_whose_redis_is_gone_stops(own_persistent_redis: RedisServer, signum: int) -> None:
+    served = start_worker(own_persistent_redis.url)
+    served.wait_for(lambda: worker_ready(own_persistent_redis.url), "the worker's catalogue")
+    own_persistent_redis.stop(keep_data=True)
     # Celery's consumer is in its reconnect loop ("Trying again in 2.00 seconds...") when the signal comes.
     served.wait_for(lambda: "Cannot connect to" in served.log_text(), "the consumer's reconnect loop")
     assert_stops(served, signum, "worker, Redis gone")
 
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_a_worker_whose_redis_hangs_stops(own_redis: RedisServer, signum: int) -> None:
+def test_a_worker_whose_redis_hangs_stops(own_persistent_redis: RedisServer, signum: int) -> None:
     # A frozen Redis accepts connections and answers nothing: Celery's warm shutdown would wait on it forever.
-    served = start_worker(own_redis.url)
-    served.wait_for(lambda: worker_ready(own_redis.url), "the worker's catalogue")
-    assert own_redis.pid is not None
-    os.kill(own_redis.pid, signal.SIGSTOP)
+    served = start_worker(own_persistent_redis.url)
+    served.wait_for(lambda: worker_ready(own_persistent_redis.url), "the worker's catalogue")
+    assert own_persistent_redis.pid is not None
+    os.kill(own_persistent_redis.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: unanswered_request(own_redis.port), "the worker to wait on the frozen Redis")
+        wait_until(
+            lambda: unanswered_request(own_persistent_redis.port), "the worker to wait on the frozen Redis"
+        )
         assert_stops(served, signum, "worker, Redis hung")
     finally:
-        os.kill(own_redis.pid, signal.SIGCONT)
+        os.kill(own_persistent_redis.pid, signal.SIGCONT)
     assert "does not answer: stopping now" in served.log_text()
 
 
-def test_a_worker_stops_after_redis_restarted(own_redis: RedisServer) -> None:
-    served = start_worker(own_redis.url)
-    served.wait_for(lambda: worker_ready(own_redis.url), "the worker's catalogue")
-    own_redis.stop(keep_data=True)
+def test_a_worker_stops_after_redis_restarted(own_persistent_redis: RedisServer) -> None:
+    served = start_worker(own_persistent_redis.url)
+    served.wait_for(lambda: worker_ready(own_persistent_redis.url), "the worker's catalogue")
+    own_persistent_redis.stop(keep_data=True)
     served.wait_for(lambda: "Cannot connect to" in served.log_text(), "the consumer's reconnect loop")
-    own_redis.start()
+    own_persistent_redis.start()
     served.wait_for(lambda: "Connected to" in served.log_text().split("Cannot connect to")[-1], "reconnected")
     assert_stops(served, signal.SIGTERM, "worker, Redis restarted")
 

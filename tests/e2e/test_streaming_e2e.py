@@ -6,13 +6,10 @@ with `Last-Event-ID`), with a real prefork worker running the tools."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,12 +17,12 @@ import pytest
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client, TextDeltaEvent, ToolFinishedEvent, TurnFinishedEvent
 from orchestrator.store.codec import TurnEvent
-from tests.e2e.conftest import E2E_TOOLS
-from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
+from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
-from tests.support.served import serving_api, start_python
+from tests.support.served import answers, serving_api, start_python
 from tests.support.sse import SseMessage, read_sse
-from workers import keys
+from tests.support.turns import event_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -33,49 +30,38 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 ANSWER = " ".join(f"Sentence {i} of the streamed answer, written a few words at a time." for i in range(12))
 
 
-def plan_prompt(rounds: list[dict[str, Any]]) -> str:
-    """A prompt the scripted `plan` model plays round by round; unique, so no two tests share a turn."""
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
-
-
 ADD_THEN_ANSWER = [{"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}]}, {"text": ANSWER}]
 
 
 @pytest.fixture(scope="module")
-def stream_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def stream_worker(stream_redis: RedisServer) -> Iterator[WorkerHandle]:
+def stream_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     # The demo's tools too: the README's FastAPI example offers get_weather.
-    handle = start_worker(stream_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
+    handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
 def streaming_orchestrator(
-    stream_redis: RedisServer, stream_worker: WorkerHandle
+    module_redis: RedisServer, stream_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, over HTTP, paced.
     # Its default model plays plans: the README's example names none.
     env = {"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": "0.02", "TOOLLOOP_MODEL": "scripted:plan"}
-    handle = start_orchestrator(stream_redis.url, env=env)
+    handle = start_orchestrator(module_redis.url, env=env)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
-def api_url(stream_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[str]:
-    with serving_api(stream_redis.url) as url:
+def api_url(module_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[str]:
+    with serving_api(module_redis.url) as url:
         yield url
 
 
 @pytest.fixture
-def client(stream_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[Client]:
-    c = Client(stream_redis.url)
+def client(module_redis: RedisServer, streaming_orchestrator: OrchestratorHandle) -> Iterator[Client]:
+    c = Client(module_redis.url)
     yield c
     c.close()
 
@@ -120,13 +106,13 @@ def test_a_turn_that_asks_for_no_streaming_gets_its_text_in_one_event(client: Cl
     assert [e.data["text"] for e in events if e.name == "text_delta"] == [ANSWER]
 
 
-def test_submit_stream_prints_the_answer_as_it_is_written(stream_redis: RedisServer) -> None:
+def test_submit_stream_prints_the_answer_as_it_is_written(module_redis: RedisServer) -> None:
     prompt = plan_prompt(ADD_THEN_ANSWER)
     result = subprocess.run(
         [str(TOOLLOOP_BIN), "submit", "--prompt", prompt, "--model", "scripted:plan", "--stream"],
         capture_output=True,
         text=True,
-        env={"TOOLLOOP_REDIS_URL": stream_redis.url, "PATH": "/usr/bin:/bin"},
+        env={"TOOLLOOP_REDIS_URL": module_redis.url, "PATH": "/usr/bin:/bin"},
         cwd=ROOT,
         timeout=60,
         check=False,
@@ -162,7 +148,7 @@ async def _read_in_two_connections(url: str, turn_id: str) -> tuple[list[SseMess
 def test_sse_names_each_event_and_a_reconnect_misses_nothing(client: Client, api_url: str) -> None:
     turn_id = client.submit(prompt=plan_prompt(ADD_THEN_ANSWER), model="scripted:plan")
     first, second = asyncio.run(_read_in_two_connections(api_url, turn_id))
-    stored = [entry_id for entry_id, _ in client.redis.xrange(keys.turn_events(turn_id))]
+    stored = event_ids(client.redis, turn_id)
     seen = [m.id for m in first + second]
     assert seen == stored  # every event once, in order, across the two connections
     assert all(m.event == m.json()["name"] for m in first + second)
@@ -181,17 +167,17 @@ def readme_block(marker: str) -> str:
 
 
 def test_the_readmes_fastapi_example_streams_the_answer(
-    client: Client, stream_redis: RedisServer, tmp_path: Path
+    client: Client, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     (tmp_path / "readme_chat.py").write_text(readme_block("# FastAPI streaming:"))
     port = find_free_port()
     served = start_python(
         ["-m", "uvicorn", "readme_chat:app", "--port", str(port), "--app-dir", str(tmp_path)],
-        env={"TOOLLOOP_REDIS_URL": stream_redis.url},
+        env={"TOOLLOOP_REDIS_URL": module_redis.url},
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        served.wait_for(lambda: _answers(url), "the README's FastAPI app answers")
+        served.wait_for(lambda: answers(f"{url}/docs"), "the README's FastAPI app answers")
         question = plan_prompt(
             [{"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, {"text": ANSWER}]
         )
@@ -204,10 +190,3 @@ def test_the_readmes_fastapi_example_streams_the_answer(
     body = "".join(chunks)
     assert body == "\n[get_weather…]\n" + ANSWER
     assert len(chunks) >= 3  # the answer came in pieces, not in one body at the end
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/docs", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -10,7 +10,6 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,12 +51,6 @@ BROKEN = {
 }
 
 
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    with RedisServer() as server:
-        yield server.url
-
-
 def write_package(folder: Path, source: str) -> str:
     """`<folder>/<unique package>/tools.py` holding `source`; returns the module's dotted name."""
     package = f"myapp_{uuid.uuid4().hex[:8]}"
@@ -67,12 +60,14 @@ def write_package(folder: Path, source: str) -> str:
     return f"{package}.tools"
 
 
-def worker_env(own_redis_url: str, module: str) -> dict[str, str]:
+def worker_env(redis_url: str, module: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return {**env, "TOOLLOOP_REDIS_URL": own_redis_url, "TOOLLOOP_TOOL_MODULES": module}
+    return {**env, "TOOLLOOP_REDIS_URL": redis_url, "TOOLLOOP_TOOL_MODULES": module}
 
 
-def test_a_worker_serves_a_tool_module_of_its_current_folder(own_redis_url: str, tmp_path: Path) -> None:
+def test_a_worker_serves_a_tool_module_of_its_current_folder(
+    module_redis: RedisServer, tmp_path: Path
+) -> None:
     name = f"reverse_{uuid.uuid4().hex[:6]}"
     module = write_package(tmp_path, GOOD_TOOLS.format(name=name))
     hostname = f"cwd-{uuid.uuid4().hex[:8]}@localhost"
@@ -82,14 +77,14 @@ def test_a_worker_serves_a_tool_module_of_its_current_folder(own_redis_url: str,
             [str(TOOLLOOP_BIN), "worker", "--concurrency=1", f"--hostname={hostname}"],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=worker_env(own_redis_url, module),
+            env=worker_env(module_redis.url, module),
             cwd=tmp_path,
             start_new_session=True,
         )
-    handle = WorkerHandle(process, hostname, own_redis_url, log)
+    handle = WorkerHandle(process, hostname, module_redis.url, log)
     try:
         handle.wait_ready()  # its catalogue entry lists the tool
-        outcome = call_tool(own_redis_url, name, {"text": "abc"}, timeout_s=15)
+        outcome = call_tool(module_redis.url, name, {"text": "abc"}, timeout_s=15)
         assert (outcome.ok, outcome.result, outcome.worker) == (True, "cba", hostname), outcome
     finally:
         handle.stop()
@@ -98,14 +93,14 @@ def test_a_worker_serves_a_tool_module_of_its_current_folder(own_redis_url: str,
 
 @pytest.mark.parametrize(("source", "error", "where"), list(BROKEN.values()), ids=list(BROKEN))
 def test_a_broken_tool_module_stops_the_worker_with_a_short_named_error(
-    own_redis_url: str, tmp_path: Path, source: str, error: str, where: str
+    module_redis: RedisServer, tmp_path: Path, source: str, error: str, where: str
 ) -> None:
     module = write_package(tmp_path, source)
     result = subprocess.run(
         [str(TOOLLOOP_BIN), "worker", "--concurrency=1"],
         capture_output=True,
         text=True,
-        env=worker_env(own_redis_url, module),
+        env=worker_env(module_redis.url, module),
         cwd=tmp_path,
         timeout=30,
         check=False,
@@ -118,13 +113,13 @@ def test_a_broken_tool_module_stops_the_worker_with_a_short_named_error(
 
 
 def test_a_tool_module_that_is_not_there_names_the_folder_it_looked_in(
-    own_redis_url: str, tmp_path: Path
+    module_redis: RedisServer, tmp_path: Path
 ) -> None:
     result = subprocess.run(
         [str(TOOLLOOP_BIN), "worker"],
         capture_output=True,
         text=True,
-        env=worker_env(own_redis_url, "nowhere_pkg.tools"),
+        env=worker_env(module_redis.url, "nowhere_pkg.tools"),
         cwd=tmp_path,
         timeout=30,
         check=False,
@@ -136,12 +131,16 @@ def test_a_tool_module_that_is_not_there_names_the_folder_it_looked_in(
     )
 
 
-def test_a_worker_refuses_a_queue_none_of_its_tools_uses(own_redis_url: str) -> None:
+def test_a_worker_refuses_a_queue_none_of_its_tools_uses(module_redis: RedisServer) -> None:
     result = subprocess.run(
         [str(TOOLLOOP_BIN), "worker", "--queues=tools"],
         capture_output=True,
         text=True,
-        env={**os.environ, "TOOLLOOP_REDIS_URL": own_redis_url, "TOOLLOOP_TOOL_MODULES": "workers.examples"},
+        env={
+            **os.environ,
+            "TOOLLOOP_REDIS_URL": module_redis.url,
+            "TOOLLOOP_TOOL_MODULES": "workers.examples",
+        },
         timeout=30,
         check=False,
     )

@@ -15,16 +15,16 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
-from tests.e2e.conftest import event_data, wait_outcome
 from tests.support.e2e_processes import start_orchestrator
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, WorkerHandle, start_worker
+from tests.support.turns import event_data, wait_outcome
 from tests.support.waiting import wait_for, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -53,21 +53,11 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def trace_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def trace_worker(trace_redis: RedisServer, receiver: OtlpReceiver) -> Iterator[WorkerHandle]:
+def trace_worker(module_redis: RedisServer, receiver: OtlpReceiver) -> Iterator[WorkerHandle]:
     env = {**otel_env(receiver), "TOOLLOOP_TRACE_CONTENT": "true"}
-    handle = start_worker(trace_redis.url, [TOOLS], concurrency=2, env=env)
+    handle = start_worker(module_redis.url, [TOOLS], concurrency=2, env=env)
     yield handle
     handle.stop()
-
-
-def plan_prompt(rounds: list[dict[str, Any]]) -> str:
-    return f"marker-{uuid.uuid4().hex} " + json.dumps({"plan": rounds})
 
 
 def submit_from_app(redis_url: str, receiver: OtlpReceiver, prompt: str, tools: list[str]) -> dict[str, str]:
@@ -98,11 +88,11 @@ def wait_spans(
         spans = of_trace()
         return spans if ready(spans) else None
 
-    try:
-        return wait_for(all_in, what)
-    except AssertionError as timed_out:
-        listing = "\n".join(f"  {s.service}/{s.pid} {s.name} {s.attributes}" for s in of_trace())
-        raise AssertionError(f"{timed_out}; spans of the trace:\n{listing}") from None
+    def listing() -> str:
+        spans = "\n".join(f"  {s.service}/{s.pid} {s.name} {s.attributes}" for s in of_trace())
+        return f"spans of the trace:\n{spans}"
+
+    return wait_for(all_in, what, detail=listing)
 
 
 def named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
@@ -110,12 +100,12 @@ def named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
 
 
 def test_a_turn_is_one_trace_from_the_web_app_to_each_tool_task_and_across_owners(
-    trace_redis: RedisServer, trace_worker: WorkerHandle, receiver: OtlpReceiver
+    module_redis: RedisServer, trace_worker: WorkerHandle, receiver: OtlpReceiver
 ) -> None:
     env = {**otel_env(receiver), "TOOLLOOP_MODEL": "scripted:plan"}
-    first = start_orchestrator(trace_redis.url, env=env)
+    first = start_orchestrator(module_redis.url, env=env)
     second = None
-    client = Client(trace_redis.url)
+    client = Client(module_redis.url)
     try:
         # --- one turn: two tool calls in parallel, one retried once, then the answer ------------------------
         key = uuid.uuid4().hex
@@ -124,7 +114,7 @@ def test_a_turn_is_one_trace_from_the_web_app_to_each_tool_task_and_across_owner
             {"name": "trace_flaky", "arguments": {"key": key}},
         ]
         prompt = plan_prompt([{"calls": calls}, {"text": "all done"}])
-        app = submit_from_app(trace_redis.url, receiver, prompt, ["trace_login", "trace_flaky"])
+        app = submit_from_app(module_redis.url, receiver, prompt, ["trace_login", "trace_flaky"])
         outcome = wait_outcome(client, app["turn_id"])
         assert outcome.status == "completed", outcome
 
@@ -186,10 +176,10 @@ def test_a_turn_is_one_trace_from_the_web_app_to_each_tool_task_and_across_owner
         prompt = plan_prompt(
             [{"calls": [{"name": "trace_sleep", "arguments": {"seconds": 2}}]}, {"text": "ok"}]
         )
-        app = submit_from_app(trace_redis.url, receiver, prompt, ["trace_sleep"])
-        wait_until(lambda: event_data(client, app["turn_id"], "tool_started"), "the tool to start")
+        app = submit_from_app(module_redis.url, receiver, prompt, ["trace_sleep"])
+        wait_until(lambda: event_data(client.redis, app["turn_id"], "tool_started"), "the tool to start")
         first.stop()
-        second = start_orchestrator(trace_redis.url, env=env)
+        second = start_orchestrator(module_redis.url, env=env)
         outcome = wait_outcome(client, app["turn_id"])
         assert outcome.status == "completed", outcome
 

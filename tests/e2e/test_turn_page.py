@@ -18,11 +18,11 @@ import pytest
 
 from ops.redis_server import RedisServer, find_free_port
 from orchestrator.client import Client
-from tests.e2e.conftest import event_data
 from tests.support import served
 from tests.support.browser import open_chromium
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.turns import event_data
 from tests.support.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -40,25 +40,25 @@ TERMINAL = ("completed", "stopped", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
-def page_worker(e2e_redis: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(e2e_redis.url, ["tests.support.progress_tools"], concurrency=1)
+def page_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(module_redis.url, ["tests.support.progress_tools"], concurrency=1)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
-def slow_orchestrator(e2e_redis: RedisServer, page_worker: WorkerHandle) -> Iterator[OrchestratorHandle]:
+def slow_orchestrator(module_redis: RedisServer, page_worker: WorkerHandle) -> Iterator[OrchestratorHandle]:
     # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, paced by the delay.
     env = {"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": STREAM_DELAY_S, "TOOLLOOP_METRICS_PORT": str(find_free_port())}
-    handle = start_orchestrator(e2e_redis.url, env=env)
+    handle = start_orchestrator(module_redis.url, env=env)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
-def api_url(e2e_redis: RedisServer) -> Iterator[str]:
+def api_url(module_redis: RedisServer) -> Iterator[str]:
     env = {"TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER}
-    with served.serving_api(e2e_redis.url, env=env) as base:
+    with served.serving_api(module_redis.url, env=env) as base:
         yield base
 
 
@@ -82,9 +82,9 @@ def submit_turn(client: Client) -> str:
 
 
 def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
-    e2e_redis: RedisServer, slow_orchestrator: OrchestratorHandle, api_url: str, tmp_path: Path
+    module_redis: RedisServer, slow_orchestrator: OrchestratorHandle, api_url: str, tmp_path: Path
 ) -> None:
-    client = Client(e2e_redis.url)
+    client = Client(module_redis.url)
     try:
         with open_chromium(tmp_path / "profile") as browser:
             page = browser.new_page()
@@ -161,5 +161,5 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
 
 def dispatched_task_id(client: Client, turn_id: str) -> str:
     """The Celery task id of the turn's one tool call, from its `tool_dispatched` event."""
-    (dispatched,) = event_data(client, turn_id, "tool_dispatched")
+    (dispatched,) = event_data(client.redis, turn_id, "tool_dispatched")
     return str(dispatched["task_id"])

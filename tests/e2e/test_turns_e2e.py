@@ -6,7 +6,6 @@ so a test says exactly which tool calls the model makes. Turns go in and come ou
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -18,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import assert_every_call_answered_once, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
+from tests.support.plans import marked_plan_prompt, plan_prompt
+from tests.support.turns import assert_every_call_answered_once, wait_outcome
 from tests.support.waiting import wait_until
 from workers import keys
 from workers.contract import FailureKind
@@ -29,18 +29,12 @@ from workers.contract import FailureKind
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120), pytest.mark.usefixtures("orchestrator_process")]
 
 
-def plan_prompt(rounds: list[dict[str, Any]]) -> tuple[str, str]:
-    """A prompt that plays `rounds`, and a marker unique to it (to count its model requests)."""
-    marker = f"marker-{uuid.uuid4().hex}"
-    return f"{marker} " + json.dumps({"plan": rounds}), marker
-
-
 def tool_messages(messages: list[Any]) -> dict[str, ToolMessage]:
     return {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
 
 
 def test_multi_tool_turn_completes(client: Client) -> None:
-    prompt, _ = plan_prompt(
+    prompt, _ = marked_plan_prompt(
         [
             {
                 "calls": [
@@ -69,7 +63,7 @@ def test_multi_tool_turn_completes(client: Client) -> None:
 
 
 def test_parallel_calls_with_unknown_tool_and_bad_arguments_are_each_answered_once(client: Client) -> None:
-    prompt, _ = plan_prompt(
+    prompt, _ = marked_plan_prompt(
         [
             {
                 "calls": [
@@ -97,7 +91,7 @@ def test_parallel_calls_with_unknown_tool_and_bad_arguments_are_each_answered_on
 def test_max_llm_calls_stops_after_exactly_n_model_calls(
     client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt(
+    prompt, marker = marked_plan_prompt(
         [{"calls": [{"name": "e2e_add", "arguments": {"a": 1, "b": 1}}], "repeat": True}]
     )
     limits = {"max_llm_calls": 3, "repeat_guard_rounds": None}
@@ -112,7 +106,7 @@ def test_max_llm_calls_stops_after_exactly_n_model_calls(
 def test_a_provider_that_keeps_failing_ends_the_turn_failed(
     client: Client, model_server: RecordingModelServer
 ) -> None:
-    prompt, marker = plan_prompt(
+    prompt, marker = marked_plan_prompt(
         [{"error": {"status": 503, "message": "overloaded, try later"}, "repeat": True}]
     )
     limits = {"max_model_retries": 1}
@@ -125,10 +119,12 @@ def test_a_provider_that_keeps_failing_ends_the_turn_failed(
     assert model_server.requests_with(marker) == 2  # the first call and its one retry
 
 
-def test_one_confirmation_approved_and_another_denied(client: Client, e2e_redis_client: redis.Redis) -> None:
+def test_one_confirmation_approved_and_another_denied(
+    client: Client, module_redis_client: redis.Redis
+) -> None:
     suffix = uuid.uuid4().hex[:8]
     alice, bob = f"alice-{suffix}", f"bob-{suffix}"
-    prompt, _ = plan_prompt(
+    prompt, _ = marked_plan_prompt(
         [
             {
                 "calls": [
@@ -147,8 +143,8 @@ def test_one_confirmation_approved_and_another_denied(client: Client, e2e_redis_
     assert answers["call_r0_0"].content == f"sent 5.0 to {alice}"
     assert answers["call_r0_1"].failure_kind == FailureKind.CONFIRMATION_DENIED
     assert (outcome.status, outcome.stop_reason) == ("stopped", "confirmation_denied")
-    assert int(e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{alice}") or 0) == 1
-    assert e2e_redis_client.get(f"{COUNTER_PREFIX}transfer:{bob}") is None
+    assert int(module_redis_client.get(f"{COUNTER_PREFIX}transfer:{alice}") or 0) == 1
+    assert module_redis_client.get(f"{COUNTER_PREFIX}transfer:{bob}") is None
     assert_every_call_answered_once(outcome.messages)
 
 
@@ -157,7 +153,7 @@ def test_one_orchestrator_drives_many_turns_at_once(client: Client) -> None:
     # at once; driven one after another, no turn's tool would start before the previous one finished.
     sleep = {"name": "e2e_sleep", "arguments": {"seconds": 1}}
     turn_ids = [
-        client.submit(prompt=plan_prompt([{"calls": [sleep]}])[0], model="scripted:plan") for _ in range(8)
+        client.submit(prompt=plan_prompt([{"calls": [sleep]}]), model="scripted:plan") for _ in range(8)
     ]
     outcomes = [wait_outcome(client, turn_id) for turn_id in turn_ids]
     assert [o.status for o in outcomes] == ["completed"] * 8
@@ -207,7 +203,7 @@ def test_the_orchestrator_exposes_prometheus_metrics(
         ("toolloop_model_calls_total", (("outcome", "ok"), ("provider", "scripted"))): 2,
     }
     before = read_counters(url)
-    turn_id = client.submit(prompt=plan_prompt([{"calls": calls}])[0], model="scripted:plan")
+    turn_id = client.submit(prompt=plan_prompt([{"calls": calls}]), model="scripted:plan")
     outcome = wait_outcome(client, turn_id)
     assert (outcome.status, outcome.llm_calls) == ("completed", 2)
 
@@ -221,14 +217,14 @@ def test_the_orchestrator_exposes_prometheus_metrics(
 
 
 def test_an_orchestrator_stops_gracefully_on_sigterm(
-    e2e_redis: RedisServer, model_server: RecordingModelServer, e2e_redis_client: redis.Redis
+    module_redis: RedisServer, model_server: RecordingModelServer, module_redis_client: redis.Redis
 ) -> None:
     # An orchestrator of its own: the module's one goes on serving the other tests, whatever their order.
-    own = start_orchestrator(e2e_redis.url, model_base_url=model_server.base_url)
+    own = start_orchestrator(module_redis.url, model_base_url=model_server.base_url)
     try:
-        assert e2e_redis_client.zscore(keys.ORCHESTRATORS, own.orchestrator_id) is not None
+        assert module_redis_client.zscore(keys.ORCHESTRATORS, own.orchestrator_id) is not None
         assert own.stop(timeout_s=60) == 0, own.log_text()
         # A clean exit: it said goodbye, so no other orchestrator waits for its lease to expire.
-        assert e2e_redis_client.zscore(keys.ORCHESTRATORS, own.orchestrator_id) is None
+        assert module_redis_client.zscore(keys.ORCHESTRATORS, own.orchestrator_id) is None
     finally:
         own.kill()

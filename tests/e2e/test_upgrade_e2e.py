@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,14 @@ import pytest
 from ops.redis_server import RedisServer
 from orchestrator.client import Client
 from orchestrator.model import ToolMessage
-from tests.e2e.conftest import E2E_TOOLS, assert_every_call_answered_once, wait_outcome
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import start_orchestrator
+from tests.support.e2e_processes import E2E_TOOLS, start_orchestrator
 from tests.support.processes import start_worker
+from tests.support.turns import assert_every_call_answered_once, wait_outcome
 from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def read_fixture(name: str) -> dict[str, Any]:

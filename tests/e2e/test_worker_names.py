@@ -8,7 +8,6 @@ the worker still running vanished ("unknown tool …; available: none") until it
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -19,12 +18,6 @@ from tests.support.served import Served, start_toolloop
 from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_two_default_named_workers_on_one_host_keep_their_tools(own_redis: RedisServer) -> None:

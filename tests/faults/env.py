@@ -29,7 +29,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-import httpx
 import redis
 
 from ops.redis_server import RedisServer, find_free_port
@@ -40,7 +39,7 @@ from tests.faults.fault_tools import DONE, DONE_BY, STARTS
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
-from tests.support.served import Served, start_toolloop
+from tests.support.served import Served, answers, start_toolloop
 from tests.support.waiting import wait_for, wait_until
 from workers.app import ToolloopCelery, create_app
 from workers.settings import WorkerSettings
@@ -124,7 +123,7 @@ class FaultEnv:
         )
         self.apis.append(served)
         base_url = f"http://127.0.0.1:{port}"
-        served.wait_for(lambda: _healthy(base_url), "the API to answer /healthz", timeout_s=60)
+        served.wait_for(lambda: answers(f"{base_url}/healthz"), "the API to answer /healthz", timeout_s=60)
         return served, base_url
 
     @property
@@ -218,12 +217,7 @@ class FaultEnv:
 
     def wait_all(self, turn_ids: list[str], timeout_s: float) -> list[TurnOutcome]:
         """Every turn's terminal outcome, checked: answered exactly once, never ending on a tool call."""
-        outcomes = []
-        for turn_id in turn_ids:
-            outcome = self.client.wait(turn_id, timeout_s)
-            check_turn(outcome)
-            outcomes.append(outcome)
-        return outcomes
+        return wait_checked(self.client, turn_ids, timeout_s)
 
     def completed_by(self, tag: str) -> list[int]:
         """The pool processes that ran the fault tool under `tag` to completion, in order."""
@@ -247,10 +241,14 @@ class FaultEnv:
         )
 
 
-def _healthy(base_url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200
-    return False
+def wait_checked(client: Client, turn_ids: list[str], timeout_s: float) -> list[TurnOutcome]:
+    """Every turn's terminal outcome, each checked by `check_turn` as it comes."""
+    outcomes = []
+    for turn_id in turn_ids:
+        outcome = client.wait(turn_id, timeout_s)
+        check_turn(outcome)
+        outcomes.append(outcome)
+    return outcomes
 
 
 def check_turn(outcome: TurnOutcome) -> None:

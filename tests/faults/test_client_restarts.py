@@ -36,7 +36,8 @@ from orchestrator.client import AsyncClient, Client
 from orchestrator.model import TurnOutcome
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.support.processes import ROOT, TOOLLOOP_BIN
-from tests.support.waiting import wait_for
+from tests.support.turns import event_ids
+from tests.support.waiting import wait_at_most, wait_for
 from workers import keys, tool
 
 pytestmark = [pytest.mark.e2e]
@@ -60,9 +61,7 @@ def restart_nap(seconds: float, round_number: int) -> str:
 @tool(soft_time_limit=150, time_limit=170)
 def restart_gate(flag: str, max_s: float = 140.0) -> str:
     """Holds its turn running until the file `flag` exists (the restarts are over), at most `max_s`."""
-    deadline = time.monotonic() + max_s
-    while not Path(flag).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_at_most(Path(flag).exists, max_s)
     return "opened"
 
 
@@ -260,7 +259,7 @@ def test_every_client_kind_rides_out_redis_restarts(env: FaultEnv, size: Size, t
     seen = {kind: job.result(CLIENT_TIMEOUT_S) for kind, job in followers.items()}
     ran = cli.result(CLIENT_TIMEOUT_S + 30)
 
-    stored_ids = [str(entry_id) for entry_id, _ in env.redis.xrange(keys.turn_events(turn_id)) or []]
+    stored_ids = event_ids(env.redis, turn_id)
     stored_outcome = env.client.outcome(turn_id)
     assert stored_outcome is not None and stored_outcome.status == "completed", stored_outcome
     check_turn(stored_outcome)

@@ -77,10 +77,11 @@ def _left_alive(pids: dict[str, int]) -> dict[str, int]:
 
 def _wait_gone(pids: dict[str, int], after: str) -> None:
     """Until every process of `pids` is gone (killed and reaped); fail naming those that outlived `after`."""
-    try:
-        wait_until(lambda: not _left_alive(pids), f"every process to end after {after}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; outlived it: {_describe(_left_alive(pids))}") from None
+    wait_until(
+        lambda: not _left_alive(pids),
+        f"every process to end after {after}",
+        detail=lambda: f"outlived it: {_describe(_left_alive(pids))}",
+    )
 
 
 def _describe(left: dict[str, int]) -> str:

@@ -7,14 +7,12 @@ idempotent tools ran to completion at most once, and no process is left behind (
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, cast
 
 import pytest
 
@@ -26,6 +24,7 @@ from orchestrator.store.catalogue import read_catalogue
 from orchestrator.store.codec import parse_tool_outcome
 from tests.faults.env import FaultEnv, call, is_running
 from tests.support.task_events import TaskEvents
+from tests.support.turns import event_data
 from tests.support.waiting import wait_until
 from workers import keys
 from workers.contract import FailureKind, ToolCallRequest
@@ -89,11 +88,6 @@ def _check_idempotent(
 
 def _tool_messages(outcome: TurnOutcome) -> list[ToolMessage]:
     return [m for m in outcome.messages if isinstance(m, ToolMessage)]
-
-
-def _events(env: FaultEnv, turn_id: str, name: str) -> list[dict[str, Any]]:
-    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
-    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -172,7 +166,7 @@ def test_broker_redelivers_a_finished_task(size: Size) -> None:
                 wire_id = build_wire_call_id(turn_id, answer.tool_call_id)
                 stored = env.redis.get(keys.outcome(wire_id))
                 assert stored is not None
-                (dispatched,) = _events(env, turn_id, "tool_dispatched")
+                (dispatched,) = event_data(env.redis, turn_id, "tool_dispatched")
                 task_id = dispatched["task_id"]
                 task_events.wait_ended(task_id)
                 # The very message the orchestrator published (same task id), delivered once more.

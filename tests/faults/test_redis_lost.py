@@ -105,14 +105,15 @@ def _wait_in_flight(env: FaultEnv, ids: list[str], tags: list[str]) -> None:
 
 
 def _wait_recorded(env: FaultEnv, ids: list[str], orchestrator: OrchestratorHandle) -> None:
-    try:
-        wait_until(
-            lambda: all(env.redis.get(keys.turn_status(t)) == "failed" for t in ids),
-            f"the lost turns {ids} recorded as failed",
-        )
-    except AssertionError as exc:
-        statuses = [env.redis.get(keys.turn_status(t)) for t in ids]
-        raise AssertionError(f"{exc}: {statuses}\n{orchestrator.log_text()}") from None
+
+    def statuses_and_log() -> str:
+        return f"{[env.redis.get(keys.turn_status(t)) for t in ids]}\n{orchestrator.log_text()}"
+
+    wait_until(
+        lambda: all(env.redis.get(keys.turn_status(t)) == "failed" for t in ids),
+        f"the lost turns {ids} recorded as failed",
+        detail=statuses_and_log,
+    )
 
 
 def _check_lost(env: FaultEnv, turn_id: str) -> None:

@@ -30,8 +30,8 @@ import pytest
 import redis
 
 from orchestrator import Client
-from orchestrator.model import ToolMessage, TurnOutcome
-from tests.faults.env import MARK_VAR, PLAN_MODEL, call, check_turn, is_running
+from orchestrator.model import ToolMessage
+from tests.faults.env import MARK_VAR, PLAN_MODEL, call, is_running, wait_checked
 from tests.faults.sentinel_tools import STARTS
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
@@ -114,10 +114,7 @@ class SentinelSystem:
                 return ready()
             return False
 
-        try:
-            wait_until(check, what)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}:\n{self.logs()}") from None
+        wait_until(check, what, detail=self.logs)
 
     def submit(self, size: Size) -> list[str]:
         """`size.turns` turns of `size.rounds` rounds of `size.calls` calls each, every call its own (the
@@ -142,15 +139,6 @@ class SentinelSystem:
                 )
             )
         return ids
-
-    def wait_all(self, turn_ids: list[str], timeout_s: float) -> list[TurnOutcome]:
-        """Every turn's outcome, checked: terminal, each call answered exactly once."""
-        outcomes = []
-        for turn_id in turn_ids:
-            outcome = self.client.wait(turn_id, timeout_s)
-            check_turn(outcome)
-            outcomes.append(outcome)
-        return outcomes
 
     def starts(self) -> int:
         """How many tool runs have started (as far as the current master knows)."""
@@ -227,7 +215,7 @@ def test_master_fails_over_mid_turn(system: SentinelSystem, size: Size) -> None:
         print(f"{how}: the master is now on port {cluster.master().port}, {took:.1f} s after it began")
         if number < len(size.how) - 1:
             ids += system.submit(size)
-    outcomes = system.wait_all(ids, size.timeout_s)
+    outcomes = wait_checked(system.client, ids, size.timeout_s)
     unfinished = [
         (
             o.status,
@@ -240,7 +228,7 @@ def test_master_fails_over_mid_turn(system: SentinelSystem, size: Size) -> None:
     assert unfinished == [], f"{len(unfinished)} of {len(outcomes)} turns not completed: {unfinished[:3]}"
     assert system.alive(), system.logs()
     # Still serving on the new master: a fresh turn completes.
-    (fresh,) = system.wait_all(system.submit(Size(1, 1, 1, (), 0.0, 60)), 60)
+    (fresh,) = wait_checked(system.client, system.submit(Size(1, 1, 1, (), 0.0, 60)), 60)
     assert fresh.status == "completed", fresh
 
 

@@ -22,7 +22,6 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import cast
 
 import httpx
 import pytest
@@ -32,8 +31,8 @@ from orchestrator.api_redis import CLIENT_NAME
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.support.served import Served
 from tests.support.sse import SseStream, read_sse
+from tests.support.turns import event_ids
 from tests.support.waiting import async_wait_until
-from workers import keys
 
 pytestmark = [pytest.mark.e2e]
 
@@ -130,8 +129,7 @@ def api_connections(env: FaultEnv) -> list[str]:
 def check_stream(env: FaultEnv, turn_id: str, stream: SseStream) -> None:
     """Every event of the turn, each once, in order, ending with turn_finished; the turn itself sound."""
     assert stream.status == 200, stream.body
-    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
-    stored = [entry_id for entry_id, _ in entries]
+    stored = event_ids(env.redis, turn_id)
     assert stream.ids == stored, f"{turn_id}: sent {stream.names}"
     ordered = [parse_stream_id(i) for i in stream.ids]
     assert ordered == sorted(set(ordered))

@@ -10,27 +10,20 @@ without a race. The survivor must send the call again and complete the turn — 
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import Any, cast
 
 import pytest
 
 from ops.redis_server import find_free_port
 from tests.faults.env import FaultEnv, call, is_running
+from tests.support.turns import event_data
 from tests.support.waiting import wait_until
-from workers import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 # A turn left to its deadline ends `stopped`, not `completed`: the outcome itself tells whether the survivor
 # sent the call, so the waits below need no bound tighter than this.
 DEADLINE_S = 60.0
-
-
-def _events(env: FaultEnv, turn_id: str, name: str) -> list[dict[str, Any]]:
-    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
-    return [json.loads(fields["data"]) for _id, fields in entries if fields.get("name") == name]
 
 
 def test_a_dispatch_that_died_unpublished_with_its_owner_is_sent_by_the_new_owner() -> None:
@@ -40,17 +33,17 @@ def test_a_dispatch_that_died_unpublished_with_its_owner_is_sent_by_the_new_owne
         victim = env.start_orchestrator(env={"TOOLLOOP_BROKER_URL": dead_broker})
         tag = uuid.uuid4().hex[:12]
         turn_id = env.submit([call("fault_work", tag=tag, seconds=0.2)], deadline_s=DEADLINE_S)
-        wait_until(lambda: _events(env, turn_id, "tool_dispatched"), "the victim's dispatch")
+        wait_until(lambda: event_data(env.redis, turn_id, "tool_dispatched"), "the victim's dispatch")
         victim.kill()
         # The dispatch is persisted, and nothing reached the workers: no message, no start, no outcome.
         assert env.runs(tag) == (0, 0)
-        assert not _events(env, turn_id, "tool_synthesized")
+        assert not event_data(env.redis, turn_id, "tool_synthesized")
 
         survivor = env.start_orchestrator()
         outcome = env.client.wait(turn_id, DEADLINE_S + 60)
         assert (outcome.status, outcome.stop_reason) == ("completed", None), outcome.text
         assert env.runs(tag) == (1, 1)
-        (resumed,) = _events(env, turn_id, "turn_resumed")
-        (dispatched,) = _events(env, turn_id, "tool_dispatched")
+        (resumed,) = event_data(env.redis, turn_id, "turn_resumed")
+        (dispatched,) = event_data(env.redis, turn_id, "tool_dispatched")
         assert resumed["redispatched_call_ids"] == [dispatched["call_id"]]
         assert is_running(survivor)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.store_support import store_db_url
 from tests.support.served import serving_api
+from tests.support.store_db import store_db_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,14 +13,14 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from orchestrator.model import ToolMessage
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.hostile.hostile_tools import RUNS
-from workers import keys
+from tests.support.turns import turn_events
 from workers.contract import FailureKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -70,7 +70,7 @@ def test_sensitive_tools_outside_the_allowlist_never_run(env: FaultEnv) -> None:
     assert env.redis.get(RUNS + "delete_file") is None
     assert env.redis.get(RUNS + "transfer_funds") is None
     # Never listed: not offered to the model, and not named in any refusal as an available tool.
-    started = next(e for e in _events(env, turn_id) if e["name"] == "turn_started")
+    started = next(e for e in turn_events(env.redis, turn_id) if e["name"] == "turn_started")
     assert started["data"]["tools"] == ["fault_work"]
     for answer in answers:
         if answer.is_error and "available" in answer.content:
@@ -86,15 +86,10 @@ def test_a_turn_with_no_allowlist_is_not_offered_sensitive_tools(env: FaultEnv) 
     check_turn(outcome)
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]
     assert answer.is_error and answer.failure_kind in REFUSED
-    started = next(e for e in _events(env, turn_id) if e["name"] == "turn_started")
+    started = next(e for e in turn_events(env.redis, turn_id) if e["name"] == "turn_started")
     assert "delete_file" not in started["data"]["tools"]
     assert "transfer_funds" not in started["data"]["tools"]
     assert env.redis.get(RUNS + "delete_file") is None
-
-
-def _events(env: FaultEnv, turn_id: str) -> list[dict[str, Any]]:
-    entries = cast("list[tuple[str, dict[str, str]]]", env.redis.xrange(keys.turn_events(turn_id)))
-    return [{"name": f["name"], "data": json.loads(f["data"])} for _, f in entries]
 
 
 # --- malformed provider bodies -----------------------------------------------------------------------

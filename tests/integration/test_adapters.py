@@ -38,7 +38,8 @@ from orchestrator.providers.registry import build_model_client
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 from tests.openapi_schemas import assert_valid
-from tests.support.waiting import async_wait_until
+from tests.support.api_server import serving_in_loop
+from tests.support.fake_time import SleepRecorder
 from workers.contract import ToolSpec
 from workers.examples import arithmetic, demo
 
@@ -99,23 +100,12 @@ class ReplayServer:
 @pytest.fixture
 async def replay(shared_dir: Path) -> AsyncIterator[ReplayServer]:
     server = ReplayServer(shared_dir)
-    task = asyncio.create_task(server.server.serve())
-    await async_wait_until(lambda: server.server.started or task.done(), "the replay server to start")
-    assert not task.done(), "replay server did not start"
-    port = server.server.servers[0].sockets[0].getsockname()[1]
-    server.url = f"http://127.0.0.1:{port}"
-    try:
-        yield server
-    finally:
-        server.release.set()
-        server.server.should_exit = True
-        await task
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+    async with serving_in_loop(server.server, "the replay server") as url:
+        server.url = url
+        try:
+            yield server
+        finally:
+            server.release.set()
 
 
 def settings_for(url: str) -> Settings:
@@ -125,17 +115,6 @@ def settings_for(url: str) -> Settings:
         anthropic_base_url=url,
         anthropic_api_key=SecretStr("ak-test"),
     )
-
-
-class SleepRecorder:
-    """Stands in for asyncio.sleep so that retry waits are observed, not spent."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        await asyncio.sleep(0)
 
 
 def client_for(

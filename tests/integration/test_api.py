@@ -11,11 +11,10 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.api import create_app
 from orchestrator.client import Client
 from orchestrator.settings import Settings
-from tests.integration.store_support import empty_db_url, serve_app
-from tests.integration.test_client import finish_in_thread
+from tests.support.api_server import api_client
+from tests.support.store_db import finish_in_thread
 from workers import keys
 from workers.contract import ToolSpec
 
@@ -25,23 +24,8 @@ TOKEN = "s3cret-token"
 
 
 @pytest.fixture
-def db_url(redis_url: str) -> str:
-    return empty_db_url(redis_url)
-
-
-@pytest.fixture
-def api(db_url: str) -> Iterator[httpx.Client]:
-    with (
-        serve_app(create_app(Settings(redis_url=db_url))) as base_url,
-        httpx.Client(base_url=base_url) as http,
-    ):
-        yield http
-
-
-@pytest.fixture
 def secured(db_url: str) -> Iterator[httpx.Client]:
-    settings = Settings(redis_url=db_url, api_token=SecretStr(TOKEN))
-    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+    with api_client(Settings(redis_url=db_url, api_token=SecretStr(TOKEN))) as http:
         yield http
 
 
@@ -175,10 +159,7 @@ def test_healthz_is_503_when_redis_is_down() -> None:
 
     # A request rides out a Redis that does not answer for `api_redis_retry_s` first (10 s by default).
     settings = Settings(redis_url=f"redis://127.0.0.1:{find_free_port()}/0", api_redis_retry_s=1)
-    with (
-        serve_app(create_app(settings)) as base_url,
-        httpx.Client(base_url=base_url, timeout=20) as test_client,
-    ):
+    with api_client(settings, timeout_s=20) as test_client:
         reply = test_client.get("/healthz")
         assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
         assert reply.json()["status"] == "unavailable"
@@ -210,7 +191,7 @@ def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> N
     # A 1 s socket timeout and a turn silent for 2.5 s: the stream must wait, not break (redis-py's default
     # is 5 s; tests/e2e/test_api_e2e.py holds a real turn quiet for 7 s against it).
     settings = Settings(redis_url=f"{db_url}?socket_timeout=1")
-    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url, timeout=10) as http:
+    with api_client(settings, timeout_s=10) as http:
         turn_id = http.post("/v1/turns", json={"prompt": "x"}).json()["id"]
         thread = finish_in_thread(redis_url, turn_id, ("tool_started",), quiet_s=2.5)
         with http.stream("GET", f"/v1/turns/{turn_id}/events") as reply:
@@ -235,7 +216,7 @@ def test_a_redis_that_refuses_writes_gets_503_with_retry_after_and_healthz_stays
             admin.replicaof("127.0.0.1", find_free_port())
         admin.close()
         settings = Settings(redis_url=server.url, api_redis_retry_s=1)
-        with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url, timeout=20) as http:
+        with api_client(settings, timeout_s=20) as http:
             reply = http.post("/v1/turns", json={"prompt": "x"})
             assert reply.status_code == 503, reply.text
             assert reply.headers["retry-after"] == "1"

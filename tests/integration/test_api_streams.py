@@ -8,7 +8,6 @@ tests/faults/test_sse_streams.py runs the same against real workers and orchestr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -23,27 +22,15 @@ from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, UserM
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import empty_db_url, serve_app
-from tests.support.sse import SseStream, parse_sse_line, read_sse
+from tests.support.api_server import serve_app
+from tests.support.sse import SseStream, follow_sse, read_sse
+from tests.support.turns import event_ids
 from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
-from workers import keys
 from workers.connect import connect_redis_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 API_CLIENT_PREFIX = "toolloop-api"
-
-
-@pytest.fixture
-def db_url(redis_url: str) -> str:
-    return empty_db_url(redis_url)
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[TurnStore]:
-    turns = TurnStore.from_url(db_url)
-    yield turns
-    await turns.aclose()
 
 
 def build_outcome(turn_id: str) -> TurnOutcome:
@@ -66,9 +53,9 @@ def api_connections(url: str) -> list[str]:
 
 def stream_ids(url: str, turn_id: str) -> list[str]:
     """Every event id the turn's stream holds, from Redis itself."""
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = redis.Redis.from_url(url)
     try:
-        return [entry_id for entry_id, _ in client.xrange(keys.turn_events(turn_id))]
+        return event_ids(client, turn_id)
     finally:
         client.close()
 
@@ -80,19 +67,6 @@ def check_whole(stream: SseStream, url: str, turn_id: str, after: str = "0") -> 
     assert stream.ids == expected
     assert stream.names[-1] == codec.TURN_FINISHED and stream.names.count(codec.TURN_FINISHED) == 1
     assert all(m.json()["turn_id"] == turn_id for m in stream.messages)
-
-
-async def follow_sse(
-    http: httpx.AsyncClient, path: str, stream: SseStream, headers: dict[str, str] | None = None
-) -> SseStream:
-    """`read_sse` into `stream` as the lines come, so that a test can look at a stream still open."""
-    async with http.stream("GET", path, headers=headers or {}) as reply:
-        stream.status = reply.status_code
-        pending: dict[str, str] = {}
-        async for line in reply.aiter_lines():
-            parse_sse_line(line, pending, stream)
-        parse_sse_line("", pending, stream)
-    return stream
 
 
 def waits_for_redis(stream: SseStream) -> bool:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -18,9 +16,10 @@ import redis
 from ops.redis_server import RedisServer
 from orchestrator.archive import build_archive_send, build_turn_record
 from orchestrator.model import TurnOutcome, TurnRequest, UserMessage
-from orchestrator.outage import RedisOutage, RedisRetry, is_redis_failure
+from orchestrator.outage import RedisRetry, is_redis_failure
 from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher
-from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
+from tests.support.counting_outage import CountingOutage, tries_failed
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 from workers.app import create_app
 from workers.settings import WorkerSettings
 
@@ -29,29 +28,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 QUEUE = "toolloop.archive"
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 def build_options(turn_id: str) -> dict[str, object]:
     outcome = TurnOutcome(turn_id=turn_id, status="completed", messages=[UserMessage(content="hi")])
     record = build_turn_record(turn_id, TurnRequest(prompt="hi"), outcome, {}, 1.0)
     return build_archive_send(record, task="teamapp.archive_turn", queue=QUEUE)
-
-
-class CountingOutage(RedisOutage):
-    """The outage every loop reports to, counting the failed tries."""
-
-    def __init__(self, redis_url: str) -> None:
-        super().__init__(redis_url)
-        self.failures = 0
-
-    def failed(self, exc: BaseException, loop: str = "other") -> None:
-        self.failures += 1
-        super().failed(exc, loop)
 
 
 def build_publisher(url: str) -> tuple[Publisher, RedisRetry, CountingOutage]:
@@ -59,13 +39,6 @@ def build_publisher(url: str) -> tuple[Publisher, RedisRetry, CountingOutage]:
     retry = RedisRetry(outage)
     publisher = Publisher(create_app(WorkerSettings(redis_url=url), main="archive-test"), retry)
     return publisher, retry, outage
-
-
-async def tries_failed(outage: CountingOutage, sending: asyncio.Task[Any], count: int) -> None:
-    """Wait until `count` tries failed for want of Redis (or the send ended first: the caller sees it)."""
-    await async_wait_until(
-        lambda: sending.done() or outage.failures >= count, f"{count} tries to fail for want of Redis"
-    )
 
 
 async def test_a_record_sent_while_redis_is_away_goes_out_once_it_is_back(own_redis: RedisServer) -> None:

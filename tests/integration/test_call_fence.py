@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.store_support import store_db_url
+from tests.support.store_db import store_db_url
 from workers import keys, tool
 from workers.call_store import CallStore
 from workers.connect import connect_redis

@@ -7,8 +7,6 @@ blocked in XREAD): so a wait that returns the outcome woke on it. No test measur
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,13 +19,13 @@ from orchestrator import AsyncClient, Client, UnknownTurnError
 from orchestrator.client import PendingApproval
 from orchestrator.machine.layout import dump_log
 from orchestrator.machine.state import dump_entries, dump_state
-from orchestrator.model import AssistantMessage, TurnOutcome, TurnStatus, UserMessage
+from orchestrator.model import TurnOutcome, TurnStatus, UserMessage
 from orchestrator.settings import get_settings
 from orchestrator.store.history import Appended
 from orchestrator.store.turns import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
-from tests.integration.store_support import STORE_TEST_DB, store_db_url
 from tests.support.processes import WorkerHandle
-from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until, wait_until
+from tests.support.store_db import finish_in_thread, store_db_url, wait_blocked
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 from tests.unit.machine.harness import Driver, calls
 from workers import keys
 from workers.contract import REDACTED, FailureKind, ToolOutcome
@@ -47,73 +45,6 @@ async def aclient(redis_url: str) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(store_db_url(redis_url)) as async_client:
         await async_client.store.redis.flushdb()
         yield async_client
-
-
-def blocked_in(redis_url: str, command: str) -> bool:
-    """Whether a client of the test database is blocked in `command` now (`xread`, `blmove`): CLIENT LIST."""
-    with redis.Redis.from_url(store_db_url(redis_url), decode_responses=True) as admin:
-        clients = admin.client_list()
-    return any(c["db"] == str(STORE_TEST_DB) and c["cmd"] == command and "b" in c["flags"] for c in clients)
-
-
-class Finisher(threading.Thread):
-    """What an orchestrator does at the end of a turn, from another thread: once a reader of the test
-    database is blocked in XREAD (the client waiting, or streaming the events; unless `wait_reader` is
-    off), and `quiet_s` more of silence, the turn's last `events` and its outcome. `join` raises what went
-    wrong in the thread."""
-
-    def __init__(
-        self, redis_url: str, turn_id: str, events: tuple[str, ...], quiet_s: float, wait_reader: bool
-    ) -> None:
-        super().__init__(name=f"finish-{turn_id}", daemon=True)
-        self.redis_url, self.turn_id, self.events = redis_url, turn_id, events
-        self.quiet_s, self.wait_reader = quiet_s, wait_reader
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            if self.wait_reader:
-                wait_until(lambda: blocked_in(self.redis_url, "xread"), "a reader blocked in XREAD")
-            # Silence longer than a socket timeout, where a test needs it: a scenario, not a synchronisation.
-            time.sleep(self.quiet_s)
-            asyncio.run(self._finish())
-        except BaseException as exc:  # re-raised by join, in the test's thread
-            self.error = exc
-
-    async def _finish(self) -> None:
-        store = TurnStore.from_url(store_db_url(self.redis_url))
-        try:
-            for name in self.events:
-                await store.append_event(self.turn_id, name, {"turn_id": self.turn_id})
-            outcome = TurnOutcome(
-                turn_id=self.turn_id,
-                status="completed",
-                text="4",
-                messages=[UserMessage(content="2+2?"), AssistantMessage(content="4")],
-                llm_calls=1,
-            )
-            await store.save_outcome(self.turn_id, outcome)
-        finally:
-            await store.aclose()
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
-
-
-def finish_in_thread(
-    redis_url: str,
-    turn_id: str,
-    events: tuple[str, ...] = (),
-    *,
-    quiet_s: float = 0.0,
-    wait_reader: bool = True,
-) -> Finisher:
-    """Start a `Finisher` of the turn."""
-    thread = Finisher(redis_url, turn_id, events, quiet_s, wait_reader)
-    thread.start()
-    return thread
 
 
 def test_submit_get_and_wait_without_an_event_loop(client: Client, redis_url: str) -> None:
@@ -310,13 +241,13 @@ async def test_async_wait_events_claim_and_inbox_outlast_the_socket_timeout(redi
         # The orchestrator's blocking reads: claiming a turn queued later, and its inbox.
         assert await store.claim("orch-quiet", timeout_s=0.2) is None
         claiming = asyncio.create_task(store.claim("orch-quiet", timeout_s=DEFAULT_TIMEOUT_S))
-        await _quiet_once_blocked(redis_url, "blmove", claiming)
+        await _quiet_once_blocked(store, "blmove", claiming)
         later_id = await quiet.submit(prompt="queued later")
         assert await claiming == later_id
         reading = asyncio.create_task(store.read_inbox("orch-quiet", "$", block_ms=60_000))
         assert await reading == []  # one capped read ends empty instead of failing; the runtime reads again
         reading = asyncio.create_task(_read_inbox_until_found(store))
-        await _quiet_once_blocked(redis_url, "xread", reading)
+        await _quiet_once_blocked(store, "xread", reading)
         done = ToolOutcome(call_id="call-q", tool="add", turn_id=later_id, ok=True, result="1", content="1")
         await store.write_outcome(done)
         assert (await asyncio.wait_for(reading, DEFAULT_TIMEOUT_S))[0][1]["call"] == "call-q"
@@ -342,11 +273,9 @@ async def test_direct_calls_outlast_the_socket_timeout(redis_url: str, worker: W
         assert late.content == f"Error: no outcome within {QUIET_S - 1:g} s"
 
 
-async def _quiet_once_blocked(redis_url: str, command: str, reader: asyncio.Task[Any]) -> None:
+async def _quiet_once_blocked(store: TurnStore, command: str, reader: asyncio.Task[Any]) -> None:
     """Once `reader` is blocked in `command`, QUIET_S of silence (longer than the socket timeout)."""
-    await async_wait_until(
-        lambda: reader.done() or blocked_in(redis_url, command), f"a reader blocked in {command.upper()}"
-    )
+    await wait_blocked(store.redis, command, reader)
     assert not reader.done(), "the reader ended before anything came"
     await asyncio.sleep(QUIET_S)
 

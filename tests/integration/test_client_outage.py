@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -21,38 +20,32 @@ from tests.support.processes import ROOT, TOOLLOOP_BIN
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer(appendonly=True) as started:
-        yield started
-
-
 def test_wait_ends_at_its_timeout_while_redis_is_away_and_works_again_once_it_is_back(
-    server: RedisServer,
+    own_persistent_redis: RedisServer,
 ) -> None:
-    with Client(server.url, retry_s=1.0) as client:
+    with Client(own_persistent_redis.url, retry_s=1.0) as client:
         turn_id = client.submit(prompt="nobody runs this turn")
-        server.stop(keep_data=True)
+        own_persistent_redis.stop(keep_data=True)
         with pytest.raises(RedisUnavailableError) as raised:
             client.wait(turn_id, 1.5)
         assert isinstance(raised.value, TimeoutError) and isinstance(raised.value, redis.ConnectionError)
-        assert str(raised.value).startswith(f"cannot reach Redis at {server.url} (tried for ")
+        assert str(raised.value).startswith(f"cannot reach Redis at {own_persistent_redis.url} (tried for ")
         with pytest.raises(RedisUnavailableError):
             client.get(turn_id)  # a call without a timeout of its own waits `retry_s`
-        server.start()
+        own_persistent_redis.start()
         assert client.get(turn_id).status == "queued"  # the turn was kept (AOF), the client reconnects
         with pytest.raises(TimeoutError) as still_queued:
             client.wait(turn_id, 0.5)
         assert not isinstance(still_queued.value, RedisUnavailableError)
 
 
-async def test_the_async_wait_ends_the_same_way(server: RedisServer) -> None:
-    async with AsyncClient(server.url, retry_s=1.0) as client:
+async def test_the_async_wait_ends_the_same_way(own_persistent_redis: RedisServer) -> None:
+    async with AsyncClient(own_persistent_redis.url, retry_s=1.0) as client:
         turn_id = await client.submit(prompt="nobody runs this turn")
-        server.stop(keep_data=True)
+        own_persistent_redis.stop(keep_data=True)
         with pytest.raises(RedisUnavailableError, match="cannot reach Redis at"):
             await client.wait(turn_id, 1.5)
-        server.start()
+        own_persistent_redis.start()
         assert (await client.get(turn_id)).status == "queued"
 
 

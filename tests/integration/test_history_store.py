@@ -14,7 +14,6 @@ from orchestrator.model import AssistantMessage, Message, TurnOutcome, TurnReque
 from orchestrator.store.history import Appended
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import store_db_url
 from tests.unit.machine.harness import Driver, answer, calls, ok
 from workers import keys
 from workers.contract import ToolOutcome, dump_tool_outcome
@@ -25,9 +24,8 @@ RETENTION = keys.Retention(turn_ttl_s=1000, conversation_ttl_s=5000, outcome_ttl
 
 
 @pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[TurnStore]:
-    turn_store = TurnStore.from_url(store_db_url(redis_url), retention=RETENTION)
-    await turn_store.redis.flushdb()
+async def store(db_url: str) -> AsyncIterator[TurnStore]:
+    turn_store = TurnStore.from_url(db_url, retention=RETENTION)
     yield turn_store
     await turn_store.aclose()
 

@@ -17,7 +17,7 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import operations
 from orchestrator.store import scripts as lua
 from orchestrator.store.runner import SyncRunner
-from tests.integration.store_support import store_db_url
+from tests.support.store_db import store_db_url
 from workers import keys, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.connect import connect_redis
@@ -200,6 +200,8 @@ RUN_BY: dict[str, object] = {
     "read_history": "tests/integration/test_history_store.py",
     # Run against live, finished and gone turns, from a real worker's tool.
     "progress": "tests/integration/test_tool_progress.py",
+    # Run with a batch that holds `turn_finished` and a redacted value, read back in order.
+    "append_events": "tests/integration/test_store.py",
 }
 
 

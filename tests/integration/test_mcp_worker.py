@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from orchestrator.direct import call_tool
-from tests.support.mcp_support import catalogued, is_gone, wait_until
+from tests.support.mcp_support import catalogued, is_gone
 from tests.support.processes import TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.waiting import wait_until
 from workers.contract import ToolOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -88,7 +89,7 @@ def hang_once(redis_url: str, marks: Path, *, stop_pool: bool) -> tuple[ToolOutc
     outcomes: list[ToolOutcome] = []
     caller = threading.Thread(target=lambda: outcomes.append(call(redis_url, "py__hang", {})))
     caller.start()
-    wait_until(lambda: bool(list(marks.glob("hang-*"))), 60, "the hung call to reach the server")
+    wait_until(lambda: bool(list(marks.glob("hang-*"))), "the hung call to reach the server", 60)
     mark = next(marks.glob("hang-*"))
     server_pid, pool_pid = int(mark.name.removeprefix("hang-")), int(mark.read_text())
     if stop_pool:
@@ -121,7 +122,7 @@ def test_a_hung_call_is_answered_timeout_and_its_stdio_server_ends(
         else:
             assert outcome.error == "timed out after 10 s"
         wait_until(
-            lambda pid=server_pid: is_gone(pid), 60, f"the MCP server {server_pid} of the hung call to end"
+            lambda pid=server_pid: is_gone(pid), f"the MCP server {server_pid} of the hung call to end", 60
         )
         assert is_gone(pool_pid) is stop_pool
         text = uuid.uuid4().hex

@@ -16,13 +16,12 @@ import httpx
 import pytest
 
 from orchestrator import AsyncClient, Client
-from orchestrator.api import create_app
 from orchestrator.settings import Settings
 from orchestrator.store import operations
 from orchestrator.store.codec import ControlRequest
 from orchestrator.store.runner import SyncRunner
-from tests.integration.store_support import empty_db_url, serve_app
 from tests.support.processes import TOOLLOOP_BIN
+from tests.support.store_db import empty_db_url
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -39,15 +38,6 @@ def db_url(redis_url: str) -> str:
 def client(db_url: str) -> Iterator[Client]:
     with Client(db_url) as sync_client:
         yield sync_client
-
-
-@pytest.fixture
-def api(db_url: str) -> Iterator[httpx.Client]:
-    with (
-        serve_app(create_app(Settings(redis_url=db_url))) as base_url,
-        httpx.Client(base_url=base_url) as http,
-    ):
-        yield http
 
 
 def run_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_at_most, wait_until
 from workers import keys, tool
 from workers.call_store import OutcomeWrite
 from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
@@ -37,16 +37,8 @@ THIS_MODULE = __name__
 @tool(soft_time_limit=2, time_limit=3)
 def spool_work(gate_file: str) -> str:
     """Starts, waits (a little) for `gate_file`, returns; touches no Redis."""
-    deadline = time.monotonic() + 1.5
-    while not Path(gate_file).exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_at_most(Path(gate_file).exists, 1.5, poll_s=0.02)
     return "finished while Redis was full"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as redis_server:
-        yield redis_server
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +47,28 @@ def spool_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def worker(server: RedisServer, spool_root: Path) -> Iterator[WorkerHandle]:
-    handle = start_worker(server.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(spool_root)})
+def worker(module_redis: RedisServer, spool_root: Path) -> Iterator[WorkerHandle]:
+    handle = start_worker(
+        module_redis.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(spool_root)}
+    )
     yield handle
     handle.stop()
 
 
 def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
-    server: RedisServer, worker: WorkerHandle, spool_root: Path, tmp_path: Path
+    module_redis: RedisServer, worker: WorkerHandle, spool_root: Path, tmp_path: Path
 ) -> None:
-    client = redis.Redis.from_url(server.url)
-    spool = Spool(build_spool_dir(server.url, str(spool_root)))
+    client = redis.Redis.from_url(module_redis.url)
+    spool = Spool(build_spool_dir(module_redis.url, str(spool_root)))
     gate = tmp_path / "gate"
     request = ToolCallRequest(
         call_id=f"spool-{uuid.uuid4().hex}", tool="spool_work", arguments={"gate_file": str(gate)}
     )
     try:
         dispatch_call(
-            get_producer_app(Settings(redis_url=server.url)), read_catalogue(client)["spool_work"], request
+            get_producer_app(Settings(redis_url=module_redis.url)),
+            read_catalogue(client)["spool_work"],
+            request,
         )
         wait_until(lambda: client.exists(keys.running(request.call_id)) == 1, "the call to start")
         client.config_set("maxmemory-policy", "noeviction")
@@ -98,12 +94,14 @@ def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
         client.close()
 
 
-def test_a_spooled_outcome_left_by_an_earlier_worker_is_written(server: RedisServer, tmp_path: Path) -> None:
-    client = redis.Redis.from_url(server.url)
+def test_a_spooled_outcome_left_by_an_earlier_worker_is_written(
+    module_redis: RedisServer, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(module_redis.url)
     outcome = ToolOutcome(call_id=f"left-{uuid.uuid4().hex}", tool="spool_work", ok=True, content="left")
-    spool = Spool(build_spool_dir(server.url, str(tmp_path)))
+    spool = Spool(build_spool_dir(module_redis.url, str(tmp_path)))
     spool.put(OutcomeWrite.of(outcome, Fence(1, "1|gone@host:1:abcdef012345")))
-    handle = start_worker(server.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(tmp_path)})
+    handle = start_worker(module_redis.url, [THIS_MODULE], concurrency=1, env={SPOOL_DIR_VAR: str(tmp_path)})
     try:
         wait_until(lambda: client.exists(keys.outcome(outcome.call_id)) == 1, "the left outcome")
         assert client.get(keys.outcome(outcome.call_id)) == outcome.model_dump_json().encode()

@@ -22,15 +22,16 @@ from celery import Celery
 
 from ops.redis_server import RedisServer
 from orchestrator.direct import build_direct_request
-from orchestrator.outage import RedisOutage, RedisRetry
+from orchestrator.outage import RedisRetry
 from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, Send, build_send_options, build_task_id
 from orchestrator.store.catalogue import read_catalogue
+from tests.support.calls import wait_tool_outcome
+from tests.support.counting_outage import CountingOutage, tries_failed
 from tests.support.processes import WorkerHandle
 from tests.support.task_events import TaskEvents
-from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until, wait_for
-from workers import keys
+from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
 from workers.app import create_app
-from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec, build_task_name, parse_tool_outcome
+from workers.contract import ToolCallRequest, ToolSpec, build_task_name
 from workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -147,7 +148,7 @@ def test_calls_published_in_one_batch_run_and_flower_hears_each(
     sends = [(spec, request, build_task_id(request)) for request in requests]
     with TaskEvents(worker.redis_url) as events:
         assert publish(app, sends) == {}
-        outcomes = [wait_outcome(redis_client, request.call_id) for request in requests]
+        outcomes = [wait_tool_outcome(redis_client, request.call_id) for request in requests]
         for _, request, task_id in sends:
             (sent,) = sent_events(events, task_id, 1)
             assert sent["name"] == "tool.echo" and sent["queue"] == spec.queue
@@ -160,55 +161,26 @@ def test_calls_published_in_one_batch_run_and_flower_hears_each(
     ]
 
 
-def wait_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
-    def stored() -> bytes | None:
-        raw = client.get(keys.outcome(call_id))
-        assert not isinstance(raw, str)  # a client that does not decode
-        return raw
-
-    return parse_tool_outcome(wait_for(stored, f"the outcome of {call_id}"))
-
-
-class CountingOutage(RedisOutage):
-    """The outage the publisher reports to, counting its failed tries."""
-
-    def __init__(self, redis_url: str) -> None:
-        super().__init__(redis_url)
-        self.failures = 0
-
-    def failed(self, exc: BaseException, loop: str = "other") -> None:
-        self.failures += 1
-        super().failed(exc, loop)
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    # Append-only: what was published before the stop is still queued after the start.
-    server = RedisServer(appendonly=True).start()
-    yield server
-    server.stop()
-
-
-async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(own_redis: RedisServer) -> None:
-    app = create_app(WorkerSettings(redis_url=own_redis.url), main="publish-outage-test")
-    outage = CountingOutage(own_redis.url)
+async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(
+    own_persistent_redis: RedisServer,
+) -> None:
+    app = create_app(WorkerSettings(redis_url=own_persistent_redis.url), main="publish-outage-test")
+    outage = CountingOutage(own_persistent_redis.url)
     publisher = Publisher(app, RedisRetry(outage))
     calls = [held_call(time.time() + 600) for _ in range(3)]
     # Once with Redis up: the producer's connection and the queues' declarations are the ones that break.
     assert await publisher.publish(calls[:1]) == {}
-    own_redis.stop(keep_data=True)
+    own_persistent_redis.stop(keep_data=True)
     sending = asyncio.create_task(publisher.publish(calls[1:]))
     # More tries than a failure of another kind gets: for want of Redis it still retries, not given up.
-    await async_wait_until(
-        lambda: sending.done() or outage.failures >= PUBLISH_ATTEMPTS + 1, "tries to fail for want of Redis"
-    )
+    await tries_failed(outage, sending, PUBLISH_ATTEMPTS + 1)
     assert not sending.done()
 
-    own_redis.start()
+    own_persistent_redis.start()
     assert await asyncio.wait_for(sending, DEFAULT_TIMEOUT_S) == {}
     await publisher.aclose()
     app.close()
-    client = redis.Redis.from_url(own_redis.url)
+    client = redis.Redis.from_url(own_persistent_redis.url)
     try:
         for spec, _, task_id in calls:
             assert [message["headers"]["id"] for message in read_queue(client, spec.queue)] == [task_id]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -11,19 +10,10 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads
 from orchestrator.store.history import Prior, StoredState
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import store_db_url
 from workers import keys
 from workers.contract import ToolOutcome, dump_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[TurnStore]:
-    turn_store = TurnStore.from_url(store_db_url(redis_url))
-    await turn_store.redis.flushdb()
-    yield turn_store
-    await turn_store.aclose()
 
 
 async def test_a_step_saves_its_state_and_events_together(store: TurnStore) -> None:

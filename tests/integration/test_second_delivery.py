@@ -18,7 +18,6 @@ How a delivery ended is read from the worker's Celery task events, as Flower rea
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,11 +31,13 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support import second_delivery_tools
+from tests.support.calls import stored_outcome
 from tests.support.processes import WorkerHandle, start_worker
 from tests.support.second_delivery_tools import RELEASE, RUNS
+from tests.support.task_events import TaskEvents
 from tests.support.waiting import wait_for, wait_until
 from workers import keys
-from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
+from workers.contract import ToolCallRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -45,51 +46,9 @@ HELD_REASON = "another execution holds the call"
 ENDS = frozenset({"task-succeeded", "task-failed", "task-retried", "task-rejected", "task-revoked"})
 
 
-class TaskEvents:
-    """The Celery events of one broker, recorded from a thread as Flower receives them."""
-
-    def __init__(self, app: Celery) -> None:
-        self._connection: Any = app.connection_for_read()
-        self._receiver: Any = app.events.Receiver(self._connection, handlers={"*": self._record})
-        self._events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._consume, name="task-events", daemon=True)
-
-    def _record(self, event: dict[str, Any]) -> None:
-        with self._lock:
-            self._events.append(event)
-
-    def _consume(self) -> None:
-        for _ in self._receiver.consume(limit=None, timeout=None, safety_interval=0.2, wakeup=True):
-            pass
-
-    def start(self, hostname: str) -> None:
-        """Record from now on; returns once an event of worker `hostname` arrived (its heartbeat: one every
-        2 s), so that the worker's later events are all seen."""
-        self._thread.start()
-        wait_until(lambda: self.of_worker(hostname), f"an event of worker {hostname}")
-
-    def stop(self) -> None:
-        self._receiver.should_stop = True
-        self._thread.join(10)
-        self._connection.release()
-
-    def of_worker(self, hostname: str) -> list[dict[str, Any]]:
-        with self._lock:
-            return [e for e in self._events if e.get("hostname") == hostname]
-
-    def of_task(self, task_id: str) -> list[dict[str, Any]]:
-        """The task's events in the order the worker sent them (all from its main process), but `task-sent`
-        (the publisher's)."""
-        with self._lock:
-            return [e for e in self._events if e.get("uuid") == task_id and e["type"] != "task-sent"]
-
-    def count(self, task_id: str, kind: str) -> int:
-        return sum(1 for e in self.of_task(task_id) if e["type"] == kind)
-
-    def first_end(self, task_id: str) -> dict[str, Any] | None:
-        """The first event that says how a delivery of the task ended, if any did yet."""
-        return next((e for e in self.of_task(task_id) if e["type"] in ENDS), None)
+def _first_end(events: TaskEvents, task_id: str) -> dict[str, Any] | None:
+    """The first event that says how a delivery of the task ended (a retry too), if any did yet."""
+    return next((e for e in events.of_task(task_id) if e["type"] in ENDS), None)
 
 
 def _unacked_tag(channel: Any, task_id: str) -> str | None:
@@ -115,46 +74,33 @@ def redeliver(app: Celery, task_id: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def own_redis() -> Iterator[RedisServer]:
-    # Its own Redis: this module's tools never mix with the session worker's catalogue.
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def held_worker(own_redis: RedisServer) -> Iterator[WorkerHandle]:
+def held_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     # Two pool processes: the second copy runs while the first one holds the other.
-    handle = start_worker(own_redis.url, [second_delivery_tools.__name__], concurrency=2)
+    handle = start_worker(module_redis.url, [second_delivery_tools.__name__], concurrency=2)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
-def producer(own_redis: RedisServer) -> Celery:
-    return get_producer_app(Settings(redis_url=own_redis.url))
+def producer(module_redis: RedisServer) -> Celery:
+    return get_producer_app(Settings(redis_url=module_redis.url))
 
 
 @pytest.fixture
-def db(own_redis: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(own_redis.url)
+def db(module_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(module_redis.url)
     yield client
     client.close()
 
 
 @pytest.fixture
-def events(producer: Celery, held_worker: WorkerHandle) -> Iterator[TaskEvents]:
-    recorder = TaskEvents(producer)
-    recorder.start(held_worker.hostname)
-    yield recorder
-    recorder.stop()
+def events(module_redis: RedisServer, held_worker: WorkerHandle) -> Iterator[TaskEvents]:
+    # Returns once it hears the held worker (this Redis's only one): none of its later events is missed.
+    with TaskEvents(module_redis.url) as recorder:
+        yield recorder
 
 
 # --- the test ------------------------------------------------------------------------------------------
-
-
-def _outcome(db: redis.Redis, call_id: str) -> ToolOutcome | None:
-    raw = db.get(keys.outcome(call_id))
-    return parse_tool_outcome(raw) if raw is not None else None
 
 
 def _runs(db: redis.Redis, tag: str) -> list[dict[str, Any]]:
@@ -174,14 +120,14 @@ def test_a_second_delivery_while_the_first_runs_runs_nothing_and_is_retried(
         wait_until(lambda: _runs(db, tag), "the first copy's body to start")
         redeliver(producer, task_id)
         # The first copy holds until released: the first delivery to end is the second copy.
-        second = wait_for(lambda: events.first_end(task_id), "the second copy to end")
+        second = wait_for(lambda: _first_end(events, task_id), "the second copy to end")
         assert second["type"] == "task-retried", f"the second copy was not handed back: {second}"
         assert second["exception"] == f"ToolCallRetried('{HELD_REASON}')", second
         assert len(_runs(db, tag)) == 1, "the second copy ran the body beside the first"
-        assert _outcome(db, request.call_id) is None, "the second copy answered the call"
+        assert stored_outcome(db, request.call_id) is None, "the second copy answered the call"
     finally:
         db.rpush(RELEASE + tag, "go")
-    outcome = wait_for(lambda: _outcome(db, request.call_id), "the call's outcome")
+    outcome = wait_for(lambda: stored_outcome(db, request.call_id), "the call's outcome")
     # "Ran once" is checked once every delivery ended: the first copy, then the second copy's retries, one
     # after the other (each one held publishes the next), until one finds the outcome and succeeds.
     wait_until(lambda: events.count(task_id, "task-succeeded") == 2, "the second copy's last retry to end")

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import redis
@@ -21,21 +19,12 @@ from orchestrator.machine.state import dump_entries
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.store.history import Appended
 from orchestrator.store.turns import TurnStore
-from tests.integration.store_support import STORE_TEST_DB, store_db_url
+from tests.support.store_db import store_db_url, wait_blocked
 from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, build_failure, dump_tool_outcome, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[TurnStore]:
-    url = store_db_url(redis_url)
-    turn_store = TurnStore.from_url(url)
-    await turn_store.redis.flushdb()
-    yield turn_store
-    await turn_store.aclose()
 
 
 def finished(turn_id: str, text: str = "done") -> TurnOutcome:
@@ -55,21 +44,6 @@ async def lease_owner(store: TurnStore, turn_id: str) -> str | None:
 
 def ok_outcome(call_id: str, turn_id: str | None, result: str) -> ToolOutcome:
     return ToolOutcome(call_id=call_id, tool="add", turn_id=turn_id, ok=True, result=result, content=result)
-
-
-async def wait_blocked(store: TurnStore, command: str, reader: asyncio.Task[Any]) -> None:
-    """Wait until a client of the test database is blocked in `command` (`xread`, `blmove`): the reader's
-    read, unless the reader ended first (the caller's assertions then show why)."""
-
-    async def blocked() -> bool:
-        if reader.done():
-            return True
-        clients = await store.redis.client_list()
-        return any(
-            c["db"] == str(STORE_TEST_DB) and c["cmd"] == command and "b" in c["flags"] for c in clients
-        )
-
-    await async_wait_until(blocked, f"a reader blocked in {command.upper()}")
 
 
 async def test_submit_is_durable_before_it_returns(store: TurnStore, redis_url: str) -> None:
@@ -119,7 +93,7 @@ async def test_a_blocked_claimer_wakes_up_on_submit(store: TurnStore, redis_url:
     try:
         # A claim that would block for far longer than the test: it returns the turn only if it woke on it.
         claiming = asyncio.create_task(store.claim("orch-a", timeout_s=DEFAULT_TIMEOUT_S))
-        await wait_blocked(store, "blmove", claiming)
+        await wait_blocked(store.redis, "blmove", claiming)
         turn_id = await submitter.submit(TurnRequest(prompt="wake"))
         assert await claiming == turn_id
     finally:
@@ -234,7 +208,7 @@ async def test_read_inbox_blocks_until_a_notification_arrives(store: TurnStore) 
         return entries
 
     reading = asyncio.create_task(read_until_some())
-    await wait_blocked(store, "xread", reading)
+    await wait_blocked(store.redis, "xread", reading)
     assert not reading.done()  # nothing came yet: the inbox was empty
     await store.write_outcome(ok_outcome("call-2", turn_id, "ok"))
     entries = await asyncio.wait_for(reading, DEFAULT_TIMEOUT_S)
@@ -270,7 +244,7 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert await store.claim("orch-a", timeout_s=0.2) is None  # the second waits for the first
     assert await store.get_status(second) == TurnStatus.QUEUED
     waiting = asyncio.create_task(store.claim("orch-b", timeout_s=DEFAULT_TIMEOUT_S))
-    await wait_blocked(store, "blmove", waiting)
+    await wait_blocked(store.redis, "blmove", waiting)
     # The outcome references the messages its steps appended to the conversation's list.
     done = finished(first, "answer one")
     append = Appended(keys.conversation_history("conv-1"), 0, tuple(dump_entries(done.messages)))
@@ -290,6 +264,21 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert head == {"history_key": keys.conversation_history("conv-1"), "history_len": 2, "turn_id": second}
 
 
+async def test_a_batch_of_events_is_appended_in_order_and_redacted(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    batch = [
+        ("tool_call_started", {"llm_call": 0, "call_id": "c1", "tool": "login"}),
+        ("turn_finished", {"ignored": True}),
+        ("text_delta", {"llm_call": 0, "text": "token=", "password": "s3cret"}),
+    ]
+    last = await store.append_events(turn_id, batch)
+    assert await store.append_events(turn_id, [("turn_finished", {})]) is None
+    events = await store.read_events(turn_id)
+    assert [e.name for e in events] == ["turn_queued", "tool_call_started", "text_delta"]
+    assert events[-1].id == last
+    assert events[-1].data == {"llm_call": 0, "text": "token=", "password": "***"}
+
+
 async def test_events_are_redacted_streamed_and_end_with_turn_finished(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     await store.append_event(
@@ -305,7 +294,7 @@ async def test_events_are_redacted_streamed_and_end_with_turn_finished(store: Tu
     collecting = asyncio.create_task(collect())
     # Streamed as they come: the reader has what is there and waits for more before the turn ends.
     await async_wait_until(lambda: len(seen) == 2, "the events so far")
-    await wait_blocked(store, "xread", collecting)
+    await wait_blocked(store.redis, "xread", collecting)
     await store.save_outcome(turn_id, finished(turn_id))
     await asyncio.wait_for(collecting, DEFAULT_TIMEOUT_S)
     assert seen == ["turn_queued", "tool_dispatched", "turn_finished"]
@@ -320,7 +309,7 @@ async def test_wait_outcome_wakes_on_the_outcome_and_times_out(store: TurnStore)
         await store.wait_outcome(turn_id, 0.3)
     # A wait far longer than the test: it returns the outcome only if it woke on it.
     waiting = asyncio.create_task(store.wait_outcome(turn_id, DEFAULT_TIMEOUT_S))
-    await wait_blocked(store, "xread", waiting)
+    await wait_blocked(store.redis, "xread", waiting)
     assert not waiting.done()
     await store.save_outcome(turn_id, finished(turn_id))
     outcome = await waiting

@@ -36,9 +36,10 @@ from orchestrator.providers.deltas import Delta, TextDelta, ThinkingDelta, ToolC
 from orchestrator.providers.registry import ModelClients, build_model_client
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
-from tests.integration.test_adapters import SleepRecorder
 from tests.openapi_schemas import assert_valid
-from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
+from tests.support.api_server import serving_in_loop
+from tests.support.fake_time import SleepRecorder
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 from tests.unit.providers.conftest import load_expected
 from tests.unit.providers.test_expected import check_turn
 
@@ -125,23 +126,12 @@ class StreamServer:
 @pytest.fixture
 async def server(shared_dir: Path) -> AsyncIterator[StreamServer]:
     replay = StreamServer(shared_dir)
-    task = asyncio.create_task(replay.server.serve())
-    await async_wait_until(lambda: replay.server.started or task.done(), "the stream server to start")
-    assert not task.done(), "stream server did not start"
-    port = replay.server.servers[0].sockets[0].getsockname()[1]
-    replay.url = f"http://127.0.0.1:{port}"
-    try:
-        yield replay
-    finally:
-        replay.release.set()
-        replay.server.should_exit = True
-        await task
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+    async with serving_in_loop(replay.server, "the stream server") as url:
+        replay.url = url
+        try:
+            yield replay
+        finally:
+            replay.release.set()
 
 
 class Recorder:

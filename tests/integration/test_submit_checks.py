@@ -13,17 +13,16 @@ import os
 import subprocess
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import redis
 
 from orchestrator import AsyncClient, Client
-from orchestrator.api import create_app
 from orchestrator.errors import ModelConfigError, UnknownToolError
 from orchestrator.settings import Settings
-from tests.integration.store_support import serve_app, store_db_url
+from tests.support.api_server import api_client
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.processes import TOOLLOOP_BIN, start_worker
+from tests.support.store_db import store_db_url
 from workers import keys
 from workers.contract import FailureKind
 
@@ -116,10 +115,7 @@ def test_a_model_name_no_orchestrator_can_serve_is_refused(client: Client, model
 
 
 def test_the_api_answers_422_listing_public_tools(served_url: str) -> None:
-    with (
-        serve_app(create_app(Settings(redis_url=served_url))) as base_url,
-        httpx.Client(base_url=base_url) as http,
-    ):
+    with api_client(Settings(redis_url=served_url)) as http:
         reply = http.post("/v1/turns", json={"prompt": "2+3?", "tools": ["echo", "addd"]})
         assert reply.status_code == 422, reply.text
         (error,) = reply.json()["detail"]

@@ -18,6 +18,8 @@ import redis
 from orchestrator.direct import build_direct_request, call_tool
 from orchestrator.runtime.publish import build_task_id, dispatch_call, get_producer_app, revoke_call
 from orchestrator.settings import Settings
+from tests.support.broker import broker_holds
+from tests.support.calls import wait_tool_outcome
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
 from tests.support.waiting import wait_for, wait_until
@@ -26,9 +28,6 @@ from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure, 
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-# kombu's hash of the messages delivered to a worker and not acked yet (its Redis transport's `unacked_key`).
-UNACKED_KEY = "unacked"
-
 
 def _tag() -> str:
     return uuid.uuid4().hex
@@ -36,15 +35,6 @@ def _tag() -> str:
 
 def _runs(client: redis.Redis, tag: str) -> int:
     return int(client.get(COUNT_PREFIX + tag) or 0)
-
-
-def _broker_holds(client: redis.Redis, call_id: str, queue: str) -> bool:
-    """Whether a message of the call is still queued, or delivered and not acked yet: once neither, every
-    delivery of it (a requeued or redelivered copy too) has run its course. A message's headers carry its
-    task id, `<call id>:<attempt>`."""
-    needle = call_id.encode()
-    messages = [*client.hvals(UNACKED_KEY), *client.lrange(queue, 0, -1)]
-    return any(needle in message for message in messages)
 
 
 @pytest.fixture
@@ -126,7 +116,7 @@ def test_sigkilled_child_without_retries_is_worker_lost(call: Any, redis_client:
     # no message of the call, that copy has been and gone.
     queue = _spec(redis_client, "die_always").queue
     wait_until(
-        lambda: not _broker_holds(redis_client, outcome.call_id, queue), "the requeued copy to be acked"
+        lambda: not broker_holds(redis_client, outcome.call_id, queue), "the requeued copy to be acked"
     )
     assert _runs(redis_client, tag) == 1
 
@@ -202,16 +192,6 @@ def _spec(redis_client: redis.Redis, name: str) -> ToolSpec:
     return read_catalogue(redis_client)[name]
 
 
-def _wait_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
-    def stored() -> bytes | None:
-        raw = client.get(keys.outcome(call_id))
-        assert not isinstance(raw, str)  # a client that does not decode
-        return raw
-
-    raw = wait_for(stored, f"the outcome of {call_id}")
-    return parse_tool_outcome(raw)
-
-
 def test_redelivered_message_does_not_run_a_finished_tool_again(
     redis_url: str, worker: WorkerHandle, redis_client: redis.Redis
 ) -> None:
@@ -220,12 +200,10 @@ def test_redelivered_message_does_not_run_a_finished_tool_again(
     spec = _spec(redis_client, "counted")
     request = build_direct_request("counted", {"tag": tag}, None, 60.0, time.time())
     dispatch_call(app, spec, request)
-    outcome = _wait_outcome(redis_client, request.call_id)
+    outcome = wait_tool_outcome(redis_client, request.call_id)
     dispatch_call(app, spec, request)  # the same message again, as a redelivery would bring it
     dispatch_call(app, spec, request)
-    wait_until(
-        lambda: not _broker_holds(redis_client, request.call_id, spec.queue), "both copies to be acked"
-    )
+    wait_until(lambda: not broker_holds(redis_client, request.call_id, spec.queue), "both copies to be acked")
     assert outcome.ok and outcome.result == 1
     assert _runs(redis_client, tag) == 1
     assert redis_client.llen(keys.late_outcomes(request.call_id)) == 0
@@ -262,7 +240,7 @@ def test_revoked_task_is_cancelled(redis_url: str, worker: WorkerHandle, redis_c
     dispatch_call(app, _spec(redis_client, "counted"), request)
     wait_until(lambda: redis_client.get(keys.attempts(request.call_id)), "the call to start")
     revoke_call(app, build_task_id(request), terminate=True)
-    outcome = _wait_outcome(redis_client, request.call_id)
+    outcome = wait_tool_outcome(redis_client, request.call_id)
     assert outcome.failure_kind is FailureKind.CANCELLED
     assert outcome.content == "Error: the call was cancelled (task revoked)"
 

@@ -28,9 +28,12 @@ from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import read_catalogue
+from tests.support.calls import wait_tool_outcome
 from tests.support.processes import WorkerHandle, start_worker
+from tests.support.turns import event_data
+from tests.support.waiting import wait_until
 from workers import keys
-from workers.contract import REDACTED, ToolCallRequest, ToolOutcome, parse_tool_outcome
+from workers.contract import REDACTED, ToolCallRequest, ToolOutcome
 from workers.progress import ProgressSink, build_event_fields
 from workers.scripts import ProgressResult
 
@@ -39,14 +42,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 TOOLS = "tests.support.progress_tools"
 SECRET = "sk-live-5f2b9c1d7e"
 DROPPED = "progress event dropped"
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _open_turn(client: redis.Redis) -> str:
@@ -65,18 +60,6 @@ def _dispatch(redis_url: str, client: redis.Redis, turn_id: str, tool: str, argu
     return wire_id
 
 
-def _outcome(client: redis.Redis, wire_id: str, timeout_s: float = 30) -> ToolOutcome:
-    _wait_for(lambda: client.exists(keys.outcome(wire_id)) == 1, timeout_s, f"the outcome of {wire_id}")
-    raw = client.get(keys.outcome(wire_id))
-    assert raw is not None
-    return parse_tool_outcome(raw)
-
-
-def _progress(client: redis.Redis, turn_id: str) -> list[dict[str, Any]]:
-    entries = client.xrange(keys.turn_events(turn_id))
-    return [json.loads(f[b"data"]) for _id, f in entries if f[b"name"] == b"tool_progress"]
-
-
 @pytest.fixture(scope="module")
 def progress_worker(redis_url: str) -> Iterator[WorkerHandle]:
     handle = start_worker(redis_url, [TOOLS], concurrency=1)
@@ -93,9 +76,9 @@ def test_events_in_order_under_the_models_call_id_without_the_secret(
     turn_id = _open_turn(redis_client)
     arguments = {"api_key": SECRET, "steps": 4, "pause_s": 0.3}
     wire_id = _dispatch(redis_url, redis_client, turn_id, "progress_steps", arguments)
-    outcome = _outcome(redis_client, wire_id)
+    outcome = wait_tool_outcome(redis_client, wire_id, 30)
     assert outcome.ok and outcome.result == "4 steps done", outcome
-    events = _progress(redis_client, turn_id)
+    events = event_data(redis_client, turn_id, "tool_progress")
     assert events == [
         {
             "call_id": "call_7",
@@ -115,8 +98,8 @@ def test_a_burst_shows_its_first_and_its_last(
 ) -> None:
     turn_id = _open_turn(redis_client)
     wire_id = _dispatch(redis_url, redis_client, turn_id, "progress_burst", {"reports": 200})
-    assert _outcome(redis_client, wire_id).ok
-    events = _progress(redis_client, turn_id)
+    assert wait_tool_outcome(redis_client, wire_id, 30).ok
+    events = event_data(redis_client, turn_id, "tool_progress")
     shown = [int(event["message"].split()[1]) for event in events]
     assert shown[0] == 1 and shown[-1] == 200 and events[-1]["fraction"] == 1.0
     assert shown == sorted(shown) and len(shown) < 200, shown
@@ -159,22 +142,20 @@ def test_script_adds_nothing_after_the_turn_or_the_call_ended(
     redis_client.delete(keys.outcome(wire_id))
     redis_client.set(keys.turn_outcome(turn_id), "{}")
     assert _append(sink, turn_id, wire_id) is ProgressResult.ENDED
-    assert len(_progress(redis_client, turn_id)) == 2
+    assert len(event_data(redis_client, turn_id, "tool_progress")) == 2
 
 
 # --- the state Redis frozen or stopped while the tool reports -----------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
+def broker(module_redis: RedisServer) -> RedisServer:
+    return module_redis
 
 
 @pytest.fixture(scope="module")
-def state() -> Iterator[RedisServer]:
-    with RedisServer(appendonly=True) as server:
-        yield server
+def state(module_persistent_redis: RedisServer) -> RedisServer:
+    return module_persistent_redis
 
 
 @pytest.fixture(scope="module")
@@ -204,21 +185,25 @@ def _run_through(
         settings = Settings(redis_url=state.url, broker_url=broker.url)
         spec = read_catalogue(client)["progress_through_freeze"]
         dispatch_call(get_producer_app(settings), spec, request)
-        _wait_for((flags / "reported").exists, 30, "the first report")
+        wait_until((flags / "reported").exists, "the first report", 30)
         warned = worker.log_text().count(DROPPED)
         freeze()
         try:
             (flags / "frozen").touch()
             # Reports that waited on the frozen Redis would hold the tool here until the thaw.
-            _wait_for((flags / "returned").exists, 20, "the tool to return while Redis is frozen")
+            wait_until((flags / "returned").exists, "the tool to return while Redis is frozen", 20)
             # The latest report goes out as the tool returns: kept frozen until that one gave up too.
-            _wait_for(lambda: worker.log_text().count(DROPPED) > warned, 20, "a dropped report")
+            wait_until(lambda: worker.log_text().count(DROPPED) > warned, "a dropped report", 20)
         finally:
             thaw()
-        outcome = _outcome(client, wire_id)
+        outcome = wait_tool_outcome(client, wire_id, 30)
         # One warning for the call, however many of its reports were dropped.
         assert worker.log_text().count(DROPPED) == warned + 1
-        return outcome, _progress(client, turn_id), json.loads((flags / "returned").read_text())
+        return (
+            outcome,
+            event_data(client, turn_id, "tool_progress"),
+            json.loads((flags / "returned").read_text()),
+        )
     finally:
         client.close()
 

@@ -106,29 +106,23 @@ def races_ticker(tag: str, seconds: float, ctx: ToolContext) -> str:
 
 
 @pytest.fixture(scope="module")
-def races_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def races_worker(races_redis: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(races_redis.url, [THIS_MODULE], concurrency=2)
+def races_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(module_redis.url, [THIS_MODULE], concurrency=2)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
-def races_orchestrator(races_redis: RedisServer, races_worker: WorkerHandle) -> Iterator[OrchestratorHandle]:
+def races_orchestrator(module_redis: RedisServer, races_worker: WorkerHandle) -> Iterator[OrchestratorHandle]:
     with RecordingModelServer() as model:
-        handle = start_orchestrator(races_redis.url, model_base_url=model.base_url)
+        handle = start_orchestrator(module_redis.url, model_base_url=model.base_url)
         yield handle
         handle.stop()
 
 
 @pytest.fixture
-def db(races_redis: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(races_redis.url)
+def db(module_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(module_redis.url)
     yield client
     client.close()
 
@@ -208,13 +202,13 @@ def _collect(calls: list[Future[ToolOutcome]]) -> list[ToolOutcome]:
 
 
 def test_identical_idempotent_calls_at_once_run_the_tool_once(
-    races_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
+    module_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
 ) -> None:
     tag = _tag()
     with ThreadPoolExecutor(2) as pool:
         try:
             # They really overlap: the second started while the first run held, and waits for it.
-            calls = _start_identical(pool, db, races_redis.url, "races_held", {"tag": tag})
+            calls = _start_identical(pool, db, module_redis.url, "races_held", {"tag": tag})
         finally:
             db.set(GATES + tag, 1)
         outcomes = _collect(calls)
@@ -225,13 +219,13 @@ def test_identical_idempotent_calls_at_once_run_the_tool_once(
 
 
 def test_after_a_failed_first_run_the_identical_call_runs(
-    races_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
+    module_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
 ) -> None:
     tag = _tag()
     with ThreadPoolExecutor(2) as pool:
         try:
             calls = _start_identical(
-                pool, db, races_redis.url, "races_held", {"tag": tag, "fail_first": True}
+                pool, db, module_redis.url, "races_held", {"tag": tag, "fail_first": True}
             )
         finally:
             db.set(GATES + tag, 1)
@@ -246,7 +240,7 @@ def test_after_a_failed_first_run_the_identical_call_runs(
 
 
 def test_a_waiting_identical_call_gives_up_before_its_soft_limit(
-    races_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
+    module_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
 ) -> None:
     tag = _tag()
     # The first run holds until its gate opens (deaf to its 2 s soft limit); the second may wait for it
@@ -254,7 +248,7 @@ def test_a_waiting_identical_call_gives_up_before_its_soft_limit(
     arguments = {"tag": tag, "seconds": HOLD_MAX_S, "gated": True}
     with ThreadPoolExecutor(2) as pool:
         try:
-            calls = _start_identical(pool, db, races_redis.url, "races_idem", arguments)
+            calls = _start_identical(pool, db, module_redis.url, "races_idem", arguments)
             done, _ = wait_futures(calls, timeout=DEFAULT_TIMEOUT_S, return_when=FIRST_COMPLETED)
             assert len(done) == 1, "the waiting call never answered while the first run held"
             gave_up = done.pop().result()
@@ -266,7 +260,7 @@ def test_a_waiting_identical_call_gives_up_before_its_soft_limit(
     assert [o.result for o in outcomes if o.ok] == [{"runs": 1}]
     assert int(db.get(RUNS + tag) or 0) == 1
     # The stored success now answers the same call at once.
-    again = call_tool(races_redis.url, "races_idem", arguments, timeout_s=DEFAULT_TIMEOUT_S)
+    again = call_tool(module_redis.url, "races_idem", arguments, timeout_s=DEFAULT_TIMEOUT_S)
     assert again.ok and again.idempotent_replay and again.result == {"runs": 1}
 
 
@@ -274,10 +268,10 @@ def test_a_waiting_identical_call_gives_up_before_its_soft_limit(
 
 
 def test_a_timed_out_direct_call_is_revoked(
-    races_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
+    module_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
 ) -> None:
     tag = _tag()
-    outcome = call_tool(races_redis.url, "races_ticker", {"tag": tag, "seconds": 20}, timeout_s=1)
+    outcome = call_tool(module_redis.url, "races_ticker", {"tag": tag, "seconds": 20}, timeout_s=1)
     assert outcome.failure_kind is FailureKind.TIMEOUT and outcome.synthetic
     assert outcome.content == "Error: no outcome within 1 s"
     # The worker answered the revoke: a `cancelled` outcome lost the race (kept for audit), and the tool
@@ -288,12 +282,12 @@ def test_a_timed_out_direct_call_is_revoked(
 
 
 def test_a_revoked_idempotent_call_frees_its_key_at_once(
-    races_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
+    module_redis: RedisServer, races_worker: WorkerHandle, db: redis.Redis
 ) -> None:
     tag = _tag()
     arguments = {"tag": tag, "seconds": HOLD_MAX_S, "gated": True}
     # Held at its gate until the caller gives up (3 s: time enough for the worker to start it).
-    first = call_tool(races_redis.url, "races_idem", arguments, timeout_s=3)
+    first = call_tool(module_redis.url, "races_idem", arguments, timeout_s=3)
     assert first.failure_kind is FailureKind.TIMEOUT and first.synthetic
     wait_until(
         lambda: any(o.content.endswith("(task revoked)") for o in _answers(db, first.call_id)),
@@ -303,16 +297,16 @@ def test_a_revoked_idempotent_call_frees_its_key_at_once(
     # The revoked execution's lock went with its answer (not left to its TTL, twice its hard limit + 5 s):
     # the next identical call runs the tool itself rather than waiting and giving up.
     db.set(GATES + tag, 1)
-    second = call_tool(races_redis.url, "races_idem", arguments, timeout_s=DEFAULT_TIMEOUT_S)
+    second = call_tool(module_redis.url, "races_idem", arguments, timeout_s=DEFAULT_TIMEOUT_S)
     assert second.ok and not second.idempotent_replay and second.result == {"runs": 2}, second
 
 
 @pytest.mark.usefixtures("races_orchestrator")
-def test_cancelling_a_turn_mid_tool_stops_the_tool(races_redis: RedisServer, db: redis.Redis) -> None:
+def test_cancelling_a_turn_mid_tool_stops_the_tool(module_redis: RedisServer, db: redis.Redis) -> None:
     tag = _tag()
     call = {"name": "races_ticker", "arguments": {"tag": tag, "seconds": 30}}
     prompt = f"races-{tag} " + json.dumps({"plan": [{"calls": [call]}]})
-    client = Client(races_redis.url)
+    client = Client(module_redis.url)
     try:
         turn_id = client.submit(prompt=prompt, model="scripted:plan")
         wait_until(lambda: int(db.get(TICKS + tag) or 0) > 3, "the tool to tick")

@@ -3,33 +3,20 @@ span context with the turn, `POST /v1/turns` the request's `traceparent` header 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
 import pytest
 import redis
 from opentelemetry.sdk.trace import TracerProvider
 
-from orchestrator.api import create_app
 from orchestrator.client import AsyncClient, Client
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings
-from tests.integration.store_support import serve_app, store_db_url
+from tests.support.api_server import api_client
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
-
-
-@pytest.fixture
-def db_url(redis_url: str) -> Iterator[str]:
-    url = store_db_url(redis_url)
-    flusher = redis.Redis.from_url(url)
-    flusher.flushdb()
-    flusher.close()
-    yield url
 
 
 def stored(db_url: str, turn_id: str) -> TurnRequest:
@@ -70,10 +57,7 @@ async def test_the_async_client_stores_the_callers_span_context(db_url: str) -> 
 
 
 def test_the_api_continues_the_traceparent_header_and_ignores_a_body_context(db_url: str) -> None:
-    with (
-        serve_app(create_app(Settings(redis_url=db_url))) as base_url,
-        httpx.Client(base_url=base_url) as http,
-    ):
+    with api_client(Settings(redis_url=db_url)) as http:
         headed = http.post("/v1/turns", json={"prompt": "hi"}, headers={"traceparent": PARENT})
         bodied = http.post("/v1/turns", json={"prompt": "hi", "trace_context": {"traceparent": PARENT}})
         shown = http.get(f"/v1/turns/{headed.json()['id']}").json()

@@ -15,7 +15,6 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.api import create_app
 from orchestrator.client import Client
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.settings import Settings
@@ -23,18 +22,13 @@ from orchestrator.store import operations
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.turns import TurnStore
 from orchestrator.ui.auth import SESSION_COOKIE
-from tests.integration.store_support import empty_db_url, serve_app
+from tests.support.api_server import api_client
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 TOKEN = "ui-s3cret-token"
 FLOWER = "http://flower.test:5555/"
-
-
-@pytest.fixture
-def db_url(redis_url: str) -> str:
-    return empty_db_url(redis_url)
 
 
 @pytest.fixture
@@ -46,15 +40,13 @@ def client(db_url: str) -> Iterator[Client]:
 
 @pytest.fixture
 def api(db_url: str) -> Iterator[httpx.Client]:
-    settings = Settings(redis_url=db_url, flower_url=FLOWER)
-    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+    with api_client(Settings(redis_url=db_url, flower_url=FLOWER)) as http:
         yield http
 
 
 @pytest.fixture
 def secured(db_url: str) -> Iterator[httpx.Client]:
-    settings = Settings(redis_url=db_url, api_token=SecretStr(TOKEN))
-    with serve_app(create_app(settings)) as base_url, httpx.Client(base_url=base_url) as http:
+    with api_client(Settings(redis_url=db_url, api_token=SecretStr(TOKEN))) as http:
         yield http
 
 

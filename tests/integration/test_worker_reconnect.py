@@ -14,7 +14,6 @@ The tools are defined here and record their runs in a file (served by a worker w
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,12 +23,12 @@ import pytest
 import redis
 
 from ops.redis_server import RedisServer
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.store.catalogue import read_catalogue
+from tests.support.broker import UNACKED_KEY
+from tests.support.calls import publish_call, read_runs, record_run, wait_tool_outcome
 from tests.support.processes import WorkerHandle, start_worker
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_at_most, wait_until
 from workers import keys, tool
-from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
 from workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration]
@@ -37,48 +36,22 @@ pytestmark = [pytest.mark.integration]
 THIS_MODULE = __name__
 CONCURRENCY = 2
 DOWN_S = 2.0
-# kombu's unacked hash of the Redis transport (its default `unacked_key`).
-UNACKED_KEY = "unacked"
-
-
-def _record(runs_file: str, event: str) -> None:
-    with Path(runs_file).open("a") as out:
-        out.write(event + "\n")
 
 
 @tool(soft_time_limit=200, time_limit=210)
 def reconnect_hold(runs_file: str, flag: str, tag: str, max_s: float = 180.0) -> str:
     """Records its start, runs until the file `flag` exists (the restarts are over), records its end."""
-    _record(runs_file, f"start:{tag}")
-    deadline = time.monotonic() + max_s
-    while not Path(flag).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _record(runs_file, f"done:{tag}")
+    record_run(runs_file, f"start:{tag}")
+    wait_at_most(Path(flag).exists, max_s)
+    record_run(runs_file, f"done:{tag}")
     return "held"
 
 
 @tool(soft_time_limit=5, time_limit=10)
 def reconnect_quick(runs_file: str) -> str:
     """Records its run and returns at once."""
-    _record(runs_file, "quick")
+    record_run(runs_file, "quick")
     return "quick"
-
-
-def _runs(runs_file: Path) -> list[str]:
-    return runs_file.read_text().split() if runs_file.exists() else []
-
-
-def _publish(url: str, client: redis.Redis, name: str, arguments: dict[str, object]) -> str:
-    request = ToolCallRequest(call_id=f"reconnect-{uuid.uuid4().hex}", tool=name, arguments=arguments)
-    dispatch_call(get_producer_app(WorkerSettings(redis_url=url)), read_catalogue(client)[name], request)
-    return request.call_id
-
-
-def _read_outcome(client: redis.Redis, call_id: str) -> ToolOutcome:
-    wait_until(lambda: client.exists(keys.outcome(call_id)) == 1, f"the outcome of {call_id}")
-    raw = client.get(keys.outcome(call_id))
-    assert raw is not None
-    return parse_tool_outcome(raw)
 
 
 def _consuming(client: redis.Redis) -> bool:
@@ -113,14 +86,8 @@ LONG = Size(restarts=8, calls=3)
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer(appendonly=True) as redis_server:
-        yield redis_server
-
-
-@pytest.fixture
-def worker(server: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(server.url, [THIS_MODULE], concurrency=CONCURRENCY)
+def worker(own_persistent_redis: RedisServer) -> Iterator[WorkerHandle]:
+    handle = start_worker(own_persistent_redis.url, [THIS_MODULE], concurrency=CONCURRENCY)
     yield handle
     handle.stop()
 
@@ -133,37 +100,41 @@ def worker(server: RedisServer) -> Iterator[WorkerHandle]:
     ],
 )
 def test_a_worker_rides_out_redis_restarts_with_calls_running(
-    server: RedisServer, worker: WorkerHandle, size: Size, tmp_path: Path
+    own_persistent_redis: RedisServer, worker: WorkerHandle, size: Size, tmp_path: Path
 ) -> None:
     runs_file, flag = tmp_path / "runs", tmp_path / "restarts-over"
-    client = redis.Redis.from_url(server.url)
+    settings = WorkerSettings(redis_url=own_persistent_redis.url)
+    client = redis.Redis.from_url(own_persistent_redis.url)
     try:
         tags = [f"c{n}" for n in range(size.calls)]
         held = {
-            tag: _publish(
-                server.url,
+            tag: publish_call(
+                settings,
                 client,
                 "reconnect_hold",
                 {"runs_file": str(runs_file), "flag": str(flag), "tag": tag},
+                prefix="reconnect",
             )
             for tag in tags
         }
         running = min(size.calls, CONCURRENCY)
-        wait_until(lambda: len(_runs(runs_file)) == running, "the calls to start")
+        wait_until(lambda: len(read_runs(runs_file)) == running, "the calls to start")
         for _ in range(size.restarts):
-            _restart(server, worker, client)
+            _restart(own_persistent_redis, worker, client)
         log = worker.log_text()
         assert worker.process.poll() is None, f"the worker exited during the restarts:\n{log[-3000:]}"
         assert "Unrecoverable error" not in log, log[-3000:]
 
         flag.touch()
         for call_id in held.values():
-            outcome = _read_outcome(client, call_id)
+            outcome = wait_tool_outcome(client, call_id)
             assert outcome.ok and outcome.content == "held" and outcome.attempts == 1, outcome
 
         # The worker still consumes: a new call is served.
-        quick = _publish(server.url, client, "reconnect_quick", {"runs_file": str(runs_file)})
-        assert _read_outcome(client, quick).content == "quick"
+        quick = publish_call(
+            settings, client, "reconnect_quick", {"runs_file": str(runs_file)}, prefix="reconnect"
+        )
+        assert wait_tool_outcome(client, quick).content == "quick"
 
         # Every message left unacked by the outages was restored and acked in the end: none stays behind,
         # delivered or queued, so no second run is still to come.
@@ -176,7 +147,7 @@ def test_a_worker_rides_out_redis_restarts_with_calls_running(
         expected = Counter(
             {"quick": 1, **{f"{event}:{tag}": 1 for tag in tags for event in ("start", "done")}}
         )
-        assert Counter(_runs(runs_file)) == expected, "a tool body ran twice, or not at all"
+        assert Counter(read_runs(runs_file)) == expected, "a tool body ran twice, or not at all"
         for call_id in held.values():
             assert client.llen(keys.late_outcomes(call_id)) == 0, "a second outcome was written"
             assert client.exists(keys.running(call_id)) == 0

@@ -10,13 +10,13 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from typing import Any, Self
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.providers.scripted.server import build_app
+from tests.support.waiting import wait_until
 
 # Longest a held request waits before it is answered anyway (tests release it well before).
 HOLD_LIMIT_S = 45.0
@@ -81,11 +81,13 @@ class RecordingModelServer:
 
     def __enter__(self) -> Self:
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the scripted model server did not start")
-            time.sleep(0.01)
+        wait_until(
+            lambda: self._server.started or not self._thread.is_alive(),
+            "the scripted model server to start",
+            10,
+        )
+        if not self._server.started:
+            raise RuntimeError("the scripted model server did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +18,9 @@ import redis
 from tests.support.processes import ROOT, TOOLLOOP_BIN
 from tests.support.served import Served
 from workers import keys
+
+# The tool module of the end-to-end tests' workers.
+E2E_TOOLS = "tests.support.e2e_tools"
 
 
 class OrchestratorHandle(Served):
@@ -32,22 +34,20 @@ class OrchestratorHandle(Served):
         self.orchestrator_id = orchestrator_id
 
     def wait_registered(self, redis_url: str, timeout_s: float = 20.0) -> None:
-        """Block until the process announced itself in Redis (it is claiming turns then)."""
+        """Block until the process announced itself in Redis (it is claiming turns then); failing, the
+        process is stopped."""
         client = redis.Redis.from_url(redis_url)
-        deadline = time.monotonic() + timeout_s
         try:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"orchestrator exited with {self.process.returncode}:\n{self.log_text()}"
-                    )
-                if client.zscore(keys.ORCHESTRATORS, self.orchestrator_id) is not None:
-                    return
-                time.sleep(0.05)
+            self.wait_for(
+                lambda: client.zscore(keys.ORCHESTRATORS, self.orchestrator_id) is not None,
+                f"orchestrator {self.orchestrator_id} registered",
+                timeout_s,
+            )
+        except AssertionError:
+            self.stop()
+            raise
         finally:
             client.close()
-        self.stop()
-        raise TimeoutError(f"orchestrator not registered in {timeout_s} s:\n{self.log_text()}")
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no lease released, nothing persisted beyond the last step."""

@@ -8,7 +8,6 @@ heartbeats (`wait_for_flower_events`), then sends its call.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +18,10 @@ import redis
 from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
-from tests.support.waiting import DEFAULT_TIMEOUT_S
+from tests.support.calls import wait_tool_outcome
+from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for, wait_until
 from workers import keys
-from workers.contract import ToolCallRequest, ToolOutcome, parse_tool_outcome
+from workers.contract import ToolCallRequest, ToolOutcome
 
 AUTH = ("ops", "flower-pass")
 
@@ -38,12 +38,11 @@ def flower_post(base: str, path: str, **params: Any) -> httpx.Response:
 
 def wait_for_flower_events(base: str, hostname: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Until Flower has received an event (a heartbeat, every 2 s) of `hostname`: it sees its tasks then."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if flower_get(base, "/api/workers", status="true").json().get(hostname):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"flower received no event of worker {hostname} in {timeout_s} s")
+    wait_until(
+        lambda: flower_get(base, "/api/workers", status="true").json().get(hostname),
+        f"flower to receive an event of worker {hostname}",
+        timeout_s,
+    )
 
 
 @dataclass(frozen=True)
@@ -88,12 +87,7 @@ def wait_for_outcome(redis_url: str, call_id: str, timeout_s: float = DEFAULT_TI
     """The call's outcome in Redis (the record), once written."""
     client = redis.Redis.from_url(redis_url)
     try:
-        deadline = time.monotonic() + timeout_s
-        while (raw := client.get(keys.outcome(call_id))) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no outcome for {call_id} in {timeout_s} s")
-            time.sleep(0.05)
-        return parse_tool_outcome(raw)
+        return wait_tool_outcome(client, call_id, timeout_s)
     finally:
         client.close()
 
@@ -102,16 +96,22 @@ def wait_for_state(
     base: str, task_id: str, state: str, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> dict[str, Any]:
     """Flower's record of the task (`/api/task/info/<id>`) once its state is `state`."""
-    deadline = time.monotonic() + timeout_s
-    task: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    last_seen: dict[str, Any] = {}
+
+    def shown() -> dict[str, Any] | None:
+        nonlocal last_seen
         response = flower_get(base, f"/api/task/info/{task_id}")
-        if response.status_code == 200:
-            task = response.json()
-            if task.get("state") == state and task.get("name"):
-                return task
-        time.sleep(0.05)
-    raise TimeoutError(f"flower never showed task {task_id} as {state}; last seen: {task}")
+        if response.status_code != 200:
+            return None
+        last_seen = response.json()
+        return last_seen if last_seen.get("state") == state and last_seen.get("name") else None
+
+    return wait_for(
+        shown,
+        f"flower to show task {task_id} as {state}",
+        timeout_s,
+        detail=lambda: f"last seen: {last_seen}",
+    )
 
 
 def read_everything_shown(base: str, task_id: str) -> dict[str, str]:

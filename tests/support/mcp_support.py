@@ -14,8 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,6 +23,7 @@ import redis
 
 from ops.redis_server import find_free_port
 from tests.support.processes import ROOT
+from tests.support.waiting import wait_until
 from workers import keys
 
 SERVER_SCRIPT = ROOT / "tests" / "support" / "mcp_server.py"
@@ -65,7 +65,7 @@ class HttpMcpServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_until(self._accepts, timeout_s, f"the MCP server on port {self.port}")
+        wait_until(self._accepts, f"the MCP server on port {self.port}", timeout_s)
         return self
 
     def _accepts(self) -> bool:
@@ -87,16 +87,6 @@ class HttpMcpServer:
 
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.stop()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `predicate()` until true, or fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def catalogued(redis_url: str, worker: str) -> dict[str, dict[str, Any]]:

@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import redis
 
-from tests.support.waiting import DEFAULT_TIMEOUT_S
+from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_until
 from workers import keys
 
 TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
@@ -63,21 +62,23 @@ class WorkerHandle:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def wait_ready(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """Block until the worker has published its catalogue entry (it is consuming then)."""
+        """Block until the worker has published its catalogue entry (it is consuming then); failing, the
+        worker is stopped."""
         client = redis.Redis.from_url(self.redis_url)
-        deadline = time.monotonic() + timeout_s
+
+        def published() -> bool:
+            raw = client.hget(keys.CATALOGUE, self.hostname)
+            return raw is not None and bool(json.loads(raw)["tools"])
+
         try:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_text()}")
-                raw = client.hget(keys.CATALOGUE, self.hostname)
-                if raw is not None and json.loads(raw)["tools"]:
-                    return
-                time.sleep(0.05)
+            wait_while_running(
+                self.process, published, f"worker {self.hostname} ready", self.log_text, timeout_s
+            )
+        except AssertionError:
+            self.stop()
+            raise
         finally:
             client.close()
-        self.stop()
-        raise TimeoutError(f"worker {self.hostname} not ready in {timeout_s} s:\n{self.log_text()}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL of the whole process group; idempotent."""
@@ -90,6 +91,25 @@ class WorkerHandle:
         _signal_group(self.pid, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait(timeout=5)
+
+
+def wait_while_running(
+    process: subprocess.Popen[bytes],
+    check: Callable[[], object],
+    what: str,
+    log_text: Callable[[], str],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Poll `check()` until true; fail with the process's log if it exits first or time runs out."""
+
+    def still_running_check() -> object:
+        if found := check():
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode} before {what}:\n{log_text()}")
+        return False
+
+    wait_until(still_running_check, what, timeout_s, detail=log_text)
 
 
 def _signal_group(pid: int, signum: int) -> None:

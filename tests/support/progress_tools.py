@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from tests.support.waiting import wait_at_most
 from workers import ToolContext, tool
 
 FREEZE_WAIT_S = 20.0
@@ -34,12 +35,6 @@ def progress_burst(reports: int, ctx: ToolContext) -> str:
     return f"{reports} reported"
 
 
-def _wait_for_file(path: Path) -> None:
-    deadline = time.monotonic() + FREEZE_WAIT_S
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 @tool(soft_time_limit=40, time_limit=50)
 def progress_through_freeze(flag_dir: str, reports: int, ctx: ToolContext) -> str:
     """Reports once, writes `reported`, waits for `frozen` (the test froze Redis) and past the rate limit,
@@ -48,7 +43,7 @@ def progress_through_freeze(flag_dir: str, reports: int, ctx: ToolContext) -> st
     flags = Path(flag_dir)
     ctx.progress("before the freeze", fraction=0.0)
     (flags / "reported").touch()
-    _wait_for_file(flags / "frozen")
+    wait_at_most((flags / "frozen").exists, FREEZE_WAIT_S, poll_s=0.02)
     time.sleep(0.3)  # past the rate limit: the first report below goes to Redis at once
     held_s = []
     for index in range(reports):

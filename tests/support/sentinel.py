@@ -18,7 +18,6 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +25,7 @@ from types import TracebackType
 import redis
 
 from ops.redis_server import RedisServer, find_free_port, find_redis_server
+from tests.support.waiting import wait_until
 
 HOST = "127.0.0.1"
 # Generous: two cores shared with other suites can put the sentinels in TILT mode (30 s of no decisions).
@@ -218,25 +218,28 @@ class SentinelCluster:
         process = subprocess.Popen(
             [self.executable, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"sentinel on port {port} exited with {process.returncode}")
             with contextlib.suppress(redis.RedisError):
-                if self._sentinel(port).ping():
-                    return process
-            time.sleep(0.02)
-        process.kill()
-        raise TimeoutError(f"sentinel on port {port} did not answer in 10 s")
+                return bool(self._sentinel(port).ping())
+            return False
+
+        try:
+            wait_until(answers, f"the sentinel on port {port} to answer", 10)
+        except AssertionError:
+            process.kill()
+            raise
+        return process
 
     def _wait(self, what: str, done: Callable[[], bool], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def check() -> bool:
             with contextlib.suppress(redis.RedisError, StopIteration, RuntimeError):
-                if done():
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"no {what} in {timeout_s} s")
+                return done()
+            return False
+
+        wait_until(check, what, timeout_s)
 
     def _ready(self) -> bool:
         master, replica = self.master(), self.replica()

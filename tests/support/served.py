@@ -1,7 +1,7 @@
 """A `toolloop` command as an operator runs it in the background, for the stop and startup tests.
 
     served = start_toolloop(["api", "--port", "8123"], env={"TOOLLOOP_REDIS_URL": url})
-    served.wait_for(lambda: ..., "the API answers")
+    served.wait_for(lambda: answers(f"{base}/healthz"), "the API answers")
     code, elapsed_s = served.stop_with(signal.SIGTERM, within_s=15)   # the main process only, as `kill` does
     served.kill()                                                     # the whole process group; idempotent
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 
 from ops.redis_server import find_free_port
-from tests.support.processes import ROOT, TOOLLOOP_BIN
-from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_until
+from tests.support.processes import ROOT, TOOLLOOP_BIN, wait_while_running
+from tests.support.waiting import DEFAULT_TIMEOUT_S
 
 
 class Served:
@@ -47,22 +47,7 @@ class Served:
         self, predicate: Callable[[], bool], what: str, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> None:
         """Poll `predicate()` until true; fail with the log if the process exits or time runs out."""
-
-        def check() -> bool:
-            if predicate():
-                return True
-            if self.process.poll() is not None:
-                raise AssertionError(
-                    f"exited with {self.process.returncode} before {what}:\n{self.log_text()}"
-                )
-            return False
-
-        try:
-            wait_until(check, what, timeout_s)
-        except AssertionError as exc:
-            if self.process.poll() is not None or "timed out" not in str(exc):
-                raise
-            raise AssertionError(f"{exc}:\n{self.log_text()}") from None
+        wait_while_running(self.process, predicate, what, self.log_text, timeout_s)
 
     def stop_with(self, signum: int, within_s: float) -> tuple[int | None, float]:
         """Send `signum` to the main process and wait up to `within_s`: (exit code or None, seconds taken)."""
@@ -129,14 +114,15 @@ def serving_api(redis_url: str, env: Mapping[str, str] | None = None) -> Iterato
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        served.wait_for(lambda: _healthy(url), "the API answers")
+        served.wait_for(lambda: answers(f"{url}/healthz"), "the API answers")
         yield url
     finally:
         served.kill()
 
 
-def _healthy(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether a GET of `url` answers 200 now (no connection yet, or an error: not yet)."""
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

@@ -4,6 +4,7 @@
         ...                                       # publish, run a turn
         events.wait_ended(task_id, times=1)       # its task-succeeded (or -failed, -rejected…) came
         events.of_type("task-received")           # every such event so far, as dicts
+        events.of_task(task_id)                   # the task's events so far, as its workers sent them
 
 The receiver binds a queue of its own to Celery's event exchange, then wakes the workers (a `heartbeat`
 broadcast): the first worker heartbeat it hears proves the binding, so no event sent after `__enter__`
@@ -76,6 +77,14 @@ class TaskEvents:
     def of_type(self, *types: str) -> list[dict[str, Any]]:
         """The events of these types received so far."""
         return [e for e in self.events() if e.get("type") in types]
+
+    def of_task(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's events so far in the order its workers sent them, but `task-sent` (the publisher's)."""
+        return [e for e in self.events() if e.get("uuid") == task_id and e.get("type") != "task-sent"]
+
+    def count(self, task_id: str, event_type: str) -> int:
+        """How many events of `event_type` task `task_id` has had so far."""
+        return sum(1 for e in self.of_task(task_id) if e.get("type") == event_type)
 
     def ended(self, task_id: str) -> list[dict[str, Any]]:
         """The events that ended a delivery of task `task_id`, so far."""

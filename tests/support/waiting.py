@@ -5,7 +5,11 @@ timeout, until what it expects is true, and fails naming what never happened.
 
     wait_until(lambda: outcome_of(call_id) is not None, "the call's outcome")
     found = wait_for(lambda: read_event(...), "a tool_started event")   # the first value not None
+    wait_until(ready, "the worker's catalogue", detail=handle.log_text)  # the log added to a failure
     await async_wait_until(lambda: store.exists(key), "the lease")   # check: sync or async
+
+A tool that holds its call until the test's go, never longer than a bound of its own, polls with
+`wait_at_most`: it never fails, it says whether the go came, and the tool goes on.
 """
 
 from __future__ import annotations
@@ -23,35 +27,69 @@ DEFAULT_TIMEOUT_S = 60.0
 POLL_S = 0.05
 
 
-def wait_for(find: Callable[[], T | None], what: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> T:
-    """Poll `find()` until it returns something other than None, and return that; fail naming `what`."""
+def _poll(find: Callable[[], T | None], timeout_s: float, poll_s: float) -> T | None:
     deadline = time.monotonic() + timeout_s
     while True:
         found = find()
-        if found is not None:
+        if found is not None or time.monotonic() >= deadline:
             return found
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
-def wait_until(check: Callable[[], object], what: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Poll `check()` until it is true; fail naming `what`."""
-    wait_for(lambda: True if check() else None, what, timeout_s)
+async def _async_poll(find: Callable[[], Awaitable[T | None]], timeout_s: float, poll_s: float) -> T | None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await find()
+        if found is not None or time.monotonic() >= deadline:
+            return found
+        await asyncio.sleep(poll_s)
+
+
+def _timed_out(what: str, timeout_s: float, detail: Callable[[], str] | None) -> AssertionError:
+    message = f"timed out after {timeout_s:g} s waiting for {what}"
+    return AssertionError(f"{message}:\n{detail()}" if detail is not None else message)
+
+
+def wait_for(
+    find: Callable[[], T | None],
+    what: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """Poll `find()` until it returns something other than None, and return that; fail naming `what`
+    (and adding `detail()`: a log, the state seen last)."""
+    found = _poll(find, timeout_s, POLL_S)
+    if found is None:
+        raise _timed_out(what, timeout_s, detail)
+    return found
+
+
+def wait_until(
+    check: Callable[[], object],
+    what: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> None:
+    """Poll `check()` until it is true; fail naming `what` (and adding `detail()`)."""
+    wait_for(lambda: True if check() else None, what, timeout_s, detail=detail)
+
+
+def wait_at_most(check: Callable[[], object], max_s: float, poll_s: float = POLL_S) -> bool:
+    """Poll `check()` until it is true or `max_s` has passed: whether it came. Never fails — for a tool that
+    holds until the test's go (a flag file, a key) but not forever, and goes on either way."""
+    return _poll(lambda: True if check() else None, max_s, poll_s) is not None
 
 
 async def async_wait_for(
     find: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> T:
     """`wait_for` in a coroutine, for an async `find`: the loop keeps running between polls."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await find()
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(POLL_S)
+    found = await _async_poll(find, timeout_s, POLL_S)
+    if found is None:
+        raise _timed_out(what, timeout_s, None)
+    return found
 
 
 async def async_wait_until(

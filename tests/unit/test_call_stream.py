@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -21,12 +21,14 @@ class Events:
     def __init__(self) -> None:
         self.items: list[tuple[str, dict[str, Any]]] = []
         self.failing = 0
+        self.writes = 0
 
-    async def append(self, name: str, data: Mapping[str, Any]) -> str:
+    async def append(self, events: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         if self.failing:
             self.failing -= 1
             raise redis.ConnectionError("Redis is away")
-        self.items.append((name, dict(data)))
+        self.writes += 1
+        self.items += [(name, dict(data)) for name, data in events]
         return f"{len(self.items)}-0"
 
     def texts(self, name: str = "text_delta") -> list[str]:
@@ -137,6 +139,8 @@ async def test_tool_calls_are_announced_in_order_with_the_ids_the_normaliser_giv
         ("thinking_delta", {"llm_call": 4, "text": "and the weather"}),
         ("tool_call_started", {"llm_call": 4, "call_id": "t1-m4_1", "tool": "weather"}),
     ]
+    # Buffered together (`on_delta` never yields), they went out in one write.
+    assert events.writes == 1
 
 
 @pytest.mark.parametrize("size", [1, 8_000, 20_001])
@@ -154,8 +158,8 @@ async def test_a_write_in_flight_when_the_call_ends_is_counted_once() -> None:
     release = asyncio.Event()
     events = Events()
 
-    async def slow_append(name: str, data: Mapping[str, Any]) -> str:
-        entry_id = await events.append(name, data)  # in Redis already; its reply is on its way
+    async def slow_append(batch: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+        entry_id = await events.append(batch)  # in Redis already; its reply is on its way
         written.set()
         await release.wait()  # the model's answer is complete meanwhile
         return entry_id

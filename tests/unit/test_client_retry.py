@@ -17,6 +17,7 @@ from orchestrator.store import flows, operations
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import AsyncRunner, Patience, SyncRunner, is_transient
 from orchestrator.store.scripts import SubmitResult
+from tests.support.fake_time import SleepingClock
 from workers.redis_retry import BACKOFF_MAX_S, BACKOFF_MIN_S
 
 pytestmark = pytest.mark.timeout(10)
@@ -24,24 +25,6 @@ pytestmark = pytest.mark.timeout(10)
 URL = "redis://:s3cret@db.example:6379/0"
 SHOWN = "redis://:**@db.example:6379/0"
 EVENTS = [("1-0", "turn_queued"), ("2-0", "tool_started"), ("3-0", "tool_finished"), ("4-0", "turn_finished")]
-
-
-class Clock:
-    """A clock that moves only when the runner sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-        self.pauses: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.pauses.append(seconds)
-        self.t += seconds
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
 
 
 def _order(entry_id: str) -> tuple[int, ...]:
@@ -106,7 +89,7 @@ def test_the_failures_ridden_out_are_redis_being_away_not_redis_refusing() -> No
 
 
 def test_patience_backs_off_capped_and_ends_at_its_deadline() -> None:
-    clock = Clock()
+    clock = SleepingClock()
     endless = Patience.for_s(None, clock.now)
     assert [endless.build_pause_s(n) for n in (1, 2)] == [BACKOFF_MIN_S, 2 * BACKOFF_MIN_S]
     assert endless.build_pause_s(50) == BACKOFF_MAX_S
@@ -118,7 +101,7 @@ def test_patience_backs_off_capped_and_ends_at_its_deadline() -> None:
 
 
 def test_a_sync_follower_rides_out_failures_mid_stream_and_resumes_after_its_last_event() -> None:
-    clock = Clock()
+    clock = SleepingClock()
     # The first status read, a read of events, then the status check before the third read fail.
     fake = FlakyRedis(
         {
@@ -136,7 +119,7 @@ def test_a_sync_follower_rides_out_failures_mid_stream_and_resumes_after_its_las
 
 
 async def test_an_async_follower_rides_out_the_same_failures() -> None:
-    clock = Clock()
+    clock = SleepingClock()
     fake = FlakyAsyncRedis({2: redis.TimeoutError("Timeout"), 3: redis.ConnectionError("refused")})
     runner = AsyncRunner(fake, where=SHOWN, sleep=clock.asleep)  # type: ignore[arg-type]
     flow = flows.follow_events("t", "1-0", block_ms=None, cap_ms=100)
@@ -147,7 +130,7 @@ async def test_an_async_follower_rides_out_the_same_failures() -> None:
 
 
 def test_past_its_patience_a_call_raises_one_line_naming_the_url_without_its_password() -> None:
-    clock = Clock()
+    clock = SleepingClock()
     fake = FlakyRedis({n: redis.ConnectionError(f"Error 111 connecting.\nrefused {n}") for n in range(100)})
     runner = SyncRunner(fake, where=SHOWN, sleep=clock.sleep)  # type: ignore[arg-type]
     with pytest.raises(RedisUnavailableError) as raised:
@@ -168,7 +151,7 @@ def test_past_its_patience_a_call_raises_one_line_naming_the_url_without_its_pas
     [redis.exceptions.AuthenticationError("WRONGPASS"), redis.ResponseError("ERR wrong number of arguments")],
 )
 def test_a_refusal_raises_at_once_and_without_patience_nothing_is_retried(error: Exception) -> None:
-    clock = Clock()
+    clock = SleepingClock()
     runner = SyncRunner(FlakyRedis({0: error}), sleep=clock.sleep)  # type: ignore[arg-type]
     with pytest.raises(type(error)):
         runner.run(operations.get_status("t"), Patience.for_s(None, clock.now))
@@ -197,7 +180,7 @@ class LostReplyRedis:
 
 
 def test_a_submit_retried_after_its_reply_was_lost_stores_the_turn_once() -> None:
-    clock = Clock()
+    clock = SleepingClock()
     fake = LostReplyRedis()
     runner = SyncRunner(fake, sleep=clock.sleep)  # type: ignore[arg-type]
     flow = flows.submit(TurnRequest(prompt="hi"), None, 1.0)

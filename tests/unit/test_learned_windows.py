@@ -10,7 +10,7 @@ from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.perform import Performer, build_context_budget
 from orchestrator.settings import Settings
 from tests.support.context_model import build_overflow_body
-from tests.unit.test_perform import FakePublisher, FakeStore, Serving, call_model, later
+from tests.support.performer_fakes import FakePublisher, FakeStore, Serving, call_model, later
 
 pytestmark = pytest.mark.timeout(30)
 

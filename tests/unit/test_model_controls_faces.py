@@ -26,6 +26,7 @@ from orchestrator.store.submit_checks import ModelNames, check_refusals, find_re
 from orchestrator.store.turn_view import PendingApproval, TurnView
 from orchestrator.submission import build_submission
 from tests.openapi_schemas import assert_valid
+from tests.support.flows import drive
 from workers.contract import ToolSpec
 
 
@@ -254,20 +255,6 @@ def test_the_demo_model_answers_the_schema_it_is_asked_for_from_the_tool_results
 # --- the approval flow ----------------------------------------------------------------------------------
 
 
-def run_flow(flow: Any, replies: list[Any]) -> tuple[list[Any], Any]:
-    """Answer the flow's steps with `replies` in order: (the steps it yielded, what it returned)."""
-    steps: list[Any] = []
-    reply: Any = None
-    while True:
-        try:
-            step = flow.send(reply)
-        except StopIteration as stop:
-            assert not replies, "the flow ended before using every reply"
-            return steps, stop.value
-        steps.append(step)
-        reply = replies.pop(0)
-
-
 def waiting_view(tool: str) -> TurnView:
     return TurnView(
         id="t",
@@ -289,26 +276,26 @@ TRANSFER = ToolSpec(
 
 def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anything_is_recorded() -> None:
     with pytest.raises(ValueError, match=r"arguments: invalid arguments for 'transfer': .*amount"):
-        run_flow(
+        drive(
             flows.send_approval("t", "c1", True, 1.0, arguments={"amount": "lots", "to": "bob"}),
             [waiting_view("transfer"), {"transfer": TRANSFER}],
         )
-    steps, recorded = run_flow(
+    steps, recorded = drive(
         flows.send_approval("t", "c1", True, 1.0, arguments={"amount": 5, "to": "bob"}),
         [waiting_view("transfer"), {"transfer": TRANSFER}, ControlResult.RECORDED],
     )
     assert recorded and steps[-1].args[8:] == ('{"amount":5,"to":"bob"}', "")
     # Not waiting (decided, or another call), or no live worker serves the tool: the orchestrator checks.
-    assert run_flow(
+    assert drive(
         flows.send_approval("t", "c9", True, 1.0, arguments={"x": 1}),
         [waiting_view("transfer"), ControlResult.RECORDED],
     )[1]
-    assert run_flow(
+    assert drive(
         flows.send_approval("t", "c1", True, 1.0, arguments={"x": 1}),
         [waiting_view("transfer"), {}, ControlResult.RECORDED],
     )[1]
     # Without edits, nothing is read first; a denial's reason goes as it is.
-    steps, _ = run_flow(flows.send_approval("t", "c1", False, 1.0, reason="no"), [ControlResult.TERMINAL])
+    steps, _ = drive(flows.send_approval("t", "c1", False, 1.0, reason="no"), [ControlResult.TERMINAL])
     assert len(steps) == 1 and steps[0].args[8:] == ("", "no")
 
 

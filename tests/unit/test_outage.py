@@ -8,16 +8,9 @@ import logging
 import pytest
 
 from orchestrator.runtime.process import RedisOutage
+from tests.support.fake_time import ManualClock
 
 URL = "redis://:hunter2@redis:6379/0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def told(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -28,7 +21,7 @@ def test_an_outage_is_told_once_then_every_report_period_then_its_end(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    clock = Clock()
+    clock = ManualClock()
     outage = RedisOutage(URL, report_s=10, clock=clock)
     # Four loops fail every half second for 25 s.
     for _ in range(50):
@@ -51,14 +44,14 @@ def test_an_outage_is_told_once_then_every_report_period_then_its_end(
 
 def test_success_without_an_outage_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    outage = RedisOutage(URL, clock=Clock())
+    outage = RedisOutage(URL, clock=ManualClock())
     outage.succeeded()
     assert told(caplog) == []
 
 
 def test_a_second_outage_is_told_afresh(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    clock = Clock()
+    clock = ManualClock()
     outage = RedisOutage(URL, report_s=10, clock=clock)
     outage.failed(TimeoutError("timed out"))
     clock.now += 1

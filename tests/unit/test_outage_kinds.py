@@ -20,6 +20,7 @@ from orchestrator.outage import (
     build_outage_kind,
     is_redis_failure,
 )
+from tests.support.fake_time import ManualClock
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(10)
@@ -35,14 +36,6 @@ PIPELINE_OOM = (
 SCRIPT_READONLY = (
     "Error running script (call to f_1): @user_script:3: -READONLY You can't write against a replica."
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def told(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -97,7 +90,7 @@ def test_redis_out_of_memory_is_told_as_such_and_over_once_writes_pass_for_a_whi
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    clock = Clock()
+    clock = ManualClock()
     outage = RedisOutage(URL, report_s=10, settle_s=5, clock=clock)
     for _ in range(30):  # 15 s of refusals; reads pass meanwhile, which proves nothing about writes
         outage.failed(rx.ResponseError(SCRIPT_OOM), "steps")
@@ -120,7 +113,7 @@ def test_redis_out_of_memory_is_told_as_such_and_over_once_writes_pass_for_a_whi
 
 def test_a_change_of_kind_is_told(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    outage = RedisOutage(URL, clock=Clock())
+    outage = RedisOutage(URL, clock=ManualClock())
     outage.failed(rx.ConnectionError("Connection refused"), "inbox")
     outage.failed(rx.ReadOnlyError("You can't write against a read only replica."), "steps")
     outage.failed(rx.ReadOnlyError("You can't write against a read only replica."), "steps")
@@ -133,7 +126,7 @@ def test_a_change_of_kind_is_told(caplog: pytest.LogCaptureFixture) -> None:
 def test_an_unexpected_error_is_logged_with_its_traceback_once_per_message(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    outage = RedisOutage(URL, clock=Clock())
+    outage = RedisOutage(URL, clock=ManualClock())
     for _ in range(3):
         outage.failed(rx.ResponseError("WRONGTYPE Operation against a key"), "steps")
     outage.failed(rx.ResponseError("ERR unknown command 'FOO'"), "inbox")
@@ -145,7 +138,7 @@ def test_an_unexpected_error_is_logged_with_its_traceback_once_per_message(
 def test_every_failure_is_counted_by_loop_and_exception_class() -> None:
     labels = {"loop": "test-loop", "kind": "OutOfMemoryError"}
     before = REGISTRY.get_sample_value("toolloop_redis_errors_total", labels) or 0.0
-    outage = RedisOutage(URL, clock=Clock())
+    outage = RedisOutage(URL, clock=ManualClock())
     outage.failed(rx.OutOfMemoryError("command not allowed"), "test-loop")
     outage.failed(wrapped(rx.OutOfMemoryError("command not allowed")), "test-loop")
     assert REGISTRY.get_sample_value("toolloop_redis_errors_total", labels) == before + 2
@@ -185,7 +178,7 @@ async def test_a_retried_call_gives_up_once_the_process_stops() -> None:
 
 
 def test_a_loop_backoff_starts_again_after_a_success() -> None:
-    backoff = Backoff(RedisRetry(RedisOutage(URL, clock=Clock())), "claim")
+    backoff = Backoff(RedisRetry(RedisOutage(URL, clock=ManualClock())), "claim")
     assert [backoff.failed(rx.ConnectionError("x")) for _ in range(3)] == [0.1, 0.2, 0.4]
     backoff.succeeded()
     assert backoff.failed(rx.ConnectionError("x")) == 0.1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -13,7 +13,6 @@ import redis
 from orchestrator import machine
 from orchestrator.machine.events import (
     AwaitApproval,
-    CallModel,
     Dispatch,
     DispatchTools,
     Emit,
@@ -25,7 +24,7 @@ from orchestrator.machine.events import (
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
-from orchestrator.model import ModelSettings, ProviderError, Turn, TurnRequest, Usage, UserMessage
+from orchestrator.model import ModelSettings, ProviderError, Turn, TurnRequest, Usage
 from orchestrator.pricing import build_price_table
 from orchestrator.providers.base import ModelRequest
 from orchestrator.providers.deltas import DeltaSink
@@ -33,7 +32,8 @@ from orchestrator.providers.registry import ModelClients
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.runtime.perform import Performer
 from orchestrator.settings import Settings
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec
+from tests.support.performer_fakes import FakePublisher, FakeStore, Serving, call_model, later
+from workers.contract import FailureKind, ToolOutcome, ToolSpec
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -42,61 +42,12 @@ ADD = ToolSpec(name="add", description="Add two numbers.", soft_time_limit_s=5, 
 NOW = 1_700_000_000.0
 
 
-class FakeStore:
-    """The store methods a performer uses: first-writer-wins outcomes, and appended events."""
-
-    def __init__(self) -> None:
-        self.outcomes: dict[str, ToolOutcome] = {}
-        self.events: list[tuple[str, str, Mapping[str, Any]]] = []
-
-    async def write_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
-        return self.outcomes.setdefault(outcome.call_id, outcome)
-
-    async def append_event(self, turn_id: str, name: str, data: Mapping[str, Any]) -> None:
-        self.events.append((turn_id, name, data))
-
-
-class FakePublisher:
-    """Publishes nothing; `failing` task ids fail every attempt."""
-
-    def __init__(self, failing: Mapping[str, Exception] = {}) -> None:
-        self.failing = dict(failing)
-        self.published: list[tuple[ToolSpec, ToolCallRequest, str]] = []
-        self.revoked: list[str] = []
-        self.closed = False
-
-    async def publish(self, sends: Sequence[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
-        self.published += sends
-        return {task_id: self.failing[task_id] for _, _, task_id in sends if task_id in self.failing}
-
-    async def revoke(self, task_ids: list[str]) -> None:
-        self.revoked += task_ids
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
 def scripted_http() -> httpx.AsyncClient:
     def answer(request: httpx.Request) -> httpx.Response:
         reply = build_reply(json.loads(request.content))
         return httpx.Response(reply.status, json=reply.body, headers=reply.headers)
 
     return httpx.AsyncClient(transport=httpx.MockTransport(answer))
-
-
-class Serving:
-    """A live catalogue in which live workers serve `specs` (`failure`: every read raises it instead)."""
-
-    def __init__(self, *specs: ToolSpec, failure: Exception | None = None) -> None:
-        self.specs = {spec.name: spec for spec in specs}
-        self.failure = failure
-        self.reads: list[float | None] = []
-
-    async def read(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec]:
-        self.reads.append(newer_than)
-        if self.failure is not None:
-            raise self.failure
-        return self.specs
 
 
 def build_performer(
@@ -125,17 +76,6 @@ def new_state() -> TurnState:
         at=NOW,
     )
     return state
-
-
-def call_model(model: str) -> CallModel:
-    return CallModel(
-        model=model, messages=[UserMessage(content="ping")], tools=[], id_prefix="t1_1", llm_call_index=3
-    )
-
-
-async def later(done: list[Event] | Coroutine[Any, Any, Sequence[Event]]) -> Sequence[Event]:
-    assert not isinstance(done, list), "slow work comes back as a coroutine"
-    return await done
 
 
 async def test_writing_outcomes_yields_each_winner_under_the_models_call_id() -> None:

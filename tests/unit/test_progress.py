@@ -16,6 +16,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 
 from orchestrator.runtime.inbox import WIRE_CALL_ID_SEPARATOR, build_wire_call_id, parse_wire_call_id
 from orchestrator.store import codec
+from tests.support.fake_time import ManualClock
 from workers import ToolContext, tool
 from workers import progress as p
 from workers.contract import REDACTED
@@ -25,14 +26,6 @@ from workers.tools import ToolRegistry
 pytestmark = pytest.mark.timeout(10)
 
 SECRET = "sk-live-0123456789"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Timers:
@@ -77,7 +70,7 @@ class Sent:
 
 
 def _reporter(
-    sent: Sent, clock: Clock, timers: Timers, arguments: Mapping[str, Any] | None = None, **kw: Any
+    sent: Sent, clock: ManualClock, timers: Timers, arguments: Mapping[str, Any] | None = None, **kw: Any
 ) -> p.ProgressReporter:
     return p.ProgressReporter(
         sent,
@@ -102,7 +95,7 @@ def test_fields_are_the_orchestrators() -> None:
 
 
 def test_event_carries_the_models_call_id_and_tool() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     _reporter(sent, clock, timers).report("half", 0.5)
     (fields,) = sent.fields
     assert fields["name"] == "tool_progress" and fields["at"] == repr(1700000000.5)
@@ -192,7 +185,7 @@ def test_fraction(given: object, shown: float | None) -> None:
 
 
 def test_first_at_once_then_the_latest_at_the_next_allowed_moment() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     reporter.report("1")
     clock.now += 0.1
@@ -208,7 +201,7 @@ def test_first_at_once_then_the_latest_at_the_next_allowed_moment() -> None:
 
 
 def test_the_latest_goes_out_when_the_tool_returns() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     for index in range(1, 51):
         reporter.report(f"item {index}", index / 50)
@@ -220,7 +213,7 @@ def test_the_latest_goes_out_when_the_tool_returns() -> None:
 
 
 def test_a_timer_that_fires_after_close_sends_nothing() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     reporter.report("1")
     reporter.report("2")
@@ -231,7 +224,7 @@ def test_a_timer_that_fires_after_close_sends_nothing() -> None:
 
 
 def test_the_interval_grows_for_a_chatty_tool() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     for _ in range(p.INTERVAL_DOUBLING_EVERY):
         reporter.report("x")
@@ -245,7 +238,7 @@ def test_the_interval_grows_for_a_chatty_tool() -> None:
 
 
 def test_redis_down_drops_logs_once_and_holds_back(caplog: pytest.LogCaptureFixture) -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     sent.failure = redis.ConnectionError("Connection refused")
     with caplog.at_level(logging.DEBUG, logger="workers.progress"):
@@ -265,7 +258,7 @@ def test_redis_down_drops_logs_once_and_holds_back(caplog: pytest.LogCaptureFixt
 
 
 def test_close_while_held_back_drops_the_latest() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     sent.failure = redis.TimeoutError("Timeout reading from socket")
     reporter.report("1")
@@ -285,7 +278,7 @@ def test_close_while_held_back_drops_the_latest() -> None:
     ],
 )
 def test_any_failure_is_dropped(failure: BaseException) -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     sent.failure = failure
     reporter = _reporter(sent, clock, timers)
     reporter.report("1")
@@ -298,7 +291,7 @@ def test_a_message_that_cannot_be_shown_is_dropped(caplog: pytest.LogCaptureFixt
         def __str__(self) -> str:
             raise RuntimeError(f"leaks {SECRET}")
 
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     reporter = _reporter(sent, clock, timers)
     with caplog.at_level(logging.WARNING, logger="workers.progress"):
         reporter.report(Bad())
@@ -307,7 +300,7 @@ def test_a_message_that_cannot_be_shown_is_dropped(caplog: pytest.LogCaptureFixt
 
 
 def test_a_soft_time_limit_is_the_tools() -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     sent.failure = SoftTimeLimitExceeded()
     reporter = _reporter(sent, clock, timers, passthrough=(SoftTimeLimitExceeded,))
     with pytest.raises(SoftTimeLimitExceeded):
@@ -316,7 +309,7 @@ def test_a_soft_time_limit_is_the_tools() -> None:
 
 @pytest.mark.parametrize("result", [ProgressResult.ENDED, ProgressResult.CALL_DONE])
 def test_once_the_turn_or_call_ended_nothing_more_is_sent(result: ProgressResult) -> None:
-    sent, clock, timers = Sent(), Clock(), Timers()
+    sent, clock, timers = Sent(), ManualClock(), Timers()
     sent.result = result
     reporter = _reporter(sent, clock, timers)
     reporter.report("1")
@@ -348,5 +341,5 @@ def _reporting(n: int, ctx: ToolContext) -> int:
 def test_outside_a_turn_progress_does_nothing() -> None:
     assert _reporting.invoke({"n": 3}) == 3
     assert ToolContext(call_id="c").progress("x", 0.1) is None
-    with_reporter = ToolContext(call_id="c", _progress=_reporter(Sent(), Clock(), Timers()))
+    with_reporter = ToolContext(call_id="c", _progress=_reporter(Sent(), ManualClock(), Timers()))
     assert with_reporter == ToolContext(call_id="c") and "_progress" not in repr(with_reporter)

@@ -6,6 +6,7 @@ import kombu.exceptions
 import pytest
 import redis
 
+from tests.support.fake_time import SleepingClock
 from workers.redis_retry import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -16,21 +17,6 @@ from workers.redis_retry import (
 )
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class Clock:
-    """A clock that moves only when the retry loop sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.pauses: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.pauses.append(seconds)
-        self.t += seconds
 
 
 class Interrupted(Exception):
@@ -45,7 +31,7 @@ def test_backoff_doubles_and_is_capped() -> None:
 
 
 def test_retries_until_redis_answers_and_tells_the_step_how_often_it_failed() -> None:
-    clock = Clock()
+    clock = SleepingClock(1000.0)
     seen: list[int] = []
 
     def step(failures: int) -> str:
@@ -61,7 +47,7 @@ def test_retries_until_redis_answers_and_tells_the_step_how_often_it_failed() ->
 
 
 def test_gives_up_with_the_last_error_before_passing_the_bound() -> None:
-    clock = Clock()
+    clock = SleepingClock(1000.0)
     start = clock.now()
 
     def step(_failures: int) -> None:
@@ -75,7 +61,7 @@ def test_gives_up_with_the_last_error_before_passing_the_bound() -> None:
 
 
 def test_a_redis_still_loading_is_waited_for() -> None:
-    clock = Clock()
+    clock = SleepingClock(1000.0)
     answers = iter([redis.exceptions.BusyLoadingError("LOADING"), "ok"])
 
     def step(_failures: int) -> object:
@@ -88,7 +74,7 @@ def test_a_redis_still_loading_is_waited_for() -> None:
 
 
 def test_a_command_error_is_raised_at_once() -> None:
-    clock = Clock()
+    clock = SleepingClock(1000.0)
     calls: list[int] = []
 
     def step(failures: int) -> None:
@@ -101,7 +87,7 @@ def test_a_command_error_is_raised_at_once() -> None:
 
 
 def test_interruptions_in_a_try_or_a_pause_are_ridden_out() -> None:
-    clock = Clock()
+    clock = SleepingClock(1000.0)
     interrupted_pause = [True]
 
     def sleep(seconds: float) -> None:
@@ -152,7 +138,7 @@ SCRIPT_OOM = (
 )
 def test_redis_refusing_for_now_is_unavailable_and_retried(error: redis.RedisError) -> None:
     assert is_unavailable(error)
-    clock = Clock()
+    clock = SleepingClock(1000.0)
 
     def step(failures: int) -> str:
         if failures < 2:

@@ -23,31 +23,11 @@ from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptC
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, SubmitResult, WriteResult
+from tests.support.flows import drive, drive_with
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, parse_tool_outcome
 
 pytestmark = pytest.mark.timeout(10)
-
-
-def drive_with(flow: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> tuple[list[Any], Any]:
-    """Answer each step of `flow` with `answer(step)`: (the steps it yielded, what it returned)."""
-    steps: list[Any] = []
-    reply: Any = None
-    while True:
-        try:
-            step = flow.send(reply)
-        except StopIteration as stop:
-            return steps, stop.value
-        steps.append(step)
-        reply = answer(step)
-
-
-def drive(flow: Generator[Any, Any, Any], replies: list[Any]) -> tuple[list[Any], Any]:
-    """Answer the flow's steps with `replies`, in order."""
-    pending = list(replies)
-    steps, result = drive_with(flow, lambda _step: pending.pop(0))
-    assert not pending, "the flow ended before using every reply"
-    return steps, result
 
 
 def clock(*times: float) -> Callable[[], float]:
@@ -76,14 +56,27 @@ def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
 
 
 def test_wait_outcome_reads_events_until_the_outcome_is_there() -> None:
-    flow = flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5, 1.75))
-    replies = ["3-0", None, TurnStatus.RUNNING, [event("4-0")], None, TurnStatus.WAITING, [], DONE]
+    flow = flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5, 1.0, 1.5))
+    finished = event("5-0", "turn_finished")
+    replies = [
+        "3-0",
+        None,
+        TurnStatus.RUNNING,
+        [event("4-0")],
+        [],
+        None,
+        TurnStatus.WAITING,
+        [finished],
+        DONE,
+    ]
     steps, outcome = drive(flow, replies)
     read = "read_history"  # the outcome, with the messages it references
-    assert words(steps) == ["XREVRANGE", read, "GET", "XREAD", read, "GET", "XREAD", read]
+    # Looked for at the start, after a quiet read and after `turn_finished`; never after another event.
+    assert words(steps) == ["XREVRANGE", read, "GET", "XREAD", "XREAD", read, "GET", "XREAD", read]
     reads = [s.args for s in steps if s.args[0] == "XREAD"]
     assert reads[0][1:3] == ("BLOCK", 1000) and reads[0][-1] == "3-0"  # capped, from the newest id
-    assert reads[1][1:3] == ("BLOCK", 250) and reads[1][-1] == "4-0"  # what is left of the timeout
+    assert reads[1][1:3] == ("BLOCK", 1000) and reads[1][-1] == "4-0"
+    assert reads[2][1:3] == ("BLOCK", 500) and reads[2][-1] == "4-0"  # what is left of the timeout
     assert outcome == DONE
 
 

@@ -7,7 +7,13 @@ import itertools
 
 import pytest
 
-from tests.support.waiting import async_wait_for, async_wait_until, wait_for, wait_until
+from tests.support.waiting import (
+    async_wait_for,
+    async_wait_until,
+    wait_at_most,
+    wait_for,
+    wait_until,
+)
 
 
 def test_wait_for_returns_the_first_value_that_is_not_none() -> None:
@@ -18,6 +24,17 @@ def test_wait_for_returns_the_first_value_that_is_not_none() -> None:
 def test_wait_until_fails_naming_what_never_happened() -> None:
     with pytest.raises(AssertionError, match="waiting for the sky to fall"):
         wait_until(lambda: False, "the sky to fall", timeout_s=0.1)
+
+
+def test_a_failure_adds_the_detail_it_is_given() -> None:
+    with pytest.raises(AssertionError, match="waiting for the log line:\nthe log so far"):
+        wait_until(lambda: False, "the log line", timeout_s=0.1, detail=lambda: "the log so far")
+
+
+def test_wait_at_most_says_whether_it_came_and_never_fails() -> None:
+    values = iter([False, False, True])
+    assert wait_at_most(lambda: next(values), max_s=5) is True
+    assert wait_at_most(lambda: False, max_s=0.1) is False
 
 
 def test_async_waits_take_sync_and_async_checks() -> None:
