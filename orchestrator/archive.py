@@ -284,11 +284,18 @@ class ArchivingTurnStore(TurnStore):
         self._unsure: set[str] = set()
 
     async def save_outcome(
-        self, turn_id: str, outcome: TurnOutcome, *, conversation_id: str | Unread | None = UNREAD
+        self,
+        turn_id: str,
+        outcome: TurnOutcome,
+        *,
+        conversation_id: str | Unread | None = UNREAD,
+        orchestrator_id: str | None = None,
     ) -> bool:
         """`TurnStore.save_outcome`, then, once stored by this call (or a lost-reply try of it), archive."""
         try:
-            finished = await super().save_outcome(turn_id, outcome, conversation_id=conversation_id)
+            finished = await super().save_outcome(
+                turn_id, outcome, conversation_id=conversation_id, orchestrator_id=orchestrator_id
+            )
         except REDIS_ERRORS as exc:
             if not isinstance(exc, redis.exceptions.ResponseError):
                 self._unsure.add(turn_id)  # the write may have landed, its reply lost

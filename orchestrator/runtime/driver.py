@@ -317,6 +317,7 @@ class TurnDriver:
                     handle.turn_id,
                     command.outcome,
                     conversation_id=handle.conversation_id,
+                    orchestrator_id=self._orchestrator_id,
                 )
                 await self._retry.call("finish", save)
                 finishing = True
@@ -368,11 +369,11 @@ class TurnDriver:
     # --- parking and dropping --------------------------------------------------------------------------
 
     async def _finished(self, handle: TurnHandle) -> None:
-        # The turn's outcome is stored (Finish): count it, forget the turn, release its lease.
+        # The turn's outcome is stored (Finish), and its lease released with it: count it, forget the turn.
         outcome = handle.state.outcome
         if outcome is not None:
             metrics.record_turn_finished(outcome, time.monotonic() - handle.claimed_at)
-        await self._drop(handle, release=True)
+        await self._drop(handle, release=False)
 
     async def _drop(self, handle: TurnHandle, *, release: bool) -> None:
         """Forget a turn locally (finished, lost, or stopping); the caller holds its lock."""

@@ -119,12 +119,17 @@ def save_outcome(
     conversation_id: str | Unread | None,
     now: float,
     retention: Retention = DEFAULT_RETENTION,
+    *,
+    orchestrator_id: str | None = None,
 ) -> Flow[FinishResult]:
-    """The terminal write; the turn's conversation is read from its request when `UNREAD`."""
+    """The terminal write (releasing `orchestrator_id`'s lease); the turn's conversation is read from its
+    request when `UNREAD`."""
     if isinstance(conversation_id, Unread):
         request: TurnRequest | None = yield operations.get_request(turn_id)
         conversation_id = request.conversation_id if request else None
-    result: FinishResult = yield operations.save_outcome(turn_id, outcome, conversation_id, now, retention)
+    result: FinishResult = yield operations.save_outcome(
+        turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id
+    )
     return result
 
 

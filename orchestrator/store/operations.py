@@ -224,8 +224,11 @@ def save_outcome(
     conversation_id: str | None,
     now: float,
     retention: keys.Retention = keys.DEFAULT_RETENTION,
+    *,
+    orchestrator_id: str | None = None,
 ) -> ScriptCall[FinishResult]:
-    """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`).
+    """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`); with
+    `orchestrator_id`, the lease that orchestrator holds on the turn is released in the same script.
 
     The stored outcome and the conversation's head reference the turn's history list, whose first
     `len(outcome.messages)` entries are the outcome's messages (persisted by the steps before)."""
@@ -244,13 +247,14 @@ def save_outcome(
         keys.conversation_waiting(conversation_id) if conversation_id else "",
         history_key,
         keys.turn_log(turn_id),
+        keys.turn_lease(turn_id) if orchestrator_id else "",
     ]
     summary = codec.build_turn_summary(turn_id, outcome)
     stored = history.dump_outcome(outcome, history_key)
     head = history.dump_head(turn_id, history_key, len(outcome.messages))
     args: list[str | int] = [turn_id, stored, outcome.status, retention.turn_ttl_s]
     args += [json.dumps(summary), keys.EVENTS_MAXLEN, repr(now), TERMINAL_STATUSES, codec.TURN_FINISHED]
-    args += [retention.conversation_ttl_s, head]
+    args += [retention.conversation_ttl_s, head, orchestrator_id or ""]
     return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
 
 

@@ -205,16 +205,24 @@ class TurnStore:
         return await self._runner.run(operation)
 
     async def save_outcome(
-        self, turn_id: str, outcome: TurnOutcome, *, conversation_id: str | Unread | None = UNREAD
+        self,
+        turn_id: str,
+        outcome: TurnOutcome,
+        *,
+        conversation_id: str | Unread | None = UNREAD,
+        orchestrator_id: str | None = None,
     ) -> bool:
         """The terminal write: outcome, status, `turn_finished` event, TTLs, conversation head and next turn.
 
         The outcome's messages must be in the turn's history list (`save_step` put them there): the stored
         outcome and the head reference them. `conversation_id` is the turn's (None: it has none), when the
-        caller knows it already; otherwise it is read from the request. Returns False when the turn was
+        caller knows it already; otherwise it is read from the request. With `orchestrator_id`, its lease on
+        the turn is released in the same round trip, whichever write won. Returns False when the turn was
         already terminal (the first terminal write wins).
         """
-        flow = flows.save_outcome(turn_id, outcome, conversation_id, codec.now_s(), self.retention)
+        flow = flows.save_outcome(
+            turn_id, outcome, conversation_id, codec.now_s(), self.retention, orchestrator_id=orchestrator_id
+        )
         return await self._runner.run_flow(flow) is FinishResult.FINISHED
 
     async def resave_step(

@@ -97,6 +97,28 @@ def test_save_step_save_outcome_release_and_control(runner: SyncRunner) -> None:
     assert names == ["turn_queued", "round_completed", "turn_finished"]
 
 
+def test_save_outcome_releases_the_finishing_owners_lease_and_no_one_elses(runner: SyncRunner) -> None:
+    run = runner.run
+    for turn_id in ("t2", "t3"):
+        run(operations.submit(TurnRequest(prompt="a"), turn_id, 1.0))
+        assert run(operations.pop_queued(0.1)) == turn_id and run(operations.claim(turn_id, "orch-a", 10_000))
+    # A stale copy finishing t2 leaves the owner's lease alone; the owner finishing t3 releases its own —
+    # and so does its retry after a lost reply, which finds the turn terminal already.
+    assert run(operations.save_outcome("t2", done("t2"), None, 2.0, orchestrator_id="orch-b")) is (
+        lua.FinishResult.FINISHED
+    )
+    assert runner.client.get(keys.turn_lease("t2")) in ("orch-a", b"orch-a")
+    assert run(operations.save_outcome("t3", done("t3"), None, 2.0, orchestrator_id="orch-a")) is (
+        lua.FinishResult.FINISHED
+    )
+    assert runner.client.get(keys.turn_lease("t3")) is None
+    run(operations.take_over("orch-a", "t2", 10_000))
+    assert run(operations.save_outcome("t2", done("t2"), None, 3.0, orchestrator_id="orch-a")) is (
+        lua.FinishResult.ALREADY_TERMINAL
+    )
+    assert runner.client.get(keys.turn_lease("t2")) is None
+
+
 def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: SyncRunner) -> None:
     run = runner.run
     run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))

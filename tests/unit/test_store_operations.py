@@ -125,8 +125,11 @@ def test_save_step_carries_the_events_but_never_turn_finished() -> None:
 def test_save_outcome_passes_ttl_caps_statuses_and_the_event_name() -> None:
     outcome = TurnOutcome(turn_id="t", status="completed", text="ok")
     op = operations.save_outcome("t", outcome, None, 7.0)
-    assert op.keys[8:] == ("", "", "", keys.turn_history("t"), keys.turn_log("t"))
+    assert op.keys[8:] == ("", "", "", keys.turn_history("t"), keys.turn_log("t"), "")
     assert op.args[3] == str(keys.TURN_TTL_S)
+    assert op.args[-1] == ""  # no owner's lease to release
+    owned = operations.save_outcome("t", outcome, None, 7.0, orchestrator_id="orch-a")
+    assert (owned.keys[-1], owned.args[-1]) == (keys.turn_lease("t"), "orch-a")
     assert op.args[5:9] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
     assert op.args[9] == str(keys.CONVERSATION_TTL_S)
     assert json.loads(op.args[4])["status"] == "completed"

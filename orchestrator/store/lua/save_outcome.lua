@@ -1,13 +1,17 @@
 -- The terminal write of a turn: outcome, status, its finished event, TTLs, then the conversation's next turn.
 -- Returns orchestrator.store.scripts.FinishResult: 1 FINISHED, 0 ALREADY_TERMINAL (the first write won).
 -- KEYS: outcome, status, active, events, request, state, control, queue, conversation head, lock, waiting
---       ('' for the three conversation keys when the turn has none), history list, log list.
+--       ('' for the three conversation keys when the turn has none), history list, log list, lease ('' to keep
+--       it).
 -- ARGV: turn id, outcome JSON (its messages referenced: history key and length), status, turn TTL s, event
 --       data JSON, events maxlen, now, terminal statuses (spaced), finished event name, conversation TTL s,
---       head JSON (the same reference, for the conversation's next turn).
+--       head JSON (the same reference, for the conversation's next turn), the finishing orchestrator's id.
+-- The lease is released here when that orchestrator holds it, whichever terminal write won: the turn is over
+-- for its owner either way, and a separate release would cost it one more round trip per turn.
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
 -- outcome. A conversation's history list and head live CONVERSATION_TTL_S from its last turn's end; a turn's
 -- own history list lives as long as the turn's other keys.
+if KEYS[14] ~= '' and redis.call('GET', KEYS[14]) == ARGV[12] then redis.call('DEL', KEYS[14]) end
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[2])
