@@ -2,7 +2,6 @@
 
 `machine.start`, `machine.resume` and `machine.step` are called here and nowhere else in the runtime. For
 each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked as JSON, its tasks) and:
-
 - adopts it (`adopt`): starts it from its request or resumes its persisted state, then catches up on the
   outcomes written while nobody owned it (see `runtime.adopt`);
 - steps it (`_advance`) under its lock: every event at hand through `machine.step`, one save of the state
@@ -10,11 +9,10 @@ each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked 
   events (at once, or from a task when slow work ends) are stepped in turn;
 - parks it (`HydratedTurns`): beyond the `hydrated_turns` most recently stepped, a turn keeps its JSON only;
 - drops it: finished, lease lost, or stopping.
-
 Steps of one turn are serialised by its lock; different turns interleave freely. Events come in through
-`deliver` / `defer` (inbox notifications) and the timer heap (`TimerFired`). Redis failing never abandons a
-turn: each Redis call of a step is retried (`RedisRetry`) under its lock, its state kept, until it lands, is
-refused (lease lost: dropped) or the process stops (released).
+`deliver` / `defer` (inbox notifications, batched on the handle) and the timer heap (`TimerFired`). Redis
+failing never abandons a turn: each Redis call of a step is retried (`RedisRetry`) under its lock, its state
+kept, until it lands, is refused (lease lost: dropped) or the process stops (released).
 """
 
 from __future__ import annotations
@@ -60,8 +58,7 @@ from workers.contract import ToolOutcome
 
 log = logging.getLogger("toolloop.orchestrator")
 
-# How long a notification that moves nothing on (`started`, an outcome while its round still runs) may wait
-# for what follows, to be stepped with it (see `defer`).
+# How long a notification that moves nothing on may wait for what follows, to be stepped with it (`defer`).
 STARTED_DELAY_S = 0.05
 
 

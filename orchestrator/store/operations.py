@@ -261,13 +261,6 @@ def save_outcome(
 # --- events and control ----------------------------------------------------------------------------------
 
 
-def append_event(turn_id: str, name: str, data: Mapping[str, Any], now: float) -> RedisCommand[str]:
-    """Add one progress event (redacted) to the turn's stream; the reply is its stream id."""
-    fields = codec.build_event_fields(name, data, now)
-    words = ("XADD", keys.turn_events(turn_id), "MAXLEN", "~", keys.EVENTS_MAXLEN, "*")
-    return RedisCommand((*words, *(w for pair in fields.items() for w in pair)), codec.text)
-
-
 def append_events(
     turn_id: str, events: Sequence[tuple[str, Mapping[str, Any]]], now: float
 ) -> ScriptCall[str]:

@@ -274,9 +274,7 @@ class TurnStore:
 
         `turn_finished` is ignored here: `save_outcome` publishes it atomically with the outcome.
         """
-        if name == codec.TURN_FINISHED:
-            return None
-        return await self._runner.run(operations.append_event(turn_id, name, data, codec.now_s()))
+        return await self.append_events(turn_id, [(name, data)])
 
     async def append_events(
         self, turn_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]

@@ -24,6 +24,9 @@ class FakeStore:
     async def append_event(self, turn_id: str, name: str, data: Mapping[str, Any]) -> None:
         self.events.append((turn_id, name, data))
 
+    async def append_events(self, turn_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        self.events += [(turn_id, name, data) for name, data in events]
+
 
 class FakePublisher:
     """Publishes nothing; `failing` task ids fail every attempt."""
