@@ -15,6 +15,7 @@ Exit codes: 0 stopped (SIGTERM, SIGINT); 2 usage error (no authentication on a n
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from typing import Annotated
@@ -74,6 +75,9 @@ def flower_command(
     os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "false")
     # Worker settings only: Flower needs the broker, never a model credential.
     app = create_app(get_worker_settings(), main="toolloop-flower")
+    # SIGINT stops Flower as it does in a terminal even when this process was started with SIGINT ignored (a
+    # background job of a shell script inherits that, and Python then installs no KeyboardInterrupt).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app.start(build_flower_argv(port, address, ctx.args))
     _exit_within(EXIT_WITHIN_S)
 

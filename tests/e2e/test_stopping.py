@@ -246,6 +246,19 @@ def test_flower_that_never_reached_redis_stops(signum: int) -> None:
     assert_stops(served, signum, "flower, Redis never reachable")
 
 
+def test_flower_stops_on_sigint_even_when_started_with_it_ignored() -> None:
+    # A background job of a shell script (`cmd &`, CI steps, nohup) inherits SIGINT ignored.
+    port = find_free_port()
+    env = {"TOOLLOOP_REDIS_URL": dead_url(), "FLOWER_BASIC_AUTH": "ops:pass"}
+    served = start_toolloop(["flower", "--port", str(port)], env, sigint_ignored=True)
+    _launched.append(served)
+    served.wait_for(lambda: answers(f"http://127.0.0.1:{port}/healthcheck"), "Flower to answer")
+    status = Path(f"/proc/{served.pid}/status").read_text()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    assert not ignored & (1 << (signal.SIGINT - 1)), "toolloop flower must take SIGINT back"
+    assert_stops(served, signal.SIGINT, "flower, started with SIGINT ignored")
+
+
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_flower_whose_redis_is_gone_stops(own_persistent_redis: RedisServer, signum: int) -> None:
     served, base = start_flower(own_persistent_redis.url)

@@ -78,9 +78,17 @@ class Served:
         return True
 
 
-def start_toolloop(args: Sequence[str], env: Mapping[str, str] | None = None) -> Served:
-    """Start `toolloop *args` from the checkout in a session of its own, its output in a temp log."""
-    return _start([str(TOOLLOOP_BIN), *args], env, name=args[0])
+def start_toolloop(
+    args: Sequence[str], env: Mapping[str, str] | None = None, *, sigint_ignored: bool = False
+) -> Served:
+    """Start `toolloop *args` from the checkout in a session of its own, its output in a temp log.
+
+    `sigint_ignored`: started with SIGINT ignored, as a background job of a shell script is."""
+    command = [str(TOOLLOOP_BIN), *args]
+    if sigint_ignored:
+        # `trap '' INT` ignores SIGINT, and exec keeps that disposition for toolloop.
+        command = ["/bin/sh", "-c", 'trap \'\' INT; exec "$0" "$@"', *command]
+    return _start(command, env, name=args[0])
 
 
 def start_python(args: Sequence[str], env: Mapping[str, str] | None = None) -> Served:
