@@ -9,19 +9,14 @@ the one inbox stream for all of them, renews their leases, and starts and stops 
     lease renewal ──► a lost lease drops its turn            timer heap ──► TurnDriver ──► TimerFired
 
 Outcomes never come through `AsyncResult.get`: a small one comes in its notification, a large one is read
-from its key, and every pending call's is read once more whenever a turn is claimed or taken over (an outcome
-written while nobody owned the turn notified nobody).
-
-Stopping (SIGTERM, SIGINT, `request_stop`) cancels whatever the process waits on — registering, a blocking
-read, a pause before retrying — so it ends within seconds whatever state Redis is in; what it still owes
-Redis then (releasing leases, unregistering) gets `STOP_REDIS_S` at most, as a lease left behind expires and
-its turn is taken over.
-
-No Redis failure ends the process: Redis unreachable, out of memory (`noeviction`) or read-only, every loop
+from its key, and every pending call's is read once more whenever a turn is claimed or taken over.
+Stopping (SIGTERM, SIGINT, `request_stop`) cancels whatever the process waits on, so it ends within seconds
+whatever state Redis is in; what it still owes Redis (releasing leases, unregistering) gets `STOP_REDIS_S`
+at most, as a lease left behind expires and its turn is taken over.
+No Redis failure ends the process: unreachable, out of memory (`noeviction`) or read-only, every loop
 retries with capped backoff (`orchestrator.outage`), and a turn's step retries its save until it lands.
-`RedisOutage` tells the operator once what kind of outage it is — not a warning per failed call of every
-loop — then every `OUTAGE_REPORT_S`, and once more when it is over; `toolloop_redis_errors_total` counts
-every retry by loop and exception class.
+`RedisOutage` tells the operator once what kind of outage it is, then every `OUTAGE_REPORT_S`, and once
+more when it is over; `toolloop_redis_errors_total` counts every retry by loop and exception class.
 """
 
 from __future__ import annotations
@@ -73,6 +68,7 @@ INBOX_ACK_S = 1.0
 # How long a stopping orchestrator waits for Redis at most (releasing leases, unregistering): past it a lease
 # is left to expire, and its turn is taken over as after a crash.
 STOP_REDIS_S = 3.0
+CANCEL_AGAIN_S = 0.5  # how often a stopping process cancels again a loop that has not ended
 
 
 def build_orchestrator_id() -> str:
@@ -208,9 +204,7 @@ class Runtime:
             for task in done:
                 task.result()
         finally:
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await cancel_until_done(loops)
 
     async def _register(self) -> None:
         await self.retry.call("register", lambda: self.store.register_orchestrator(self.orchestrator_id))
@@ -368,6 +362,17 @@ class Runtime:
                 self.driver.deliver(handle, started + finished, read_control=turn_id in batch.control)
             elif started or finished:
                 self.driver.defer(handle, started + finished)
+
+
+async def cancel_until_done(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` and return once every one has ended: a cancellation swallowed below our code (seen
+    under Redis out of memory: the durability watcher's, left looping, `run()` waiting for it forever) is
+    sent again every CANCEL_AGAIN_S."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
 
 
 async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> None:
