@@ -121,7 +121,7 @@ class TurnHandle:
 
         Events that arrive while the lock is held (a step saving, a model answer being stepped) join the one
         step already waiting for it: one step and one save for the batch, not one each."""
-        self.deferred = [*(self.deferred or ()), *events]
+        self._defer(events)
         if self.feeding is not None:
             self.feeding = self.feeding or read_control
             return False
@@ -141,9 +141,15 @@ class TurnHandle:
         an outcome while other calls of its round run only records it (it is stored already, in its own key).
         What follows usually comes within milliseconds: held back a moment, they are stepped and saved
         together, and the round's last outcome never waits behind their steps."""
-        first = self.deferred is None
-        self.deferred = [*(self.deferred or ()), *events]
-        return first
+        return self._defer(events)
+
+    def _defer(self, events: Sequence[Event]) -> bool:
+        # Appended in place: no list copied per notification. True when none were deferred before.
+        if self.deferred is None:
+            self.deferred = list(events)
+            return True
+        self.deferred += events
+        return False
 
     def still_waits(self, events: Sequence[Event]) -> bool:
         """True when, with `events` and those deferred stepped, a call of the current round would still have
