@@ -37,7 +37,7 @@ from orchestrator import metrics
 from orchestrator.api_redis import ApiRedis, build_failure_reason, build_unavailable_reply
 from orchestrator.api_sse import turn_events
 from orchestrator.client import AsyncClient
-from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
@@ -290,12 +290,15 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
 @turns_router.post("/{turn_id}/approvals/{call_id}", status_code=202, response_model=ControlReply)
 async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
     """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when
-    edited arguments fail the tool's schema."""
+    edited arguments fail the tool's schema, 409 when the turn has ended or the call waits for no answer
+    (an unknown call, or one answered already: the first answer stands)."""
     sending = _client(request).approve(
         turn_id, call_id, body.approved, arguments=body.arguments, reason=body.reason
     )
     try:
         return await _control_reply(turn_id, sending)
+    except CallNotWaitingError as exc:
+        raise HTTPException(409, str(exc)) from None
     except ValueError as exc:
         detail = [{"type": "value_error", "loc": ["body", "arguments"], "msg": str(exc)}]
         raise HTTPException(422, build_safe_json(detail)) from None

@@ -192,7 +192,9 @@ class Client:
         """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended.
 
         An approval may carry `arguments` a person edited, run instead of the model's (a `ValueError` when
-        they fail the tool's schema); a denial a `reason`, which the model sees in the call's result."""
+        they fail the tool's schema); a denial a `reason`, which the model sees in the call's result.
+        `CallNotWaitingError` when the running turn waits for no answer about this call (an unknown call,
+        or one answered already: the first answer stands)."""
         return self.store.request_approval(turn_id, call_id, approved, arguments=arguments, reason=reason)
 
     @takes_arguments_of(build_direct_call)

@@ -15,6 +15,7 @@ errors, and the few things a caller must handle:
     ├── McpToolError                         workers.errors: an MCP server answered a call with isError
     ├── RedisConfigError(ValueError)         workers.errors: a Redis URL that cannot be used as configured
     ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
+    ├── CallNotWaitingError(LookupError)     an approval for a call that waits for none (unknown, decided)
     ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
@@ -52,6 +53,7 @@ from workers.errors import (
 
 __all__ = [
     "BenchError",
+    "CallNotWaitingError",
     "DemoError",
     "InvalidResultError",
     "MalformedBody",
@@ -77,6 +79,18 @@ class UnknownTurnError(ToolloopError, LookupError):
     def __init__(self, turn_id: str) -> None:
         super().__init__(f"unknown turn {turn_id!r}")
         self.turn_id = turn_id
+
+
+class CallNotWaitingError(ToolloopError, LookupError):
+    """An approval or denial for a call of a running turn that waits for none: no such call, not one that
+    needs confirmation, or one decided already (the first answer stands)."""
+
+    def __init__(self, turn_id: str, call_id: str, *, decided: bool = False) -> None:
+        why = "it was decided already" if decided else "no call with this id waits for one"
+        super().__init__(f"call {call_id!r} of turn {turn_id!r} is not waiting for approval: {why}")
+        self.turn_id = turn_id
+        self.call_id = call_id
+        self.decided = decided
 
 
 class UnknownToolError(ToolloopError, ValueError):

@@ -57,6 +57,9 @@ class Settings(WorkerSettings):
 
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
+    # At most this many model-call connections open at once per orchestrator (TOOLLOOP_MODEL_MAX_CONNECTIONS):
+    # one per model call in flight; a call beyond it waits for one (`providers.transport`).
+    model_max_connections: int = Field(default=1000, ge=1)
 
     # Streaming (SPEC §9): model calls stream when the provider can and the turn does not say `stream: false`;
     # their text and thinking deltas are coalesced into one event per turn at most every `stream_flush_s`

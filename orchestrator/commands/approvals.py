@@ -54,6 +54,7 @@ def approve_command(
 ) -> None:
     """Approve (or --deny) a tool call that waits for confirmation; print `approved` or `denied`."""
     from orchestrator.client import Client, UnknownTurnError
+    from orchestrator.errors import CallNotWaitingError
 
     settings = get_settings()
     try:
@@ -64,6 +65,8 @@ def approve_command(
             accepted = client.approve(turn_id, call_id, not deny, arguments=edited, reason=reason)
     except UnknownTurnError:
         _fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
+    except CallNotWaitingError as exc:
+        _fail(str(exc), EXIT_ENDED)
     except ValueError as exc:
         _fail(str(exc), EXIT_USAGE)
     except redis.RedisError as exc:

@@ -59,7 +59,7 @@ from orchestrator.machine.tool_round import (
     record_late,
 )
 from orchestrator.machine.validation import check_output_schema, offered_tools
-from orchestrator.model import Message, TurnRequest, TurnStatus, UserMessage
+from orchestrator.model import Message, ProviderError, TurnRequest, TurnStatus, UserMessage
 from workers.contract import ToolSpec
 
 __all__ = ["Policy", "resume", "start", "step"]
@@ -76,15 +76,19 @@ def start(
     prior_history: Sequence[Message] = (),
     context_budget: ContextBudget | None = None,
     unpriced: Collection[str] = (),
+    refused: Sequence[str] = (),
 ) -> tuple[TurnState, list[Command]]:
     """A new turn: its state and first commands (arm the deadline, call the model).
 
     `model` is the resolved `provider:model` (`providers.base.resolve_model`), or several: the fallback order;
     `catalogue` the live tool catalogue, snapshotted into the state; `prior_history` the stored history of the
-    conversation the turn continues; `unpriced` the turn's models the price table has no price for.
+    conversation the turn continues; `unpriced` the turn's models the price table has no price for;
+    `refused` what the turn's models' providers cannot honour of its request (`find_refusals`, asked by the
+    runtime once it has resolved a model the submitting process could not).
 
     A turn that cannot do what it asks fails at once, before any model call: an output schema that is not a
-    valid JSON Schema (`invalid_output`), a budget in dollars with a model of unknown price (`max_cost`).
+    valid JSON Schema (`invalid_output`), a budget in dollars with a model of unknown price (`max_cost`), a
+    setting a model's provider cannot honour (`provider_error`: never dropped, never sent to be refused).
     """
     models = [model] if isinstance(model, str) else list(model)
     history: list[Message] = [*prior_history, *request.messages]
@@ -119,7 +123,7 @@ def start(
         "turn_started", model=models[0], models=models, tools=sorted(offered), deadline_at=state.deadline_at
     )
     draft.commands.append(ArmTimer(timer_id=DEADLINE_TIMER, at=state.deadline_at))
-    _refuse(draft, sorted({m for m in models if m in unpriced}), at)
+    _refuse(draft, sorted({m for m in models if m in unpriced}), refused, at)
     _settle(draft, at)
     draft.flush()
     return draft.state, draft.commands
@@ -224,11 +228,17 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
     return state, commands
 
 
-def _refuse(draft: Draft, unpriced: Sequence[str], at: float) -> None:
+def _refuse(draft: Draft, unpriced: Sequence[str], refused: Sequence[str], at: float) -> None:
     state = draft.state
     problem = check_output_schema(state.output_schema) if state.output_schema is not None else None
     if problem is not None:
         begin_stop(draft, "invalid_output", at, message=problem)
+    elif refused:
+        message = "the request asks what its model cannot do: " + "; ".join(refused)
+        error = ProviderError(
+            provider=state.model.partition(":")[0], type="unsupported_setting", message=message
+        )
+        begin_stop(draft, "provider_error", at, status="failed", message=message, error=error)
     elif state.limits.max_cost_usd is not None and unpriced:
         message = unknown_cost_message(state.limits.max_cost_usd, unpriced)
         begin_stop(draft, "max_cost", at, status="failed", message=message)

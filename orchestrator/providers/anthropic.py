@@ -128,11 +128,15 @@ def _read_message(message: dict[str, Any], ids: IdSource) -> Turn:
 
 def _read_usage(raw: object) -> Usage:
     usage = raw if isinstance(raw, dict) else {}
-    return parse_usage(
+    parsed = parse_usage(
         usage,
         cache_read_tokens=usage.get("cache_read_input_tokens"),
         cache_write_tokens=usage.get("cache_creation_input_tokens"),
     )
+    # Anthropic's input_tokens leave out the cache reads and writes it reports beside them; the total counts
+    # every token the call processed, as OpenAI's does (a token budget must see a cached prefix too).
+    cached = (parsed.cache_read_tokens or 0) + (parsed.cache_write_tokens or 0)
+    return parsed.model_copy(update={"total_tokens": parsed.total_tokens + cached}) if cached else parsed
 
 
 # --- stream -> Turn --------------------------------------------------------------------------------------

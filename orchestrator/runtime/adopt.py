@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from orchestrator.errors import ModelConfigError
 from orchestrator.machine.events import Command, DispatchTools, ToolFinished, WriteOutcomes
 from orchestrator.machine.state import TurnState
+from orchestrator.model import TurnRequest
 from orchestrator.providers.base import resolve_model
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.settings import Settings
+from orchestrator.store.submit_checks import ModelNames, find_refusals
 from orchestrator.store.turns import TurnStore
 
 
@@ -62,6 +64,13 @@ def _resolve_one(requested: str | None, settings: Settings) -> str:
         # model of a fallback order takes over), so a bad model ends the turn through the one stop path
         # instead of crashing here.
         return requested or settings.model
+
+
+def refuse_turn_controls(request: TurnRequest, models: Sequence[str]) -> list[str]:
+    """What the resolved `models`' providers cannot honour of `request`, each naming its field; checked here
+    because a submitting process that could not resolve a tier or the default model left it to us."""
+    resolved = request.model_copy(update={"model": list(models)})
+    return [str(refusal) for refusal in find_refusals(resolved, ModelNames())]
 
 
 async def read_missed_outcomes(store: TurnStore, state: TurnState) -> list[ToolFinished]:

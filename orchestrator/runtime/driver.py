@@ -43,6 +43,7 @@ from orchestrator.runtime.adopt import (
     Adopted,
     drop_dispatches,
     read_missed_outcomes,
+    refuse_turn_controls,
     resolve_turn_models,
     select_resent,
 )
@@ -184,9 +185,7 @@ class TurnDriver:
         if request is None:
             log.error("turn %s has no request: nothing to run", turn_id)
             return None
-        prior = Prior([], [])
-        if request.conversation_id:
-            prior = await self._store.conversation_history(request.conversation_id)
+        prior = await self._store.conversation_history(conversation_id) if conversation_id else Prior([], [])
         catalogue = await self._performer.read_catalogue(request.tools)
         models = resolve_turn_models(request.model, self._settings)
         state, commands = machine.start(
@@ -199,6 +198,7 @@ class TurnDriver:
             prior_history=prior.messages,
             context_budget=build_context_budget(models, self._settings, self._performer.learned_windows),
             unpriced=self._performer.unpriced(models) if request.limits.max_cost_usd is not None else (),
+            refused=refuse_turn_controls(request, models),
         )
         return Adopted(state, commands, False, conversation_id, prior.entries)
 

@@ -39,6 +39,7 @@ from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
 from orchestrator.pricing import build_price_table
 from orchestrator.providers.registry import ModelClients
+from orchestrator.providers.transport import build_model_http
 from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.runtime.perform import Performer
@@ -387,8 +388,7 @@ async def serve(settings: Settings, *, orchestrator_id: str | None = None) -> No
         retention=settings.retention,
     )
     celery_app = get_producer_app(settings)
-    # One HTTP client (one connection pool) for every model call of every turn.
-    async with httpx.AsyncClient() as http:
+    async with build_model_http(settings.model_max_connections) as http:
         runtime = Runtime(
             store=store, celery_app=celery_app, http=http, settings=settings, orchestrator_id=orchestrator_id
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.errors import UnknownToolError, UnknownTurnError
+from orchestrator.errors import CallNotWaitingError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.providers.base import check_model_name
@@ -172,15 +172,31 @@ def send_approval(
     """Approve (with the person's edited `arguments`, run instead of the model's) or deny (with a `reason`
     the model sees) a call waiting for confirmation; False when the turn had ended already.
 
-    Edited arguments are checked first, when they can be, against the tool's schema in the live catalogue
-    (`ValueError` naming what is wrong); the turn's orchestrator validates them again before it runs them."""
+    A running turn must be waiting for this call (`CallNotWaitingError` otherwise: an unknown call, or one
+    answered already — the first answer stands). Edited arguments are checked first, when they can be,
+    against the tool's schema in the live catalogue (`ValueError` naming what is wrong); the turn's
+    orchestrator validates them again before it runs them."""
+    if not call_id:
+        raise ValueError("call_id must not be empty")
     if arguments is not None:
         if not approved:
             raise ValueError("'arguments' edit a call that is approved; a denial says why in 'reason'")
         codec.dump_control_arguments(arguments)  # what JSON cannot carry is refused before any read
-        yield from check_edited_arguments(turn_id, call_id, arguments, now)
-    flow = send_control(turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason)
-    return (yield from flow)
+    view: TurnView = yield operations.require_view(turn_id)
+    if not view.status.terminal:
+        waiting = next((p for p in view.pending_approvals if p.call_id == call_id), None)
+        if waiting is None:
+            raise CallNotWaitingError(turn_id, call_id)
+        if arguments is not None:
+            yield from check_edited_arguments(waiting.tool, arguments, now)
+    result = yield operations.control(
+        turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason
+    )
+    if result is ControlResult.UNKNOWN:
+        raise UnknownTurnError(turn_id)
+    if result is ControlResult.DECIDED:
+        raise CallNotWaitingError(turn_id, call_id, decided=True)
+    return result is ControlResult.RECORDED
 
 
 def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[TurnOutcome]:
@@ -233,18 +249,11 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
             return  # ended (or expired) and its turn_finished is not in the stream any more
 
 
-def check_edited_arguments(
-    turn_id: str, call_id: str, arguments: Mapping[str, Any], now: float
-) -> Flow[None]:
-    """`ValueError` when edited arguments fail the schema of the tool whose call waits for approval.
-
-    Unchecked (left to the orchestrator) when the call is not waiting, or no live worker serves its tool."""
-    view: TurnView = yield operations.require_view(turn_id)
-    waiting = next((p for p in view.pending_approvals if p.call_id == call_id), None)
-    if waiting is None:
-        return
+def check_edited_arguments(tool: str, arguments: Mapping[str, Any], now: float) -> Flow[None]:
+    """`ValueError` when edited arguments fail the schema of `tool`, the tool of the call waiting for
+    approval; unchecked (left to the orchestrator) when no live worker serves it."""
     catalogue: dict[str, ToolSpec] = yield get_catalogue(now)
-    spec = catalogue.get(waiting.tool)
+    spec = catalogue.get(tool)
     problems = build_schema_messages(spec.name, spec.parameters, arguments) if spec is not None else []
     if problems:
-        raise ValueError(f"arguments: invalid arguments for '{waiting.tool}': " + "; ".join(problems))
+        raise ValueError(f"arguments: invalid arguments for '{tool}': " + "; ".join(problems))

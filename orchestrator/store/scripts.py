@@ -110,3 +110,4 @@ class ControlResult(IntEnum):
     UNKNOWN = -1  # no such turn
     TERMINAL = 0  # the turn already ended
     RECORDED = 1
+    DECIDED = 2  # an approval of this call was recorded already

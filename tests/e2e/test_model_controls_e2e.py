@@ -28,7 +28,7 @@ from orchestrator.client import Client
 from orchestrator.model import ToolMessage, TurnOutcome
 from tests.openapi_schemas import assert_valid
 from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle
+from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.plans import marked_plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
@@ -46,6 +46,7 @@ class Weather(BaseModel):
 
 
 PARIS = {"city": "Paris", "celsius": 21.5}
+ORCHESTRATORS_SMART = "anthropic:claude-sonnet-4-5"
 
 
 def bodies_with(server: RecordingModelServer, marker: str) -> list[dict[str, Any]]:
@@ -56,6 +57,17 @@ def bodies_with(server: RecordingModelServer, marker: str) -> list[dict[str, Any
 def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
     # The demo's tools too: the README's typed-answer example offers get_weather.
     handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def orchestrator_process(
+    module_redis: RedisServer, model_server: RecordingModelServer, e2e_worker: WorkerHandle
+) -> Iterator[OrchestratorHandle]:
+    # The orchestrator knows a tier this test process does not: a submit naming it cannot be checked here.
+    env = {"TOOLLOOP_METRICS_PORT": str(find_free_port()), "TOOLLOOP_MODEL_SMART": ORCHESTRATORS_SMART}
+    handle = start_orchestrator(module_redis.url, model_base_url=model_server.base_url, env=env)
     yield handle
     handle.stop()
 
@@ -135,6 +147,23 @@ def test_a_setting_the_provider_cannot_honour_is_refused_and_nothing_is_stored(
     assert done.stderr.startswith("error: model_settings.stop: stop is not supported by openai_responses")
     assert len(done.stderr.strip().splitlines()) == 1
     assert module_redis_client.llen(keys.TURN_QUEUE) == before
+
+
+def test_a_setting_the_orchestrators_model_cannot_honour_fails_the_turn_before_any_call(
+    ready_client: Client, model_server: RecordingModelServer
+) -> None:
+    # Only the orchestrator resolves "smart" (to Anthropic, which has no seed): it refuses, never drops it.
+    assert "TOOLLOOP_MODEL_SMART" not in os.environ
+    marker = f"refused-{uuid.uuid4().hex}"
+    turn_id = ready_client.submit(
+        prompt=marker, model="smart", model_settings={"seed": 5, "temperature": 1.7}
+    )
+    outcome = wait_outcome(ready_client, turn_id, timeout_s=60)
+    assert (outcome.status, outcome.stop_reason, outcome.llm_calls) == ("failed", "provider_error", 0)
+    assert outcome.error is not None and outcome.error.type == "unsupported_setting"
+    assert "model_settings.seed: seed is not supported by anthropic" in outcome.error.message
+    assert "temperature above 1 is not supported by anthropic" in outcome.error.message
+    assert bodies_with(model_server, marker) == []
 
 
 # --- a typed answer ----------------------------------------------------------------------------------------

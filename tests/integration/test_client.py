@@ -23,6 +23,7 @@ from orchestrator.model import TurnOutcome, TurnStatus, UserMessage
 from orchestrator.settings import get_settings
 from orchestrator.store.history import Appended
 from orchestrator.store.turns import MAX_BLOCK_MS, TurnStore, block_cap_ms, connect_async, connect_sync
+from tests.support.approvals import hold_for_approval
 from tests.support.processes import WorkerHandle
 from tests.support.store_db import finish_in_thread, store_db_url, wait_blocked
 from tests.support.waiting import DEFAULT_TIMEOUT_S
@@ -100,11 +101,12 @@ def test_events_stream_until_turn_finished(client: Client, redis_url: str) -> No
 
 def test_cancel_and_approve_are_recorded_for_the_owner(client: Client) -> None:
     turn_id = client.submit(prompt="x")
+    (waiting,) = hold_for_approval(client.redis_url, turn_id, 1)
     assert client.cancel(turn_id)
-    assert client.approve(turn_id, "call_1", approved=True)
+    assert client.approve(turn_id, waiting, approved=True)
     entries = client.redis.xrange(keys.turn_control(turn_id))
     assert [fields["kind"] for _, fields in entries] == ["cancel", "approval"]
-    assert entries[1][1]["call"] == "call_1" and entries[1][1]["approved"] == "1"
+    assert entries[1][1]["call"] == waiting and entries[1][1]["approved"] == "1"
     with pytest.raises(ValueError, match="call_id"):
         client.approve(turn_id, "", approved=True)
 

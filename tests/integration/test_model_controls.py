@@ -16,10 +16,12 @@ import httpx
 import pytest
 
 from orchestrator import AsyncClient, Client
+from orchestrator.errors import CallNotWaitingError
 from orchestrator.settings import Settings
 from orchestrator.store import operations
 from orchestrator.store.codec import ControlRequest
 from orchestrator.store.runner import SyncRunner
+from tests.support.approvals import ahold_for_approval, hold_for_approval
 from tests.support.processes import TOOLLOOP_BIN
 from tests.support.store_db import empty_db_url
 from workers import keys
@@ -135,49 +137,74 @@ async def test_an_approval_carries_its_edited_arguments_and_a_denial_its_reason(
     client: Client, db_url: str
 ) -> None:
     turn_id = client.submit(prompt="x")
-    assert client.approve(turn_id, "call_1", True, arguments={"amount": 5, "to": "bob"})
     async with AsyncClient(db_url) as aclient:
-        assert await aclient.approve(turn_id, "call_2", False, reason="not today")
+        first, second, third, fourth = await ahold_for_approval(aclient.store, turn_id, 4)
+        assert await aclient.approve(turn_id, second, False, reason="not today")
         with pytest.raises(ValueError, match="a denial says why"):
-            await aclient.approve(turn_id, "call_2", False, arguments={"amount": 1})
-    assert client.approve(turn_id, "call_3", True)
+            await aclient.approve(turn_id, third, False, arguments={"amount": 1})
+    assert client.approve(turn_id, first, True, arguments={"amount": 5, "to": "bob"})
+    assert client.approve(turn_id, third, True)
     controls = read_control(client, turn_id)
     shown = [(c.call_id, c.approved, c.arguments, c.reason) for c in controls]
     assert shown == [
-        ("call_1", True, {"amount": 5, "to": "bob"}, None),
-        ("call_2", False, None, "not today"),
-        ("call_3", True, None, None),
+        (second, False, None, "not today"),
+        (first, True, {"amount": 5, "to": "bob"}, None),
+        (third, True, None, None),
     ]
     with pytest.raises(ValueError, match="not a JSON number"):
-        client.approve(turn_id, "call_4", True, arguments={"amount": float("inf")})
+        client.approve(turn_id, fourth, True, arguments={"amount": float("inf")})
+
+
+def test_only_a_call_the_turn_waits_on_takes_an_answer_and_the_first_answer_stands(
+    api: httpx.Client, client: Client, db_url: str
+) -> None:
+    queued = client.submit(prompt="x")
+    with pytest.raises(CallNotWaitingError, match="no call with this id waits"):
+        client.approve(queued, "call_0", True)  # nothing waits on a turn no orchestrator has started
+    turn_id = client.submit(prompt="x")
+    (waiting,) = hold_for_approval(db_url, turn_id, 1)
+    with pytest.raises(CallNotWaitingError, match="no call with this id waits"):
+        client.approve(turn_id, "call_bogus", True, arguments={"id": 5})
+    unknown = api.post(f"/v1/turns/{turn_id}/approvals/call_bogus", json={"approved": True})
+    assert unknown.status_code == 409 and "is not waiting for approval" in unknown.json()["detail"]
+    assert client.approve(turn_id, waiting, True, arguments={"id": 1})
+    # Before the orchestrator has read the first answer, a second one is refused: the first stands.
+    with pytest.raises(CallNotWaitingError, match="decided already"):
+        client.approve(turn_id, waiting, False, reason="changed my mind")
+    again = run_cli(db_url, "approve", turn_id, waiting, "--arguments", json.dumps({"id": 2}))
+    assert again.returncode == 1 and "decided already" in again.stderr and again.stdout == ""
+    assert [(c.call_id, c.approved, c.arguments) for c in read_control(client, turn_id)] == [
+        (waiting, True, {"id": 1})
+    ]
 
 
 def test_the_api_and_the_cli_carry_them_too(api: httpx.Client, client: Client, db_url: str) -> None:
     turn_id = client.submit(prompt="x")
-    edited = api.post(f"/v1/turns/{turn_id}/approvals/c1", json={"approved": True, "arguments": {"n": 1}})
+    c1, c2, c3, c4, c5, c6 = hold_for_approval(db_url, turn_id, 6)
+    edited = api.post(f"/v1/turns/{turn_id}/approvals/{c1}", json={"approved": True, "arguments": {"n": 1}})
     assert edited.status_code == 202, edited.text
-    denied = api.post(f"/v1/turns/{turn_id}/approvals/c2", json={"approved": False, "reason": "no"})
+    denied = api.post(f"/v1/turns/{turn_id}/approvals/{c2}", json={"approved": False, "reason": "no"})
     assert denied.status_code == 202
-    extra = api.post(f"/v1/turns/{turn_id}/approvals/c3", json={"approved": True, "why": "x"})
+    extra = api.post(f"/v1/turns/{turn_id}/approvals/{c3}", json={"approved": True, "why": "x"})
     assert extra.status_code == 422
-    both = api.post(f"/v1/turns/{turn_id}/approvals/c3", json={"approved": False, "arguments": {}})
+    both = api.post(f"/v1/turns/{turn_id}/approvals/{c3}", json={"approved": False, "arguments": {}})
     assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "arguments"]
     assert api.post("/v1/turns/turn_none/approvals/c", json={"approved": True}).status_code == 404
-    cli = run_cli(db_url, "approve", turn_id, "c4", "--arguments", json.dumps({"n": 2}))
+    cli = run_cli(db_url, "approve", turn_id, c4, "--arguments", json.dumps({"n": 2}))
     assert (cli.returncode, cli.stdout) == (0, "approved\n"), cli.stderr
-    cli_deny = run_cli(db_url, "approve", turn_id, "c5", "--deny", "--reason", "too much")
+    cli_deny = run_cli(db_url, "approve", turn_id, c5, "--deny", "--reason", "too much")
     assert (cli_deny.returncode, cli_deny.stdout) == (0, "denied\n")
-    usage = run_cli(db_url, "approve", turn_id, "c6", "--deny", "--arguments", "{}")
+    usage = run_cli(db_url, "approve", turn_id, c6, "--deny", "--arguments", "{}")
     assert usage.returncode == 2 and usage.stderr.startswith("error: --arguments edit an approved call")
-    not_json = run_cli(db_url, "approve", turn_id, "c6", "--arguments", "[1]")
+    not_json = run_cli(db_url, "approve", turn_id, c6, "--arguments", "[1]")
     assert not_json.returncode == 2 and "must be a JSON object" in not_json.stderr
     unknown = run_cli(db_url, "approve", "turn_none", "c")
     assert unknown.returncode == 1 and unknown.stderr == "error: unknown turn 'turn_none'\n"
     controls = read_control(client, turn_id)
     shown = [(c.call_id, c.approved, c.arguments, c.reason) for c in controls]
     assert shown == [
-        ("c1", True, {"n": 1}, None),
-        ("c2", False, None, "no"),
-        ("c4", True, {"n": 2}, None),
-        ("c5", False, None, "too much"),
+        (c1, True, {"n": 1}, None),
+        (c2, False, None, "no"),
+        (c4, True, {"n": 2}, None),
+        (c5, False, None, "too much"),
     ]

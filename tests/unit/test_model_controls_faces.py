@@ -18,6 +18,7 @@ from orchestrator.commands.controls import (
     parse_output_schema,
     parse_setting,
 )
+from orchestrator.errors import CallNotWaitingError
 from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.store import codec, flows
@@ -264,6 +265,10 @@ def waiting_view(tool: str) -> TurnView:
     )
 
 
+def ended_view() -> TurnView:
+    return TurnView(id="t", status=TurnStatus.CANCELLED, request=request())
+
+
 TRANSFER = ToolSpec(
     name="transfer",
     parameters={
@@ -285,18 +290,24 @@ def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anyt
         [waiting_view("transfer"), {"transfer": TRANSFER}, ControlResult.RECORDED],
     )
     assert recorded and steps[-1].args[8:] == ('{"amount":5,"to":"bob"}', "")
-    # Not waiting (decided, or another call), or no live worker serves the tool: the orchestrator checks.
-    assert drive(
-        flows.send_approval("t", "c9", True, 1.0, arguments={"x": 1}),
-        [waiting_view("transfer"), ControlResult.RECORDED],
-    )[1]
+    # No live worker serves the tool: the orchestrator checks.
     assert drive(
         flows.send_approval("t", "c1", True, 1.0, arguments={"x": 1}),
         [waiting_view("transfer"), {}, ControlResult.RECORDED],
     )[1]
-    # Without edits, nothing is read first; a denial's reason goes as it is.
-    steps, _ = drive(flows.send_approval("t", "c1", False, 1.0, reason="no"), [ControlResult.TERMINAL])
-    assert len(steps) == 1 and steps[0].args[8:] == ("", "no")
+    # Another call than the one waiting, or an answer recorded already: refused, nothing more recorded.
+    with pytest.raises(CallNotWaitingError, match="no call with this id waits"):
+        drive(flows.send_approval("t", "c9", True, 1.0, arguments={"x": 1}), [waiting_view("transfer")])
+    with pytest.raises(CallNotWaitingError, match="decided already"):
+        drive(flows.send_approval("t", "c1", True, 1.0), [waiting_view("transfer"), ControlResult.DECIDED])
+    # Without edits, the view is read for the waiting call, and a denial's reason goes as it is.
+    steps, _ = drive(
+        flows.send_approval("t", "c1", False, 1.0, reason="no"),
+        [waiting_view("transfer"), ControlResult.RECORDED],
+    )
+    assert len(steps) == 2 and steps[1].args[8:] == ("", "no")
+    # An ended turn: its view is read, nothing waits, and the script says it has ended.
+    assert not drive(flows.send_approval("t", "c1", False, 1.0), [ended_view(), ControlResult.TERMINAL])[1]
 
 
 @pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "array", "items": {}}, {"enum": [1, 2]}])

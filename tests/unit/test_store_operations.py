@@ -156,7 +156,7 @@ def test_control_needs_a_call_id_for_an_approval_and_caps_the_inbox() -> None:
         "",
         "",
     )
-    assert [op.parse(n) for n in (-1, 0, 1)] == list(ControlResult)
+    assert [op.parse(n) for n in (-1, 0, 1, 2)] == list(ControlResult)
     assert operations.control("t", "cancel", None, None, 2.0).args[3:5] == ("", "")
     edited = operations.control("t", "approval", "c", True, 2.0, arguments={"to": "bob"}, reason="why")
     assert edited.args[8:] == ('{"to":"bob"}', "why")

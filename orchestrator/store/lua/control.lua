@@ -1,5 +1,6 @@
 -- Record a cancel or approval request for a turn and tell its owner, if it has one.
--- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED.
+-- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED,
+-- 2 DECIDED (an approval of this call was recorded already: the first answer stands).
 -- KEYS: control stream, lease, status.
 -- ARGV: inbox prefix, turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
 --       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none).
@@ -9,6 +10,18 @@ for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[3])
 if not st then return -1 end
 if terminal[st] then return 0 end
+if ARGV[3] == 'approval' then
+  -- A turn's control stream holds a handful of entries: its cancels and approvals.
+  local entries = redis.call('XRANGE', KEYS[1], '-', '+')
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    local kind, call
+    for i = 1, #fields, 2 do
+      if fields[i] == 'kind' then kind = fields[i + 1] elseif fields[i] == 'call' then call = fields[i + 1] end
+    end
+    if kind == 'approval' and call == ARGV[4] then return 2 end
+  end
+end
 local id = redis.call('XADD', KEYS[1], '*',
                       'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6],
                       'arguments', ARGV[9] or '', 'reason', ARGV[10] or '')

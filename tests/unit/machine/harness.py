@@ -101,6 +101,7 @@ class Driver:
         context: dict[str, Any] | None = None,
         at: float = 1000.0,
         unpriced: Sequence[str] = (),
+        refused: Sequence[str] = (),
         context_budget: ContextBudget | None = None,
         **request_fields: Any,
     ) -> None:
@@ -121,6 +122,7 @@ class Driver:
             at=at,
             prior_history=prior_history,
             unpriced=unpriced,
+            refused=refused,
             context_budget=context_budget,
         )
         check_state(self.state, commands)

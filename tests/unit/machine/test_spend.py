@@ -127,6 +127,18 @@ def test_a_dollar_budget_with_a_model_of_unknown_price_fails_at_start() -> None:
     assert "TOOLLOOP_MODEL_PRICES" in (outcome.text or "")
 
 
+def test_a_setting_the_resolved_model_cannot_honour_fails_the_turn_at_start() -> None:
+    # The submitting process could not resolve the tier; the runtime asked the provider once it did.
+    refused = ["model_settings.seed: seed is not supported by anthropic (model anthropic:m)"]
+    driver = Driver(model="anthropic:m", refused=refused)
+    outcome = driver.outcome
+    assert (outcome.status, outcome.stop_reason, outcome.limit_reached) == ("failed", "provider_error", False)
+    assert outcome.llm_calls == 0 and not of_type(driver.log, CallModel)
+    assert outcome.error is not None and outcome.error.type == "unsupported_setting"
+    assert "seed is not supported by anthropic" in outcome.error.message
+    assert "seed is not supported by anthropic" in (outcome.text or "")
+
+
 def test_an_unknown_price_does_not_matter_without_a_dollar_budget() -> None:
     driver = Driver(unpriced=["openai:m"], limits=Limits(max_total_tokens=10_000))
     assert driver.state.outcome is None and driver.call_model()

@@ -75,7 +75,9 @@ def test_blocks_text_thinking_redacted_and_tool_use() -> None:
     assert turn.provider_data["thinking_blocks"] == [THINKING, REDACTED]
     assert "sig-abc" not in (turn.thinking or "") and "opaque-data" not in (turn.thinking or "")
     usage = turn.usage
-    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (10, 5, 15)
+    # input_tokens is Anthropic's (uncached) count; the total adds the cache reads and writes beside it, so
+    # that a token budget counts a cached prefix as OpenAI's totals do.
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (10, 5, 122)
     assert (usage.cache_read_tokens, usage.cache_write_tokens) == (100, 7)
 
 

@@ -1,0 +1,313 @@
+"""The HTTP/1.1 transport of the orchestrator's model calls: an httpx transport with a keyed idle pool.
+
+httpx's default transport (httpcore's pool) looks at every connection of the pool for every request it
+places, and asks each whether it expired — a readability poll of its socket through anyio's attribute
+lookups. An orchestrator has as many model calls in flight as it has turns asking their model, so that
+work grows with its load: in the bench's HTTP variant, with 20 calls in flight, a model call cost 3.2 ms of
+CPU against 1.3 ms with one, most of the difference in that scan (py-spy). The pool also caps an
+orchestrator at 100 connections, so its 101st concurrent model call waited for one to free up.
+
+`ModelTransport` keeps what a model call needs and nothing it pays for per request: idle connections in a
+deque per origin (take the most recent, O(1); one older than `idle_s`, or one the server closed, is
+dropped when met), the request written in one write (head and body together: one loopback send instead of
+two), the answer read through h11 as the caller reads it, and at most `max_connections` open at once (a
+call beyond waits for one, up to the request's pool timeout). A reused connection the server had closed
+before answering (no byte of an answer read) is retried once on a new one, as every HTTP client does for a
+keep-alive race. Errors are httpx's own exceptions, so callers handle them as they always did.
+
+Only `http://` and `https://` origins come here; `httpx.AsyncClient` still routes proxied URLs (the
+`HTTP(S)_PROXY` variables) to its own proxy transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import h11
+import httpx
+
+Origin = tuple[str, str, int]
+DEFAULT_PORTS = {"http": 80, "https": 443}
+READ_BYTES = 64 * 1024
+# httpx's own defaults: idle connections older than this are closed rather than reused.
+DEFAULT_IDLE_S = 5.0
+DEFAULT_MAX_CONNECTIONS = 1000
+
+
+@dataclass(eq=False)
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    http: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    idle_since: float = 0.0
+    reused: bool = False
+    # Whether any byte of the current request's answer has arrived (a stale connection's failure has none).
+    answered: bool = False
+
+    def is_usable(self, now: float, idle_s: float) -> bool:
+        return now - self.idle_since < idle_s and not self.reader.at_eof() and not self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@asynccontextmanager
+async def _limit(
+    seconds: float | None, error: type[httpx.TimeoutException], request: httpx.Request
+) -> AsyncIterator[None]:
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise error(f"{error.__name__}: no progress in {seconds} s", request=request) from None
+
+
+class ModelTransport(httpx.AsyncBaseTransport):
+    """httpx transport for model calls: HTTP/1.1, per-origin idle deques, one write per request."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_s: float = DEFAULT_IDLE_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._idle: dict[Origin, collections.deque[_Connection]] = {}
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle_s = idle_s
+        self._ssl_context = ssl_context
+        self._closed = False
+
+    @property
+    def idle_connections(self) -> int:
+        """How many connections wait in the pool for their next request."""
+        return sum(len(idle) for idle in self._idle.values())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the model transport is closed")
+        timeouts = request.extensions.get("timeout", {})
+        origin = _origin(request)
+        body = await request.aread()
+        async with _limit(timeouts.get("pool"), httpx.PoolTimeout, request):
+            await self._slots.acquire()
+        try:
+            connection, answer = await self._exchange(request, origin, body, timeouts)
+        except BaseException:
+            self._slots.release()
+            raise
+        stream = _Body(self, origin, connection, request, timeouts.get("read"))
+        return httpx.Response(
+            answer.status_code,
+            headers=answer.headers,
+            stream=stream,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(answer.reason)},
+        )
+
+    async def _exchange(
+        self, request: httpx.Request, origin: Origin, body: bytes, timeouts: dict[str, float | None]
+    ) -> tuple[_Connection, h11.Response]:
+        # Each pass takes another idle connection or opens a new one; only a reused one can come back stale.
+        while True:
+            connection = self._take(origin) or await self._connect(origin, request, timeouts.get("connect"))
+            try:
+                sent = await _send(connection, request, body, timeouts.get("write"))
+                answer = await _read_head(connection, request, timeouts.get("read")) if sent else None
+            except BaseException:
+                connection.close()
+                raise
+            if answer is not None:
+                return connection, answer
+            connection.close()
+
+    def _take(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if connection.is_usable(now, self._idle_s):
+                connection.reused = True
+                return connection
+            connection.close()
+        return None
+
+    def release(self, origin: Origin, connection: _Connection | None) -> None:
+        """A request's answer has been read or dropped: its connection back to the pool (or closed)."""
+        self._slots.release()
+        if connection is None:
+            return
+        if self._closed:
+            connection.close()
+            return
+        now = time.monotonic()
+        connection.idle_since = now
+        idle = self._idle.setdefault(origin, collections.deque())
+        # The oldest idle connection is at the left: closed here once expired, so that a burst's connections
+        # do not stay open after the burst.
+        while idle and not idle[0].is_usable(now, self._idle_s):
+            idle.popleft().close()
+        idle.append(connection)
+
+    async def _connect(self, origin: Origin, request: httpx.Request, limit_s: float | None) -> _Connection:
+        scheme, host, port = origin
+        context = self._tls() if scheme == "https" else None
+        try:
+            async with _limit(limit_s, httpx.ConnectTimeout, request):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=context, server_hostname=host if context else None, limit=READ_BYTES
+                )
+        except OSError as exc:  # ssl.SSLError included
+            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        return _Connection(reader, writer)
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            # httpx's verified context (certifi, or SSL_CERT_FILE / SSL_CERT_DIR), built once: it costs ms.
+            self._ssl_context = httpx.create_ssl_context()
+        return self._ssl_context
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            while idle:
+                idle.pop().close()
+        self._idle.clear()
+
+
+def build_model_http(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> httpx.AsyncClient:
+    """The HTTP client an orchestrator's model calls share, on a `ModelTransport`."""
+    return httpx.AsyncClient(transport=ModelTransport(max_connections=max_connections))
+
+
+class _Body(httpx.AsyncByteStream):
+    """An answer's body as the caller reads it; closing gives the connection back when it can be reused."""
+
+    def __init__(
+        self,
+        transport: ModelTransport,
+        origin: Origin,
+        connection: _Connection,
+        request: httpx.Request,
+        read_timeout: float | None,
+    ) -> None:
+        self._transport = transport
+        self._origin = origin
+        self._connection: _Connection | None = connection
+        self._request = request
+        self._read_timeout = read_timeout
+        self._released = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            while True:
+                event = await _next_event(connection, self._request, self._read_timeout)
+                if isinstance(event, h11.Data):
+                    yield bytes(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    return
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        connection = self._connection
+        if connection is not None and not _reusable(connection):
+            self._drop()
+            connection = None
+        self._connection = None
+        self._transport.release(self._origin, connection)
+
+
+def _reusable(connection: _Connection) -> bool:
+    http = connection.http
+    if http.our_state is not h11.DONE or http.their_state is not h11.DONE:
+        return False
+    http.start_next_cycle()
+    return True
+
+
+def _origin(request: httpx.Request) -> Origin:
+    url = request.url
+    scheme = url.scheme
+    if scheme not in DEFAULT_PORTS:
+        raise httpx.UnsupportedProtocol(
+            f"the model transport speaks http and https, not {scheme!r}", request=request
+        )
+    return scheme, url.host, url.port or DEFAULT_PORTS[scheme]
+
+
+async def _send(connection: _Connection, request: httpx.Request, body: bytes, limit_s: float | None) -> bool:
+    """Write the request in one write; False when a reused connection turned out closed (send it again)."""
+    http = connection.http
+    head = h11.Request(method=request.method, target=request.url.raw_path, headers=list(request.headers.raw))
+    parts = [http.send(head)]
+    if body:
+        parts.append(http.send(h11.Data(data=body)))
+    parts.append(http.send(h11.EndOfMessage()))
+    connection.answered = False
+    try:
+        connection.writer.write(b"".join(part for part in parts if part))
+        async with _limit(limit_s, httpx.WriteTimeout, request):
+            await connection.writer.drain()
+    except OSError as exc:
+        if connection.reused:
+            return False
+        raise httpx.WriteError(f"{type(exc).__name__}: {exc}", request=request) from exc
+    return True
+
+
+async def _read_head(
+    connection: _Connection, request: httpx.Request, limit_s: float | None
+) -> h11.Response | None:
+    """The answer's status line and headers; None when a reused connection closed before any of it."""
+    while True:
+        try:
+            event = await _next_event(connection, request, limit_s)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            # Nothing of an answer came: on a reused connection, the server closed it as we wrote.
+            if connection.reused and not connection.answered:
+                return None
+            raise
+        if isinstance(event, h11.Response):
+            return event
+        # 1xx answers (100 Continue, 103 Early Hints) come before the real one.
+
+
+async def _next_event(connection: _Connection, request: httpx.Request, limit_s: float | None) -> h11.Event:
+    http = connection.http
+    while True:
+        try:
+            event = http.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
+        if event is h11.NEED_DATA:
+            try:
+                async with _limit(limit_s, httpx.ReadTimeout, request):
+                    data = await connection.reader.read(READ_BYTES)
+            except OSError as exc:
+                raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+            connection.answered = connection.answered or bool(data)
+            http.receive_data(data)
+            continue
+        if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Event):  # PAUSED
+            raise httpx.RemoteProtocolError(
+                "the server closed the connection before its answer ended", request=request
+            )
+        return event
