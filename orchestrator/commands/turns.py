@@ -6,8 +6,15 @@ import asyncio
 import logging
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
+from orchestrator.errors import ModelConfigError
+from orchestrator.pricing import build_price_table
 from orchestrator.settings import get_settings
+
+# A setting the orchestrator cannot start with (as `toolloop submit`'s bad input).
+EXIT_CONFIG = 2
 
 
 def orchestrator(
@@ -24,9 +31,23 @@ def orchestrator(
     from orchestrator.runtime.process import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = get_settings()
+        # A bad TOOLLOOP_MODEL_PRICES entry is found before anything starts: one line naming it, exit 2.
+        build_price_table(settings.model_prices)
+    except (ValidationError, SettingsError, ModelConfigError) as exc:
+        typer.echo(f"error: {_one_line(exc)}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
     if metrics_port is not None:
         metrics.serve_metrics(metrics_port)
-    asyncio.run(serve(get_settings(), orchestrator_id=orchestrator_id))
+    asyncio.run(serve(settings, orchestrator_id=orchestrator_id))
+
+
+def _one_line(exc: ValidationError | SettingsError | ModelConfigError) -> str:
+    if not isinstance(exc, ValidationError):
+        # pydantic-settings names the variable's field when its value is not JSON.
+        return str(exc) + (": not valid JSON" if isinstance(exc.__cause__, ValueError) else "")
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
 
 
 def demo(

@@ -146,6 +146,12 @@ def submit_command(
         int | None,
         typer.Option("--max-output-retries", help="Times an answer breaking the schema is sent back."),
     ] = None,
+    max_model_retries: Annotated[
+        int | None,
+        typer.Option(
+            "--max-model-retries", help="Retries of a failing model before the next of --model."
+        ),
+    ] = None,
     max_total_tokens: Annotated[
         int | None, typer.Option("--max-total-tokens", help="Token budget of the turn.")
     ] = None,
@@ -197,6 +203,7 @@ def submit_command(
             max_llm_calls,
             deadline_s,
             max_output_retries=max_output_retries,
+            max_model_retries=max_model_retries,
             max_total_tokens=max_total_tokens,
             max_cost_usd=max_cost_usd,
         )

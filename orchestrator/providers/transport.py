@@ -15,8 +15,8 @@ call beyond waits for one, up to the request's pool timeout). A reused connectio
 before answering (no byte of an answer read) is retried once on a new one, as every HTTP client does for a
 keep-alive race. Errors are httpx's own exceptions, so callers handle them as they always did.
 
-Only `http://` and `https://` origins come here; `httpx.AsyncClient` still routes proxied URLs (the
-`HTTP(S)_PROXY` variables) to its own proxy transports.
+Only `http://` and `https://` origins come here, and no proxy: with `HTTP(S)_PROXY` set, `build_model_http`
+gives httpx's own transport, which goes through it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import asyncio
 import collections
 import ssl
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -181,7 +182,11 @@ class ModelTransport(httpx.AsyncBaseTransport):
 
 
 def build_model_http(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> httpx.AsyncClient:
-    """The HTTP client an orchestrator's model calls share, on a `ModelTransport`."""
+    """The HTTP client an orchestrator's model calls share, on a `ModelTransport`; on httpx's own transport
+    when the environment names a proxy (`HTTP(S)_PROXY`, `ALL_PROXY`), which httpx honours only there."""
+    if urllib.request.getproxies():
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        return httpx.AsyncClient(limits=limits)
     return httpx.AsyncClient(transport=ModelTransport(max_connections=max_connections))
 
 

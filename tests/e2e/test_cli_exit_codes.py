@@ -200,3 +200,22 @@ def test_a_model_whose_key_the_orchestrator_lacks_fails_at_its_first_call(module
     error = outcome["error"]
     assert (error["type"], error["retryable"]) == ("missing_api_key", False)
     assert "OPENAI_API_KEY" in error["message"] and "orchestrator" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("prices", "said"),
+    [
+        ('{"x": {"input": -1, "output": 1}}', "error: model price 'x': a price cannot be negative"),
+        ("not json", 'error: error parsing value for field "model_prices"'),
+        ('{"x": {"input": 1}}', "error: model price 'x': a new model needs both `input` and `output`"),
+    ],
+)
+def test_an_orchestrator_with_a_bad_price_table_says_so_in_one_line_and_exits_2(
+    prices: str, said: str
+) -> None:
+    env = {**os.environ, "TOOLLOOP_MODEL_PRICES": prices, "TOOLLOOP_REDIS_URL": "redis://127.0.0.1:1/0"}
+    done = subprocess.run(
+        [str(TOOLLOOP_BIN), "orchestrator"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode == 2 and done.stderr.startswith(said), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -217,9 +217,13 @@ def test_the_cli_sends_its_flags_and_prints_the_output(
         *("--instructions", "Be brief.", "--temperature", "0.5", "--max-output-tokens", "64"),
         *("--no-parallel-tool-calls", "--setting", "top_k=5", "--setting", 'logit_bias={"50256": -100}'),
         *("--output-schema", schema, "--max-output-retries", "0", "--max-total-tokens", "100000"),
+        *("--max-model-retries", "1"),
     )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
+    with Client(module_redis.url) as reader:
+        limits = reader.get(printed["turn_id"]).request.limits
+    assert (limits.max_output_retries, limits.max_model_retries, limits.max_total_tokens) == (0, 1, 100000)
     assert (printed["status"], printed["output"]) == ("completed", PARIS)
     assert TurnOutcome.model_validate(printed).parse(Weather).celsius == 21.5
     (body,) = bodies_with(model_server, marker)
