@@ -60,6 +60,9 @@ class Settings(WorkerSettings):
     # At most this many model-call connections open at once per orchestrator (TOOLLOOP_MODEL_MAX_CONNECTIONS):
     # one per model call in flight; a call beyond it waits for one (`providers.transport`).
     model_max_connections: int = Field(default=1000, ge=1)
+    # A model call that sends nothing for this long (no first byte, or a stream gone silent) has failed, as a
+    # retryable timeout (TOOLLOOP_MODEL_TIMEOUT_S). Reasoning models may think for minutes before a byte.
+    model_timeout_s: float = Field(default=120.0, gt=0)
 
     # Streaming (SPEC §9): model calls stream when the provider can and the turn does not say `stream: false`;
     # their text and thinking deltas are coalesced into one event per turn at most every `stream_flush_s`

@@ -3,8 +3,8 @@
 stdout holds only the answer's text (so `toolloop submit --stream … > answer.txt` keeps just that): each model
 call's `text_delta`s as they come, a line break between two calls that both wrote. stderr tells the rest in
 short lines: the turn id first, tool calls as the model starts them, their progress and outcomes, a model call
-started again (a terminal cannot take back what it printed; the line says what to disregard), and how the
-turn ended.
+started again (a terminal cannot take back what it printed; the line says what to disregard), an answer that
+does not fit the output schema (the next answer follows it), and how the turn ended.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TextIO
 from orchestrator.model import TurnOutcome
 from orchestrator.store.turn_stream import (
     ModelStreamResetEvent,
+    OtherEvent,
     StreamEvent,
     TextDeltaEvent,
     ToolCallStartedEvent,
@@ -64,10 +65,18 @@ class StreamPrinter:
                     self._end_line()
                     self._writing = None
                     self._note(f"(model call {llm_call + 1} starts again: disregard its text above)")
+            case OtherEvent(name="output_invalid", data=data):
+                # The answer above broke the output schema: say so, and whether the model tries again.
+                again = "the model is asked again" if data.get("retrying") else "no retries left"
+                self._note(f"(the answer above does not fit the output schema: {again})")
             case TurnFinishedEvent(outcome=outcome):
                 self.outcome = outcome
             case _:
                 pass
+
+    def end(self) -> None:
+        """End the answer's line on stdout, if one is open (the stream stops before its end)."""
+        self._end_line()
 
     def _note(self, line: str) -> None:
         self._end_line()

@@ -5,13 +5,16 @@ failed or cancelled: its outcome is printed all the same), or `show` of an unkno
 JSON, a turn with nothing to answer, tools no live worker serves, a model name that is neither
 `provider:model` nor a tier, a model setting the provider cannot honour, an output schema that is not a JSON
 Schema); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
-running or waiting (it goes on). `submit --stream` ends as `--wait` does, without a timeout. Errors are
+running or waiting (it goes on). `submit --stream` ends as `--wait` does, `--timeout` included. Errors are
 one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -148,9 +151,7 @@ def submit_command(
     ] = None,
     max_model_retries: Annotated[
         int | None,
-        typer.Option(
-            "--max-model-retries", help="Retries of a failing model before the next of --model."
-        ),
+        typer.Option("--max-model-retries", help="Retries of a failing model before the next of --model."),
     ] = None,
     max_total_tokens: Annotated[
         int | None, typer.Option("--max-total-tokens", help="Token budget of the turn.")
@@ -222,7 +223,14 @@ def submit_command(
             )
             if stream:
                 typer.echo(turn_id, err=True)
-                streamed = StreamPrinter().follow(client.stream(turn_id))
+                printer = StreamPrinter()
+                with _deadline(timeout):
+                    try:
+                        streamed = printer.follow(client.stream(turn_id))
+                    except _StreamTimedOut:
+                        printer.end()
+                        status = client.store.get_status(turn_id)
+                        _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
                 _end_streamed(turn_id, streamed)
                 return
             if not wait:
@@ -246,6 +254,25 @@ def submit_command(
         reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
         typer.echo(f"error: turn {turn_id} ended {outcome.status}{reason}", err=True)
         raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+class _StreamTimedOut(BaseException):
+    """`--timeout` ran out while `--stream` followed the turn (raised by the interval timer's handler)."""
+
+
+@contextlib.contextmanager
+def _deadline(timeout_s: float) -> Iterator[None]:
+    # A Redis read blocks inside the events iterator: only a signal gets the main thread out of it in time.
+    def expire(signum: int, frame: object) -> None:
+        raise _StreamTimedOut
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(timeout_s, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _end_streamed(turn_id: str, outcome: TurnOutcome | None) -> None:

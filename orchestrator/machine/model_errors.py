@@ -52,9 +52,9 @@ def on_model_failed(draft: Draft, event: ModelFailed) -> None:
     if not is_current(state, event.llm_call_index):
         return
     error = event.error
-    record = LLMCallRecord(
-        model=state.model, provider=error.provider, duration_ms=event.duration_ms, error=error
-    )
+    # Named as an answered call's record is: the model without its provider, which `provider` says.
+    model = state.model.partition(":")[2] or state.model
+    record = LLMCallRecord(model=model, provider=error.provider, duration_ms=event.duration_ms, error=error)
     draft.update(awaiting_model=None, llm_call_records=[*state.llm_call_records, record])
     if state.context_budget.compacting is not None:
         give_up_compaction(draft, f"{error.provider}: {error.message}")

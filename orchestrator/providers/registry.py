@@ -154,8 +154,15 @@ class ModelClients:
             scripted_url = None
             if ref.provider == "scripted" and not self._settings.scripted_base_url:
                 scripted_url = await self._scripted_url()
+            # Nothing from the server for `model_timeout_s` (TOOLLOOP_MODEL_TIMEOUT_S): a retryable timeout.
+            timeout = httpx.Timeout(self._settings.model_timeout_s, connect=DEFAULT_TIMEOUT.connect)
             client = build_model_client(
-                ref, self._settings, self._http, max_retries=self._max_retries, scripted_base_url=scripted_url
+                ref,
+                self._settings,
+                self._http,
+                max_retries=self._max_retries,
+                scripted_base_url=scripted_url,
+                timeout=timeout,
             )
             self._clients[model] = client
         return client

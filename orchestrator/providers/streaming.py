@@ -9,7 +9,8 @@ What the answer can be::
 
     HTTP >= 400                        -> the module's error_from_wire(status, body, headers), as unstreamed
     text/event-stream, or a body that
-      starts like SSE without that type -> the stream reader's Turn, or its ProviderError (error event,
+      starts like SSE under another type
+      (text/plain, application/json)   -> the stream reader's Turn, or its ProviderError (error event,
                                            malformed event, a stream cut before its end: retryable)
     anything else (a server that
       ignored `stream`)                 -> the plain body through the module's from_wire; no deltas
@@ -154,14 +155,14 @@ async def _read_chunks(
     content_type = content_type.lower()
     if content_type.startswith("text/event-stream"):
         return await _read_events(chunks, b"", wire.stream_reader(request), ids, sink)
+    # Any other type is sniffed, JSON's too: servers label their streams text/plain or application/json.
     head = b""
-    if "json" not in content_type:
-        async for chunk in chunks:
-            head += chunk
-            if len(head.lstrip()) >= _SNIFF_BYTES:
-                break
-        if head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(_SSE_STARTS):
-            return await _read_events(chunks, head, wire.stream_reader(request), ids, sink)
+    async for chunk in chunks:
+        head += chunk
+        if len(head.lstrip()) >= _SNIFF_BYTES:
+            break
+    if head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(_SSE_STARTS):
+        return await _read_events(chunks, head, wire.stream_reader(request), ids, sink)
     rest = [chunk async for chunk in chunks]
     text = decode_text(b"".join([head, *rest]), sink.provider)
     if isinstance(text, ProviderError):

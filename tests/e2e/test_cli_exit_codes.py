@@ -219,3 +219,17 @@ def test_an_orchestrator_with_a_bad_price_table_says_so_in_one_line_and_exits_2(
     )
     assert done.returncode == 2 and done.stderr.startswith(said), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_submit_stream_ends_at_its_timeout_with_exit_4_as_wait_does() -> None:
+    # No orchestrator runs on this Redis: the turn stays queued, and the stream has nothing to print.
+    with RedisServer() as server:
+        env = {**os.environ, "TOOLLOOP_REDIS_URL": server.url}
+        command = [str(TOOLLOOP_BIN), "submit", "--prompt", "hi", "--stream", "--timeout", "1"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 4, done.stderr
+    turn_id, said = done.stderr.strip().splitlines()
+    assert said == f"error: turn {turn_id} is still queued after 1 s: is an orchestrator running? " + (
+        "(start one: toolloop orchestrator)"
+    )
+    assert done.stdout == ""

@@ -239,10 +239,11 @@ async def test_a_server_that_ignores_stream_answers_with_a_plain_body(
     assert all(body["stream"] is True for body in server.received)
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/json"])
 async def test_a_stream_without_its_content_type_is_sniffed(
-    server: StreamServer, http: httpx.AsyncClient
+    server: StreamServer, http: httpx.AsyncClient, content_type: str
 ) -> None:
-    server.answers.append(Answer(file="anthropic__stream_thinking_then_text.sse", content_type="text/plain"))
+    server.answers.append(Answer(file="anthropic__stream_thinking_then_text.sse", content_type=content_type))
     recorder = Recorder()
     turn = await client_for("anthropic", server, http).complete(ask(), recorder)
     assert isinstance(turn, Turn) and turn.text == "The primes were: 79, 179, and 379."

@@ -60,7 +60,8 @@ def test_the_next_model_takes_the_call_after_the_retries_of_the_first() -> None:
     outcome = driver.outcome
     assert (outcome.status, outcome.model, outcome.llm_calls) == ("completed", "anthropic:second", 5)
     records = outcome.llm_call_records
-    assert [r.model for r in records] == [*["openai:primary"] * 3, "anthropic:second", "second-2025"]
+    # Every record names its model as the provider-less name, and its provider apart.
+    assert [r.model for r in records] == [*["primary"] * 3, "second", "second-2025"]
     assert [r.error is None for r in records] == [False, False, False, False, True]
 
 
