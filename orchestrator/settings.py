@@ -57,8 +57,8 @@ class Settings(WorkerSettings):
 
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
-    # At most this many model-call connections open at once per orchestrator (TOOLLOOP_MODEL_MAX_CONNECTIONS):
-    # one per model call in flight; a call beyond it waits for one (`providers.transport`).
+    # At most this many model calls in flight at once per orchestrator, each on a connection of its own
+    # (TOOLLOOP_MODEL_MAX_CONNECTIONS); a call beyond waits for one to end (`providers.transport`).
     model_max_connections: int = Field(default=1000, ge=1)
     # A model call that sends nothing for this long (no first byte, or a stream gone silent) has failed, as a
     # retryable timeout (TOOLLOOP_MODEL_TIMEOUT_S). Reasoning models may think for minutes before a byte.

@@ -8,12 +8,14 @@ CPU against 1.3 ms with one, most of the difference in that scan (py-spy). The p
 orchestrator at 100 connections, so its 101st concurrent model call waited for one to free up.
 
 `ModelTransport` keeps what a model call needs and nothing it pays for per request: idle connections in a
-deque per origin (take the most recent, O(1); one older than `idle_s`, or one the server closed, is
-dropped when met), the request written in one write (head and body together: one loopback send instead of
-two), the answer read through h11 as the caller reads it, and at most `max_connections` open at once (a
-call beyond waits for one, up to the request's pool timeout). A reused connection the server had closed
-before answering (no byte of an answer read) is retried once on a new one, as every HTTP client does for a
-keep-alive race. Errors are httpx's own exceptions, so callers handle them as they always did.
+deque per origin (take the most recent, O(1); one older than `idle_s`, or one whose end the server has
+sent, is dropped when met), the request written in one write (head and body together: one loopback send
+instead of two), the answer read through h11 as the caller reads it, and at most `max_connections` requests
+in flight, each on a connection of its own (a call beyond waits, up to the request's pool timeout; idle
+connections hold no slot). A request is never sent twice: a connection the server closes as it is reused
+fails the call with httpx's error, as httpcore's does, and the model call's retry policy decides — a server
+that read a POST before it closed may have started (and billed) the work. Errors are httpx's own
+exceptions, so callers handle them as they always did.
 
 Only `http://` and `https://` origins come here, and no proxy: with `HTTP(S)_PROXY` set, `build_model_http`
 gives httpx's own transport, which goes through it.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl
 import time
 import urllib.request
@@ -36,8 +39,9 @@ import httpx
 Origin = tuple[str, str, int]
 DEFAULT_PORTS = {"http": 80, "https": 443}
 READ_BYTES = 64 * 1024
-# httpx's own defaults: idle connections older than this are closed rather than reused.
-DEFAULT_IDLE_S = 5.0
+# Idle connections older than this are closed rather than reused: below the 5 s after which common servers
+# (uvicorn, httpx's own default) close theirs, so that a reuse rarely meets a connection closing under it.
+DEFAULT_IDLE_S = 4.0
 DEFAULT_MAX_CONNECTIONS = 1000
 
 
@@ -47,12 +51,13 @@ class _Connection:
     writer: asyncio.StreamWriter
     http: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
     idle_since: float = 0.0
-    reused: bool = False
-    # Whether any byte of the current request's answer has arrived (a stale connection's failure has none).
-    answered: bool = False
 
     def is_usable(self, now: float, idle_s: float) -> bool:
-        return now - self.idle_since < idle_s and not self.reader.at_eof() and not self.writer.is_closing()
+        if now - self.idle_since >= idle_s or self.reader.at_eof() or self.writer.is_closing():
+            return False
+        # The server's close may be in the socket before the event loop has read it: an idle HTTP/1.1
+        # connection with anything to read (its end, or bytes nobody asked for) is not one to send on.
+        return not _has_input(self.writer)
 
     def close(self) -> None:
         self.writer.close()
@@ -114,18 +119,13 @@ class ModelTransport(httpx.AsyncBaseTransport):
     async def _exchange(
         self, request: httpx.Request, origin: Origin, body: bytes, timeouts: dict[str, float | None]
     ) -> tuple[_Connection, h11.Response]:
-        # Each pass takes another idle connection or opens a new one; only a reused one can come back stale.
-        while True:
-            connection = self._take(origin) or await self._connect(origin, request, timeouts.get("connect"))
-            try:
-                sent = await _send(connection, request, body, timeouts.get("write"))
-                answer = await _read_head(connection, request, timeouts.get("read")) if sent else None
-            except BaseException:
-                connection.close()
-                raise
-            if answer is not None:
-                return connection, answer
+        connection = self._take(origin) or await self._connect(origin, request, timeouts.get("connect"))
+        try:
+            await _send(connection, request, body, timeouts.get("write"))
+            return connection, await _read_head(connection, request, timeouts.get("read"))
+        except BaseException:
             connection.close()
+            raise
 
     def _take(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -133,7 +133,6 @@ class ModelTransport(httpx.AsyncBaseTransport):
         while idle:
             connection = idle.pop()
             if connection.is_usable(now, self._idle_s):
-                connection.reused = True
                 return connection
             connection.close()
         return None
@@ -179,6 +178,15 @@ class ModelTransport(httpx.AsyncBaseTransport):
             while idle:
                 idle.pop().close()
         self._idle.clear()
+
+
+def _has_input(writer: asyncio.StreamWriter) -> bool:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def build_model_http(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> httpx.AsyncClient:
@@ -258,38 +266,31 @@ def _origin(request: httpx.Request) -> Origin:
     return scheme, url.host, url.port or DEFAULT_PORTS[scheme]
 
 
-async def _send(connection: _Connection, request: httpx.Request, body: bytes, limit_s: float | None) -> bool:
-    """Write the request in one write; False when a reused connection turned out closed (send it again)."""
+async def _send(connection: _Connection, request: httpx.Request, body: bytes, limit_s: float | None) -> None:
+    """Write the request, head and body, in one write."""
     http = connection.http
-    head = h11.Request(method=request.method, target=request.url.raw_path, headers=list(request.headers.raw))
-    parts = [http.send(head)]
-    if body:
-        parts.append(http.send(h11.Data(data=body)))
-    parts.append(http.send(h11.EndOfMessage()))
-    connection.answered = False
+    try:
+        head = h11.Request(
+            method=request.method, target=request.url.raw_path, headers=list(request.headers.raw)
+        )
+        parts = [http.send(head)]
+        if body:
+            parts.append(http.send(h11.Data(data=body)))
+        parts.append(http.send(h11.EndOfMessage()))
+    except h11.LocalProtocolError as exc:  # a header HTTP/1.1 cannot carry (a line break in a value, …)
+        raise httpx.LocalProtocolError(f"cannot send this request: {exc}", request=request) from exc
     try:
         connection.writer.write(b"".join(part for part in parts if part))
         async with _limit(limit_s, httpx.WriteTimeout, request):
             await connection.writer.drain()
     except OSError as exc:
-        if connection.reused:
-            return False
         raise httpx.WriteError(f"{type(exc).__name__}: {exc}", request=request) from exc
-    return True
 
 
-async def _read_head(
-    connection: _Connection, request: httpx.Request, limit_s: float | None
-) -> h11.Response | None:
-    """The answer's status line and headers; None when a reused connection closed before any of it."""
+async def _read_head(connection: _Connection, request: httpx.Request, limit_s: float | None) -> h11.Response:
+    """The answer's status line and headers."""
     while True:
-        try:
-            event = await _next_event(connection, request, limit_s)
-        except (httpx.ReadError, httpx.RemoteProtocolError):
-            # Nothing of an answer came: on a reused connection, the server closed it as we wrote.
-            if connection.reused and not connection.answered:
-                return None
-            raise
+        event = await _next_event(connection, request, limit_s)
         if isinstance(event, h11.Response):
             return event
         # 1xx answers (100 Continue, 103 Early Hints) come before the real one.
@@ -308,7 +309,6 @@ async def _next_event(connection: _Connection, request: httpx.Request, limit_s: 
                     data = await connection.reader.read(READ_BYTES)
             except OSError as exc:
                 raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
-            connection.answered = connection.answered or bool(data)
             http.receive_data(data)
             continue
         if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Event):  # PAUSED
