@@ -5,8 +5,9 @@ A stack of its own, so that every process on its Redis is one that is measured: 
 `toolloop worker` of `WORKERS` prefork processes (task events on: `worker_send_task_events`, as `-E`), the
 shipped `toolloop orchestrator` with its `scripted:` models at the bench's model server over HTTP
 (`http_model`), and this process as the client. Each round sends `turns × 5` plain Celery no-op tasks
-(`send_task` all, then `AsyncResult.get` each), then `turns` toolloop turns of 5 no-op calls each in one
-model round (submitted all, then waited for each; the model asked to stream, as `submit` does by default).
+(`send_task` all, then `AsyncResult.get` each) and `turns` toolloop turns of 5 no-op calls each in one
+model round (submitted all, then waited for each; the model asked to stream, as `submit` does by default),
+the two phases in turn, which one first alternating from round to round.
 CPU is read from /proc around each phase (`cpu`): client, worker parent and pool children, Redis, the
 orchestrator, and apart, the model server, which no "all processes" figure includes. The Redis command
 counts (`INFO commandstats`, commands run inside scripts included) go with the Redis row.
@@ -144,17 +145,24 @@ def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
     celery_commands = toolloop_commands = 0
     for number in range(sizes.http_rounds):
         progress(f"HTTP model, round {number + 1}: {calls} plain tasks, {sizes.http_turns} turns × 5 calls")
-        before = _commands(r)
-        watch.start()
-        measure_celery_throughput(app, calls)
-        celery = watch.stop(calls, settle_s=SETTLE_S)
-        middle = _commands(r)
-        watch.start()
-        run_turns(client, sizes.http_turns)
-        toolloop = watch.stop(calls, settle_s=SETTLE_S)
-        celery_commands += middle - before
-        toolloop_commands += _commands(r) - middle
-        rounds.append((celery, toolloop))
+        # Which phase goes first alternates: a machine that drifts (its CPUs slower or faster for a while,
+        # which on a shared VM they are) weighs on both sides alike rather than on the one always second.
+        phases = ("celery", "toolloop") if number % 2 == 0 else ("toolloop", "celery")
+        windows: dict[str, Window] = {}
+        for phase in phases:
+            before = _commands(r)
+            watch.start()
+            if phase == "celery":
+                measure_celery_throughput(app, calls)
+            else:
+                run_turns(client, sizes.http_turns)
+            windows[phase] = watch.stop(calls, settle_s=SETTLE_S)
+            spent = _commands(r) - before
+            if phase == "celery":
+                celery_commands += spent
+            else:
+                toolloop_commands += spent
+        rounds.append((windows["celery"], windows["toolloop"]))
     total = calls * sizes.http_rounds
     return HttpRun(
         celery=cpu.add_windows([c for c, _ in rounds]),

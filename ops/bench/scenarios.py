@@ -81,8 +81,8 @@ FULL = Sizes(
     cpu_calls=200,
     stream_turns=8,
     stream_answer_chars=4000,
-    http_turns=100,
-    http_rounds=2,
+    http_turns=50,
+    http_rounds=6,
     reaction_turns=20,
     parallel_turns=8,
 )
