@@ -53,7 +53,8 @@ def check_budget(state: TurnState) -> BudgetStop | None:
         unpriced = sorted({r.model or "?" for r in answered if r.usage.cost_usd is None})
         return BudgetStop("max_cost", "failed", unknown_cost_message(limits.max_cost_usd, unpriced))
     if usage.cost_usd is not None and usage.cost_usd >= limits.max_cost_usd:
-        message = f"the budget of ${limits.max_cost_usd:g} was spent (${usage.cost_usd:.4f})"
+        # Significant digits, not decimals: a budget of $0.0001 spent at $0.00012 must not read "$0.0001".
+        message = f"the budget of ${limits.max_cost_usd:g} was spent (${usage.cost_usd:.6g})"
         return BudgetStop("max_cost", "stopped", message)
     return None
 

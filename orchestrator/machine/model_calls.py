@@ -231,7 +231,8 @@ def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | Non
         tool_calls=len(turn.tool_calls),
         finish_reason=turn.finish_reason,
         duration_ms=event.duration_ms,
-        usage=turn.usage.model_dump(exclude_none=True),
+        # Counts a provider did not give are left out; the cost is always there, null when no price is known.
+        usage={**turn.usage.model_dump(exclude_none=True), "cost_usd": turn.usage.cost_usd},
     )
     if turn.tool_calls:
         plan_round(draft, turn, event.at, policy)
@@ -262,5 +263,6 @@ def _on_compacted(draft: Draft, event: ModelResponded, record: LLMCallRecord) ->
         llm_call_index=state.awaiting_model,
         through=through,
         summary_chars=len(text),
-        usage=turn.usage.model_dump(exclude_none=True),
+        # Counts a provider did not give are left out; the cost is always there, null when no price is known.
+        usage={**turn.usage.model_dump(exclude_none=True), "cost_usd": turn.usage.cost_usd},
     )

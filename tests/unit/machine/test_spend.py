@@ -88,6 +88,13 @@ def test_the_cost_is_summed_and_a_spent_dollar_budget_stops_the_turn() -> None:
     assert [r.usage.cost_usd for r in outcome.llm_call_records] == [0.02, 0.03]
 
 
+def test_a_tiny_spent_budget_says_what_was_spent_in_significant_digits() -> None:
+    driver = Driver(limits=Limits(max_cost_usd=0.0001))
+    driver.respond(tool_calls(100, cost=0.00012, prefix="a"))
+    driver.echo_writes()
+    assert "the budget of $0.0001 was spent ($0.00012)" in (driver.outcome.text or "")
+
+
 def test_the_cost_is_unknown_from_the_first_call_without_a_price() -> None:
     driver = Driver()
     driver.respond(tool_calls(100, cost=0.02, prefix="a"))
@@ -100,6 +107,8 @@ def test_the_cost_is_unknown_from_the_first_call_without_a_price() -> None:
     # `Usage.__add__` would sum what is known (0.03): the turn says it does not know.
     assert outcome.status == "completed" and outcome.usage.cost_usd is None
     assert outcome.usage.total_tokens == 300
+    # Each model_responded event says its cost, null when no price is known (the key is always there).
+    assert [event["usage"]["cost_usd"] for event in driver.emitted("model_responded")] == [0.02, None, 0.01]
 
 
 def test_a_failed_call_does_not_make_the_cost_unknown() -> None:
