@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from orchestrator.client import Client
 from orchestrator.settings import Settings
 from tests.support.api_server import api_client
+from tests.support.approvals import hold_for_approval
 from tests.support.store_db import finish_in_thread
 from workers import keys
 from workers.contract import ToolSpec
@@ -91,13 +92,14 @@ def test_unknown_turns_are_404(api: httpx.Client) -> None:
     assert reply.status_code == 404
 
 
-def test_cancel_and_approvals(api: httpx.Client, redis_url: str) -> None:
+def test_cancel_and_approvals(api: httpx.Client, redis_url: str, db_url: str) -> None:
     turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
+    (waiting,) = hold_for_approval(db_url, turn_id, 1)
     assert api.post(f"/v1/turns/{turn_id}/cancel").status_code == 202
-    reply = api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={"approved": False})
+    reply = api.post(f"/v1/turns/{turn_id}/approvals/{waiting}", json={"approved": False})
     assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
-    assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={"approved": "maybe"}).status_code == 422
-    assert api.post(f"/v1/turns/{turn_id}/approvals/call_1", json={}).status_code == 422
+    assert api.post(f"/v1/turns/{turn_id}/approvals/{waiting}", json={"approved": "maybe"}).status_code == 422
+    assert api.post(f"/v1/turns/{turn_id}/approvals/{waiting}", json={}).status_code == 422
     finish_in_thread(redis_url, turn_id, wait_reader=False).join()
     assert api.post(f"/v1/turns/{turn_id}/cancel").status_code == 409
 

@@ -19,6 +19,7 @@ from orchestrator.machine.state import dump_entries
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.store.history import Appended
 from orchestrator.store.turns import TurnStore
+from tests.support.approvals import ahold_for_approval
 from tests.support.store_db import store_db_url, wait_blocked
 from tests.support.waiting import DEFAULT_TIMEOUT_S, async_wait_until
 from workers import keys
@@ -219,11 +220,12 @@ async def test_cancel_and_approval_reach_the_control_stream_and_the_owner(store:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     assert await store.request_cancel(turn_id)  # queued, no owner yet: kept for whoever claims it
     assert await store.claim("orch-a", timeout_s=1.0) == turn_id
-    assert await store.request_approval(turn_id, "call-9", approved=False)
+    (waiting,) = await ahold_for_approval(store, turn_id, 1)
+    assert await store.request_approval(turn_id, waiting, approved=False)
     control = await store.read_control(turn_id)
     assert [(c.kind, c.call_id, c.approved) for c in control] == [
         ("cancel", None, None),
-        ("approval", "call-9", False),
+        ("approval", waiting, False),
     ]
     inbox = await store.read_inbox("orch-a", "0", block_ms=100)
     assert [f["kind"] for _, f in inbox] == ["control"]
