@@ -101,7 +101,10 @@ class ModelTransport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout", {})
         origin = _origin(request)
         body = await request.aread()
-        async with _limit(timeouts.get("pool"), httpx.PoolTimeout, request):
+        if self._slots.locked():  # every slot taken: wait for one, up to the pool timeout
+            async with _limit(timeouts.get("pool"), httpx.PoolTimeout, request):
+                await self._slots.acquire()
+        else:
             await self._slots.acquire()
         try:
             connection, answer = await self._exchange(request, origin, body, timeouts)
@@ -150,7 +153,7 @@ class ModelTransport(httpx.AsyncBaseTransport):
         idle = self._idle.setdefault(origin, collections.deque())
         # The oldest idle connection is at the left: closed here once expired, so that a burst's connections
         # do not stay open after the burst.
-        while idle and not idle[0].is_usable(now, self._idle_s):
+        while idle and now - idle[0].idle_since >= self._idle_s:
             idle.popleft().close()
         idle.append(connection)
 
