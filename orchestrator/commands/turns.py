@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 
 import typer
 from pydantic import ValidationError
@@ -15,6 +16,8 @@ from orchestrator.settings import get_settings
 
 # A setting the orchestrator cannot start with (as `toolloop submit`'s bad input).
 EXIT_CONFIG = 2
+# Files an orchestrator holds besides its model calls' sockets: Redis pools, Celery's producer, logs, metrics.
+OTHER_FILES = 256
 
 
 def orchestrator(
@@ -38,9 +41,29 @@ def orchestrator(
     except (ValidationError, SettingsError, ModelConfigError) as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
+    raise_open_files_limit(settings.model_max_connections + OTHER_FILES)
     if metrics_port is not None:
         metrics.serve_metrics(metrics_port)
     asyncio.run(serve(settings, orchestrator_id=orchestrator_id))
+
+
+def raise_open_files_limit(needed: int) -> int:
+    """Raise this process's soft limit on open files towards `needed` (never above the hard limit); the
+    limit now. Each model call in flight holds a socket: a soft limit of 1024, common under systemd, would
+    refuse connections long before TOOLLOOP_MODEL_MAX_CONNECTIONS is reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < ceiling:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        soft = ceiling
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logging.getLogger("toolloop.orchestrator").warning(
+            "open files are limited to %d (hard limit): model calls beyond about %d in flight will fail to "
+            "connect; raise the limit or lower TOOLLOOP_MODEL_MAX_CONNECTIONS",
+            soft,
+            max(soft - OTHER_FILES, 0),
+        )
+    return int(soft)
 
 
 def _one_line(exc: ValidationError | SettingsError | ModelConfigError) -> str:
