@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from orchestrator.client import (
         AsyncClient,
+        CallNotWaitingError,
         Client,
         ModelSettings,
         ModelStreamResetEvent,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncClient",
+    "CallNotWaitingError",
     "Client",
     "ModelSettings",
     "ModelStreamResetEvent",

@@ -42,7 +42,13 @@ import redis
 
 from orchestrator import direct, metrics
 from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
-from orchestrator.errors import ModelConfigError, RedisUnavailableError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import (
+    CallNotWaitingError,
+    ModelConfigError,
+    RedisUnavailableError,
+    UnknownToolError,
+    UnknownTurnError,
+)
 from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec, flows, history, operations, turn_stream
@@ -73,6 +79,7 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
     "DEFAULT_RETRY_S",
     "AsyncClient",
+    "CallNotWaitingError",
     "Client",
     "ModelConfigError",
     "ModelSettings",
