@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 PROVIDER = "anthropic"
 MESSAGES_PATH = "/v1/messages"
 API_VERSION = "2023-06-01"
+# The user turn after a conversation that ends with the assistant's (see `build_messages`).
+CONTINUE_TEXT = "Continue from the results above."
 # Sent as `max_tokens` when neither the settings nor the request say (Anthropic requires it).
 DEFAULT_MAX_TOKENS = anthropic_request.DEFAULT_MAX_TOKENS
 
@@ -234,6 +236,12 @@ def build_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         if entry["role"] == "user":
             # tool_result blocks must come first in a user message.
             entry["content"].sort(key=lambda b: b.get("type") != "tool_result")
+    if merged and merged[-1]["role"] == "assistant":
+        # Anthropic reads a last assistant turn as the start of its answer (a prefill), which extended
+        # thinking refuses. toolloop never prefills: such a turn is history, e.g. tool results another
+        # provider's calls got, flattened to assistant text after a fallback (SPEC §6.2). The model is asked
+        # to go on from it.
+        merged.append({"role": "user", "content": [{"type": "text", "text": CONTINUE_TEXT}]})
     return merged
 
 

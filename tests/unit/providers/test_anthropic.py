@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from orchestrator.machine.view import build_view
 from orchestrator.model import (
     AssistantMessage,
+    Message,
     ProviderError,
     SystemMessage,
     ToolCall,
@@ -293,3 +295,36 @@ def test_clean_tool_id_is_always_valid_and_stable(raw_id: str) -> None:
     assert cleaned == anthropic.clean_tool_id(raw_id)
     if ANTHROPIC_IDS.match(raw_id):
         assert cleaned == raw_id
+
+
+def test_a_conversation_ending_with_the_assistant_gets_a_user_turn_to_go_on_from() -> None:
+    # After a fallback from OpenAI, the view flattens OpenAI's tool calls and their results to assistant
+    # text (SPEC §6.2): sent as is, Anthropic would take it as a prefill, which extended thinking refuses.
+    history: list[Message] = [
+        UserMessage(content="What is 2 + 2?"),
+        AssistantMessage(
+            provider="openai", tool_calls=[ToolCall(id="call_a", name="add", arguments={"a": 2, "b": 2})]
+        ),
+        ToolMessage(tool_call_id="call_a", name="add", content="4"),
+    ]
+    view = build_view(history, "anthropic:claude-sonnet-4-5")
+    body = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=view.messages))
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["user", "assistant", "user"]
+    assert "[Tool result: add] 4" in json.dumps(body["messages"][1])
+    assert body["messages"][-1]["content"] == [{"type": "text", "text": anthropic.CONTINUE_TEXT}]
+
+
+def test_a_conversation_ending_with_the_user_or_a_tool_result_is_sent_as_it_is() -> None:
+    native: list[Message] = [
+        UserMessage(content="What is 2 + 2?"),
+        AssistantMessage(
+            provider="anthropic", tool_calls=[ToolCall(id="toolu_1", name="add", arguments={"a": 2, "b": 2})]
+        ),
+        ToolMessage(tool_call_id="toolu_1", name="add", content="4"),
+    ]
+    body = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=native))
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][-1]["content"][0]["type"] == "tool_result"
+    plain = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=[UserMessage(content="hi")]))
+    assert plain["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
