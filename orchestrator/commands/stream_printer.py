@@ -41,7 +41,7 @@ class StreamPrinter:
         """Print every event; the outcome (None when the stream ended without one: the turn expired)."""
         for event in events:
             self.show(event)
-        self._end_line()
+        self.end_line()
         return self.outcome
 
     def show(self, event: StreamEvent) -> None:
@@ -62,7 +62,7 @@ class StreamPrinter:
                 self._note(f"{'✓' if ok else '✗'} {tool}{'' if ok else f' ({kind})'}")
             case ModelStreamResetEvent(llm_call=llm_call):
                 if self._writing == llm_call:
-                    self._end_line()
+                    self.end_line()
                     self._writing = None
                     self._note(f"(model call {llm_call + 1} starts again: disregard its text above)")
             case OtherEvent(name="output_invalid", data=data):
@@ -74,16 +74,13 @@ class StreamPrinter:
             case _:
                 pass
 
-    def end(self) -> None:
-        """End the answer's line on stdout, if one is open (the stream stops before its end)."""
-        self._end_line()
-
     def _note(self, line: str) -> None:
-        self._end_line()
+        self.end_line()
         self.err.write(line + "\n")
         self.err.flush()
 
-    def _end_line(self) -> None:
+    def end_line(self) -> None:
+        """End the answer's line on stdout, if one is open (also when the stream stops before its end)."""
         if self._writing is not None and self._wrote:
             self.out.write("\n")
             self.out.flush()

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from orchestrator.commands.turns_api import describe_validation_error
 from orchestrator.errors import ModelConfigError
 from orchestrator.pricing import build_price_table
 from orchestrator.settings import get_settings
@@ -67,10 +68,10 @@ def raise_open_files_limit(needed: int) -> int:
 
 
 def _one_line(exc: ValidationError | SettingsError | ModelConfigError) -> str:
-    if not isinstance(exc, ValidationError):
-        # pydantic-settings names the variable's field when its value is not JSON.
-        return str(exc) + (": not valid JSON" if isinstance(exc.__cause__, ValueError) else "")
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, ValidationError):
+        return describe_validation_error(exc, "settings")
+    # pydantic-settings names the variable's field when its value is not JSON.
+    return str(exc) + (": not valid JSON" if isinstance(exc.__cause__, ValueError) else "")
 
 
 def demo(

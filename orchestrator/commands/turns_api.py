@@ -72,8 +72,9 @@ def build_limits(max_llm_calls: int | None, deadline_s: float | None, **more: fl
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+def describe_validation_error(exc: ValidationError, whole: str = "request") -> str:
+    """A pydantic error in one line: each field's path (`whole` when it is about all of it) and message."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
 
 
 def build_timeout_message(turn_id: str, status: TurnStatus | None, timeout_s: float) -> str:
@@ -228,7 +229,7 @@ def submit_command(
                     try:
                         streamed = printer.follow(client.stream(turn_id))
                     except _StreamTimedOut:
-                        printer.end()
+                        printer.end_line()
                         status = client.store.get_status(turn_id)
                         _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
                 _end_streamed(turn_id, streamed)
@@ -244,7 +245,7 @@ def submit_command(
                 status = client.store.get_status(turn_id)
                 _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
     except ValidationError as exc:
-        _fail(_one_line(exc), EXIT_USAGE)
+        _fail(describe_validation_error(exc), EXIT_USAGE)
     except ValueError as exc:
         _fail(str(exc), EXIT_USAGE)
     except redis.RedisError as exc:

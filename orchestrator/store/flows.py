@@ -151,12 +151,15 @@ def send_control(
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
 ) -> Flow[bool]:
-    """Record a cancel or an approval for the turn's owner: False when the turn had ended already."""
+    """Record a cancel or an approval for the turn's owner: False when the turn had ended already;
+    `CallNotWaitingError` for an approval of a call answered already."""
     result = yield operations.control(
         turn_id, kind, call_id, approved, now, arguments=arguments, reason=reason
     )
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
+    if result is ControlResult.DECIDED:
+        raise CallNotWaitingError(turn_id, call_id or "", decided=True)
     return result is ControlResult.RECORDED
 
 
@@ -189,14 +192,8 @@ def send_approval(
             raise CallNotWaitingError(turn_id, call_id)
         if arguments is not None:
             yield from check_edited_arguments(waiting.tool, arguments, now)
-    result = yield operations.control(
-        turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason
-    )
-    if result is ControlResult.UNKNOWN:
-        raise UnknownTurnError(turn_id)
-    if result is ControlResult.DECIDED:
-        raise CallNotWaitingError(turn_id, call_id, decided=True)
-    return result is ControlResult.RECORDED
+    flow = send_control(turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason)
+    return (yield from flow)
 
 
 def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[TurnOutcome]:

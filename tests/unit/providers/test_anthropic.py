@@ -297,17 +297,20 @@ def test_clean_tool_id_is_always_valid_and_stable(raw_id: str) -> None:
         assert cleaned == raw_id
 
 
+def add_round(provider: str, call_id: str) -> list[Message]:
+    """A question, `provider`'s call of `add`, and its result."""
+    call = ToolCall(id=call_id, name="add", arguments={"a": 2, "b": 2})
+    return [
+        UserMessage(content="What is 2 + 2?"),
+        AssistantMessage(provider=provider, tool_calls=[call]),
+        ToolMessage(tool_call_id=call_id, name="add", content="4"),
+    ]
+
+
 def test_a_conversation_ending_with_the_assistant_gets_a_user_turn_to_go_on_from() -> None:
     # After a fallback from OpenAI, the view flattens OpenAI's tool calls and their results to assistant
     # text (SPEC §6.2): sent as is, Anthropic would take it as a prefill, which extended thinking refuses.
-    history: list[Message] = [
-        UserMessage(content="What is 2 + 2?"),
-        AssistantMessage(
-            provider="openai", tool_calls=[ToolCall(id="call_a", name="add", arguments={"a": 2, "b": 2})]
-        ),
-        ToolMessage(tool_call_id="call_a", name="add", content="4"),
-    ]
-    view = build_view(history, "anthropic:claude-sonnet-4-5")
+    view = build_view(add_round("openai", "call_a"), "anthropic:claude-sonnet-4-5")
     body = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=view.messages))
     roles = [m["role"] for m in body["messages"]]
     assert roles == ["user", "assistant", "user"]
@@ -316,13 +319,7 @@ def test_a_conversation_ending_with_the_assistant_gets_a_user_turn_to_go_on_from
 
 
 def test_a_conversation_ending_with_the_user_or_a_tool_result_is_sent_as_it_is() -> None:
-    native: list[Message] = [
-        UserMessage(content="What is 2 + 2?"),
-        AssistantMessage(
-            provider="anthropic", tool_calls=[ToolCall(id="toolu_1", name="add", arguments={"a": 2, "b": 2})]
-        ),
-        ToolMessage(tool_call_id="toolu_1", name="add", content="4"),
-    ]
+    native = add_round("anthropic", "toolu_1")
     body = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=native))
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
     assert body["messages"][-1]["content"][0]["type"] == "tool_result"
