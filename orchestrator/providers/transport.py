@@ -226,9 +226,17 @@ class _Body(httpx.AsyncByteStream):
         try:
             while True:
                 event = await _next_event(connection, self._request, self._read_timeout)
-                if isinstance(event, h11.Data):
-                    yield bytes(event.data)
-                elif isinstance(event, h11.EndOfMessage):
+                if isinstance(event, h11.EndOfMessage):
+                    return
+                if not isinstance(event, h11.Data):
+                    continue
+                # Every chunk one socket read brought is handed on as one piece: a streamed answer comes in
+                # many small chunks, and each piece costs a pass through httpx's and the reader's layers.
+                pieces, following = _buffered_data(connection, self._request, event)
+                yield pieces
+                if isinstance(following, BaseException):
+                    raise following
+                if isinstance(following, h11.EndOfMessage):
                     return
         except BaseException:
             self._drop()
@@ -299,13 +307,32 @@ async def _read_head(connection: _Connection, request: httpx.Request, limit_s: f
         # 1xx answers (100 Continue, 103 Early Hints) come before the real one.
 
 
+def _buffered_data(connection: _Connection, request: httpx.Request, first: h11.Data) -> tuple[bytes, object]:
+    """`first` joined with the Data events already received after it, and what came next without a read:
+    NEED_DATA, EndOfMessage, or the error the answer broke off with (raised once its data is handed on)."""
+    pieces = [first.data]
+    while True:
+        try:
+            event = _pop_event(connection.http, request)
+        except httpx.RemoteProtocolError as exc:
+            return b"".join(pieces), exc
+        if not isinstance(event, h11.Data):
+            return b"".join(pieces), event
+        pieces.append(event.data)
+
+
+def _pop_event(http: h11.Connection, request: httpx.Request) -> object:
+    """The next event of what was received (h11.NEED_DATA when it needs more); malformed: httpx's error."""
+    try:
+        return http.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
+
+
 async def _next_event(connection: _Connection, request: httpx.Request, limit_s: float | None) -> h11.Event:
     http = connection.http
     while True:
-        try:
-            event = http.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
+        event = _pop_event(http, request)
         if event is h11.NEED_DATA:
             try:
                 async with _limit(limit_s, httpx.ReadTimeout, request):

@@ -1,13 +1,14 @@
 """`ModelTransport` (the model calls' HTTP/1.1 transport) over real sockets, against a raw server per test.
 
-The transport replaces httpcore's pool for every model call, so what httpcore did for free must hold here:
-a request arrives intact and its answer reads back; connections are reused, but never one the server closed,
-one that said `Connection: close`, one whose answer was not read to its end, or one idle past `idle_s`; a
-request is never sent twice (a connection closed under it fails the call with httpx's error); a chunked
-answer is handed over as it arrives; at most `max_connections` requests hold a connection, and every way a
-request ends (read timeout, cancel, a cut answer, a refused connect) gives its slot back; failures come out
-as httpx's own exceptions; https works with a trusted certificate and fails without one. The server
-(`tests.support.http_wire`) writes what each test wants, byte by byte, and notes what it saw.
+The transport replaces httpcore's pool for every model call, so what httpcore did for free must hold here: a
+request arrives intact and its answer reads back; connections are reused, but never one the server closed, one
+that said `Connection: close`, one whose answer was not read to its end, or one idle past `idle_s`; a request
+is never sent twice (a connection closed under it fails the call with httpx's error); a chunked answer is
+handed over as it arrives, what one read brought as one piece; at most `max_connections` requests hold a
+connection, and every way a request ends (read timeout, cancel, a cut answer, a refused connect) gives its
+slot back; failures come out as httpx's own exceptions; https works with a trusted certificate and fails
+without one. The server (`tests.support.http_wire`) writes what each test wants, byte by byte, and notes what
+it saw.
 """
 
 from __future__ import annotations
@@ -145,6 +146,45 @@ async def test_a_chunked_answer_is_read_as_it_arrives() -> None:
             order.append(f"client got {piece.decode()}")
             go.set()
     assert order == ["client got first", "server sent second", "client got second"]
+
+
+async def test_chunks_that_arrive_together_are_handed_on_as_one_piece() -> None:
+    # A streamed answer is many small chunks; each piece costs the reader a pass through httpx's layers.
+    go = asyncio.Event()
+
+    async def handler(seen: Seen, wire: Wire) -> bool:
+        await wire.send(chunked_head() + chunk(b"a") + chunk(b"b") + chunk(b"c"))
+        await hold(go)
+        await wire.send(chunk(b"d") + chunk(b"e") + LAST_CHUNK)
+        return True
+
+    pieces: list[bytes] = []
+    async with (
+        WireServer(handler) as server,
+        client_of(ModelTransport()) as client,
+        client.stream("GET", server.url()) as response,
+    ):
+        async for piece in response.aiter_raw():
+            pieces.append(piece)
+            go.set()
+    assert pieces == [b"abc", b"de"]
+
+
+async def test_data_before_a_malformed_chunk_is_handed_on_before_the_error() -> None:
+    async def broken(seen: Seen, wire: Wire) -> bool:
+        await wire.send(chunked_head() + chunk(b"kept") + b"zz\r\nnot a chunk\r\n")
+        return False
+
+    pieces: list[bytes] = []
+    async with (
+        WireServer(broken) as server,
+        client_of(ModelTransport()) as client,
+        client.stream("GET", server.url()) as response,
+    ):
+        with pytest.raises(httpx.RemoteProtocolError):
+            async for piece in response.aiter_raw():
+                pieces.append(piece)
+    assert pieces == [b"kept"]
 
 
 async def test_a_request_is_never_sent_twice_when_its_connection_closes_under_it() -> None:
