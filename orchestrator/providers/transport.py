@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import h11
 import httpx
 
+from orchestrator.providers.chunked import ChunkedDecoder, is_chunked, keeps_alive
+
 Origin = tuple[str, str, int]
 DEFAULT_PORTS = {"http": 80, "https": 443}
 READ_BYTES = 64 * 1024
@@ -43,6 +45,7 @@ READ_BYTES = 64 * 1024
 # (uvicorn, httpx's own default) close theirs, so that a reuse rarely meets a connection closing under it.
 DEFAULT_IDLE_S = 4.0
 DEFAULT_MAX_CONNECTIONS = 1000
+_CUT = "the server closed the connection before its answer ended"
 
 
 @dataclass(eq=False)
@@ -112,6 +115,8 @@ class ModelTransport(httpx.AsyncBaseTransport):
             self._slots.release()
             raise
         stream = _Body(self, origin, connection, request, timeouts.get("read"))
+        if is_chunked(request.method.encode(), answer):
+            stream.decode_chunks(keep_alive=keeps_alive(request.headers.raw, answer))
         return httpx.Response(
             answer.status_code,
             headers=answer.headers,
@@ -218,10 +223,23 @@ class _Body(httpx.AsyncByteStream):
         self._request = request
         self._read_timeout = read_timeout
         self._released = False
+        # Set for a chunked answer: its body is decoded here, not by h11 (`chunked`).
+        self._chunks: ChunkedDecoder | None = None
+        self._keep_alive = False
+
+    def decode_chunks(self, *, keep_alive: bool) -> None:
+        """Read the body's chunked coding here: what h11 received past the head is its start.
+        `keep_alive`: the two heads let the connection serve another request once the body has ended."""
+        self._chunks = ChunkedDecoder()
+        self._keep_alive = keep_alive
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         connection = self._connection
         if connection is None:
+            return
+        if self._chunks is not None:
+            async for data in self._decode(connection, self._chunks):
+                yield data
             return
         try:
             while True:
@@ -242,6 +260,26 @@ class _Body(httpx.AsyncByteStream):
             self._drop()
             raise
 
+    async def _decode(self, connection: _Connection, chunks: ChunkedDecoder) -> AsyncIterator[bytes]:
+        # Every chunk a read brought, decoded in one pass and handed on as one piece.
+        try:
+            data = chunks.feed(connection.http.trailing_data[0])
+            while True:
+                if data:
+                    yield data
+                if chunks.error is not None:
+                    message = f"malformed HTTP answer: {chunks.error}"
+                    raise httpx.RemoteProtocolError(message, request=self._request)
+                if chunks.done:
+                    return
+                received = await _read(connection, self._request, self._read_timeout)
+                if not received:
+                    raise httpx.RemoteProtocolError(_CUT, request=self._request)
+                data = chunks.feed(received)
+        except BaseException:
+            self._drop()
+            raise
+
     def _drop(self) -> None:
         if self._connection is not None:
             self._connection.close()
@@ -252,15 +290,21 @@ class _Body(httpx.AsyncByteStream):
             return
         self._released = True
         connection = self._connection
-        if connection is not None and not _reusable(connection):
+        if connection is not None and not _reusable(connection, self._chunks, keep_alive=self._keep_alive):
             self._drop()
             connection = None
         self._connection = None
         self._transport.release(self._origin, connection)
 
 
-def _reusable(connection: _Connection) -> bool:
+def _reusable(connection: _Connection, chunks: ChunkedDecoder | None, *, keep_alive: bool) -> bool:
     http = connection.http
+    if chunks is not None:
+        # h11 saw the head only: the answer ended when its last chunk did.
+        if not (keep_alive and chunks.done) or chunks.extra or http.our_state is not h11.DONE:
+            return False
+        connection.http = h11.Connection(h11.CLIENT)
+        return True
     if http.our_state is not h11.DONE or http.their_state is not h11.DONE:
         return False
     http.start_next_cycle()
@@ -329,20 +373,22 @@ def _pop_event(http: h11.Connection, request: httpx.Request) -> object:
         raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
 
 
+async def _read(connection: _Connection, request: httpx.Request, limit_s: float | None) -> bytes:
+    """What the next read brings (b"": the server closed the connection)."""
+    try:
+        async with _limit(limit_s, httpx.ReadTimeout, request):
+            return await connection.reader.read(READ_BYTES)
+    except OSError as exc:
+        raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+
+
 async def _next_event(connection: _Connection, request: httpx.Request, limit_s: float | None) -> h11.Event:
     http = connection.http
     while True:
         event = _pop_event(http, request)
         if event is h11.NEED_DATA:
-            try:
-                async with _limit(limit_s, httpx.ReadTimeout, request):
-                    data = await connection.reader.read(READ_BYTES)
-            except OSError as exc:
-                raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
-            http.receive_data(data)
+            http.receive_data(await _read(connection, request, limit_s))
             continue
         if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Event):  # PAUSED
-            raise httpx.RemoteProtocolError(
-                "the server closed the connection before its answer ended", request=request
-            )
+            raise httpx.RemoteProtocolError(_CUT, request=request)
         return event

@@ -233,6 +233,43 @@ async def test_connection_close_in_an_answer_is_not_reused() -> None:
     assert server.connections == 2
 
 
+@pytest.mark.parametrize(
+    ("ending", "reused"),
+    [
+        (LAST_CHUNK, True),
+        (b"0\r\nX-Checksum: 1\r\n\r\n", True),  # trailer fields read past
+        (LAST_CHUNK + b"HTTP/1.1 200 OK\r\n", False),  # more than its one answer
+    ],
+)
+async def test_a_chunked_answer_read_to_its_end_gives_its_connection_back(
+    ending: bytes, reused: bool
+) -> None:
+    async def chunked(seen: Seen, wire: Wire) -> bool:
+        await wire.send(chunked_head() + chunk(b"part") + ending)
+        return True
+
+    transport = ModelTransport()
+    async with WireServer(chunked) as server, client_of(transport) as client:
+        assert (await client.get(server.url())).content == b"part"
+        assert transport.idle_connections == (1 if reused else 0)
+        assert (await client.get(server.url())).content == b"part"
+    assert server.connections == (1 if reused else 2)
+
+
+async def test_a_chunked_answer_saying_close_is_not_reused() -> None:
+    async def says_close(seen: Seen, wire: Wire) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        await wire.send(head + chunk(b"x") + LAST_CHUNK)
+        return True
+
+    transport = ModelTransport()
+    async with WireServer(says_close) as server, client_of(transport) as client:
+        await client.get(server.url())
+        assert transport.idle_connections == 0
+        await client.get(server.url())
+    assert server.connections == 2
+
+
 async def test_an_answer_closed_before_its_end_drops_its_connection() -> None:
     go = asyncio.Event()
     transport = ModelTransport(max_connections=1)
@@ -294,9 +331,17 @@ async def test_a_refused_connect_and_a_foreign_scheme_are_httpx_errors() -> None
         assert (await client.get(good.url())).status_code == 200
 
 
-async def test_an_answer_cut_mid_body_raises_while_reading() -> None:
+@pytest.mark.parametrize(
+    "cut_answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10,
+        chunked_head() + chunk(b"x" * 10) + b"5\r\nxx",
+    ],
+    ids=["content-length", "chunked"],
+)
+async def test_an_answer_cut_mid_body_raises_while_reading(cut_answer: bytes) -> None:
     async def cut(seen: Seen, wire: Wire) -> bool:
-        await wire.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        await wire.send(cut_answer)
         return False
 
     async with WireServer(cut) as server, client_of(ModelTransport(max_connections=1)) as client:
