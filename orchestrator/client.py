@@ -52,6 +52,7 @@ from orchestrator.errors import (
 from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec, flows, history, operations, turn_stream
+from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
@@ -249,6 +250,8 @@ class AsyncClient:
         # The store's operations and flows on the store's client, but patient (the runtime's store is not:
         # its loops do their own retrying).
         self._runner = AsyncRunner(self.store.redis, where=build_shown_url(self.redis_url))
+        # The catalogue a submit read last: a burst of submits naming the same tools costs one read.
+        self._recent_catalogue = RecentCatalogue()
 
     def _patience(self) -> Patience:
         return Patience.for_s(self.retry_s)
@@ -264,7 +267,8 @@ class AsyncClient:
         """Store and queue an already built `TurnRequest` (checked as by `submit`), with the caller's current
         trace context unless it carries one (`tracing.attach_trace_context`)."""
         request = attach_trace_context(request)
-        flow = flows.submit(request, turn_id, codec.now_s(), names=ModelNames.from_settings(self.settings))
+        names = ModelNames.from_settings(self.settings)
+        flow = flows.submit(request, turn_id, codec.now_s(), names=names, recent=self._recent_catalogue)
         turn_id = await self._runner.run_flow(flow, self._patience())
         metrics.record_turn_submitted()
         return turn_id

@@ -2,7 +2,8 @@
 
 `get_catalogue` is the operation (`orchestrator.store.effects`); `read_catalogue` / `aread_catalogue` run it
 on a sync or an asyncio client. `LiveCatalogue` is the orchestrator's view at dispatch time: read at most
-once per `LIVE_CATALOGUE_MAX_AGE_S`, so a burst of dispatches costs one HGETALL.
+once per `LIVE_CATALOGUE_MAX_AGE_S`, so a burst of dispatches costs one HGETALL. `RecentCatalogue` is a
+client's, for checking the tools a submitted turn names: a burst of submits costs one read too.
 
 The orchestrator never imports tool code: this merged view (name → ToolSpec) is all it knows of tools.
 Entries of workers not seen for `keys.CATALOGUE_STALE_S` are ignored; when several live workers serve a
@@ -15,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 import redis.asyncio as aioredis
@@ -74,6 +75,32 @@ def _parse_entry(worker: bytes | str, raw: bytes | str) -> tuple[float, list[Too
         _parsed.clear()
     _parsed[key] = parsed
     return parsed
+
+
+class RecentCatalogue:
+    """The catalogue a client read last, trusted for `LIVE_CATALOGUE_MAX_AGE_S` when it has every tool asked.
+
+    A tool missing from it is never taken as gone: the caller reads again (a worker may have just come up),
+    as `LiveCatalogue` does. One that left within the last second is still accepted: the orchestrator's own
+    view of the catalogue answers its calls (`not_found`). Safe to share between threads: the view is one
+    attribute, replaced whole.
+    """
+
+    def __init__(self, max_age_s: float = LIVE_CATALOGUE_MAX_AGE_S) -> None:
+        self._max_age_s = max_age_s
+        self._view: tuple[float, dict[str, ToolSpec]] | None = None
+
+    def serving(self, names: Sequence[str], now: float) -> dict[str, ToolSpec] | None:
+        """The view, if read less than `max_age_s` before `now` and it serves all of `names`; else None."""
+        view = self._view
+        if view is None or not 0 <= now - view[0] < self._max_age_s:
+            return None
+        catalogue = view[1]
+        return catalogue if all(name in catalogue for name in names) else None
+
+    def keep(self, catalogue: dict[str, ToolSpec], read_at: float) -> None:
+        """Remember a catalogue read at `read_at`."""
+        self._view = (read_at, catalogue)
 
 
 def get_catalogue(now: float) -> RedisCommand[dict[str, ToolSpec]]:

@@ -13,17 +13,18 @@ from typing import Any
 
 from orchestrator.errors import CallNotWaitingError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
-from orchestrator.model import TurnOutcome, TurnRequest
+from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.providers.base import check_model_name
 from orchestrator.store import codec, history, operations
-from orchestrator.store.catalogue import get_catalogue
+from orchestrator.store.catalogue import RecentCatalogue, get_catalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
-from orchestrator.store.effects import Flow, Item, Stream
+from orchestrator.store.effects import Flow, Item, Stream, Transaction
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
 from orchestrator.store.submit_checks import ModelNames, check_refusals
 from orchestrator.store.turn_view import TurnView
+from workers import keys
 from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.keys import DEFAULT_RETENTION, Retention
 
@@ -54,20 +55,29 @@ def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, To
 
 
 def submit(
-    request: TurnRequest, turn_id: str | None, now: float, *, names: ModelNames | None = None
+    request: TurnRequest,
+    turn_id: str | None,
+    now: float,
+    *,
+    names: ModelNames | None = None,
+    recent: RecentCatalogue | None = None,
 ) -> Flow[str]:
     """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given).
 
     Checked before anything is stored: the request's own rules, its models' names, its output schema and
     model settings against each model's provider (`submit_checks`, tiers resolved with `names`: the
     submitting process's), and its tools against the live catalogue (`check_tool_names`, read only when
-    the turn names tools)."""
+    the turn names tools, and not when `recent`, the caller's last read, serves them all)."""
     codec.check_turn_request(request)
     check_model_name(request.model)
     check_refusals(request, names)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
     if request.tools:
-        catalogue: dict[str, ToolSpec] = yield get_catalogue(now)
+        catalogue = recent.serving(request.tools, now) if recent is not None else None
+        if catalogue is None:
+            catalogue = yield get_catalogue(now)
+            if recent is not None:
+                recent.keep(catalogue, now)
         check_tool_names(request.tools, catalogue)
     yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid
@@ -196,30 +206,46 @@ def send_approval(
     return (yield from flow)
 
 
+def get_progress(turn_id: str) -> Transaction[tuple[str, TurnStatus | None]]:
+    """The id of the turn's newest event ("0": none yet) and its status, read together (one MULTI)."""
+    commands = (
+        ("XREVRANGE", keys.turn_events(turn_id), "+", "-", "COUNT", 1),
+        ("GET", keys.turn_status(turn_id)),
+    )
+    return Transaction(
+        commands, lambda r: (codec.text(r[0][0][0]) if r[0] else "0", codec.parse_status(r[1]))
+    )
+
+
 def wait_outcome(turn_id: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[TurnOutcome]:
     """Block on the events stream (no tight polling) until the turn is terminal; else `TimeoutError`.
 
     Each read blocks at most `cap_ms`, so a turn silent for longer (a long tool, a wait for approval) never
-    trips the Redis client's socket timeout."""
+    trips the Redis client's socket timeout. The outcome is read only when there is one to read: the turn
+    terminal when the wait starts (its status, read with the newest event id), after `turn_finished`, or
+    after a quiet read (the turn may have ended or expired unseen)."""
     deadline = clock() + timeout_s
-    after: str = yield operations.get_last_event_id(turn_id)
-    look = True
+    after, status = yield get_progress(turn_id)
+    look = status is not None and status.terminal
     while True:
+        if status is None:
+            raise UnknownTurnError(turn_id)
         if look:
             outcome: TurnOutcome | None = yield history.get_outcome(turn_id)
             if outcome is not None:
                 return outcome
-            if (yield operations.get_status(turn_id)) is None:
-                raise UnknownTurnError(turn_id)
         step_ms = build_step_ms(deadline, clock(), cap_ms)
         if step_ms is None:
             raise TimeoutError(f"turn {turn_id} did not finish within {timeout_s:g} s")
         batch: list[TurnEvent] = yield operations.read_events(turn_id, after, step_ms)
         if batch:
             after = batch[-1].id
-        # The outcome is stored together with `turn_finished`: a batch without it (a turn writes a dozen
-        # events or more) is no reason to read the outcome again. A quiet read is (the turn may have expired).
-        look = not batch or any(event.name == codec.TURN_FINISHED for event in batch)
+            # The outcome is stored together with `turn_finished`: a batch without it (a turn writes a dozen
+            # events or more) is no reason to read the outcome.
+            look = any(event.name == codec.TURN_FINISHED for event in batch)
+        else:
+            status = yield operations.get_status(turn_id)
+            look = status is not None and status.terminal
 
 
 def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int) -> Stream[TurnEvent]:

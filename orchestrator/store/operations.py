@@ -290,14 +290,6 @@ def read_events(
     )
 
 
-def get_last_event_id(turn_id: str) -> RedisCommand[str]:
-    """The id of the turn's newest event, "0" when it has none."""
-    return RedisCommand(
-        ("XREVRANGE", keys.turn_events(turn_id), "+", "-", "COUNT", 1),
-        lambda newest: codec.text(newest[0][0]) if newest else "0",
-    )
-
-
 def control(
     turn_id: str,
     kind: str,

@@ -20,6 +20,7 @@ import redis
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, flows, history, operations, turn_stream
+from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
@@ -38,6 +39,8 @@ class SyncTurnStore:
         self.block_cap_ms = block_cap_ms(redis)
         self.retry_s = retry_s
         self._runner = SyncRunner(redis, where=where)
+        # The catalogue a submit read last: a burst of submits naming the same tools costs one read.
+        self._recent_catalogue = RecentCatalogue()
 
     @classmethod
     def from_url(
@@ -61,7 +64,7 @@ class SyncTurnStore:
 
         Submitting again with the same `turn_id` is a no-op that returns the id. `names` resolves the tiers
         its model controls are checked for (`store.submit_checks`)."""
-        flow = flows.submit(request, turn_id, codec.now_s(), names=names)
+        flow = flows.submit(request, turn_id, codec.now_s(), names=names, recent=self._recent_catalogue)
         return self._runner.run_flow(flow, self._patience())
 
     def get_status(self, turn_id: str) -> TurnStatus | None:

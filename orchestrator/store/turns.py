@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, flows, history, operations
+from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import ControlRequest, TurnEvent
 from orchestrator.store.connection import (
     MAX_BLOCK_MS,
@@ -81,6 +82,8 @@ class TurnStore:
         self.retention = retention
         self.block_cap_ms = block_cap_ms(redis)
         self._runner = AsyncRunner(redis)
+        # The catalogue a submit read last: a burst of submits naming the same tools costs one read.
+        self._recent_catalogue = RecentCatalogue()
 
     @classmethod
     def from_url(
@@ -105,7 +108,8 @@ class TurnStore:
 
         Submitting again with the same `turn_id` is a no-op that returns the id: a web app may retry safely.
         """
-        return await self._runner.run_flow(flows.submit(request, turn_id, codec.now_s()))
+        flow = flows.submit(request, turn_id, codec.now_s(), recent=self._recent_catalogue)
+        return await self._runner.run_flow(flow)
 
     async def claim(
         self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None

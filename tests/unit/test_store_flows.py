@@ -18,6 +18,7 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
+from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
 from orchestrator.store.history import Head, Prior
@@ -55,36 +56,48 @@ def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
     assert drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), []) == ([], None)
 
 
-def test_wait_outcome_reads_events_until_the_outcome_is_there() -> None:
+def test_wait_outcome_reads_the_outcome_only_when_there_is_one() -> None:
     flow = flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5, 1.0, 1.5))
     finished = event("5-0", "turn_finished")
-    replies = [
-        "3-0",
-        None,
-        TurnStatus.RUNNING,
-        [event("4-0")],
-        [],
-        None,
-        TurnStatus.WAITING,
-        [finished],
-        DONE,
-    ]
+    replies = [("3-0", TurnStatus.RUNNING), [event("4-0")], [], TurnStatus.WAITING, [finished], DONE]
     steps, outcome = drive(flow, replies)
-    read = "read_history"  # the outcome, with the messages it references
-    # Looked for at the start, after a quiet read and after `turn_finished`; never after another event.
-    assert words(steps) == ["XREVRANGE", read, "GET", "XREAD", "XREAD", read, "GET", "XREAD", read]
-    reads = [s.args for s in steps if s.args[0] == "XREAD"]
+    # The newest id and the status in one MULTI; the outcome (with the messages it references) only after
+    # `turn_finished`; the status again after a quiet read.
+    assert [type(s).__name__ for s in steps[:1]] == ["Transaction"]
+    assert words(steps[1:]) == ["XREAD", "XREAD", "GET", "XREAD", "read_history"]
+    reads = [s.args for s in steps[1:] if s.args[0] == "XREAD"]
     assert reads[0][1:3] == ("BLOCK", 1000) and reads[0][-1] == "3-0"  # capped, from the newest id
     assert reads[1][1:3] == ("BLOCK", 1000) and reads[1][-1] == "4-0"
     assert reads[2][1:3] == ("BLOCK", 500) and reads[2][-1] == "4-0"  # what is left of the timeout
     assert outcome == DONE
+    # A turn that has ended: its outcome at once.
+    steps, outcome = drive(
+        flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0)), [("9-0", TurnStatus.COMPLETED), DONE]
+    )
+    assert words(steps[1:]) == ["read_history"] and outcome == DONE
+    # A quiet read finds it ended (its turn_finished trimmed away, say): the outcome is read then.
+    replies = [("3-0", TurnStatus.RUNNING), [], TurnStatus.COMPLETED, DONE]
+    steps, outcome = drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5)), replies)
+    assert words(steps[1:]) == ["XREAD", "GET", "read_history"] and outcome == DONE
 
 
 def test_wait_outcome_raises_for_an_unknown_turn_and_at_its_deadline() -> None:
     with pytest.raises(UnknownTurnError):
-        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0)), ["0", None, None])
+        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0)), [("0", None)])
+    with pytest.raises(UnknownTurnError):  # expired while waited for
+        drive(
+            flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 0.5)),
+            [("0", TurnStatus.RUNNING), [], None],
+        )
     with pytest.raises(TimeoutError, match="turn t did not finish within 2 s"):
-        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 2.0)), ["0", None, TurnStatus.QUEUED])
+        drive(flows.wait_outcome("t", 2.0, cap_ms=1000, clock=clock(0, 2.0)), [("0", TurnStatus.QUEUED)])
+
+
+def test_progress_is_the_newest_event_id_and_the_status_together() -> None:
+    progress = flows.get_progress("t")
+    assert [words[0] for words in progress.commands] == ["XREVRANGE", "GET"]
+    assert progress.parse([[], None]) == ("0", None)
+    assert progress.parse([[(b"9-1", {})], b"running"]) == ("9-1", TurnStatus.RUNNING)
 
 
 def test_follow_events_emits_until_turn_finished_and_reads_an_ended_turn_without_blocking() -> None:
@@ -155,6 +168,27 @@ def test_submit_accepts_known_tools_and_any_while_no_catalogue_is_published(
     for nothing_to_check in (None, []):  # every public tool, or none: no catalogue read
         steps, _ = drive(flows.submit(TurnRequest(prompt="x", tools=nothing_to_check), "t", 1.0), [1])
         assert words(steps) == ["submit"]
+
+
+def test_submits_within_a_second_reuse_the_catalogue_read_unless_it_lacks_a_tool() -> None:
+    recent = RecentCatalogue()
+
+    def submit(tools: list[str], at: float, replies: list[object]) -> list[str]:
+        flow = flows.submit(TurnRequest(prompt="x", tools=tools), "t", at, recent=recent)
+        return words(drive(flow, replies)[0])
+
+    assert submit(["add"], 100.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    assert submit(["add", "echo"], 100.9, [SubmitResult.QUEUED]) == ["submit"]
+    # A tool the last read did not have may have just come up: read again before refusing it.
+    with_new = {**CATALOGUE, "new": ToolSpec(name="new")}
+    assert submit(["new"], 100.9, [with_new, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    assert submit(["new"], 101.0, [SubmitResult.QUEUED]) == ["submit"]
+    assert submit(["add"], 102.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]  # a second on
+    # An empty catalogue (no worker published yet) accepts anything, and never stands in for a read.
+    recent.keep({}, 103.0)
+    assert submit(["add"], 103.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    with pytest.raises(UnknownToolError):
+        submit(["gone"], 103.1, [CATALOGUE])
 
 
 @pytest.mark.parametrize("model", [None, "", "fast", "default", "smart", "scripted:demo", "openai:qwen3:8b"])

@@ -192,8 +192,6 @@ def test_reads_parse_both_reply_shapes_and_both_encodings() -> None:
         [event] = blocking.parse(reply)
         assert (event.id, event.name, event.at, event.turn_id) == ("6-0", "x", 1.5, "t")
     assert blocking.parse(None) == []
-    last = operations.get_last_event_id("t")
-    assert last.parse([]) == "0" and last.parse([(b"9-1", {})]) == "9-1"
 
 
 def test_views_and_outcomes() -> None:
