@@ -25,6 +25,12 @@ class _Frozen(BaseModel):
 # --- events ----------------------------------------------------------------------------------------------
 
 
+Preview = tuple[tuple[str, dict[str, Any]], ...]
+"""Streamed events a model call still owed its page when it ended (its answer's last deltas, a reset):
+the runtime writes them first in the step that records the call's end (`runtime.streaming`). The machine
+reads nothing of them."""
+
+
 class ModelResponded(_Frozen):
     """The model answered the call `llm_call_index` (None: the call in flight, whichever it is)."""
 
@@ -33,6 +39,7 @@ class ModelResponded(_Frozen):
     duration_ms: float = 0.0
     at: float
     llm_call_index: int | None = None
+    preview: Preview = ()
 
 
 class ModelFailed(_Frozen):
@@ -43,6 +50,7 @@ class ModelFailed(_Frozen):
     duration_ms: float = 0.0
     at: float
     llm_call_index: int | None = None
+    preview: Preview = ()
 
 
 class ToolStarted(_Frozen):

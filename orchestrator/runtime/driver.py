@@ -50,7 +50,7 @@ from orchestrator.runtime.adopt import (
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
 from orchestrator.runtime.perform import Performer, build_context_budget
-from orchestrator.runtime.persist import persist_step
+from orchestrator.runtime.persist import build_emits, persist_step
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
 from orchestrator.store.history import Prior
@@ -258,7 +258,7 @@ class TurnDriver:
                 todo += produced
                 if isinstance(event, ToolFinished):
                     answered.append((previous, state, event))
-            emits = [(c.event_name, c.data) for c in todo if isinstance(c, Emit)]
+            emits = build_emits(pending, todo)
             finished = [e.outcome for e in pending if isinstance(e, ToolFinished)]
             # An unchanged state without events is already saved: nothing to write.
             changed = save or emits or state is not before

@@ -222,8 +222,8 @@ class Performer:
                 command, stream.on_delta if command.stream and command.shown else None
             )
             traced.record(result)
-        if command.shown:
-            await stream.finish(result)
+        # The stream's last events are written with the step that records the answer (`preview`).
+        preview = tuple(await stream.finish(result)) if command.shown else ()
         duration_s = time.monotonic() - started
         at = self._clock()
         event: Event
@@ -232,7 +232,11 @@ class Performer:
             metrics.record_model_call(result.provider, outcome, duration_s)
             self._learn_window(command.model, result)
             event = ModelFailed(
-                error=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
+                error=result,
+                duration_ms=duration_s * 1000,
+                at=at,
+                llm_call_index=command.llm_call_index,
+                preview=preview,
             )
         else:
             result = self._price(command.model, result)
@@ -244,7 +248,11 @@ class Performer:
                 output_tokens=result.usage.output_tokens,
             )
             event = ModelResponded(
-                turn=result, duration_ms=duration_s * 1000, at=at, llm_call_index=command.llm_call_index
+                turn=result,
+                duration_ms=duration_s * 1000,
+                at=at,
+                llm_call_index=command.llm_call_index,
+                preview=preview,
             )
         return (event,)
 

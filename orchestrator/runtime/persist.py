@@ -19,6 +19,7 @@ from typing import Any
 
 import redis.exceptions
 
+from orchestrator.machine.events import Command, Emit, Event, ModelFailed, ModelResponded
 from orchestrator.machine.layout import dump_log
 from orchestrator.machine.state import TurnState, dump_entries, dump_state
 from orchestrator.model import Message, ToolMessage, TurnStatus
@@ -31,6 +32,13 @@ from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
 
 log = logging.getLogger("toolloop.orchestrator")
+
+
+def build_emits(events: Sequence[Event], commands: Sequence[Command]) -> list[tuple[str, Mapping[str, Any]]]:
+    """What a step writes to the turn's event stream: the streamed events its model calls still owed (first:
+    they were shown before the answer), then the machine's `Emit` commands, in order."""
+    owed = [e for event in events if isinstance(event, ModelResponded | ModelFailed) for e in event.preview]
+    return [*owed, *((c.event_name, c.data) for c in commands if isinstance(c, Emit))]
 
 
 def find_consumed(

@@ -7,11 +7,16 @@ second of a model writing, whatever its speed; `make bench` counts them per turn
 Nothing of it enters the turn's state: the events are a preview, and the Turn the call ends with is the
 record. `finish` makes the two agree:
 
-- an answer: what was still buffered goes out, then whatever the text deltas did not say. A provider that
-  did not stream (or a `stream: false` turn) gets its whole text as one `text_delta`; a normaliser that
-  reshaped the streamed text (thinking tags moved out of it) gets `model_stream_reset` and the text again.
-  So the `text` of one call's `text_delta`s always concatenates exactly to that call's text;
+- an answer: what was still buffered, then whatever the text deltas did not say. A provider that did not
+  stream (or a `stream: false` turn) gets its whole text as one `text_delta`; a normaliser that reshaped
+  the streamed text (thinking tags moved out of it) gets `model_stream_reset` and the text again. So the
+  `text` of one call's `text_delta`s always concatenates exactly to that call's text;
 - a failure after something was shown: `model_stream_reset`, so that a page drops it before the retry.
+
+`finish` returns those last events rather than writing them: the runtime writes them first in the step
+that records the answer (`ModelResponded.preview`), in its one round trip instead of one more of their own.
+The ticker's first write waits `FIRST_FLUSH_S` for more of the answer, so an answer that comes whole within
+it (a fast model, a cached one) costs no write of its own at all; a person does not see 10 ms.
 
 Writing never holds up the model: the provider's reader only appends to a buffer, a ticker task writes.
 A write that fails (Redis away, full, slow past `WRITE_TIMEOUT_S`) drops that event — the outcome and the
@@ -42,6 +47,10 @@ MODEL_STREAM_RESET = "model_stream_reset"
 # events a page can take in one piece.
 MAX_EVENT_CHARS = 8_000
 WRITE_TIMEOUT_S = 2.0
+# How long the first write waits for more of the answer (at most `flush_s`).
+FIRST_FLUSH_S = 0.01
+
+Events = list[tuple[str, dict[str, Any]]]
 
 Append = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[object]]
 """Appends events (name, data), in order, to the turn's stream in one write; may raise `redis.RedisError`."""
@@ -66,7 +75,7 @@ class CallStream:
         self._llm_call = llm_call
         self._flush_s = flush_s
         self._id_prefix = id_prefix
-        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._pending: Events = []
         self._shown = _Shown()
         self._unnamed_calls = 0
         self._lock = asyncio.Lock()
@@ -85,8 +94,9 @@ class CallStream:
         if self._ticker is None:
             self._ticker = asyncio.create_task(self._tick(), name=f"stream-{self._llm_call}")
 
-    async def finish(self, result: Turn | ProviderError) -> None:
-        """End the call's stream so that it agrees with `result` (see the module's docstring)."""
+    async def finish(self, result: Turn | ProviderError) -> Events:
+        """End the call's stream: the events, in order, that make it agree with `result` (see the module's
+        docstring), for the caller to write with the step that records `result`."""
         async with self._lock:
             # Stopped only between two writes (it needs the lock to write): one cancelled mid-write could have
             # reached Redis without being counted as shown, and its text would be sent twice.
@@ -94,13 +104,11 @@ class CallStream:
                 self._ticker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._ticker
+            pending, self._pending = self._pending, []
             if isinstance(result, ProviderError):
-                self._pending.clear()
-                if self._shown.anything:
-                    await self._write(MODEL_STREAM_RESET, {"llm_call": self._llm_call})
-                return
-            await self._flush()
-            await self._reconcile(result)
+                return [(MODEL_STREAM_RESET, {"llm_call": self._llm_call})] if self._shown.anything else []
+            self._mark_shown(pending)
+            return [*pending, *self._reconcile(result)]
 
     # --- buffering -------------------------------------------------------------------------------------
 
@@ -123,6 +131,7 @@ class CallStream:
         return {"llm_call": self._llm_call, "call_id": call_id, "tool": delta.tool}
 
     async def _tick(self) -> None:
+        await asyncio.sleep(min(self._flush_s, FIRST_FLUSH_S))
         while True:
             async with self._lock:
                 await self._flush()
@@ -132,34 +141,34 @@ class CallStream:
         # Everything buffered goes out in one write: each round trip costs the orchestrator more CPU than
         # the events it carries.
         pending, self._pending = self._pending, []
-        if not pending or not await self._write_all(pending):
-            return
-        for name, data in pending:
+        if pending and await self._write_all(pending):
+            self._mark_shown(pending)
+
+    def _mark_shown(self, events: Events) -> None:
+        for name, data in events:
             if name != TOOL_CALL_STARTED:
                 shown = self._shown.text if name == TEXT_DELTA else self._shown.thinking
                 shown.append(data["text"])
 
     # --- the end ---------------------------------------------------------------------------------------
 
-    async def _reconcile(self, turn: Turn) -> None:
+    def _reconcile(self, turn: Turn) -> Events:
+        events: Events = []
         text, shown = turn.text or "", "".join(self._shown.text)
         if text != shown and not text.startswith(shown):
-            await self._write(MODEL_STREAM_RESET, {"llm_call": self._llm_call})
+            events.append((MODEL_STREAM_RESET, {"llm_call": self._llm_call}))
             self._shown = _Shown()
             shown = ""
         thinking, shown_thinking = turn.thinking or "", "".join(self._shown.thinking)
         if thinking.startswith(shown_thinking) and len(thinking) > len(shown_thinking):
-            await self._write_text(THINKING_DELTA, thinking[len(shown_thinking) :])
+            events += self._text_events(THINKING_DELTA, thinking[len(shown_thinking) :])
         if len(text) > len(shown):
-            await self._write_text(TEXT_DELTA, text[len(shown) :])
+            events += self._text_events(TEXT_DELTA, text[len(shown) :])
+        return events
 
-    async def _write_text(self, name: str, text: str) -> None:
+    def _text_events(self, name: str, text: str) -> Events:
         pieces = range(0, len(text), MAX_EVENT_CHARS)
-        data = {"llm_call": self._llm_call}
-        await self._write_all([(name, {**data, "text": text[i : i + MAX_EVENT_CHARS]}) for i in pieces])
-
-    async def _write(self, name: str, data: Mapping[str, Any]) -> bool:
-        return await self._write_all([(name, data)])
+        return [(name, {"llm_call": self._llm_call, "text": text[i : i + MAX_EVENT_CHARS]}) for i in pieces]
 
     async def _write_all(self, events: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
         try:

@@ -1,4 +1,5 @@
-"""`runtime.streaming.CallStream`: a model call's deltas as coalesced events adding up to its text."""
+"""`runtime.streaming.CallStream`: a model call's deltas as coalesced events adding up to its text; the
+last of them written with the step that records the answer (`persist.build_emits`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 import redis
 
+from orchestrator.machine.events import ArmTimer, Emit, ModelFailed, ModelResponded
 from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.deltas import TextDelta, ThinkingDelta, ToolCallDelta
+from orchestrator.runtime.persist import build_emits
 from orchestrator.runtime.streaming import CallStream
 from tests.support.waiting import async_wait_until
 
@@ -42,6 +45,11 @@ def answer(text: str | None, thinking: str | None = None) -> Turn:
     return Turn(type="final_answer", text=text, thinking=thinking, provider="openai_chat")
 
 
+async def end(stream: CallStream, events: Events, result: Turn | ProviderError) -> None:
+    """End the call, then write what `finish` owes, as the step that records the answer does."""
+    events.items += [(name, dict(data)) for name, data in await stream.finish(result)]
+
+
 async def written_past(events: Events, count: int, what: str) -> None:
     """Wait until the ticker has written more than `count` events."""
     await async_wait_until(lambda: len(events.items) > count, what)
@@ -66,7 +74,7 @@ async def test_pieces_written_in_a_few_events_that_add_up_to_the_text() -> None:
         for piece in pieces[burst * 20 : (burst + 1) * 20]:
             await stream.on_delta(TextDelta(piece))
         await written_past(events, written, f"the ticker to write burst {burst}")
-    await stream.finish(answer("".join(pieces)))
+    await end(stream, events, answer("".join(pieces)))
     texts = events.texts()
     assert "".join(texts) == "".join(pieces)
     assert len(texts) == 10
@@ -76,7 +84,7 @@ async def test_pieces_written_in_a_few_events_that_add_up_to_the_text() -> None:
 async def test_an_answer_that_did_not_stream_is_one_text_delta() -> None:
     events = Events()
     stream = CallStream(events.append, 0, flush_s=0.2)
-    await stream.finish(answer("the whole answer", thinking="pondered"))
+    await end(stream, events, answer("the whole answer", thinking="pondered"))
     assert events.items == [
         ("thinking_delta", {"llm_call": 0, "text": "pondered"}),
         ("text_delta", {"llm_call": 0, "text": "the whole answer"}),
@@ -87,7 +95,7 @@ async def test_text_the_normaliser_reshaped_is_reset_and_sent_whole() -> None:
     events = Events()
     stream = CallStream(events.append, 1, flush_s=0.01)
     await stream_pieces(stream, events, ["<think>hm</think>", "Paris"])
-    await stream.finish(answer("Paris", thinking="hm"))
+    await end(stream, events, answer("Paris", thinking="hm"))
     names = events.names()
     assert "model_stream_reset" in names
     after_reset = names.index("model_stream_reset")
@@ -98,7 +106,7 @@ async def test_a_failed_call_that_showed_something_is_reset() -> None:
     events = Events()
     stream = CallStream(events.append, 2, flush_s=0.01)
     await stream_pieces(stream, events, ["partial ", "answer"])
-    await stream.finish(ProviderError(provider="openai_chat", type="transport_error", message="cut"))
+    await end(stream, events, ProviderError(provider="openai_chat", type="transport_error", message="cut"))
     assert events.names()[-1] == "model_stream_reset"
     assert events.items[-1][1] == {"llm_call": 2}
 
@@ -106,7 +114,7 @@ async def test_a_failed_call_that_showed_something_is_reset() -> None:
 async def test_a_failed_call_that_showed_nothing_writes_nothing() -> None:
     events = Events()
     stream = CallStream(events.append, 2, flush_s=0.2)
-    await stream.finish(ProviderError(provider="openai_chat", type="timeout", message="slow"))
+    await end(stream, events, ProviderError(provider="openai_chat", type="timeout", message="slow"))
     assert events.items == []
 
 
@@ -118,7 +126,7 @@ async def test_a_dropped_write_still_ends_with_deltas_adding_up() -> None:
     # The ticker's write fails: the page missed "lost ".
     await async_wait_until(lambda: events.failing == 0, "the ticker's failed write")
     await stream_pieces(stream, events, ["and found"])
-    await stream.finish(answer("lost and found"))
+    await end(stream, events, answer("lost and found"))
     names = events.names()
     last_reset = len(names) - 1 - names[::-1].index("model_stream_reset")
     shown = [d["text"] for n, d in events.items[last_reset:] if n == "text_delta"]
@@ -132,15 +140,16 @@ async def test_tool_calls_are_announced_in_order_with_the_ids_the_normaliser_giv
     await stream.on_delta(ToolCallDelta(index=0, tool="search", call_id="call_a"))
     await stream.on_delta(ThinkingDelta("and the weather"))
     await stream.on_delta(ToolCallDelta(index=1, tool="weather"))
-    await stream.finish(answer("Looking it up."))
+    await end(stream, events, answer("Looking it up."))
     assert events.items[:4] == [
         ("text_delta", {"llm_call": 4, "text": "Looking it up."}),
         ("tool_call_started", {"llm_call": 4, "call_id": "call_a", "tool": "search"}),
         ("thinking_delta", {"llm_call": 4, "text": "and the weather"}),
         ("tool_call_started", {"llm_call": 4, "call_id": "t1-m4_1", "tool": "weather"}),
     ]
-    # Buffered together (`on_delta` never yields), they went out in one write.
-    assert events.writes == 1
+    # Buffered together (`on_delta` never yields) and the answer ended before the first write was due: no
+    # write of their own, all go with the step that records the answer.
+    assert events.writes == 0
 
 
 @pytest.mark.parametrize("size", [1, 8_000, 20_001])
@@ -148,7 +157,7 @@ async def test_long_text_is_cut_into_events_of_bounded_size(size: int) -> None:
     events = Events()
     stream = CallStream(events.append, 0, flush_s=0.2)
     text = "x" * size
-    await stream.finish(answer(text))
+    await end(stream, events, answer(text))
     assert "".join(events.texts()) == text
     assert max(len(t) for t in events.texts()) <= 8_000
 
@@ -167,10 +176,26 @@ async def test_a_write_in_flight_when_the_call_ends_is_counted_once() -> None:
     stream = CallStream(slow_append, 0, flush_s=0.01)
     await stream.on_delta(TextDelta("the whole answer"))
     await written.wait()
-    finishing = asyncio.create_task(stream.finish(answer("the whole answer")))
+    finishing = asyncio.create_task(end(stream, events, answer("the whole answer")))
     # One turn of the loop (no time passes): `finish` runs until it waits for the lock the write holds.
     await asyncio.sleep(0)
     assert not finishing.done()
     release.set()
     await finishing
     assert events.texts() == ["the whole answer"]
+
+
+def test_a_step_writes_what_its_model_calls_still_owed_before_the_machines_events() -> None:
+    owed = (("text_delta", {"llm_call": 1, "text": "Paris"}),)
+    responded = ModelResponded(turn=answer("Paris"), at=1.0, llm_call_index=1, preview=owed)
+    failed = ModelFailed(
+        error=ProviderError(provider="openai_chat", type="timeout", message="slow"),
+        at=2.0,
+        preview=(("model_stream_reset", {"llm_call": 2}),),
+    )
+    commands = [Emit(event_name="model_responded", data={"llm_call": 1}), ArmTimer(timer_id="t", at=3.0)]
+    assert build_emits([responded, failed], commands) == [
+        ("text_delta", {"llm_call": 1, "text": "Paris"}),
+        ("model_stream_reset", {"llm_call": 2}),
+        ("model_responded", {"llm_call": 1}),
+    ]
