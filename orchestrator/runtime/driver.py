@@ -37,7 +37,7 @@ from orchestrator.machine.events import (
     TimerFired,
     ToolFinished,
 )
-from orchestrator.machine.state import TurnState, find_call, load_state
+from orchestrator.machine.state import TurnState, load_state
 from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
 from orchestrator.runtime.adopt import (
     Adopted,
@@ -50,9 +50,10 @@ from orchestrator.runtime.adopt import (
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
 from orchestrator.runtime.perform import Performer, build_context_budget
-from orchestrator.runtime.persist import build_emits, persist_step
+from orchestrator.runtime.persist import build_emits, count_answer, persist_step
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
+from orchestrator.store.codec import ClaimedTurn, ControlRequest
 from orchestrator.store.history import Prior
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
@@ -91,10 +92,11 @@ class TurnDriver:
 
     # --- what the process calls ------------------------------------------------------------------------
 
-    async def adopt(self, turn_id: str, *, how: str) -> None:
-        """Load or start a claimed turn, then catch up on what happened while nobody owned it."""
+    async def adopt(self, turn_id: str, *, how: str, claimed: ClaimedTurn | None = None) -> None:
+        """Load or start a claimed turn, then catch up on what happened while nobody owned it. `claimed`: what
+        the claim read with the lease (a new turn's request and control requests), not read again."""
         try:
-            adopted = await self._retry.call("adopt", lambda: self._load(turn_id))
+            adopted = await self._retry.call("adopt", lambda: self._load(turn_id, claimed))
         except StateVersionError as exc:
             # A newer (or older) orchestrator wrote this state: leave the turn to one that reads it.
             log.error("turn %s: %s; releasing it", turn_id, exc)
@@ -109,7 +111,7 @@ class TurnDriver:
         self.turns[turn_id] = handle
         log.info("turn %s %s (%s)", turn_id, how, handle.state.status.value)
         async with handle.lock:
-            await self._guarded(handle, self._start(handle, adopted))
+            await self._guarded(handle, self._start(handle, adopted, claimed))
         self._hydrated.stepped(handle)
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
@@ -151,7 +153,7 @@ class TurnDriver:
 
     # --- adopting --------------------------------------------------------------------------------------
 
-    async def _start(self, handle: TurnHandle, adopted: Adopted) -> None:
+    async def _start(self, handle: TurnHandle, adopted: Adopted, claimed: ClaimedTurn | None) -> None:
         if adopted.state.terminal:
             # The previous owner died between persisting the end and storing the outcome: the commands are
             # its Finish, performed without saving the state again (the turn is over).
@@ -172,11 +174,14 @@ class TurnDriver:
         if missed and not handle.dropped:
             await self._advance(handle, missed)
         if not handle.dropped:
-            await self._read_control(handle)
+            await self._read_control(handle, claimed.control if claimed is not None else None)
 
-    async def _load(self, turn_id: str) -> Adopted | None:
+    async def _load(self, turn_id: str, claimed: ClaimedTurn | None) -> Adopted | None:
         """The turn's persisted state resumed, or a new one started from its request; None for neither."""
-        stored, request = await self._store.load_state_and_request(turn_id)
+        if claimed is not None and not claimed.has_state:
+            stored, request = None, claimed.request
+        else:
+            stored, request = await self._store.load_state_and_request(turn_id)
         conversation_id = request.conversation_id if request is not None else None
         if stored is not None:
             loaded = load_state(stored.text, stored.history, stored.log)
@@ -218,9 +223,9 @@ class TurnDriver:
                 await self._read_control(handle)
         self._hydrated.stepped(handle)
 
-    async def _read_control(self, handle: TurnHandle) -> None:
+    async def _read_control(self, handle: TurnHandle, known: list[ControlRequest] | None = None) -> None:
         read = functools.partial(self._store.read_control, handle.turn_id, handle.control_after)
-        requests = await self._retry.call("steps", read)
+        requests = known if known is not None else await self._retry.call("steps", read)
         if not requests:
             return
         handle.control_after = requests[-1].id
@@ -266,7 +271,7 @@ class TurnDriver:
                 return
             save = False
             for previous, after, event in answered:
-                _record_answer(previous, after, event)
+                count_answer(previous, after, event)
             pending = await self._perform(handle, state, [c for c in todo if not isinstance(c, Emit)])
             todo = []
             if not pending:
@@ -391,10 +396,3 @@ class TurnDriver:
         # Best effort: a lease not released expires, and its turn is taken over as after a crash.
         with contextlib.suppress(*REDIS_ERRORS):
             await self._store.release(self._orchestrator_id, turn_id)
-
-
-def _record_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:
-    # Count an outcome once, when it became its call's answer; a duplicate or late one is only audited.
-    call = find_call(before, event.outcome.call_id)
-    if call is not None and call.outcome is None and len(after.late_outcomes) == len(before.late_outcomes):
-        metrics.record_tool_outcome(event.outcome)

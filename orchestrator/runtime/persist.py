@@ -9,6 +9,9 @@ history at every step. The tool messages a step adds consume their calls' outcom
 A save retried after a lost reply proves itself by the state stored (`TurnStore.resave_step`); `save_step.lua`
 appends after the expected length in any case, so a message is never stored twice. A list that lost messages
 the state had (expired, or lost with Redis's data) is written again whole.
+
+A step's events (`build_emits`) are the streamed events its model calls still owed, then the machine's; an
+outcome is counted once it became its call's answer (`count_answer`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Any
 
 import redis.exceptions
 
-from orchestrator.machine.events import Command, Emit, Event, ModelFailed, ModelResponded
+from orchestrator import metrics
+from orchestrator.machine.events import Command, Emit, Event, ModelFailed, ModelResponded, ToolFinished
 from orchestrator.machine.layout import dump_log
-from orchestrator.machine.state import TurnState, dump_entries, dump_state
+from orchestrator.machine.state import TurnState, dump_entries, dump_state, find_call
 from orchestrator.model import Message, ToolMessage, TurnStatus
 from orchestrator.outage import REDIS_ERRORS, RedisRetry
 from orchestrator.runtime.handle import TurnHandle
@@ -133,3 +137,10 @@ async def persist_step(
         return False
     handle.set_state(state, state_json, entries, logged)
     return True
+
+
+def count_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:
+    """Count an outcome once, when it became its call's answer (a duplicate or late one is only audited)."""
+    call = find_call(before, event.outcome.call_id)
+    if call is not None and call.outcome is None and len(after.late_outcomes) == len(before.late_outcomes):
+        metrics.record_tool_outcome(event.outcome)

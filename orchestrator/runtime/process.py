@@ -246,15 +246,15 @@ class Runtime:
                 await asyncio.sleep(BLOCK_S)
                 continue
             try:
-                turn_id = await self.store.claim(
+                claimed = await self.store.claim_turn(
                     self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
                 )
             except REDIS_ERRORS as exc:
                 await self.retry.pause(backoff.failed(exc))
                 continue
             backoff.succeeded()
-            if turn_id is not None:
-                await self.driver.adopt(turn_id, how="claimed")
+            if claimed is not None:
+                await self.driver.adopt(claimed.turn_id, how="claimed", claimed=claimed)
 
     async def _orphan_loop(self) -> None:
         backoff = Backoff(self.retry, "orphans")

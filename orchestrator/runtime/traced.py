@@ -8,6 +8,7 @@ import logging
 from orchestrator.runtime.driver import TurnDriver
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.turn_spans import TurnSpans
+from orchestrator.store.codec import ClaimedTurn
 
 log = logging.getLogger("toolloop.tracing")
 
@@ -20,7 +21,7 @@ class TracingTurnDriver(TurnDriver):
         """The performer's turn spans (its model calls and the publisher read them)."""
         return self._performer.spans
 
-    async def adopt(self, turn_id: str, *, how: str) -> None:
+    async def adopt(self, turn_id: str, *, how: str, claimed: ClaimedTurn | None = None) -> None:
         """Open the turn's span, then adopt it (`TurnDriver.adopt`); a turn not adopted closes it again."""
         spans = self.spans
         if spans is not None:
@@ -28,7 +29,7 @@ class TracingTurnDriver(TurnDriver):
                 await spans.begin(turn_id, how=how, orchestrator_id=self._orchestrator_id)
             except Exception:  # tracing never holds a turn up
                 log.exception("turn %s: its span could not be opened", turn_id)
-        await super().adopt(turn_id, how=how)
+        await super().adopt(turn_id, how=how, claimed=claimed)
         if spans is not None and turn_id not in self.turns:
             spans.end(turn_id, None, how="not_adopted")
 

@@ -24,6 +24,7 @@ import math
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -250,3 +251,28 @@ def parse_stream_reply(reply: Any) -> list[tuple[str, Mapping[Any, Any]]]:
     else:
         groups = [entries for _, entries in reply]
     return [(text(entry_id), fields) for entries in groups for entry_id, fields in entries]
+
+
+@dataclass(frozen=True)
+class ClaimedTurn:
+    """A turn `claim.lua` leased, with what adopting it reads first: its request (None if missing), whether it
+    has a saved state (then adopting reads that too), and the control requests sent to it so far."""
+
+    turn_id: str
+    request: TurnRequest | None
+    has_state: bool
+    control: list[ControlRequest]
+
+
+def parse_claim(turn_id: str, reply: Any) -> ClaimedTurn | None:
+    """`claim.lua`'s reply: None when it skipped the turn."""
+    if not isinstance(reply, list):
+        return None
+    _, request, has_state, entries = reply
+    control = [parse_control(entry_id, _pairs(flat)) for entry_id, flat in entries]
+    return ClaimedTurn(turn_id, parse_request(request or None), bool(int(has_state)), control)
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    # A stream entry's fields as a script returns them: name, value, name, value, …
+    return dict(zip(flat[::2], flat[1::2], strict=True))

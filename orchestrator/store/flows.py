@@ -21,7 +21,7 @@ from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream, Transaction
 from orchestrator.store.history import Head, Prior
-from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, WriteResult
+from orchestrator.store.scripts import ControlResult, FinishResult, WriteResult
 from orchestrator.store.submit_checks import ModelNames, check_refusals
 from orchestrator.store.turn_view import TurnView
 from workers import keys
@@ -85,8 +85,9 @@ def submit(
 
 def claim(
     orchestrator_id: str, *, timeout_s: float, ttl_ms: int, cap_ms: int, clock: Clock
-) -> Flow[str | None]:
-    """The next queued turn, leased to `orchestrator_id`; None when none came within `timeout_s`.
+) -> Flow[codec.ClaimedTurn | None]:
+    """The next queued turn, leased to `orchestrator_id`, with what adopting it reads first; None when none
+    came within `timeout_s`.
 
     Pops into the claiming list (a claimer dying here leaves a trace `find_orphans` reports) in steps of at
     most `cap_ms`; terminal or already leased ids are skipped."""
@@ -95,8 +96,9 @@ def claim(
         turn_id: str | None = yield operations.pop_queued(step_ms / 1000)
         if turn_id is None:
             continue
-        if (yield operations.claim(turn_id, orchestrator_id, ttl_ms)) is ClaimResult.CLAIMED:
-            return turn_id
+        claimed: codec.ClaimedTurn | None = yield operations.claim(turn_id, orchestrator_id, ttl_ms)
+        if claimed is not None:
+            return claimed
     return None
 
 

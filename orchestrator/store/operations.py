@@ -20,7 +20,6 @@ from orchestrator.store.codec import ControlRequest, TurnEvent
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.history import Appended
 from orchestrator.store.scripts import (
-    ClaimResult,
     ControlResult,
     FinishResult,
     ReleaseResult,
@@ -94,11 +93,13 @@ def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | i
     ]
 
 
-def claim(turn_id: str, orchestrator_id: str, ttl_ms: int) -> ScriptCall[ClaimResult]:
-    """Lease a popped turn to `orchestrator_id` (`claim.lua`)."""
+def claim(turn_id: str, orchestrator_id: str, ttl_ms: int) -> ScriptCall[codec.ClaimedTurn | None]:
+    """Lease a popped turn to `orchestrator_id`, with what adopting it reads first; None when skipped
+    (`claim.lua`)."""
     keys_ = [keys.TURNS_CLAIMING, keys.turn_lease(turn_id), keys.turn_status(turn_id)]
+    keys_ += [keys.turn_request(turn_id), keys.turn_state(turn_id), keys.turn_control(turn_id)]
     args = _lease_args(turn_id, orchestrator_id, ttl_ms)
-    return _script(scripts.CLAIM, keys_, args, lambda reply: ClaimResult(int(reply)))
+    return _script(scripts.CLAIM, keys_, args, lambda reply: codec.parse_claim(turn_id, reply))
 
 
 def take_over(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[TakeOverResult]:

@@ -8,7 +8,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | script              | result                                                  |
 | ------------------- | ------------------------------------------------------- |
 | `submit.lua`        | `SubmitResult`: EXISTS / QUEUED / WAITING                |
-| `claim.lua`         | `ClaimResult`: CLAIMED / SKIPPED                         |
+| `claim.lua`         | skipped, or leased with its request and control entries  |
 | `take_over.lua`     | `TakeOverResult`: TAKEN / REFUSED                        |
 | `find_orphans.lua`  | the orphaned turn ids                                    |
 | `renew.lua`         | the 1-based indexes of the leases no longer held         |
@@ -40,7 +40,6 @@ __all__ = [
     "SUBMIT",
     "TAKE_OVER",
     "WRITE_OUTCOME",
-    "ClaimResult",
     "ControlResult",
     "FinishResult",
     "ReleaseResult",
@@ -72,13 +71,6 @@ class SubmitResult(IntEnum):
     EXISTS = 0  # a turn with this id was stored before: a retried submit
     QUEUED = 1
     WAITING = 2  # parked behind its conversation's queued-or-running turn
-
-
-class ClaimResult(IntEnum):
-    """What `claim.lua` did with a popped turn id."""
-
-    SKIPPED = 0  # terminal, unknown, or leased by someone else
-    CLAIMED = 1
 
 
 class TakeOverResult(IntEnum):

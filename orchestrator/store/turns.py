@@ -33,7 +33,7 @@ from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, flows, history, operations
 from orchestrator.store.catalogue import RecentCatalogue
-from orchestrator.store.codec import ControlRequest, TurnEvent
+from orchestrator.store.codec import ClaimedTurn, ControlRequest, TurnEvent
 from orchestrator.store.connection import (
     MAX_BLOCK_MS,
     block_cap_ms,
@@ -114,7 +114,15 @@ class TurnStore:
     async def claim(
         self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None
     ) -> str | None:
-        """The next queued turn, leased to `orchestrator_id`; None when none came within `timeout_s`.
+        """The id of the next queued turn, leased to `orchestrator_id` (`claim_turn`)."""
+        claimed = await self.claim_turn(orchestrator_id, timeout_s=timeout_s, lease_ttl_s=lease_ttl_s)
+        return None if claimed is None else claimed.turn_id
+
+    async def claim_turn(
+        self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None
+    ) -> ClaimedTurn | None:
+        """The next queued turn, leased to `orchestrator_id`, with its request and control requests read in
+        the same script; None when none came within `timeout_s`.
 
         Blocks on the queue (BLMOVE into the claiming list, so a claimer dying here leaves a trace that
         `find_orphans` reports), in steps of at most `block_cap_ms`; terminal or leased ids are skipped.

@@ -60,9 +60,11 @@ def test_submit_claim_take_over_and_find_orphans(runner: SyncRunner) -> None:
         is lua.SubmitResult.WAITING
     )
     assert run(operations.pop_queued(0.1)) == "t1"
-    assert run(operations.claim("t1", "orch-a", 100)) is lua.ClaimResult.CLAIMED
-    assert run(operations.claim("t1", "orch-b", 100)) is lua.ClaimResult.SKIPPED  # leased already
-    assert run(operations.claim("t_unknown", "orch-b", 100)) is lua.ClaimResult.SKIPPED
+    claimed = run(operations.claim("t1", "orch-a", 100))
+    assert claimed is not None and claimed.request is not None and not claimed.has_state
+    assert claimed.request.prompt == "a"
+    assert run(operations.claim("t1", "orch-b", 100)) is None  # leased already
+    assert run(operations.claim("t_unknown", "orch-b", 100)) is None
     assert run(operations.take_over("orch-b", "t2", 10_000)) is lua.TakeOverResult.REFUSED  # waiting its turn
     runner.client.delete(keys.turn_lease("t1"))
     assert run(operations.find_orphans(10)) == ["t1"]

@@ -19,11 +19,11 @@ from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
 from orchestrator.store.catalogue import RecentCatalogue
-from orchestrator.store.codec import TurnEvent
+from orchestrator.store.codec import ClaimedTurn, TurnEvent
 from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.runner import AsyncRunner, SyncRunner
-from orchestrator.store.scripts import ClaimResult, ControlResult, FinishResult, SubmitResult, WriteResult
+from orchestrator.store.scripts import ControlResult, FinishResult, SubmitResult, TakeOverResult, WriteResult
 from tests.support.flows import drive, drive_with
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, parse_tool_outcome
@@ -49,10 +49,11 @@ DONE = TurnOutcome(turn_id="t", status="completed", text="4")
 
 def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
     flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0, 1.0, 4.5))
-    steps, turn_id = drive(flow, [None, "t1", ClaimResult.SKIPPED, "t2", ClaimResult.CLAIMED])
+    claimed = ClaimedTurn("t2", TurnRequest(prompt="x"), False, [])
+    steps, result = drive(flow, [None, "t1", None, "t2", claimed])
     assert words(steps) == ["BLMOVE", "BLMOVE", "claim", "BLMOVE", "claim"]
     assert [s.args[-1] for s in steps if isinstance(s, RedisCommand)] == ["2.000", "2.000", "0.500"]
-    assert steps[4].args[:3] == ("t2", "orch", "9000") and turn_id == "t2"
+    assert steps[4].args[:3] == ("t2", "orch", "9000") and result is claimed
     assert drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), []) == ([], None)
 
 
@@ -280,7 +281,7 @@ class FakeAsyncRedis(FakeRedis):
 def sample_flow(thread_ids: list[int]) -> Generator[Any, Any, Any]:
     status = yield operations.get_status("t")
     yield Item(status)
-    result = yield operations.claim("t", "orch", 10)
+    result = yield operations.take_over("orch", "t", 10)
     yield Item(result)
     yield BlockingCall(lambda: thread_ids.append(threading.get_ident()))
     return (yield operations.unregister("orch"))
@@ -290,12 +291,12 @@ def test_the_sync_runner_performs_operations_flows_and_streams() -> None:
     fake = FakeRedis({"GET": "running", "EVALSHA": 1, "ZREM": 1, "DEL": 0})
     runner = SyncRunner(fake)  # type: ignore[arg-type]
     assert runner.run(operations.get_status("t")) is TurnStatus.RUNNING
-    assert runner.run(operations.claim("t", "orch", 10)) is ClaimResult.CLAIMED
-    assert runner.run(operations.claim("u", "orch", 10)) is ClaimResult.CLAIMED
+    assert runner.run(operations.take_over("orch", "t", 10)) is TakeOverResult.TAKEN
+    assert runner.run(operations.take_over("orch", "u", 10)) is TakeOverResult.TAKEN
     assert len(fake.registered) == 1  # registered once per runner and script
     threads: list[int] = []
     emitted: Iterator[Any] = runner.iter_flow(sample_flow(threads))  # type: ignore[arg-type]
-    assert list(emitted) == [TurnStatus.RUNNING, ClaimResult.CLAIMED]
+    assert list(emitted) == [TurnStatus.RUNNING, TakeOverResult.TAKEN]
     assert threads == [threading.get_ident()]
     assert isinstance(operations.unregister("o"), Transaction)
     assert (
@@ -310,7 +311,7 @@ async def test_the_async_runner_awaits_the_same_operations_and_runs_blocking_cal
     assert await runner.run(operations.get_status("t")) is TurnStatus.WAITING
     threads: list[int] = []
     emitted = [value async for value in runner.iter_flow(sample_flow(threads))]  # type: ignore[arg-type]
-    assert emitted == [TurnStatus.WAITING, ClaimResult.CLAIMED]
+    assert emitted == [TurnStatus.WAITING, TakeOverResult.TAKEN]
     assert threads and threads[0] != threading.get_ident()
     assert await runner.run_flow(flows.submit(TurnRequest(prompt="x"), "turn_a", 1.0)) == "turn_a"
     assert isinstance(fake.calls[-1][0], str) and len(fake.registered) == 2
