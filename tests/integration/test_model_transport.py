@@ -148,6 +148,27 @@ async def test_a_chunked_answer_is_read_as_it_arrives() -> None:
     assert order == ["client got first", "server sent second", "client got second"]
 
 
+async def raw_pieces(
+    handler: Handler, go: asyncio.Event | None = None
+) -> tuple[list[bytes], httpx.HTTPError | None]:
+    """The pieces `aiter_raw` hands on for a GET `handler` answers (setting `go` after each), and the error
+    that ended the reading, if one did."""
+    pieces: list[bytes] = []
+    async with (
+        WireServer(handler) as server,
+        client_of(ModelTransport()) as client,
+        client.stream("GET", server.url()) as response,
+    ):
+        try:
+            async for piece in response.aiter_raw():
+                pieces.append(piece)
+                if go is not None:
+                    go.set()
+        except httpx.HTTPError as exc:
+            return pieces, exc
+    return pieces, None
+
+
 async def test_chunks_that_arrive_together_are_handed_on_as_one_piece() -> None:
     # A streamed answer is many small chunks; each piece costs the reader a pass through httpx's layers.
     go = asyncio.Event()
@@ -158,16 +179,7 @@ async def test_chunks_that_arrive_together_are_handed_on_as_one_piece() -> None:
         await wire.send(chunk(b"d") + chunk(b"e") + LAST_CHUNK)
         return True
 
-    pieces: list[bytes] = []
-    async with (
-        WireServer(handler) as server,
-        client_of(ModelTransport()) as client,
-        client.stream("GET", server.url()) as response,
-    ):
-        async for piece in response.aiter_raw():
-            pieces.append(piece)
-            go.set()
-    assert pieces == [b"abc", b"de"]
+    assert await raw_pieces(handler, go) == ([b"abc", b"de"], None)
 
 
 async def test_data_before_a_malformed_chunk_is_handed_on_before_the_error() -> None:
@@ -175,16 +187,8 @@ async def test_data_before_a_malformed_chunk_is_handed_on_before_the_error() -> 
         await wire.send(chunked_head() + chunk(b"kept") + b"zz\r\nnot a chunk\r\n")
         return False
 
-    pieces: list[bytes] = []
-    async with (
-        WireServer(broken) as server,
-        client_of(ModelTransport()) as client,
-        client.stream("GET", server.url()) as response,
-    ):
-        with pytest.raises(httpx.RemoteProtocolError):
-            async for piece in response.aiter_raw():
-                pieces.append(piece)
-    assert pieces == [b"kept"]
+    pieces, error = await raw_pieces(broken)
+    assert pieces == [b"kept"] and isinstance(error, httpx.RemoteProtocolError)
 
 
 async def test_a_request_is_never_sent_twice_when_its_connection_closes_under_it() -> None:
@@ -220,9 +224,19 @@ async def test_an_idle_connection_the_server_closed_is_not_used() -> None:
     assert len(server.requests) == 2
 
 
-async def test_connection_close_in_an_answer_is_not_reused() -> None:
+@pytest.mark.parametrize(
+    "closing",
+    [
+        json_answer({}, headers=[("Connection", "close")]),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + chunk(b"x")
+        + LAST_CHUNK,
+    ],
+    ids=["content-length", "chunked"],
+)
+async def test_connection_close_in_an_answer_is_not_reused(closing: bytes) -> None:
     async def says_close(seen: Seen, wire: Wire) -> bool:
-        await wire.send(json_answer({}, headers=[("Connection", "close")]))
+        await wire.send(closing)
         return True  # yet keeps it open: reusing it would work, so only the header stops it
 
     transport = ModelTransport()
@@ -254,20 +268,6 @@ async def test_a_chunked_answer_read_to_its_end_gives_its_connection_back(
         assert transport.idle_connections == (1 if reused else 0)
         assert (await client.get(server.url())).content == b"part"
     assert server.connections == (1 if reused else 2)
-
-
-async def test_a_chunked_answer_saying_close_is_not_reused() -> None:
-    async def says_close(seen: Seen, wire: Wire) -> bool:
-        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-        await wire.send(head + chunk(b"x") + LAST_CHUNK)
-        return True
-
-    transport = ModelTransport()
-    async with WireServer(says_close) as server, client_of(transport) as client:
-        await client.get(server.url())
-        assert transport.idle_connections == 0
-        await client.get(server.url())
-    assert server.connections == 2
 
 
 async def test_an_answer_closed_before_its_end_drops_its_connection() -> None:
