@@ -53,7 +53,7 @@ from orchestrator.runtime.perform import Performer, build_context_budget
 from orchestrator.runtime.persist import build_emits, count_answer, persist_step
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
-from orchestrator.store.codec import ClaimedTurn, ControlRequest
+from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.history import Prior
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
@@ -94,7 +94,7 @@ class TurnDriver:
 
     async def adopt(self, turn_id: str, *, how: str, claimed: ClaimedTurn | None = None) -> None:
         """Load or start a claimed turn, then catch up on what happened while nobody owned it. `claimed`: what
-        the claim read with the lease (a new turn's request and control requests), not read again."""
+        the claim read with the lease (a new turn's request), not read again."""
         try:
             adopted = await self._retry.call("adopt", lambda: self._load(turn_id, claimed))
         except StateVersionError as exc:
@@ -174,7 +174,8 @@ class TurnDriver:
         if missed and not handle.dropped:
             await self._advance(handle, missed)
         if not handle.dropped:
-            await self._read_control(handle, claimed.control if claimed is not None else None)
+            # Read only now that the turn is registered: a request sent since is notified to this process.
+            await self._read_control(handle)
 
     async def _load(self, turn_id: str, claimed: ClaimedTurn | None) -> Adopted | None:
         """The turn's persisted state resumed, or a new one started from its request; None for neither."""
@@ -223,9 +224,9 @@ class TurnDriver:
                 await self._read_control(handle)
         self._hydrated.stepped(handle)
 
-    async def _read_control(self, handle: TurnHandle, known: list[ControlRequest] | None = None) -> None:
+    async def _read_control(self, handle: TurnHandle) -> None:
         read = functools.partial(self._store.read_control, handle.turn_id, handle.control_after)
-        requests = known if known is not None else await self._retry.call("steps", read)
+        requests = await self._retry.call("steps", read)
         if not requests:
             return
         handle.control_after = requests[-1].id

@@ -255,24 +255,17 @@ def parse_stream_reply(reply: Any) -> list[tuple[str, Mapping[Any, Any]]]:
 
 @dataclass(frozen=True)
 class ClaimedTurn:
-    """A turn `claim.lua` leased, with what adopting it reads first: its request (None if missing), whether it
-    has a saved state (then adopting reads that too), and the control requests sent to it so far."""
+    """A turn `claim.lua` leased, with the request adopting it starts from (None if missing) and whether it
+    has a saved state (then adopting reads that, and the request with it)."""
 
     turn_id: str
     request: TurnRequest | None
     has_state: bool
-    control: list[ControlRequest]
 
 
 def parse_claim(turn_id: str, reply: Any) -> ClaimedTurn | None:
     """`claim.lua`'s reply: None when it skipped the turn."""
     if not isinstance(reply, list):
         return None
-    _, request, has_state, entries = reply
-    control = [parse_control(entry_id, _pairs(flat)) for entry_id, flat in entries]
-    return ClaimedTurn(turn_id, parse_request(request or None), bool(int(has_state)), control)
-
-
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    # A stream entry's fields as a script returns them: name, value, name, value, …
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+    _, request, has_state = reply
+    return ClaimedTurn(turn_id, parse_request(request or None), bool(int(has_state)))

@@ -94,10 +94,10 @@ def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | i
 
 
 def claim(turn_id: str, orchestrator_id: str, ttl_ms: int) -> ScriptCall[codec.ClaimedTurn | None]:
-    """Lease a popped turn to `orchestrator_id`, with what adopting it reads first; None when skipped
-    (`claim.lua`)."""
+    """Lease a popped turn to `orchestrator_id`, with the request adopting it starts from; None when
+    skipped (`claim.lua`)."""
     keys_ = [keys.TURNS_CLAIMING, keys.turn_lease(turn_id), keys.turn_status(turn_id)]
-    keys_ += [keys.turn_request(turn_id), keys.turn_state(turn_id), keys.turn_control(turn_id)]
+    keys_ += [keys.turn_request(turn_id), keys.turn_state(turn_id)]
     args = _lease_args(turn_id, orchestrator_id, ttl_ms)
     return _script(scripts.CLAIM, keys_, args, lambda reply: codec.parse_claim(turn_id, reply))
 

@@ -8,7 +8,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | script              | result                                                  |
 | ------------------- | ------------------------------------------------------- |
 | `submit.lua`        | `SubmitResult`: EXISTS / QUEUED / WAITING                |
-| `claim.lua`         | skipped, or leased with its request and control entries  |
+| `claim.lua`         | skipped, or leased with its request                      |
 | `take_over.lua`     | `TakeOverResult`: TAKEN / REFUSED                        |
 | `find_orphans.lua`  | the orphaned turn ids                                    |
 | `renew.lua`         | the 1-based indexes of the leases no longer held         |

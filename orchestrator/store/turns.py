@@ -121,8 +121,8 @@ class TurnStore:
     async def claim_turn(
         self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None
     ) -> ClaimedTurn | None:
-        """The next queued turn, leased to `orchestrator_id`, with its request and control requests read in
-        the same script; None when none came within `timeout_s`.
+        """The next queued turn, leased to `orchestrator_id`, with its request read in the same script; None
+        when none came within `timeout_s`.
 
         Blocks on the queue (BLMOVE into the claiming list, so a claimer dying here leaves a trace that
         `find_orphans` reports), in steps of at most `block_cap_ms`; terminal or leased ids are skipped.

@@ -49,7 +49,7 @@ DONE = TurnOutcome(turn_id="t", status="completed", text="4")
 
 def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
     flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0, 1.0, 4.5))
-    claimed = ClaimedTurn("t2", TurnRequest(prompt="x"), False, [])
+    claimed = ClaimedTurn("t2", TurnRequest(prompt="x"), False)
     steps, result = drive(flow, [None, "t1", None, "t2", claimed])
     assert words(steps) == ["BLMOVE", "BLMOVE", "claim", "BLMOVE", "claim"]
     assert [s.args[-1] for s in steps if isinstance(s, RedisCommand)] == ["2.000", "2.000", "0.500"]

@@ -81,17 +81,14 @@ def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:
         keys.turn_status("turn_1"),
         keys.turn_request("turn_1"),
         keys.turn_state("turn_1"),
-        keys.turn_control("turn_1"),
     )
     assert claim.args == ("turn_1", "orch", "1500", "queued", "running", TERMINAL)
     assert claim.parse(0) is None
     request = TurnRequest(prompt="p").model_dump_json().encode()
-    entry = [b"5-0", [b"kind", b"cancel", b"at", b"2.5"]]
-    claimed = claim.parse([1, request, 1, [entry]])
+    claimed = claim.parse([1, request, 1])
     assert claimed is not None and claimed.turn_id == "turn_1" and claimed.has_state
     assert claimed.request == TurnRequest(prompt="p")
-    assert [(c.id, c.kind, c.at) for c in claimed.control] == [("5-0", "cancel", 2.5)]
-    assert claim.parse([1, False, 0, []]) == ClaimedTurn("turn_1", None, False, [])
+    assert claim.parse([1, False, 0]) == ClaimedTurn("turn_1", None, False)
     take = operations.take_over("orch", "turn_1", 9000)
     assert take.args == (*claim.args[:2], "9000", *claim.args[3:])
     assert take.parse(b"1") is TakeOverResult.TAKEN
