@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import pytest
 
 from orchestrator.model import TurnRequest
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.runtime.driver import TurnDriver
-from orchestrator.runtime.process import Runtime, RuntimeOptions
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
+from tests.support.in_process import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -39,20 +37,8 @@ async def test_a_cancel_sent_between_the_claim_and_the_registration_stops_the_tu
     monkeypatch.setattr(TurnDriver, "_load", load_after_a_cancel)
     async with ScriptedServer(chunk_delay_s=0.05) as base_url:
         settings = Settings(redis_url=redis_url, scripted_base_url=base_url, model="scripted:echo")
-        async with httpx.AsyncClient() as http:
-            runtime = Runtime(
-                store=store,
-                celery_app=get_producer_app(settings),
-                http=http,
-                settings=settings,
-                options=RuntimeOptions(lease_ttl_s=15.0),
-            )
-            serving = asyncio.create_task(runtime.run())
-            try:
-                turn_id = await store.submit(TurnRequest(prompt="a long answer " * 50))
-                outcome = await store.wait_outcome(turn_id, timeout_s=30)
-            finally:
-                runtime.request_stop()
-                await serving
+        async with serving(store, settings):
+            turn_id = await store.submit(TurnRequest(prompt="a long answer " * 50))
+            outcome = await store.wait_outcome(turn_id, timeout_s=30)
     await store.aclose()
     assert outcome.status == "cancelled"

@@ -10,24 +10,21 @@ lower module calling back into a higher one (as the old executor's feed/spawn/fi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-import httpx
 import pytest
 
 from orchestrator.machine import loop
 from orchestrator.model import TurnRequest
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.runtime import driver, process
-from orchestrator.runtime.process import Runtime, RuntimeOptions
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
+from tests.support.in_process import serving
 from tests.support.processes import WorkerHandle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -81,21 +78,9 @@ async def run_one_turn(redis_url: str) -> str:
     async with ScriptedServer() as base_url:
         settings = Settings(redis_url=redis_url, scripted_base_url=base_url, model="scripted:plan")
         store = TurnStore.from_url(redis_url)
-        async with httpx.AsyncClient() as http:
-            runtime = Runtime(
-                store=store,
-                celery_app=get_producer_app(settings),
-                http=http,
-                settings=settings,
-                options=RuntimeOptions(lease_ttl_s=15.0),
-            )
-            serving = asyncio.create_task(runtime.run())
-            try:
-                turn_id = await store.submit(TurnRequest(prompt=json.dumps(plan), tools=["echo"]))
-                outcome = await store.wait_outcome(turn_id, timeout_s=30)
-            finally:
-                runtime.request_stop()
-                await serving
+        async with serving(store, settings):
+            turn_id = await store.submit(TurnRequest(prompt=json.dumps(plan), tools=["echo"]))
+            outcome = await store.wait_outcome(turn_id, timeout_s=30)
         await store.aclose()
     return outcome.status
 
