@@ -8,14 +8,14 @@ CPU against 1.3 ms with one, most of the difference in that scan (py-spy). The p
 orchestrator at 100 connections, so its 101st concurrent model call waited for one to free up.
 
 `ModelTransport` keeps what a model call needs and nothing it pays for per request: idle connections in a
-deque per origin (take the most recent, O(1); one older than `idle_s`, or one whose end the server has
-sent, is dropped when met), the request written in one write (head and body together: one loopback send
-instead of two), the answer read through h11 as the caller reads it, and at most `max_connections` requests
-in flight, each on a connection of its own (a call beyond waits, up to the request's pool timeout; idle
-connections hold no slot). A request is never sent twice: a connection the server closes as it is reused
-fails the call with httpx's error, as httpcore's does, and the model call's retry policy decides — a server
-that read a POST before it closed may have started (and billed) the work. Errors are httpx's own
-exceptions, so callers handle them as they always did.
+deque per origin (take the most recent, O(1); one older than `idle_s`, or one whose end the server has sent,
+is dropped when met), the request written in one write (head and body together: one loopback send instead of
+two), the answer read as the caller reads it (its head through h11, a chunked body per read by
+`chunked.ChunkedDecoder`), and at most `max_connections` requests in flight, each on a connection of its own
+(a call beyond waits, up to the request's pool timeout; idle connections hold no slot). A request is never
+sent twice: a connection the server closes as it is reused fails the call with httpx's error, as httpcore's
+does, and the model call's retry policy decides — a server that read a POST before it closed may have started
+(and billed) the work. Errors are httpx's own exceptions, so callers handle them as they always did.
 
 Only `http://` and `https://` origins come here, and no proxy: with `HTTP(S)_PROXY` set, `build_model_http`
 gives httpx's own transport, which goes through it.
@@ -242,19 +242,12 @@ class _Body(httpx.AsyncByteStream):
                 yield data
             return
         try:
+            # A body framed by its length or its end: h11 hands on what each read brought as one Data.
             while True:
                 event = await _next_event(connection, self._request, self._read_timeout)
-                if isinstance(event, h11.EndOfMessage):
-                    return
-                if not isinstance(event, h11.Data):
-                    continue
-                # Every chunk one socket read brought is handed on as one piece: a streamed answer comes in
-                # many small chunks, and each piece costs a pass through httpx's and the reader's layers.
-                pieces, following = _buffered_data(connection, self._request, event)
-                yield pieces
-                if isinstance(following, BaseException):
-                    raise following
-                if isinstance(following, h11.EndOfMessage):
+                if isinstance(event, h11.Data):
+                    yield bytes(event.data)
+                elif isinstance(event, h11.EndOfMessage):
                     return
         except BaseException:
             self._drop()
@@ -351,28 +344,6 @@ async def _read_head(connection: _Connection, request: httpx.Request, limit_s: f
         # 1xx answers (100 Continue, 103 Early Hints) come before the real one.
 
 
-def _buffered_data(connection: _Connection, request: httpx.Request, first: h11.Data) -> tuple[bytes, object]:
-    """`first` joined with the Data events already received after it, and what came next without a read:
-    NEED_DATA, EndOfMessage, or the error the answer broke off with (raised once its data is handed on)."""
-    pieces = [first.data]
-    while True:
-        try:
-            event = _pop_event(connection.http, request)
-        except httpx.RemoteProtocolError as exc:
-            return b"".join(pieces), exc
-        if not isinstance(event, h11.Data):
-            return b"".join(pieces), event
-        pieces.append(event.data)
-
-
-def _pop_event(http: h11.Connection, request: httpx.Request) -> object:
-    """The next event of what was received (h11.NEED_DATA when it needs more); malformed: httpx's error."""
-    try:
-        return http.next_event()
-    except h11.RemoteProtocolError as exc:
-        raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
-
-
 async def _read(connection: _Connection, request: httpx.Request, limit_s: float | None) -> bytes:
     """What the next read brings (b"": the server closed the connection)."""
     try:
@@ -385,7 +356,10 @@ async def _read(connection: _Connection, request: httpx.Request, limit_s: float 
 async def _next_event(connection: _Connection, request: httpx.Request, limit_s: float | None) -> h11.Event:
     http = connection.http
     while True:
-        event = _pop_event(http, request)
+        try:
+            event = http.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}", request=request) from exc
         if event is h11.NEED_DATA:
             http.receive_data(await _read(connection, request, limit_s))
             continue
