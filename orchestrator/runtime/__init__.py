@@ -9,7 +9,8 @@ One module per thing owned, each calling only downwards (nothing calls back up i
     handle    TurnHandle: one turn's state (parsed, or parked as its saved JSON), lock and tasks
     perform   Performer: an I/O command in, the events it produces out (at once, or from slow work)
     durability DurabilityWatcher: Redis's run id watched; turns lost with its data told, counted, recorded
-    publish   Publisher (one thread, batched and retried publishes, batched revokes), send options, limits
+    publish   Publisher (batched and retried publishes, batched revokes, one thread), send options, limits
+    task_wire TaskWire: a batch's messages as the Redis commands kombu would run, for the store's client
     task_messages TaskSender: Celery-protocol task messages and their task-sent events, in one kombu batch
     inbox     inbox entries → machine events, and call ids on the wire (pure)
     timers    the one timer heap of all turns

@@ -62,10 +62,8 @@ __all__ = [
     "serve",
 ]
 
-# How long one blocking Redis read waits (a stop request cancels it at once).
-BLOCK_S = 1.0
-# How often the inbox stream is trimmed up to what was handled.
-INBOX_ACK_S = 1.0
+BLOCK_S = 1.0  # how long one blocking Redis read waits (a stop request cancels it at once)
+INBOX_ACK_S = 1.0  # how often the inbox stream is trimmed up to what was handled
 # How long a stopping orchestrator waits for Redis at most (releasing leases, unregistering): past it a lease
 # is left to expire, and its turn is taken over as after a crash.
 STOP_REDIS_S = 3.0
@@ -123,7 +121,9 @@ class Runtime:
         self._stopping = self.retry.stopping
         # Each turn's span (tracing on): the model calls' parent, and the context its tool tasks carry.
         self.spans = TurnSpans(store.redis, ttl_s=store.retention.turn_ttl_s)
-        publisher = Publisher(celery_app, self.retry, trace_of=self.spans.carrier)
+        # With no broker set, the state Redis is the broker: the store's client writes the tool calls.
+        broker = store.redis if settings.broker_url is None else None
+        publisher = Publisher(celery_app, self.retry, trace_of=self.spans.carrier, broker=broker)
         self.performer = Performer(
             store=store,
             publisher=publisher,

@@ -3,11 +3,13 @@
 `build_send_options` is pure: the task name, queue, id, per-call time limits (`build_limits`) capped to end
 just past the turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still
 queued then never starts), Flower's redacted `argsrepr`/`kwargsrepr`, and headers with the turn id and call
-id. `Publisher` is what the orchestrator process publishes and revokes through: one thread, batched
-publishes retried with backoff (for want of Redis, until they go out), batched revocations. A batch's
-messages are `send_task`'s, built with Celery's protocol and sent on one producer without `send_task`'s
-per-message overhead (`task_messages`). `dispatch_call` / `revoke_call` publish (through `send_task`) or
-revoke one call directly (short blocking calls: run them off the event loop with `asyncio.to_thread`).
+id. `Publisher` is what the orchestrator process publishes and revokes through: batched publishes retried
+with backoff (for want of Redis, until they go out), batched revocations. A batch's messages are
+`send_task`'s, built with Celery's protocol without `send_task`'s per-message overhead (`task_messages`);
+when the broker is the state Redis they are written by the orchestrator's own client from the event loop,
+as the commands kombu would run (`task_wire`), else sent on one kombu producer in a thread.
+`dispatch_call` / `revoke_call` publish (through `send_task`) or revoke one call directly (short blocking
+calls: run them off the event loop with `asyncio.to_thread`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+import redis.asyncio as aioredis
 from celery import Celery
 
 from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_redis_failure
 from orchestrator.runtime.task_messages import TaskMessage, TaskSender, current_origin
+from orchestrator.runtime.task_wire import TaskWire, open_task_wire
+from orchestrator.store.runner import AsyncRunner
+from orchestrator.store.task_queue import write_tasks
 from workers.app import create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name, build_task_reprs
 from workers.settings import WorkerSettings
@@ -154,12 +160,13 @@ def get_producer_app(settings: WorkerSettings) -> Celery:
 
 
 class Publisher:
-    """Publishes tool calls from one dedicated thread, so that the event loop never blocks on the broker.
+    """Publishes tool calls without blocking the event loop on the broker.
 
-    kombu's publishing is blocking. One long-lived thread with a producer (and broker connection) from the
-    app's pool serves every turn: the calls of one `DispatchTools` cost one hop to it and one pipelined
-    round trip to the broker, not a thread hop and a round trip each, and no two publishing threads
-    contend for the GIL with the event loop.
+    The calls of one `DispatchTools` cost one round trip to the broker. With `broker` (the asyncio client of
+    the state Redis, when that is the broker) it is one script call from the event loop (`task_wire`);
+    otherwise kombu's publishing, which blocks, runs in one long-lived thread with a producer from the
+    app's pool: one hop to it and one pipelined round trip, and no two publishing threads contend for the
+    GIL with the event loop. Revocations and the queues' declarations always go through that thread.
     """
 
     def __init__(
@@ -168,16 +175,27 @@ class Publisher:
         retry: RedisRetry | None = None,
         *,
         trace_of: Callable[[str], Mapping[str, str] | None] | None = None,
+        broker: aioredis.Redis | None = None,
     ) -> None:
         """`trace_of(turn_id)`: the trace context a turn's tool tasks carry in their headers (the turn's span,
-        `runtime.turn_spans`); none without it."""
+        `runtime.turn_spans`); none without it. `broker`: a client of the Redis `app` publishes to."""
         self._app = app
         self._trace_of = trace_of or _no_trace
         self._sender = TaskSender(app)
         self._retry = retry or RedisRetry(RedisOutage(str(app.conf.broker_url or "")))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
+        self._runner = AsyncRunner(broker) if broker is not None else None
+        # The wire, once opened; `_wire_tried` once `open_task_wire` answered (None: kombu's path for good).
+        self._wire: TaskWire | None = None
+        self._wire_tried = False
+        self._wire_lock = asyncio.Lock()
         # Task ids waiting for the next revoke broadcast, and the future that says it was sent.
         self._revokes: tuple[list[str], asyncio.Future[None]] | None = None
+
+    @property
+    def writes_directly(self) -> bool:
+        """Whether tool calls are written by `broker`'s client (`task_wire`), not sent through kombu."""
+        return self._wire is not None
 
     async def publish(self, sends: Sequence[Send]) -> dict[str, Exception]:
         """Publish each (spec, request, task id), retrying failures with capped backoff.
@@ -217,14 +235,52 @@ class Publisher:
         traces = {
             task_id: self._trace_of(request.turn_id) for _, request, task_id in sends if request.turn_id
         }
+        if self._runner is not None:
+            try:
+                wire = await self._open_wire()
+                errors = None if wire is None else await self._publish_by_wire(wire, sends, traces)
+            except Exception as exc:
+                # Redis did not answer, or refused the batch (out of memory, read-only: before its first
+                # write). Any message of it may be out: publishing one again is harmless, losing one is not.
+                return {task_id: exc for _, _, task_id in sends}
+            if errors is not None:
+                return errors
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._publish_all, list(sends), traces)
 
-    def _publish_all(
-        self, sends: list[Send], traces: Mapping[str, Mapping[str, str] | None]
-    ) -> dict[str, Exception]:
-        # Each message built once with Celery's protocol, all of them (and their `task-sent` events) sent on
-        # one producer in one kombu batch: one pipelined round trip (`task_messages`).
+    async def _open_wire(self) -> TaskWire | None:
+        async with self._wire_lock:
+            if not self._wire_tried:
+                loop = asyncio.get_running_loop()
+                self._wire = await loop.run_in_executor(self._pool, open_task_wire, self._app, self._sender)
+                self._wire_tried = True
+            return self._wire
+
+    async def _publish_by_wire(
+        self, wire: TaskWire, sends: Sequence[Send], traces: Mapping[str, Mapping[str, str] | None]
+    ) -> dict[str, Exception] | None:
+        # Errors by task id; None when kombu would publish this batch otherwise (then it goes through kombu).
+        messages, errors = self._build_messages(sends, traces)
+        routes = wire.undeclared(messages)
+        if routes:
+            await asyncio.get_running_loop().run_in_executor(self._pool, wire.declare, routes)
+        built = wire.commands(messages)
+        if built is None:
+            log.warning("kombu publishes tool calls otherwise than toolloop writes them: using kombu")
+            self._wire = None
+            await asyncio.get_running_loop().run_in_executor(self._pool, wire.close)
+            return None
+        commands, failed = built
+        errors.update(failed)
+        if commands:
+            assert self._runner is not None
+            await self._runner.run(write_tasks(commands))
+        return errors
+
+    def _build_messages(
+        self, sends: Sequence[Send], traces: Mapping[str, Mapping[str, str] | None]
+    ) -> tuple[list[TaskMessage], dict[str, Exception]]:
+        # Each message built once with Celery's protocol; the error of each that could not be, by task id.
         sender, origin = self._sender, current_origin()
         messages: list[TaskMessage] = []
         errors: dict[str, Exception] = {}
@@ -236,8 +292,16 @@ class Publisher:
                 messages.append(sender.build(options, origin=origin))
             except Exception as exc:
                 errors[task_id] = exc
+        return messages, errors
+
+    def _publish_all(
+        self, sends: list[Send], traces: Mapping[str, Mapping[str, str] | None]
+    ) -> dict[str, Exception]:
+        # All the messages (and their `task-sent` events) sent on one producer in one kombu batch: one
+        # pipelined round trip (`task_messages`).
+        messages, errors = self._build_messages(sends, traces)
         try:
-            errors.update(sender.send_batch(messages))
+            errors.update(self._sender.send_batch(messages))
         except Exception as exc:
             # The flush failed: any message of the batch may be lost. Publishing one again is harmless (a
             # second delivery of a call never runs it twice), losing one is not.
@@ -306,4 +370,7 @@ class Publisher:
     async def aclose(self) -> None:
         """Send the revocations still waiting, let the thread finish what it publishes, then end it."""
         self._flush_revokes()
+        if self._wire is not None:
+            self._pool.submit(self._wire.close)
+            self._wire = None
         await asyncio.to_thread(self._pool.shutdown)

@@ -17,6 +17,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `read_history.lua`  | the values read, then the history they reference        |
 | `append_events.lua` | the stream id of the last event added                   |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
+| `write_tasks.lua`   | the number of broker commands run                        |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
 | `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
 """
@@ -40,6 +41,7 @@ __all__ = [
     "SUBMIT",
     "TAKE_OVER",
     "WRITE_OUTCOME",
+    "WRITE_TASKS",
     "ControlResult",
     "FinishResult",
     "ReleaseResult",
@@ -63,6 +65,7 @@ CONTROL = load_script(_PACKAGE, "control")
 RECORD_LOST = load_script(_PACKAGE, "record_lost")
 READ_HISTORY = load_script(_PACKAGE, "read_history")
 APPEND_EVENTS = load_script(_PACKAGE, "append_events")
+WRITE_TASKS = load_script(_PACKAGE, "write_tasks")
 
 
 class SubmitResult(IntEnum):

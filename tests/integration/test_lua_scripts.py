@@ -17,6 +17,7 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import operations
 from orchestrator.store import scripts as lua
 from orchestrator.store.runner import SyncRunner
+from orchestrator.store.task_queue import BrokerCommand, write_tasks
 from tests.support.store_db import store_db_url
 from workers import keys, scripts
 from workers.call_store import CallStore, OutcomeWrite
@@ -204,6 +205,32 @@ def test_the_fence_refuses_a_superseded_execution_and_a_gone_turn(call_store: Ca
     assert call_store.finish(OutcomeWrite.of(late, None)) is scripts.WriteResult.LOST
 
 
+def test_write_tasks_runs_kombus_commands_in_order(runner: SyncRunner) -> None:
+    client = runner.client
+    assert isinstance(client, redis.Redis)
+    pubsub = client.pubsub()
+    pubsub.subscribe("/4.celeryev/task.sent")
+    assert pubsub.get_message(timeout=5) is not None  # the subscription's confirmation
+    commands = [
+        BrokerCommand("lpush", ("q1", "m1")),
+        BrokerCommand("publish", ("/4.celeryev/task.sent", "e1")),
+        BrokerCommand("lpush", ("q1", "m2")),
+        BrokerCommand("pexpire", ("q1", "60000")),
+        BrokerCommand("lpush", ("q2", "m3")),
+    ]
+    assert runner.run(write_tasks(commands)) == 5
+    assert client.lrange("q1", 0, -1) in ([b"m2", b"m1"], ["m2", "m1"])
+    assert client.lrange("q2", 0, -1) in ([b"m3"], ["m3"])
+    assert 0 < client.pttl("q1") <= 60000 and client.pttl("q2") == -1
+    message = pubsub.get_message(timeout=5)
+    assert message is not None and message["data"] in (b"e1", "e1")
+    pubsub.close()
+    # An opcode the script does not know ends it with an error, never a guess (the builder makes none).
+    with pytest.raises(redis.ResponseError, match="unknown opcode"):
+        client.evalsha(client.script_load(lua.WRITE_TASKS.source), 0, "X", "q3")
+    assert client.exists("q3") == 0
+
+
 # Which test above runs each script file (with each value of its result).
 RUN_BY: dict[str, object] = {
     "submit": test_submit_claim_take_over_and_find_orphans,
@@ -226,6 +253,7 @@ RUN_BY: dict[str, object] = {
     "progress": "tests/integration/test_tool_progress.py",
     # Run with a batch that holds `turn_finished` and a redacted value, read back in order.
     "append_events": "tests/integration/test_store.py",
+    "write_tasks": test_write_tasks_runs_kombus_commands_in_order,
 }
 
 

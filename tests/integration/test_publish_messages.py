@@ -4,6 +4,8 @@ A real `redis-server` and a real prefork `toolloop worker` (the session's): the 
 are the very messages `Celery.send_task` publishes for the same options (read raw from a queue no worker
 serves, header by header), their `task-sent` events — what Flower shows a task by — are Celery's too,
 calls published in one batch run and answer, and a batch sent while Redis is away goes out once it is back.
+Each on both paths: through kombu (a broker of its own) and written by the store's client (`task_wire`,
+the broker being the state Redis), whose messages must be kombu's to the byte.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from celery import Celery
 
 from ops.redis_server import RedisServer
 from orchestrator.direct import build_direct_request
 from orchestrator.outage import RedisRetry
 from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, Send, build_send_options, build_task_id
+from orchestrator.runtime.task_messages import TaskSender
+from orchestrator.runtime.task_wire import open_task_wire
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.calls import wait_tool_outcome
 from tests.support.counting_outage import CountingOutage, tries_failed
@@ -41,6 +46,10 @@ CARRIER = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-
 EVENT_MOMENT = frozenset({"timestamp", "clock", "local_received"})
 
 
+# How a batch goes out: kombu's producer in the publishing thread, or the store's client (`task_wire`).
+PATHS = ["kombu", "wire"]
+
+
 @pytest.fixture
 def app(redis_url: str) -> Iterator[Celery]:
     app = create_app(WorkerSettings(redis_url=redis_url), main="publish-messages-test")
@@ -48,17 +57,31 @@ def app(redis_url: str) -> Iterator[Celery]:
     app.close()
 
 
+def connect_broker(path: str, redis_url: str) -> aioredis.Redis | None:
+    """The `broker` a runtime hands its publisher on `path`: the state Redis's client, or none (kombu)."""
+    return aioredis.Redis.from_url(redis_url) if path == "wire" else None
+
+
+def prefixed(app: Celery) -> bool:
+    return bool((app.conf.broker_transport_options or {}).get("global_keyprefix"))
+
+
 def publish(
-    app: Celery, sends: Sequence[Send], trace: Mapping[str, str] | None = None
+    app: Celery, sends: Sequence[Send], trace: Mapping[str, str] | None = None, *, path: str = "kombu"
 ) -> dict[str, Exception]:
     """`Publisher.publish` of `sends` in one batch (the turns' trace context `trace`), as a runtime does."""
 
     async def run() -> dict[str, Exception]:
-        publisher = Publisher(app, trace_of=lambda turn_id: trace)
+        broker = connect_broker(path, app.settings.redis_url)  # type: ignore[attr-defined]
+        publisher = Publisher(app, trace_of=lambda turn_id: trace, broker=broker)
         try:
-            return await publisher.publish(sends)
+            errors = await publisher.publish(sends)
+            assert publisher.writes_directly is (path == "wire" and not prefixed(app))
+            return errors
         finally:
             await publisher.aclose()
+            if broker is not None:
+                await broker.aclose()
 
     return asyncio.run(run())
 
@@ -109,13 +132,14 @@ def held_call(deadline_at: float | None) -> tuple[ToolSpec, ToolCallRequest, str
 
 # No deadline: the tool's own limits, no expiry. A deadline already past (a publish retried that long):
 # limits cut to the margin and an expiry of 0 s — both fixed, so the two messages must agree to the byte.
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("deadline_in_s", [None, -5.0], ids=["no-deadline", "deadline-past"])
 def test_a_batch_publishes_the_very_message_and_event_send_task_does(
-    app: Celery, redis_client: redis.Redis, worker: WorkerHandle, deadline_in_s: float | None
+    app: Celery, redis_client: redis.Redis, worker: WorkerHandle, deadline_in_s: float | None, path: str
 ) -> None:
     spec, request, task_id = held_call(None if deadline_in_s is None else time.time() + deadline_in_s)
     with TaskEvents(worker.redis_url) as events:
-        assert publish(app, [(spec, request, task_id)], trace=CARRIER) == {}
+        assert publish(app, [(spec, request, task_id)], trace=CARRIER, path=path) == {}
         app.send_task(**build_send_options(spec, request, time.time(), task_id=task_id, trace=CARRIER))
         new_event, old_event = sent_events(events, task_id, 2)
 
@@ -138,8 +162,9 @@ def test_a_batch_publishes_the_very_message_and_event_send_task_does(
     redis_client.delete(spec.queue)
 
 
+@pytest.mark.parametrize("path", PATHS)
 def test_calls_published_in_one_batch_run_and_flower_hears_each(
-    app: Celery, redis_client: redis.Redis, worker: WorkerHandle
+    app: Celery, redis_client: redis.Redis, worker: WorkerHandle, path: str
 ) -> None:
     spec = read_catalogue(redis_client)["echo"]
     requests = [
@@ -147,7 +172,7 @@ def test_calls_published_in_one_batch_run_and_flower_hears_each(
     ]
     sends = [(spec, request, build_task_id(request)) for request in requests]
     with TaskEvents(worker.redis_url) as events:
-        assert publish(app, sends) == {}
+        assert publish(app, sends, path=path) == {}
         outcomes = [wait_tool_outcome(redis_client, request.call_id) for request in requests]
         for _, request, task_id in sends:
             (sent,) = sent_events(events, task_id, 1)
@@ -161,12 +186,14 @@ def test_calls_published_in_one_batch_run_and_flower_hears_each(
     ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(
-    own_persistent_redis: RedisServer,
+    own_persistent_redis: RedisServer, path: str
 ) -> None:
     app = create_app(WorkerSettings(redis_url=own_persistent_redis.url), main="publish-outage-test")
     outage = CountingOutage(own_persistent_redis.url)
-    publisher = Publisher(app, RedisRetry(outage))
+    broker = connect_broker(path, own_persistent_redis.url)
+    publisher = Publisher(app, RedisRetry(outage), broker=broker)
     calls = [held_call(time.time() + 600) for _ in range(3)]
     # Once with Redis up: the producer's connection and the queues' declarations are the ones that break.
     assert await publisher.publish(calls[:1]) == {}
@@ -178,7 +205,10 @@ async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(
 
     own_persistent_redis.start()
     assert await asyncio.wait_for(sending, DEFAULT_TIMEOUT_S) == {}
+    assert publisher.writes_directly is (path == "wire")
     await publisher.aclose()
+    if broker is not None:
+        await broker.aclose()
     app.close()
     client = redis.Redis.from_url(own_persistent_redis.url)
     try:
@@ -186,3 +216,23 @@ async def test_a_batch_sent_while_redis_is_away_goes_out_once_it_is_back(
             assert [message["headers"]["id"] for message in read_queue(client, spec.queue)] == [task_id]
     finally:
         client.close()
+
+
+def test_a_broker_whose_keys_kombu_prefixes_is_published_to_through_kombu(redis_url: str) -> None:
+    # kombu's client adds a `global_keyprefix` to every key itself, so the commands it hands a publish batch
+    # do not name the keys it writes: no wire for such a broker, and the publisher keeps kombu's path.
+    app = create_app(WorkerSettings(redis_url=redis_url), main="publish-prefix-test")
+    app.conf.broker_transport_options = {"global_keyprefix": "pfx:"}
+    try:
+        assert open_task_wire(app, TaskSender(app)) is None
+        spec, request, task_id = held_call(None)
+        assert publish(app, [(spec, request, task_id)], path="wire") == {}
+        client = redis.Redis.from_url(redis_url)
+        try:
+            assert [m["headers"]["id"] for m in read_queue(client, f"pfx:{spec.queue}")] == [task_id]
+            assert not client.exists(spec.queue)
+        finally:
+            client.delete(f"pfx:{spec.queue}")
+            client.close()
+    finally:
+        app.close()

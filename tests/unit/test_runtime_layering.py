@@ -23,6 +23,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"driver"}),
     frozenset({"adopt", "perform", "durability", "persist"}),
     frozenset({"publish", "handle", "inbox", "timers", "streaming", "turn_spans"}),
+    frozenset({"task_wire"}),
     frozenset({"task_messages"}),
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
