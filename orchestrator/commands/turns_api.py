@@ -58,11 +58,13 @@ def parse_context(text: str | None) -> dict[str, Any]:
     return value
 
 
-def parse_tools(text: str | None) -> list[str] | None:
-    """`--tools a,b` as a list of names (None: every non-sensitive tool)."""
-    if text is None:
+def parse_tools(given: list[str] | None) -> list[str] | None:
+    """`--tools a,b` or `--tools a --tools b` (or both) as one list of names, in order, each once (None: every
+    non-sensitive tool)."""
+    if given is None:
         return None
-    return [name.strip() for name in text.split(",") if name.strip()]
+    names = [name.strip() for text in given for name in text.split(",") if name.strip()]
+    return list(dict.fromkeys(names))
 
 
 def build_limits(max_llm_calls: int | None, deadline_s: float | None, **more: float | None) -> dict[str, Any]:
@@ -160,7 +162,10 @@ def submit_command(
     max_cost_usd: Annotated[
         float | None, typer.Option("--max-cost-usd", help="Cost budget of the turn (USD).")
     ] = None,
-    tools: Annotated[str | None, typer.Option(help="Comma-separated tool names the model may call.")] = None,
+    tools: Annotated[
+        list[str] | None,
+        typer.Option(help="Tool names the model may call: comma-separated, or the option repeated."),
+    ] = None,
     max_llm_calls: Annotated[
         int | None, typer.Option("--max-llm-calls", help="Limit on model calls.")
     ] = None,

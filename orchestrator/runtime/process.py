@@ -10,13 +10,11 @@ the one inbox stream for all of them, renews their leases, and starts and stops 
 
 Outcomes never come through `AsyncResult.get`: a small one comes in its notification, a large one is read
 from its key, and every pending call's is read once more whenever a turn is claimed or taken over.
-Stopping (SIGTERM, SIGINT, `request_stop`) cancels whatever the process waits on, so it ends within seconds
-whatever state Redis is in; what it still owes Redis (releasing leases, unregistering) gets `STOP_REDIS_S`
-at most, as a lease left behind expires and its turn is taken over.
-No Redis failure ends the process: unreachable, out of memory (`noeviction`) or read-only, every loop
-retries with capped backoff (`orchestrator.outage`), and a turn's step retries its save until it lands.
-`RedisOutage` tells the operator once what kind of outage it is, then every `OUTAGE_REPORT_S`, and once
-more when it is over; `toolloop_redis_errors_total` counts every retry by loop and exception class.
+Stopping (SIGTERM, SIGINT, `request_stop`) cancels all it waits on, whatever Redis does; what it owes Redis
+(releasing leases, unregistering) gets `STOP_REDIS_S` at most: a lease left behind expires, taken over.
+No Redis failure ends the process: unreachable, out of memory or read-only, every loop retries with capped
+backoff (`orchestrator.outage`), a step its save until it lands; `RedisOutage` tells the operator once per
+`OUTAGE_REPORT_S` and at its end, `toolloop_redis_errors_total` counts each retry by loop and class.
 """
 
 from __future__ import annotations
@@ -276,19 +274,21 @@ class Runtime:
                 backoff.succeeded()
 
     async def _lease_loop(self) -> None:
-        # The renewal period is the pause after a failure too: a longer one would let the leases expire.
+        # A failed renewal is tried again after a short backoff, a successful one a period later: a Redis that
+        # restarts again and again must not be down at every renewal of a lease's lifetime.
         renewing, beating = Backoff(self.retry, "leases"), Backoff(self.retry, "heartbeat")
+        period = pause = self.options.lease_ttl_s / 3
         while True:
-            await asyncio.sleep(self.options.lease_ttl_s / 3)
+            await asyncio.sleep(pause)
             # Leases first, whatever the heartbeat does: renewing adds no memory (PEXPIRE), so a Redis out of
             # memory that refuses the heartbeat still leaves this process its turns.
             try:
                 lost = await self.store.renew_leases(
                     self.orchestrator_id, list(self.turns), self.options.lease_ttl_s
                 )
+                pause = period
             except REDIS_ERRORS as exc:
-                renewing.failed(exc)
-                lost = set()
+                lost, pause = set(), min(renewing.failed(exc), period)
             else:
                 renewing.succeeded()
             try:

@@ -254,6 +254,8 @@ class Publisher:
                 loop = asyncio.get_running_loop()
                 self._wire = await loop.run_in_executor(self._pool, open_task_wire, self._app, self._sender)
                 self._wire_tried = True
+                how = "written by this process's Redis client" if self._wire else "sent through kombu"
+                log.info("tool calls are %s (the broker is the state Redis)", how)
             return self._wire
 
     async def _publish_by_wire(

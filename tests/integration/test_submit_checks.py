@@ -128,8 +128,12 @@ def test_the_api_answers_422_listing_public_tools(served_url: str) -> None:
         assert http.post("/v1/turns", json={"prompt": "2+3?", "tools": ["echo"]}).status_code == 202
 
 
-def test_the_cli_exits_2_naming_the_unknown_tool(served_url: str) -> None:
-    done = run_cli(served_url, "submit", "--prompt", "2+3?", "--tools", "echo,ecoh")
+@pytest.mark.parametrize(
+    "tools", [["--tools", "echo,ecoh"], ["--tools", "ecoh", "--tools", "echo"]], ids=["commas", "repeated"]
+)
+def test_the_cli_exits_2_naming_the_unknown_tool(served_url: str, tools: list[str]) -> None:
+    # Repeated, the option adds to the list (the first `--tools ecoh` is not dropped for the last).
+    done = run_cli(served_url, "submit", "--prompt", "2+3?", *tools)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: unknown tool 'ecoh' in 'tools'; available: ")
     assert "echo" in done.stderr and "secret_tool" not in done.stderr and "Traceback" not in done.stderr

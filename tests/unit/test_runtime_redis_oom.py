@@ -1,7 +1,8 @@
 """The orchestrator runtime, in this process, against a real Redis that refuses writes (out of memory under
 `maxmemory` with `noeviction`): a turn whose writes are refused is retried, not abandoned, and goes on once
-memory is freed; a publish refused is retried until it goes out, not answered `worker_lost`; stopping never
-raises. `maxmemory 1` makes Redis refuse every write that would add memory, at once."""
+memory is freed; a publish refused (through kombu, or the store client's script) is retried until it goes
+out, not answered `worker_lost`; stopping never raises. `maxmemory 1` makes Redis refuse every write that
+would add memory, at once."""
 
 from __future__ import annotations
 
@@ -138,11 +139,19 @@ async def test_stopping_never_raises_while_redis_refuses_writes(
         await serving
 
 
+@pytest.mark.parametrize("path", ["kombu", "wire"])
 async def test_a_publish_refused_for_want_of_memory_goes_out_once_memory_is_freed(
-    server: RedisServer, sync_redis: redis.Redis
+    server: RedisServer, sync_redis: redis.Redis, store: TurnStore, path: str
 ) -> None:
     settings = build_settings(server.url)
-    publisher = Publisher(get_producer_app(settings), RedisRetry(RedisOutage(server.url)))
+    broker = store.redis if path == "wire" else None
+    publisher = Publisher(get_producer_app(settings), RedisRetry(RedisOutage(server.url)), broker=broker)
+    if path == "wire":
+        # The queue declared and the wire open first: what Redis refuses below is the script itself.
+        first = ToolCallRequest(call_id="turn_x/call_0", tool=SPEC.name, arguments={}, turn_id="turn_x")
+        assert await publisher.publish([(SPEC, first, "turn_x/call_0:1")]) == {}
+        assert publisher.writes_directly
+        sync_redis.delete(SPEC.queue)
     request = ToolCallRequest(call_id="turn_x/call_1", tool=SPEC.name, arguments={}, turn_id="turn_x")
     refuse_writes(sync_redis)
     before = redis_errors("publish")
