@@ -238,17 +238,17 @@ class Publisher:
         if self._runner is not None:
             try:
                 wire = await self._open_wire()
-                errors = None if wire is None else await self._publish_by_wire(wire, sends, traces)
             except Exception as exc:
-                # Redis did not answer, or refused the batch (out of memory, read-only: before its first
-                # write). Any message of it may be out: publishing one again is harmless, losing one is not.
                 return {task_id: exc for _, _, task_id in sends}
+            errors = None if wire is None else await self._publish_by_wire(wire, self._runner, sends, traces)
             if errors is not None:
                 return errors
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._publish_all, list(sends), traces)
 
     async def _open_wire(self) -> TaskWire | None:
+        if self._wire_tried:  # every publish after the first: no lock on the way
+            return self._wire
         async with self._wire_lock:
             if not self._wire_tried:
                 loop = asyncio.get_running_loop()
@@ -259,24 +259,33 @@ class Publisher:
             return self._wire
 
     async def _publish_by_wire(
-        self, wire: TaskWire, sends: Sequence[Send], traces: Mapping[str, Mapping[str, str] | None]
+        self,
+        wire: TaskWire,
+        runner: AsyncRunner,
+        sends: Sequence[Send],
+        traces: Mapping[str, Mapping[str, str] | None],
     ) -> dict[str, Exception] | None:
         # Errors by task id; None when kombu would publish this batch otherwise (then it goes through kombu).
         messages, errors = self._build_messages(sends, traces)
-        routes = wire.undeclared(messages)
-        if routes:
-            await asyncio.get_running_loop().run_in_executor(self._pool, wire.declare, routes)
-        built = wire.commands(messages)
-        if built is None:
-            log.warning("kombu publishes tool calls otherwise than toolloop writes them: using kombu")
-            self._wire = None
-            await asyncio.get_running_loop().run_in_executor(self._pool, wire.close)
-            return None
-        commands, failed = built
-        errors.update(failed)
-        if commands:
-            assert self._runner is not None
-            await self._runner.run(write_tasks(commands))
+        loop = asyncio.get_running_loop()
+        try:
+            routes = wire.undeclared(messages)
+            if routes:
+                await loop.run_in_executor(self._pool, wire.declare, routes)
+            built = wire.commands(messages)
+            if built is None:
+                log.warning("kombu publishes tool calls otherwise than toolloop writes them: using kombu")
+                self._wire = None
+                await loop.run_in_executor(self._pool, wire.close)
+                return None
+            commands, failed = built
+            errors.update(failed)
+            if commands:
+                await runner.run(write_tasks(commands))
+        except Exception as exc:
+            # Redis did not answer, or refused the batch (out of memory, read-only: before its first write).
+            # Any message of it may be out, as with kombu's batch: publishing one again is harmless.
+            return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
         return errors
 
     def _build_messages(

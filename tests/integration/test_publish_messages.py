@@ -35,7 +35,7 @@ from tests.support.counting_outage import CountingOutage, tries_failed
 from tests.support.processes import WorkerHandle
 from tests.support.task_events import TaskEvents
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
-from workers.app import create_app
+from workers.app import ToolloopCelery, create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name
 from workers.settings import WorkerSettings
 
@@ -51,7 +51,7 @@ PATHS = ["kombu", "wire"]
 
 
 @pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
+def app(redis_url: str) -> Iterator[ToolloopCelery]:
     app = create_app(WorkerSettings(redis_url=redis_url), main="publish-messages-test")
     yield app
     app.close()
@@ -67,12 +67,12 @@ def prefixed(app: Celery) -> bool:
 
 
 def publish(
-    app: Celery, sends: Sequence[Send], trace: Mapping[str, str] | None = None, *, path: str = "kombu"
+    app: ToolloopCelery, sends: Sequence[Send], trace: Mapping[str, str] | None = None, *, path: str = "kombu"
 ) -> dict[str, Exception]:
     """`Publisher.publish` of `sends` in one batch (the turns' trace context `trace`), as a runtime does."""
 
     async def run() -> dict[str, Exception]:
-        broker = connect_broker(path, app.settings.redis_url)  # type: ignore[attr-defined]
+        broker = connect_broker(path, app.settings.redis_url)
         publisher = Publisher(app, trace_of=lambda turn_id: trace, broker=broker)
         try:
             errors = await publisher.publish(sends)

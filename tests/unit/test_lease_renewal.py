@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Collection, Iterator
+from itertools import pairwise
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from orchestrator.model import TurnRequest
 from orchestrator.runtime.process import Runtime
 from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
+from orchestrator.store.connection import connect_async
 from orchestrator.store.turns import TurnStore
 from tests.support.waiting import async_wait_until
 from workers import keys
@@ -55,8 +57,7 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def store(server: RedisServer) -> AsyncIterator[RenewalsRefused]:
-    plain = TurnStore.from_url(server.url)
-    store = RenewalsRefused(plain.redis)
+    store = RenewalsRefused(connect_async(server.url))
     yield store
     await store.aclose()
 
@@ -77,7 +78,7 @@ async def test_a_renewal_redis_could_not_answer_is_tried_again_within_the_period
         turn_id = await store.submit(TurnRequest(prompt=json.dumps(plan), tools=[SPEC.name]))
         await async_wait_until(lambda: len(store.tries) > REFUSED, "the renewal after the refused ones")
         period = LEASE_TTL_S / 3
-        gaps = [later - earlier for earlier, later in zip(store.tries, store.tries[1:], strict=False)]
+        gaps = [later - earlier for earlier, later in pairwise(store.tries)]
         # After each refusal the next try came at the backoff (0.1, 0.2, 0.4 s), well within the period.
         assert all(gap < period / 2 for gap in gaps[:REFUSED]), gaps
         assert turn_id in runtime.turns, "the turn was kept: its lease renewed in time"
