@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.client import (
+    from orchestrator.client.redis_client import (
         AsyncClient,
         CallNotWaitingError,
         Client,
@@ -50,7 +50,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from orchestrator import client
+        from orchestrator.client import redis_client as client
 
         return getattr(client, name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

@@ -30,7 +30,7 @@ class Settings(WorkerSettings):
     lost_call_grace_s: float = 5.0
     lease_ttl_s: float = 15.0
     orchestrator_max_turns: int = 10_000
-    # The API's Redis connections (`orchestrator.api_redis`): requests share a pool of at most this many
+    # The API's Redis connections (`orchestrator.api.connections`): requests share a pool of at most this many
     # (TOOLLOOP_API_REDIS_MAX_CONNECTIONS); every open SSE stream shares one more, /healthz one of its own.
     api_redis_max_connections: int = Field(default=20, ge=1)
     # Events held for one SSE stream whose client reads slower than its turn writes; past it the stream

@@ -1,6 +1,7 @@
 """Session-wide fixtures: the shared test data beside the checkout, a real Redis, real workers.
 
-- `redis_server` / `redis_url`: one real `redis-server` per test session on a free port (ops.redis_server).
+- `redis_server` / `redis_url`: one real `redis-server` per test session on a free port
+  (orchestrator.redis_server).
 - `redis_client`: a client of it (decode_responses off). Tests use unique ids instead of flushing, because
   the session's workers keep their catalogue entries in the same Redis.
 - `own_redis` / `own_persistent_redis`: a `redis-server` of the test's own, to stop and start again (the
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
+from orchestrator.redis_server import RedisServer
 from tests.support.processes import WorkerHandle, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from ops.bench.http_variant import run_http_variant
 from ops.bench.report import Metric, print_table
 from ops.bench.run import machine_facts, run_bench
 from ops.bench.scenarios import FULL, QUICK
-from ops.redis_server import find_redis_server
+from orchestrator.redis_server import find_redis_server
 
 
 def main(

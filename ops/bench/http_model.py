@@ -34,9 +34,9 @@ import typer
 
 from ops.bench.instant import give_unique_ids
 from ops.bench.procs import Proc
-from ops.redis_server import find_free_port
 from orchestrator.providers.scripted.brain import build_models_list, build_reply
 from orchestrator.providers.scripted.wire import build_error_reply, build_stream_chunks
+from orchestrator.redis_server import find_free_port
 
 HOST = "127.0.0.1"
 

@@ -29,8 +29,8 @@ from ops.bench.procs import TOOLLOOP_BIN, Proc, spawn_worker, start_orchestrator
 from ops.bench.report import Metric, compared
 from ops.bench.scenarios import Sizes, measure_celery_throughput, submit_turn, wait_completed
 from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL
-from ops.redis_server import RedisServer
 from orchestrator import Client
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from workers.app import ToolloopCelery, create_app
 

@@ -29,8 +29,8 @@ import httpx
 
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.providers.scripted.wire import build_error_reply
+from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.runtime.process import Runtime
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
 

@@ -21,8 +21,8 @@ from ops.bench.report import Metric, compared, with_goal
 from ops.bench.scenarios import Sizes, summarise
 from ops.bench.storage import LONG_LIVED_S
 from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
-from ops.redis_server import RedisServer
 from orchestrator import Client
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from workers.app import create_app
 

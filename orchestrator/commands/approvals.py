@@ -53,7 +53,7 @@ def approve_command(
     ] = None,
 ) -> None:
     """Approve (or --deny) a tool call that waits for confirmation; print `approved` or `denied`."""
-    from orchestrator.client import Client, UnknownTurnError
+    from orchestrator.client.redis_client import Client, UnknownTurnError
     from orchestrator.errors import CallNotWaitingError
 
     settings = get_settings()

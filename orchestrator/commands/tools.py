@@ -114,7 +114,7 @@ def call_command(
 
     A tool that requires confirmation runs only with --approve: you are the person confirming it.
     """
-    from orchestrator.direct import call_tool
+    from orchestrator.client.direct import call_tool
 
     try:
         arguments = parse_arguments(args)
@@ -224,8 +224,8 @@ def redis_command(
     """
     from typing import cast
 
-    from ops.redis_server import AppendFsync, run_foreground
     from orchestrator.errors import RedisServerError
+    from orchestrator.redis_server import AppendFsync, run_foreground
 
     if appendfsync not in ("everysec", "always", "no"):
         _fail(f"--appendfsync must be everysec, always or no, not {appendfsync!r}", EXIT_USAGE)

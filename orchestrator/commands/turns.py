@@ -85,7 +85,7 @@ def demo(
     ),
 ) -> None:
     """Start Redis, a worker, an orchestrator and a model; run one real turn; print it; stop everything."""
-    from ops.demo import run_demo
+    from orchestrator.demo.run import run_demo
 
     raise typer.Exit(run_demo(prompt=prompt, model=model, timeout_s=timeout_s, keep_running=keep_running))
 

@@ -190,7 +190,7 @@ def submit_command(
 
     4: not ended within --timeout (the turn goes on). 2: bad input (unknown tool, bad model). 3: no Redis.
     """
-    from orchestrator.client import Client, RedisUnavailableError
+    from orchestrator.client.redis_client import Client, RedisUnavailableError
     from orchestrator.commands.stream_printer import StreamPrinter
 
     settings = get_settings()
@@ -295,7 +295,7 @@ def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit
     A turn lost when Redis came back without its data shows as failed, its error saying so (and one line on
     stderr); for an unknown id, the data losses Redis is known to have had are named.
     """
-    from orchestrator.client import Client, UnknownTurnError
+    from orchestrator.client.redis_client import Client, UnknownTurnError
     from orchestrator.store import losses
     from orchestrator.store.runner import SyncRunner
 
@@ -340,7 +340,7 @@ def api_command(
     """
     import uvicorn
 
-    from orchestrator.api import create_app
+    from orchestrator.api.app import create_app
     from orchestrator.commands.exposure import build_exposure_refusal
 
     settings = get_settings()

@@ -55,8 +55,8 @@ from orchestrator.pricing import PriceTable, build_price_table, cost_usd
 from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.registry import ModelClients
+from orchestrator.publishing.publisher import Publisher
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
-from orchestrator.runtime.publish import Publisher
 from orchestrator.runtime.streaming import CallStream
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings

@@ -38,10 +38,10 @@ from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOut
 from orchestrator.pricing import build_price_table
 from orchestrator.providers.registry import ModelClients
 from orchestrator.providers.transport import build_model_http
+from orchestrator.publishing.publisher import Publisher, get_producer_app
 from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.runtime.perform import Performer
-from orchestrator.runtime.publish import Publisher, get_producer_app
 from orchestrator.runtime.traced import TracingTurnDriver
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings

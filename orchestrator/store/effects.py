@@ -2,8 +2,8 @@
 
 An `Operation` is one round trip — a `RedisCommand`, a `ScriptCall` or a `Transaction` — built by a pure
 function of `orchestrator.store.operations`, with the function that turns the raw reply into a typed value.
-A flow (`orchestrator.store.flows`, `orchestrator.direct`) is a generator that yields effects and receives
-their parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`)
+A flow (`orchestrator.store.flows`, `orchestrator.client.direct`) is a generator that yields effects and
+receives their parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`)
 performs it on a sync or an asyncio Redis client. An `Effect` is an operation or a `BlockingCall` (a
 blocking call that is not Redis: a Celery publish, run in a thread under asyncio); a stream may also yield an
 `Item`, a value handed to whoever iterates it (an event of a followed turn).

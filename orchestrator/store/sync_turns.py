@@ -1,4 +1,4 @@
-"""The sync turn store: what a web app without an event loop needs of turns (`orchestrator.client.Client`).
+"""The sync turn store: what a web app without an event loop needs of turns (`Client`).
 
 The same operations and flows as the async `TurnStore` (`orchestrator.store.operations`, `flows`), performed
 by a `SyncRunner` on the sync `redis` client: submitting, reading a turn, waiting for it, following its

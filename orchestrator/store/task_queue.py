@@ -1,7 +1,7 @@
 """Tool-task messages written into the broker's lists by the orchestrator's own Redis client (pure).
 
 When the broker is the state Redis (no `TOOLLOOP_BROKER_URL`), the orchestrator does not need kombu's
-connection to publish: `orchestrator.runtime.task_wire` asks kombu's Redis channel which commands a batch of
+connection to publish: `orchestrator.publishing.wire` asks kombu's Redis channel which commands a batch of
 messages is (the very LPUSH, PEXPIRE and PUBLISH it would pipeline, with its keys and bytes), and
 `write_tasks` runs them as one script call on the asyncio client the orchestrator already holds: one round
 trip from the event loop, which a Redis refusing writes (out of memory, read-only) refuses as a whole.

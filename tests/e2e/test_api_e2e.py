@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.redis_server import RedisServer
-from orchestrator.client import AsyncClient, Client
+from orchestrator.client.redis_client import AsyncClient, Client
 from orchestrator.model import TurnOutcome
+from orchestrator.redis_server import RedisServer
 from tests.support import served
 from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN

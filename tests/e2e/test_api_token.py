@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from ops.redis_server import find_free_port
+from orchestrator.redis_server import find_free_port
 from tests.support.served import Served, answers, start_toolloop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

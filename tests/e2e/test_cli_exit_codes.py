@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 import pytest
 import redis
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.plans import plan_prompt

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ops.redis_server import RedisServer
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
 from orchestrator.model import ToolMessage
+from orchestrator.redis_server import RedisServer
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import E2E_TOOLS, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import redis
 
-from ops.redis_server import find_free_port
+from orchestrator.redis_server import find_free_port
 from tests.support import broker
 from tests.support.browser import open_chromium
 from tests.support.flower_client import (

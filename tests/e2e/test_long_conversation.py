@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
 from orchestrator.model import AssistantMessage, ToolMessage, UserMessage
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.context_model import SmallWindowModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.page_tools import build_page

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client
-from orchestrator.direct import call_tool
+from orchestrator.client.direct import call_tool
+from orchestrator.client.redis_client import Client
 from orchestrator.model import ToolMessage
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.e2e_processes import E2E_TOOLS, start_orchestrator
 from tests.support.mcp_support import HttpMcpServer, catalogued, stdio_entry
 from tests.support.plans import plan_prompt

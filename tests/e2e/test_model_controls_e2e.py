@@ -23,9 +23,9 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
 from orchestrator.model import ToolMessage, TurnOutcome
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.openapi_schemas import assert_valid
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator

@@ -21,11 +21,11 @@ import httpx
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
 from orchestrator import AsyncClient
-from orchestrator.api import create_app
-from orchestrator.client import Client
+from orchestrator.api.app import create_app
+from orchestrator.client.redis_client import Client
 from orchestrator.model import ToolMessage
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from tests.support.api_server import serve_app
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle

@@ -25,7 +25,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from ops.redis_server import RedisServer, find_free_port
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.served import Served, answers, start_toolloop
 from tests.support.waiting import wait_until
 from workers import keys

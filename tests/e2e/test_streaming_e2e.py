@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client, TextDeltaEvent, ToolFinishedEvent, TurnFinishedEvent
+from orchestrator.client.redis_client import Client, TextDeltaEvent, ToolFinishedEvent, TurnFinishedEvent
+from orchestrator.redis_server import RedisServer, find_free_port
 from orchestrator.store.codec import TurnEvent
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.plans import plan_prompt

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.redis_server import RedisServer
-from orchestrator.direct import call_tool
+from orchestrator.client.direct import call_tool
+from orchestrator.redis_server import RedisServer
 from tests.support.processes import TOOLLOOP_BIN, WorkerHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

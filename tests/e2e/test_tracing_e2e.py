@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ops.redis_server import RedisServer
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
+from orchestrator.redis_server import RedisServer
 from tests.support.e2e_processes import start_orchestrator
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.plans import plan_prompt

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support import served
 from tests.support.browser import open_chromium
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator

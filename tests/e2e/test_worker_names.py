@@ -12,7 +12,7 @@ import signal
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
+from orchestrator.redis_server import RedisServer
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.served import Served, start_toolloop
 from workers import keys

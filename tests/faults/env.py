@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 import redis
 
-from ops.redis_server import RedisServer, find_free_port
 from orchestrator import Client
 from orchestrator.model import AssistantMessage, ToolMessage, TurnOutcome
+from orchestrator.redis_server import RedisServer, find_free_port
 from orchestrator.store.catalogue import read_catalogue
 from tests.faults.fault_tools import DONE, DONE_BY, STARTS
 from tests.support.e2e_model import RecordingModelServer

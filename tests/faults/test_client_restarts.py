@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from orchestrator.client import AsyncClient, Client
+from orchestrator.client.redis_client import AsyncClient, Client
 from orchestrator.model import TurnOutcome
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.support.processes import ROOT, TOOLLOOP_BIN

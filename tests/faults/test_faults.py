@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator.model import ToolMessage, TurnOutcome
+from orchestrator.publishing.publisher import build_send_options, get_producer_app
 from orchestrator.runtime.inbox import build_wire_call_id
-from orchestrator.runtime.publish import build_send_options, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from orchestrator.store.codec import parse_tool_outcome

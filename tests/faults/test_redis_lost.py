@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from ops.redis_server import find_free_port
 from orchestrator.model import ToolMessage
+from orchestrator.redis_server import find_free_port
 from orchestrator.runtime.inbox import build_wire_call_id
 from orchestrator.store import losses
 from orchestrator.store.codec import parse_tool_outcome

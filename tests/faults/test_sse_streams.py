@@ -26,8 +26,8 @@ from functools import partial
 import httpx
 import pytest
 
-from orchestrator.api_fanout import parse_stream_id
-from orchestrator.api_redis import CLIENT_NAME
+from orchestrator.api.connections import CLIENT_NAME
+from orchestrator.api.fanout import parse_stream_id
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn, is_running
 from tests.support.served import Served
 from tests.support.sse import SseStream, read_sse

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from ops.redis_server import find_free_port
+from orchestrator.redis_server import find_free_port
 from tests.faults.env import FaultEnv, call, is_running
 from tests.support.turns import event_data
 from tests.support.waiting import wait_until

@@ -11,7 +11,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
 from orchestrator.settings import Settings
 from tests.support.api_server import api_client
 from tests.support.approvals import hold_for_approval
@@ -157,7 +157,7 @@ def test_healthz_and_metrics(api: httpx.Client) -> None:
 
 
 def test_healthz_is_503_when_redis_is_down() -> None:
-    from ops.redis_server import find_free_port
+    from orchestrator.redis_server import find_free_port
 
     # A request rides out a Redis that does not answer for `api_redis_retry_s` first (10 s by default).
     settings = Settings(redis_url=f"redis://127.0.0.1:{find_free_port()}/0", api_redis_retry_s=1)
@@ -205,7 +205,7 @@ def test_sse_outlasts_the_redis_socket_timeout(db_url: str, redis_url: str) -> N
 
 @pytest.mark.parametrize("refusal", ["out_of_memory", "read_only"])
 def test_a_redis_that_refuses_writes_gets_503_with_retry_after_and_healthz_stays_200(refusal: str) -> None:
-    from ops.redis_server import RedisServer, find_free_port
+    from orchestrator.redis_server import RedisServer, find_free_port
 
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)

@@ -13,12 +13,12 @@ import httpx
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
-from orchestrator.api import create_app
-from orchestrator.api_fanout import EventFanout, parse_stream_id
-from orchestrator.api_redis import ApiRedis, RedisGate
-from orchestrator.api_sse import follow_turn
+from orchestrator.api.app import create_app
+from orchestrator.api.connections import ApiRedis, RedisGate
+from orchestrator.api.fanout import EventFanout, parse_stream_id
+from orchestrator.api.sse import follow_turn
 from orchestrator.model import AssistantMessage, TurnOutcome, TurnRequest, UserMessage
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.turns import TurnStore

@@ -13,11 +13,11 @@ import json
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
 from orchestrator.archive import build_archive_send, build_turn_record
 from orchestrator.model import TurnOutcome, TurnRequest, UserMessage
 from orchestrator.outage import RedisRetry, is_redis_failure
-from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher
+from orchestrator.publishing.publisher import PUBLISH_ATTEMPTS, Publisher
+from orchestrator.redis_server import RedisServer
 from tests.support.counting_outage import CountingOutage, tries_failed
 from tests.support.waiting import DEFAULT_TIMEOUT_S
 from workers.app import create_app

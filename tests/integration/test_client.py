@@ -16,7 +16,7 @@ import redis
 from pydantic import ValidationError
 
 from orchestrator import AsyncClient, Client, UnknownTurnError
-from orchestrator.client import PendingApproval
+from orchestrator.client.redis_client import PendingApproval
 from orchestrator.machine.layout import dump_log
 from orchestrator.machine.state import dump_entries, dump_state
 from orchestrator.model import TurnOutcome, TurnStatus, UserMessage

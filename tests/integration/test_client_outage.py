@@ -13,8 +13,8 @@ import subprocess
 import pytest
 import redis
 
-from ops.redis_server import RedisServer, find_free_port
-from orchestrator.client import AsyncClient, Client, RedisUnavailableError
+from orchestrator.client.redis_client import AsyncClient, Client, RedisUnavailableError
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.processes import ROOT, TOOLLOOP_BIN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

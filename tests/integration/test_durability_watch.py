@@ -16,8 +16,8 @@ import pytest
 import redis.exceptions
 from prometheus_client import REGISTRY
 
-from ops.redis_server import RedisServer
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.redis_server import RedisServer
 from orchestrator.runtime.durability import DurabilityWatcher
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id

@@ -35,7 +35,7 @@ RANKS = {
     "orchestrator.runtime.process": 0,
     "orchestrator.runtime.driver": 1,
     "orchestrator.runtime.perform": 2,
-    "orchestrator.runtime.publish": 3,
+    "orchestrator.publishing.publisher": 3,
 }
 MACHINE_RANK = 10
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.direct import call_tool
+from orchestrator.client.direct import call_tool
 from tests.support.mcp_support import catalogued, is_gone
 from tests.support.processes import TOOLLOOP_BIN, WorkerHandle, start_worker
 from tests.support.waiting import wait_until

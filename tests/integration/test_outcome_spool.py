@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.processes import WorkerHandle, start_worker

@@ -23,12 +23,18 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
-from ops.redis_server import RedisServer
-from orchestrator.direct import build_direct_request
+from orchestrator.client.direct import build_direct_request
 from orchestrator.outage import RedisRetry
-from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, Send, build_send_options, build_task_id
-from orchestrator.runtime.task_messages import TaskSender
-from orchestrator.runtime.task_wire import open_task_wire
+from orchestrator.publishing.messages import TaskSender
+from orchestrator.publishing.publisher import (
+    PUBLISH_ATTEMPTS,
+    Publisher,
+    Send,
+    build_send_options,
+    build_task_id,
+)
+from orchestrator.publishing.wire import open_task_wire
+from orchestrator.redis_server import RedisServer
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.calls import wait_tool_outcome
 from tests.support.counting_outage import CountingOutage, tries_failed

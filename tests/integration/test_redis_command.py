@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer, find_free_port
 from orchestrator.errors import RedisServerError
+from orchestrator.redis_server import RedisServer, find_free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
-from orchestrator.direct import call_tool
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.client.direct import call_tool
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.broker import broker_holds

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ops.redis_server import RedisServer
 from orchestrator.model import ToolMessage, TurnOutcome
+from orchestrator.redis_server import RedisServer
 from orchestrator.store.catalogue import LIVE_CATALOGUE_MAX_AGE_S, LiveCatalogue
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn
 from tests.support.processes import WorkerHandle, start_worker

@@ -26,8 +26,8 @@ import pytest
 import redis
 from celery import Celery
 
-from ops.redis_server import RedisServer
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support import second_delivery_tools

@@ -24,11 +24,11 @@ import redis.asyncio
 from ops.bench.instant import INSTANT_BASE_URL, INSTANT_MODEL, build_instant_http
 from orchestrator.machine.events import ToolFinished
 from orchestrator.model import TurnRequest
+from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.runtime import driver
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.runtime.process import Runtime
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator.direct import build_direct_request, call_tool
-from orchestrator.runtime.publish import build_task_id, dispatch_call, get_producer_app, revoke_call
+from orchestrator.client.direct import build_direct_request, call_tool
+from orchestrator.publishing.publisher import build_task_id, dispatch_call, get_producer_app, revoke_call
 from orchestrator.settings import Settings
 from tests.support.broker import broker_holds
 from tests.support.calls import wait_tool_outcome

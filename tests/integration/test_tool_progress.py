@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
-from orchestrator.direct import call_tool
+from orchestrator.client.direct import call_tool
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.runtime.inbox import build_wire_call_id
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import read_catalogue

@@ -30,9 +30,9 @@ import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from ops.redis_server import RedisServer
-from orchestrator.client import Client
-from orchestrator.direct import call_tool
+from orchestrator.client.direct import call_tool
+from orchestrator.client.redis_client import Client
+from orchestrator.redis_server import RedisServer
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker

@@ -7,7 +7,7 @@ import pytest
 import redis
 from opentelemetry.sdk.trace import TracerProvider
 
-from orchestrator.client import AsyncClient, Client
+from orchestrator.client.redis_client import AsyncClient, Client
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings
 from tests.support.api_server import api_client

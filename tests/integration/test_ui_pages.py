@@ -15,13 +15,13 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.client import Client
+from orchestrator.api.pages.auth import SESSION_COOKIE
+from orchestrator.client.redis_client import Client
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.settings import Settings
 from orchestrator.store import operations
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.turns import TurnStore
-from orchestrator.ui.auth import SESSION_COOKIE
 from tests.support.api_server import api_client
 from workers import keys
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
+from orchestrator.redis_server import RedisServer
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.broker import UNACKED_KEY
 from tests.support.calls import publish_call, read_runs, record_run, wait_tool_outcome

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from orchestrator.api import create_app
+from orchestrator.api.app import create_app
 from orchestrator.settings import Settings
 from tests.support.waiting import async_wait_until, wait_until
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
 from workers import keys

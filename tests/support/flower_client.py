@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import redis
 
-from orchestrator.runtime.publish import dispatch_call, get_producer_app
+from orchestrator.publishing.publisher import dispatch_call, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import read_catalogue
 from tests.support.calls import wait_tool_outcome

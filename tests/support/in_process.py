@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 
+from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.runtime.process import Runtime, RuntimeOptions
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from ops.redis_server import find_free_port
+from orchestrator.redis_server import find_free_port
 from tests.support.processes import ROOT
 from tests.support.waiting import wait_until
 from workers import keys

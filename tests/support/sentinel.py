@@ -5,7 +5,7 @@
         cluster.failover()                             # SENTINEL FAILOVER; returns once they switched
         cluster.kill_master()                          # SIGKILL; returns once they elected the replica
 
-The data nodes are `ops.redis_server.RedisServer`s (AOF on); the sentinels run `redis-server <conf>
+The data nodes are `orchestrator.redis_server.RedisServer`s (AOF on); the sentinels run `redis-server <conf>
 --sentinel` (Sentinel rewrites its configuration file, so each has its own in the temp dir). Each way of
 failing over first waits until the sentinels see a healthy replica to promote (`ready`), and leaves the old
 master replicating from the new one (after SENTINEL FAILOVER the sentinels demote it themselves, about ten
@@ -24,7 +24,7 @@ from types import TracebackType
 
 import redis
 
-from ops.redis_server import RedisServer, find_free_port, find_redis_server
+from orchestrator.redis_server import RedisServer, find_free_port, find_redis_server
 from tests.support.waiting import wait_until
 
 HOST = "127.0.0.1"

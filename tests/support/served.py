@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from ops.redis_server import find_free_port
+from orchestrator.redis_server import find_free_port
 from tests.support.processes import ROOT, TOOLLOOP_BIN, wait_while_running
 from tests.support.waiting import DEFAULT_TIMEOUT_S
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
 from orchestrator.model import Message, ToolMessage, TurnOutcome
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
 from workers import keys

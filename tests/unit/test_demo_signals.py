@@ -1,4 +1,4 @@
-"""The demo records every child it starts before an interrupt can end it (`ops.demo._interrupts_held`).
+"""The demo records every child it starts before an interrupt can end it (`_interrupts_held`).
 
 Ctrl-C that came between a child's start and its record left that child running, unknown to the cleanup (an
 API process outlived an interrupted demo in a suite run). The interrupt now waits until the record is made.
@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from ops.demo import _interruptible, _interrupts_held
+from orchestrator.demo.run import _interruptible, _interrupts_held
 
 
 def test_an_interrupt_while_a_child_is_recorded_is_raised_once_it_is() -> None:

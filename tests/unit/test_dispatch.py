@@ -6,7 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.runtime.publish import DEADLINE_MARGIN_S, build_limits, build_send_options, build_task_id
+from orchestrator.publishing.publisher import (
+    DEADLINE_MARGIN_S,
+    build_limits,
+    build_send_options,
+    build_task_id,
+)
 from workers.contract import ToolCallRequest, ToolSpec
 
 pytestmark = pytest.mark.timeout(10)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from ops.redis_server import RedisServer, describe_persistence
 from orchestrator.cli import app
 from orchestrator.model import AssistantMessage, ToolMessage, TurnOutcome, UserMessage
+from orchestrator.redis_server import RedisServer, describe_persistence
 from orchestrator.runtime.durability import (
     build_id_list,
     build_lost_record,

@@ -17,7 +17,6 @@ from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "workers")
-MAX_MODULE_LINES = 400
 ERROR_MODULES = {Path("orchestrator/errors.py"), Path("workers/errors.py")}
 CONNECT_MODULE = Path("workers/connect.py")
 LISTING_MODULE = Path("workers/contract.py")
@@ -56,13 +55,93 @@ def test_workers_import_nothing_from_the_orchestrator() -> None:
     assert offenders == []
 
 
-def test_no_module_is_over_the_line_limit() -> None:
-    too_long = {
-        str(relative(path)): lines
-        for path in python_files(*PACKAGES)
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
-    }
-    assert too_long == {}
+def module_name(path: Path) -> str:
+    parts = list(relative(path).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(*packages: str) -> dict[str, set[str]]:
+    """Each module of the packages and the modules of theirs it imports, wherever the import statement is
+    (a function-local import is an import all the same), except under `if TYPE_CHECKING:`."""
+    paths = {module_name(path): path for path in python_files(*packages)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = parse(path)
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                # `from a.b import c` reaches the module a.b.c when there is one, else a.b itself.
+                targets.update(
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                    for alias in node.names
+                )
+        found = set()
+        for target in targets:
+            reached = target
+            while reached and reached not in paths:
+                reached = reached.rpartition(".")[0]
+            if reached and reached != name:
+                found.add(reached)
+        graph[name] = found
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of more than one module: each is an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_no_import_cycle() -> None:
+    assert strongly_connected(import_graph(*PACKAGES)) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
 
 
 def test_no_python_module_holds_lua() -> None:

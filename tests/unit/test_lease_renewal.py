@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from ops.bench.instant import INSTANT_BASE_URL, INSTANT_MODEL, build_instant_http
-from ops.redis_server import RedisServer
 from orchestrator.model import TurnRequest
+from orchestrator.publishing.publisher import get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.runtime.process import Runtime
-from orchestrator.runtime.publish import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.connection import connect_async
 from orchestrator.store.turns import TurnStore

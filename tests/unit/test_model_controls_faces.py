@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.client.submission import build_submission
 from orchestrator.commands.approvals import parse_arguments
 from orchestrator.commands.controls import (
     build_model_names,
@@ -25,7 +26,6 @@ from orchestrator.store import codec, flows
 from orchestrator.store.scripts import ControlResult
 from orchestrator.store.submit_checks import ModelNames, check_refusals, find_refusals
 from orchestrator.store.turn_view import PendingApproval, TurnView
-from orchestrator.submission import build_submission
 from tests.openapi_schemas import assert_valid
 from tests.support.flows import drive
 from workers.contract import ToolSpec

@@ -22,9 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"traced"}),
     frozenset({"driver"}),
     frozenset({"adopt", "perform", "durability", "persist"}),
-    frozenset({"publish", "handle", "inbox", "timers", "streaming", "turn_spans"}),
-    frozenset({"task_wire"}),
-    frozenset({"task_messages"}),
+    frozenset({"handle", "inbox", "timers", "streaming", "turn_spans"}),
 )
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 MACHINE_RUNS = frozenset({"start", "step", "resume"})

@@ -17,11 +17,11 @@ import redis
 from prometheus_client import REGISTRY
 
 from ops.bench.instant import INSTANT_BASE_URL, INSTANT_MODEL, build_instant_http
-from ops.redis_server import RedisServer
 from orchestrator.model import TurnRequest
 from orchestrator.outage import RedisOutage, RedisRetry
+from orchestrator.publishing.publisher import PUBLISH_ATTEMPTS, Publisher, get_producer_app
+from orchestrator.redis_server import RedisServer
 from orchestrator.runtime.process import Runtime
-from orchestrator.runtime.publish import PUBLISH_ATTEMPTS, Publisher, get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
 from tests.support.waiting import async_wait_until

@@ -10,7 +10,7 @@ from celery.backends.redis import SentinelBackend
 from flower.utils.broker import Broker, RedisSentinel
 from kombu import Connection
 
-from orchestrator.runtime.publish import get_producer_app
+from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.connection import MAX_BLOCK_MS, block_cap_ms, connect_async, connect_sync
 from workers.app import build_celery_config, create_app

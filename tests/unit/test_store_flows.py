@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.client import AsyncClient, Client, build_submission
-from orchestrator.direct import build_call_flow, build_direct_call, build_rejection_outcome
+from orchestrator.client.direct import build_call_flow, build_direct_call, build_rejection_outcome
+from orchestrator.client.redis_client import AsyncClient, Client, build_submission
 from orchestrator.errors import ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.providers.base import check_model_name

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.runtime.publish import build_limits, build_send_options
+from orchestrator.publishing.publisher import build_limits, build_send_options
 from orchestrator.store.catalogue import build_catalogue
 from workers import keys
 from workers.contract import ToolCallRequest, ToolSpec

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from orchestrator.machine.events import CallModel
 from orchestrator.model import AssistantMessage, ToolCall, ToolMessage, Turn, UserMessage
-from orchestrator.runtime.publish import build_send_options
+from orchestrator.publishing.publisher import build_send_options
 from orchestrator.tracing import (
     NO_CHAT_SPAN,
     build_input_messages,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator import AsyncClient, Client
-from orchestrator.api import build_safe_json, build_validation_detail
-from orchestrator.client import build_submission
+from orchestrator.api.app import build_safe_json, build_validation_detail
+from orchestrator.client.redis_client import build_submission
 from orchestrator.settings import Settings
 from orchestrator.store.codec import find_unstorable_value
 

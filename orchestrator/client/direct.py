@@ -129,9 +129,9 @@ def build_call_flow(
     clock: Callable[[], float] = time.monotonic,
 ) -> Flow[ToolOutcome]:
     """The whole direct call as a flow: validate, publish, wait on the reply list, read (or time out)."""
-    # Celery loads with the first direct call, not with `orchestrator.client`: a web app that never calls a
-    # tool directly never imports it.
-    from orchestrator.runtime.publish import dispatch_call, get_producer_app, revoke_call
+    # Celery loads with the first direct call, not with the Redis client module: a web app that never
+    # calls a tool directly never imports it.
+    from orchestrator.publishing.publisher import dispatch_call, get_producer_app, revoke_call
 
     catalogue = yield get_catalogue(now())
     rejected, spec = build_rejection_outcome(call.name, call.arguments, catalogue, approved=call.approve)

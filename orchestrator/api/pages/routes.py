@@ -6,8 +6,8 @@ HTML-escaped. Everything a page shows comes from the API it calls (`GET /v1/turn
 Content-Security-Policy allows nothing but this server's own scripts, styles and connections.
 
 With a token set, a page answers 401 with a short explanation unless it gets the token once (`?token=`, then
-a session cookie and a redirect without it, `orchestrator.ui.auth`), the cookie, or the bearer header. The
-static files hold no data and are served to anyone.
+a session cookie and a redirect without it, `orchestrator.api.pages.auth`), the cookie, or the bearer header.
+The static files hold no data and are served to anyone.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
-from orchestrator.api_redis import ApiRedis
+from orchestrator.api.connections import ApiRedis
+from orchestrator.api.pages.auth import SESSION_COOKIE, build_session_value, has_bearer, has_session
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.recent import DEFAULT_LIMIT, MAX_LIMIT, RecentCache, RecentTurn, alist_recent
-from orchestrator.ui.auth import SESSION_COOKIE, build_session_value, has_bearer, has_session
 
-_STATIC = resources.files("orchestrator.ui").joinpath("static")
+_STATIC = resources.files("orchestrator.api.pages").joinpath("static")
 # The files under /ui/static/, and their media types: nothing else is served from there.
 STATIC_FILES = {
     "ui.css": "text/css; charset=utf-8",
