@@ -1,12 +1,6 @@
-"""Anthropic Messages (`POST /v1/messages`), both ways.
-
-A response is a list of content blocks: `text` → text; `thinking` → thinking (its `signature` is not
-thinking text); `redacted_thinking` is opaque; `tool_use` → a tool call whose `input` is already an object.
-Thinking and redacted-thinking blocks are kept whole, signature included, in
-`provider_data["thinking_blocks"]`: Anthropic requires them back, unchanged, ahead of the `tool_use` blocks
-of the same assistant turn when thinking is on. Usage counts cache reads and writes apart from input tokens.
-Streams are read by `anthropic_stream`.
-Errors (`{"type": "error", "error": {...}, "request_id"}`; 529 overloaded) become ProviderErrors.
+"""Anthropic Messages (`POST /v1/messages`), both ways: the provider's profile, the one module the registry
+knows it by. Responses and errors are read by `anthropic_response`, event streams by `anthropic_stream`; both
+modules sit below this one, which gathers them.
 
 `to_wire` puts the request's instructions and then the system messages in `system`, every tool result as a
 `tool_result` block in the user message right after the assistant's `tool_use`, merges consecutive same-role
@@ -18,19 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import MalformedBody
 from orchestrator.model import (
     AssistantMessage,
     Message,
     ProviderError,
     SystemMessage,
-    ToolCall,
     ToolMessage,
     Turn,
-    Usage,
     UserMessage,
 )
 from orchestrator.providers import anthropic_request
@@ -40,24 +31,9 @@ from orchestrator.providers.anthropic_request import (
     build_tools,
     mark_cache_breakpoints,
 )
-from orchestrator.providers.body import (
-    build_error,
-    decode_json,
-    invalid_response,
-    is_error_body,
-    opt_list,
-    opt_str,
-    req_map,
-)
-from orchestrator.providers.common import (
-    IdSource,
-    build_tool_call,
-    build_turn,
-    join_text,
-    join_thinking,
-    parse_finish_reason,
-    parse_usage,
-)
+from orchestrator.providers.anthropic_response import PROVIDER, error_from_wire, from_wire
+from orchestrator.providers.anthropic_stream import AnthropicStreamReader
+from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from orchestrator.providers.structured import ANSWER_TOOL
@@ -67,7 +43,23 @@ from workers.contract import ToolSpec
 if TYPE_CHECKING:
     from orchestrator.providers.base import ModelRequest
 
-PROVIDER = "anthropic"
+__all__ = [
+    "API_VERSION",
+    "CONTINUE_TEXT",
+    "DEFAULT_MAX_TOKENS",
+    "MESSAGES_PATH",
+    "PROVIDER",
+    "build_messages",
+    "build_tool_choice",
+    "build_tool_param",
+    "clean_tool_id",
+    "error_from_wire",
+    "from_stream",
+    "from_wire",
+    "stream_reader",
+    "to_wire",
+]
+
 MESSAGES_PATH = "/v1/messages"
 API_VERSION = "2023-06-01"
 # The user turn after a conversation that ends with the assistant's (see `build_messages`).
@@ -76,80 +68,12 @@ CONTINUE_TEXT = "Continue from the results above."
 DEFAULT_MAX_TOKENS = anthropic_request.DEFAULT_MAX_TOKENS
 
 
-# --- response -> Turn ------------------------------------------------------------------------------------
-
-
-def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderError:
-    """A Turn from one Messages API response body; a ProviderError for an error or malformed body."""
-    if isinstance(body, str | bytes):
-        decoded = decode_json(body.decode("utf-8", "replace") if isinstance(body, bytes) else body, PROVIDER)
-        if isinstance(decoded, ProviderError):
-            return decoded
-        body = decoded
-    if is_error_body(body):
-        return error_from_wire(None, body)
-    try:
-        return _read_message(req_map(body, "message"), ids or IdSource())
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Anthropic response: {exc}")
-
-
-def _read_message(message: dict[str, Any], ids: IdSource) -> Turn:
-    text: list[str] = []
-    thinking: list[str] = []
-    kept: list[dict[str, Any]] = []
-    calls: list[ToolCall] = []
-    for i, raw in enumerate(opt_list(message.get("content"), "content")):
-        block = req_map(raw, f"content[{i}]")
-        kind = block.get("type")
-        if kind == "text":
-            text.append(opt_str(block.get("text"), f"content[{i}].text") or "")
-        elif kind == "thinking":
-            thinking.append(opt_str(block.get("thinking"), f"content[{i}].thinking") or "")
-            kept.append(block)
-        elif kind == "redacted_thinking":
-            kept.append(block)
-        elif kind == "tool_use":
-            calls.append(build_tool_call(ids, block.get("id"), block.get("name"), block.get("input")))
-    provider_data: dict[str, Any] = {}
-    if isinstance(message.get("id"), str):
-        provider_data["message_id"] = message["id"]
-    if kept:
-        provider_data["thinking_blocks"] = kept
-    return build_turn(
-        PROVIDER,
-        text=join_text(text),
-        thinking=join_thinking(thinking),
-        tool_calls=calls,
-        usage=_read_usage(message.get("usage")),
-        model=opt_str(message.get("model"), "model"),
-        finish_reason=parse_finish_reason(message.get("stop_reason")),
-        provider_data=provider_data,
-    )
-
-
-def _read_usage(raw: object) -> Usage:
-    usage = raw if isinstance(raw, dict) else {}
-    parsed = parse_usage(
-        usage,
-        cache_read_tokens=usage.get("cache_read_input_tokens"),
-        cache_write_tokens=usage.get("cache_creation_input_tokens"),
-    )
-    # Anthropic's input_tokens leave out the cache reads and writes it reports beside them; the total counts
-    # every token the call processed, as OpenAI's does (a token budget must see a cached prefix too).
-    cached = (parsed.cache_read_tokens or 0) + (parsed.cache_write_tokens or 0)
-    return parsed.model_copy(update={"total_tokens": parsed.total_tokens + cached}) if cached else parsed
-
-
 # --- stream -> Turn --------------------------------------------------------------------------------------
 
 
 def stream_reader(request: ModelRequest | None = None) -> StreamReader:
     """A reader for one streamed message (`anthropic_stream.AnthropicStreamReader`); for a request with an
     output schema, one that streams the answer tool's input as the answer's text."""
-    # Imported here: the reader module builds on this one's reader of whole messages.
-    from orchestrator.providers.anthropic_stream import AnthropicStreamReader
-
     answer_tool = ANSWER_TOOL if request is not None and request.output_schema is not None else None
     return AnthropicStreamReader(answer_tool=answer_tool)
 
@@ -157,13 +81,6 @@ def stream_reader(request: ModelRequest | None = None) -> StreamReader:
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from a whole Messages API event stream (LF or CRLF), accumulated."""
     return read_stream_text(stream_reader(), text, ids)
-
-
-def error_from_wire(
-    status: int | None, body: object, headers: Mapping[str, str] | None = None
-) -> ProviderError:
-    """A ProviderError from `{"type": "error", "error": {type, message}, "request_id"}` (or `request-id`)."""
-    return build_error(PROVIDER, status, body, headers)
 
 
 # --- request ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, Turn
-from orchestrator.providers.anthropic import PROVIDER, _read_message, error_from_wire
+from orchestrator.providers.anthropic_response import PROVIDER, error_from_wire, parse_message
 from orchestrator.providers.body import opt_map, opt_str, req_map
 from orchestrator.providers.common import IdSource, clean_tool_name
 from orchestrator.providers.deltas import Delta, TextDelta, ToolCallDelta
@@ -119,7 +119,7 @@ class AnthropicStreamReader(StreamReader):
                 # A JSON string parses like an object downstream; a broken one is kept per call.
                 block["input"] = self.partial_json[index]
             content.append(block)
-        return _read_message({**self.message, "content": content, "usage": self.usage}, ids)
+        return parse_message({**self.message, "content": content, "usage": self.usage}, ids)
 
 
 def _index(event: Mapping[str, Any]) -> int:

@@ -25,13 +25,13 @@ from orchestrator.providers.common import (
     parse_finish_reason,
 )
 from orchestrator.providers.deltas import Delta, TextDelta, ToolCallDelta
-from orchestrator.providers.openai_chat import (
-    _REASONING_FIELDS,
+from orchestrator.providers.openai_chat_response import (
     PROVIDER,
-    _raw_calls,
-    _read_content,
-    _read_usage,
+    REASONING_FIELDS,
     error_from_wire,
+    parse_chat_usage,
+    parse_content,
+    parse_raw_calls,
 )
 from orchestrator.providers.stream_reader import StreamReader, ThinkingJoiner
 
@@ -88,8 +88,8 @@ class ChatStreamReader(StreamReader):
         return deltas
 
     def _read_delta(self, delta: dict[str, Any]) -> list[Delta]:
-        text, thinking = _read_content(delta.get("content"))
-        thinking += [delta[name] for name in _REASONING_FIELDS if isinstance(delta.get(name), str)]
+        text, thinking = parse_content(delta.get("content"))
+        thinking += [delta[name] for name in REASONING_FIELDS if isinstance(delta.get(name), str)]
         text.append(opt_str(delta.get("refusal"), "delta.refusal") or "")
         deltas: list[Delta] = []
         for piece in thinking:
@@ -99,7 +99,7 @@ class ChatStreamReader(StreamReader):
             if piece:
                 self.text.append(piece)
                 deltas.append(TextDelta(piece))
-        for raw in _raw_calls(delta):
+        for raw in parse_raw_calls(delta):
             deltas += self._read_call_delta(req_map(raw, "delta.tool_calls[]"))
         return deltas
 
@@ -148,7 +148,7 @@ class ChatStreamReader(StreamReader):
             text=join_text(self.text),
             thinking=join_thinking(["".join(self.thinking)]),
             tool_calls=calls,
-            usage=_read_usage(self.usage),
+            usage=parse_chat_usage(self.usage),
             model=self.model,
             finish_reason=parse_finish_reason(self.finish_reason),
             provider_data={"response_id": self.response_id} if self.response_id else {},

@@ -19,7 +19,7 @@ from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.body import opt_str, req_map
 from orchestrator.providers.common import IdSource, clean_tool_name
 from orchestrator.providers.deltas import Delta, TextDelta, ToolCallDelta
-from orchestrator.providers.openai_responses import PROVIDER, _read_response, error_from_wire
+from orchestrator.providers.openai_responses_response import PROVIDER, error_from_wire, parse_response
 from orchestrator.providers.stream_reader import StreamReader, ThinkingJoiner
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -96,7 +96,7 @@ class ResponsesStreamReader(StreamReader):
         # The terminal event normally repeats the whole output; the accumulated items stand in when not.
         if not response.get("output"):
             response["output"] = [self.items[i] for i in sorted(self.items)]
-        return _read_response(response, ids)
+        return parse_response(response, ids)
 
 
 def _append_part(item: dict[str, Any], content_index: object, kind: object, delta: str) -> None:
