@@ -14,11 +14,12 @@ from typing import Annotated, Any
 import redis
 import typer
 
-from orchestrator.commands.turns_api import (
+from orchestrator.commands.exits import (
     EXIT_NOT_FOUND,
     EXIT_REDIS,
     EXIT_USAGE,
     build_redis_failure,
+    fail,
 )
 from orchestrator.settings import get_settings
 
@@ -64,18 +65,13 @@ def approve_command(
         with Client(settings=settings) as client:
             accepted = client.approve(turn_id, call_id, not deny, arguments=edited, reason=reason)
     except UnknownTurnError:
-        _fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
+        fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
     except CallNotWaitingError as exc:
-        _fail(str(exc), EXIT_ENDED)
+        fail(str(exc), EXIT_ENDED)
     except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     except redis.RedisError as exc:
-        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
     if not accepted:
-        _fail(f"turn {turn_id} has already ended", EXIT_ENDED)
+        fail(f"turn {turn_id} has already ended", EXIT_ENDED)
     typer.echo("denied" if deny else "approved")
-
-
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)

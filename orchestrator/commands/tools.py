@@ -14,25 +14,19 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
+from orchestrator.commands.exits import EXIT_REDIS, EXIT_USAGE, fail
 from orchestrator.settings import get_settings
 from orchestrator.store.connection import build_shown_url
 from workers.connect import connect_redis
 from workers.contract import build_listing
 
 EXIT_FAILED_OUTCOME = 1
-EXIT_USAGE = 2
-EXIT_REDIS = 3
 # Pools that do not enforce time limits (only prefork does): refused for tool queues.
 TOOL_POOL = "prefork"
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _redis_unreachable(url: str, exc: Exception) -> NoReturn:
-    _fail(
+    fail(
         f"cannot reach Redis at {build_shown_url(url)}: {exc} "
         "(set TOOLLOOP_REDIS_URL, or start one: toolloop redis)",
         EXIT_REDIS,
@@ -119,7 +113,7 @@ def call_command(
     try:
         arguments = parse_arguments(args)
     except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     url = get_settings().redis_url
     try:
         outcome = call_tool(url, tool, arguments, timeout_s=timeout, approve=approve)
@@ -162,14 +156,14 @@ def worker_command(
     try:
         app = create_worker_app(settings)
     except (ToolModuleError, McpConfigError) as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     requested = queues.split(",") if queues is not None else None
     try:
         chosen = build_worker_queues(registry.specs(), requested, served_queues())
     except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     if pool != TOOL_POOL:
-        _fail(
+        fail(
             f"--pool {pool} cannot serve tool queues ({', '.join(chosen)}): "
             "only prefork enforces time limits",
             EXIT_USAGE,
@@ -228,13 +222,13 @@ def redis_command(
     from orchestrator.redis_server import AppendFsync, run_foreground
 
     if appendfsync not in ("everysec", "always", "no"):
-        _fail(f"--appendfsync must be everysec, always or no, not {appendfsync!r}", EXIT_USAGE)
+        fail(f"--appendfsync must be everysec, always or no, not {appendfsync!r}", EXIT_USAGE)
     try:
         code = run_foreground(
             port, appendonly=appendonly, data_dir=data_dir, appendfsync=cast(AppendFsync, appendfsync)
         )
     except RedisServerError as exc:
-        _fail(str(exc), EXIT_REDIS)
+        fail(str(exc), EXIT_REDIS)
     raise typer.Exit(code)
 
 

@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from orchestrator.commands.turns_api import describe_validation_error
+from orchestrator.commands.exits import describe_validation_error
 from orchestrator.errors import ModelConfigError
 from orchestrator.pricing import build_price_table
 from orchestrator.settings import get_settings

@@ -15,34 +15,30 @@ import contextlib
 import json
 import signal
 from collections.abc import Iterator
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import redis
 import typer
 from pydantic import ValidationError
 
+from orchestrator.commands.approvals import approve_command
 from orchestrator.commands.controls import (
     build_model_names,
     build_model_settings,
     parse_output_schema,
 )
-from orchestrator.errors import RedisUnavailableError
+from orchestrator.commands.exits import (
+    EXIT_NOT_COMPLETED,
+    EXIT_NOT_FOUND,
+    EXIT_REDIS,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    build_redis_failure,
+    describe_validation_error,
+    fail,
+)
 from orchestrator.model import TurnOutcome, TurnStatus
 from orchestrator.settings import get_settings
-from orchestrator.store.connection import build_shown_url
-
-EXIT_NOT_FOUND = 1
-# A turn that ended stopped, failed or cancelled: `submit --wait` fails as `toolloop call` does for a failed
-# outcome, with the same code.
-EXIT_NOT_COMPLETED = 1
-EXIT_USAGE = 2
-EXIT_REDIS = 3
-EXIT_TIMEOUT = 4
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def parse_context(text: str | None) -> dict[str, Any]:
@@ -74,11 +70,6 @@ def build_limits(max_llm_calls: int | None, deadline_s: float | None, **more: fl
     return {name: value for name, value in given.items() if value is not None}
 
 
-def describe_validation_error(exc: ValidationError, whole: str = "request") -> str:
-    """A pydantic error in one line: each field's path (`whole` when it is about all of it) and message."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
-
-
 def build_timeout_message(turn_id: str, status: TurnStatus | None, timeout_s: float) -> str:
     """What `submit --wait` says when the turn has not ended in time: where it stands, and what to check."""
     if status is TurnStatus.QUEUED:
@@ -93,16 +84,6 @@ def build_timeout_message(turn_id: str, status: TurnStatus | None, timeout_s: fl
         )
     state = f"still {status.value}" if status is not None else "its status is unknown"
     return f"turn {turn_id} did not end within {timeout_s:g} s ({state}; toolloop show {turn_id})"
-
-
-def build_redis_failure(redis_url: str, exc: redis.RedisError) -> str:
-    """The one line `submit` says when Redis failed it: the URL (password hidden) and why.
-
-    The clients ride out a restart (`store.runner.Patience`): what gets here outlasted their patience, and
-    says so itself, or is a refusal no retry mends (a wrong password)."""
-    if isinstance(exc, RedisUnavailableError):
-        return str(exc)
-    return f"cannot reach Redis at {build_shown_url(redis_url)}: {' '.join(str(exc).split())}"
 
 
 def submit_command(
@@ -236,7 +217,7 @@ def submit_command(
                     except _StreamTimedOut:
                         printer.end_line()
                         status = client.store.get_status(turn_id)
-                        _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
+                        fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
                 _end_streamed(turn_id, streamed)
                 return
             if not wait:
@@ -248,13 +229,13 @@ def submit_command(
                 raise  # a TimeoutError too, but the turn's status cannot be read: Redis is what failed
             except TimeoutError:
                 status = client.store.get_status(turn_id)
-                _fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
+                fail(build_timeout_message(turn_id, status, timeout), EXIT_TIMEOUT)
     except ValidationError as exc:
-        _fail(describe_validation_error(exc), EXIT_USAGE)
+        fail(describe_validation_error(exc), EXIT_USAGE)
     except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     except redis.RedisError as exc:
-        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
     typer.echo(json.dumps(outcome.model_dump(mode="json"), indent=2, ensure_ascii=False))
     if outcome.status != TurnStatus.COMPLETED.value:
         reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
@@ -283,10 +264,10 @@ def _deadline(timeout_s: float) -> Iterator[None]:
 
 def _end_streamed(turn_id: str, outcome: TurnOutcome | None) -> None:
     if outcome is None:
-        _fail(f"turn {turn_id} is gone: it expired before its end was read", EXIT_NOT_COMPLETED)
+        fail(f"turn {turn_id} is gone: it expired before its end was read", EXIT_NOT_COMPLETED)
     if outcome.status != TurnStatus.COMPLETED.value:
         reason = f" ({outcome.stop_reason})" if outcome.stop_reason else ""
-        _fail(f"turn {turn_id} ended {outcome.status}{reason}", EXIT_NOT_COMPLETED)
+        fail(f"turn {turn_id} ended {outcome.status}{reason}", EXIT_NOT_COMPLETED)
 
 
 def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit printed.")]) -> None:
@@ -306,9 +287,9 @@ def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit
                 view = client.get(turn_id)
             except UnknownTurnError as exc:
                 known = SyncRunner(client.redis).run(losses.read_losses())
-                _fail(losses.build_unknown_turn_message(exc.args[0], known), EXIT_NOT_FOUND)
+                fail(losses.build_unknown_turn_message(exc.args[0], known), EXIT_NOT_FOUND)
     except redis.RedisError as exc:
-        _fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
     typer.echo(json.dumps(view.model_dump(mode="json"), indent=2, ensure_ascii=False))
     if losses.is_lost_outcome(view.outcome):
         assert view.outcome is not None and view.outcome.error is not None
@@ -354,7 +335,7 @@ def api_command(
         opt_out="--allow-no-token or TOOLLOOP_API_ALLOW_NO_TOKEN=1",
     )
     if refusal is not None:
-        _fail(refusal, EXIT_USAGE)
+        fail(refusal, EXIT_USAGE)
     if not token:
         # A blank TOOLLOOP_API_TOKEN (compose passes `${TOOLLOOP_API_TOKEN:-}`) is no token, not one no client
         # could ever send.
@@ -370,8 +351,6 @@ def api_command(
 
 def register(app: typer.Typer) -> None:
     """Add `submit`, `show`, `approve` and `api` to `app`."""
-    from orchestrator.commands.approvals import approve_command  # it reads this module's exit codes
-
     app.command("submit")(submit_command)
     app.command("show")(show_command)
     app.command("approve")(approve_command)
