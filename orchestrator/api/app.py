@@ -13,6 +13,13 @@ that fail the tool's schema, 422 too, in the same shape (`loc`, `msg`, `type`; f
 lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
 `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 
+The contract is the app's `/openapi.json`: every route declares its answer's model and its error answers
+(`ErrorBody`: `detail`, and for a 409 a `code` saying which refusal it is), a tag and a stable
+`operation_id` (`submitTurn`, `getTurn`, …, what generated clients name their methods after); the events
+route its `text/event-stream` messages, one schema per event type (`api.sse.EVENT_TYPES`); the token is the
+HTTP bearer scheme `bearerToken`. A submit may carry its own `turn_id`, so a client that retries after a
+lost answer stores its turn once (`client.http_client`).
+
 Redis (`api_redis`): requests share a bounded pool, every SSE stream one events reader (`api_fanout`,
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
 pool. Any Redis failure (unreachable, out of memory, read-only, no connection free in time) answers 503
@@ -21,23 +28,25 @@ with `Retry-After` and a one-line reason, never a 500.
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, model_validator
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
 from orchestrator.api.connections import ApiRedis, build_failure_reason, build_unavailable_reply
-from orchestrator.api.pages.auth import has_bearer, has_session
+from orchestrator.api.pages.auth import has_session
 from orchestrator.api.pages.routes import build_listing_router, build_pages_router
-from orchestrator.api.sse import turn_events
+from orchestrator.api.sse import EVENTS_DESCRIPTION, build_events_content, turn_events
 from orchestrator.client.redis_client import AsyncClient
 from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
@@ -45,15 +54,40 @@ from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.catalogue import aread_catalogue
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
+from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import continue_http_trace
 from workers.contract import ToolSpec, build_listing
 from workers.tracing import setup_tracing, shutdown_tracing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# A turn id a caller may choose over HTTP: one path segment, never a dot segment, nothing to percent-encode.
+TURN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+# The tags of the API's operations, in the order the documentation shows them.
+OPENAPI_TAGS = [
+    {
+        "name": "turns",
+        "description": "Submit a turn, read it, follow its events, cancel it, answer approvals.",
+    },
+    {"name": "tools", "description": "The tools the live workers serve."},
+    {"name": "operations", "description": "Health and metrics, for load balancers and Prometheus."},
+]
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearerToken",
+    description=(
+        "`TOOLLOOP_API_TOKEN`, when the API has one (401 without it); reads also accept the turn pages' "
+        "session cookie. `/healthz` is always open."
+    ),
+)
 
 
 class TurnBody(TurnRequest):
-    """The body of `POST /v1/turns`: a `TurnRequest` (unknown fields refused) that has something to answer."""
+    """The body of `POST /v1/turns`: a `TurnRequest` (unknown fields refused) that has something to answer.
+
+    `turn_id` is the caller's own id for the turn (None: the API chooses one): a submit repeated with it, as a
+    client retrying after a lost answer does, stores the turn once and answers the same id."""
+
+    turn_id: str | None = Field(default=None, pattern=TURN_ID_PATTERN)
 
     @model_validator(mode="after")
     def _needs_prompt_or_messages(self) -> TurnBody:
@@ -84,6 +118,67 @@ class ControlReply(BaseModel):
 
     id: str
     accepted: bool
+
+
+class ErrorItem(BaseModel):
+    """One problem of a refused request, shaped as pydantic's validation errors: what kind, where, why."""
+
+    type: str
+    loc: list[str | int]
+    msg: str
+    # More about it: for an unknown tool, `tool` and the public tools `available`.
+    ctx: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: `detail` is one line (401, 404, 409, 413, 503), or the list of problems (422).
+
+    `code` says which refusal a 409 is: `turn_ended` (the turn has already ended), `call_not_waiting` (no
+    call with this id waits for an answer) or `call_decided` (it was answered already: the first answer
+    stands)."""
+
+    detail: str | list[ErrorItem]
+    code: str | None = None
+
+
+class HealthReply(BaseModel):
+    """What `/healthz` answers: `ok` twice, or `unavailable` and why Redis did not answer (with a 503)."""
+
+    status: str
+    redis: str
+
+
+class Conflict(Exception):
+    """A 409: the request came too late (`code` as `ErrorBody` lists them)."""
+
+    def __init__(self, detail: str, code: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.code = code
+
+
+def _error(description: str, **extra: Any) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description, **extra}
+
+
+_RETRY_AFTER = {
+    "Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}
+}
+# The error answers of the routes, declared with each route that can give them.
+Responses = dict[int | str, dict[str, Any]]
+UNAUTHORIZED: Responses = {401: _error("No bearer token, or a wrong one, while the API has one.")}
+UNAVAILABLE: Responses = {
+    503: _error("Redis did not answer (down, restarting, out of memory, read-only).", headers=_RETRY_AFTER)
+}
+UNKNOWN_TURN: Responses = {404: _error("No turn with this id (never submitted, or expired).")}
+TOO_LARGE: Responses = {413: _error("The body is over the API's limit (`max_body_bytes`).")}
+REFUSED: Responses = {
+    422: _error("The request is malformed, or asks for what cannot be served; `loc` names the field.")
+}
+ENDED: Responses = {
+    409: _error("The turn has already ended, or the call waits for no answer (`code` says which).")
+}
+COMMON: Responses = {**UNAUTHORIZED, **UNAVAILABLE}
 
 
 class ToolInfo(BaseModel):
@@ -186,6 +281,11 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": build_validation_detail(errors) or "invalid request"}, status_code=422)
 
 
+async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Conflict)
+    return JSONResponse(ErrorBody(detail=exc.detail, code=exc.code).model_dump(), status_code=409)
+
+
 def _redis(request: Request) -> ApiRedis:
     api: ApiRedis = request.app.state.redis
     return api
@@ -203,11 +303,17 @@ async def hold_redis_slot(request: Request) -> AsyncIterator[None]:
 
 def build_auth_dependency(settings: Settings) -> Any:
     """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set; a read
-    (GET) may instead carry the turn pages' session cookie (`orchestrator.api.pages.auth`)."""
+    (GET) may instead carry the turn pages' session cookie (`orchestrator.api.pages.auth`). The schema
+    declares the token as the HTTP bearer scheme `bearerToken` (`BEARER`), so generated clients send it."""
     token = settings.api_token.get_secret_value().encode() if settings.api_token else None
 
-    async def check_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-        if token is None or has_bearer(authorization, token) or has_session(request, token):
+    async def check_token(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+    ) -> None:
+        given = credentials.credentials.strip().encode() if credentials is not None else None
+        if token is None or (given is not None and hmac.compare_digest(given, token)):
+            return
+        if has_session(request, token):
             return
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
@@ -218,10 +324,25 @@ def _not_found(turn_id: str) -> HTTPException:
     return HTTPException(404, f"unknown turn {turn_id!r}")
 
 
-turns_router = APIRouter(prefix="/v1/turns", dependencies=[Depends(hold_redis_slot)])
+turns_router = APIRouter(
+    prefix="/v1/turns", tags=["turns"], dependencies=[Depends(hold_redis_slot)], responses=COMMON
+)
 # Its own router: a stream holds a pool slot only while it reads, not for its whole life (api_sse).
-events_router = APIRouter(prefix="/v1/turns")
-events_router.add_api_route("/{turn_id}/events", turn_events, methods=["GET"])
+events_router = APIRouter(prefix="/v1/turns", tags=["turns"], responses=COMMON)
+events_router.add_api_route(
+    "/{turn_id}/events",
+    turn_events,
+    methods=["GET"],
+    operation_id="streamTurnEvents",
+    summary="Follow a turn's events (SSE)",
+    description=EVENTS_DESCRIPTION,
+    response_class=Response,  # an EventSourceResponse; its content is declared by hand below
+    responses={
+        200: {"description": "The turn's events as server-sent events.", "content": build_events_content()},
+        **UNKNOWN_TURN,
+        **REFUSED,
+    },
+)
 
 
 def build_refusal_detail(request: TurnRequest, exc: ValueError) -> list[dict[str, Any]]:
@@ -232,7 +353,7 @@ def build_refusal_detail(request: TurnRequest, exc: ValueError) -> list[dict[str
             {
                 "type": "unknown_tool",
                 "loc": ["body", "tools", names.index(name) if name in names else 0],
-                "msg": f"unknown tool {name!r}; available: {', '.join(exc.available) or 'none'}",
+                "msg": exc.describe(name),
                 "ctx": {"tool": name, "available": exc.available},
             }
             for name in exc.unknown
@@ -253,27 +374,43 @@ def build_controls_detail(refusals: Sequence[Refusal]) -> list[dict[str, Any]]:
     ]
 
 
-@turns_router.post("", status_code=202, response_model=SubmitReply)
+@turns_router.post(
+    "",
+    status_code=202,
+    response_model=SubmitReply,
+    operation_id="submitTurn",
+    summary="Submit a turn",
+    responses={**TOO_LARGE, **REFUSED},
+)
 async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
     its model controls cannot be served (`store.flows.submit`, `store.submit_checks`)."""
     # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
-    turn_request = TurnRequest.model_validate({**body.model_dump(), "trace_context": None})
+    fields = body.model_dump(exclude={"turn_id"})
+    turn_request = TurnRequest.model_validate({**fields, "trace_context": None})
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:
         raise HTTPException(422, build_safe_json(build_controls_detail(refusals)))
     with continue_http_trace(request.headers, "POST /v1/turns"):
         try:
-            turn_id = await client.submit_request(turn_request)
+            turn_id = await client.submit_request(turn_request, turn_id=body.turn_id)
         except ValueError as exc:
             raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
     return SubmitReply(id=turn_id)
 
 
-@turns_router.get("/{turn_id}")
+@turns_router.get(
+    "/{turn_id}",
+    response_model=TurnView,
+    operation_id="getTurn",
+    summary="Read a turn",
+    responses={**UNKNOWN_TURN, **REFUSED},
+)
 async def get_turn(turn_id: str, request: Request) -> Response:
-    """The turn's status, request, transcript so far and outcome once terminal."""
+    """The turn's status, request, transcript so far, the calls waiting for approval, and its outcome once
+    terminal; sensitive values redacted."""
+    # Sent as the view serialises itself: `response_model` declares it without validating it again.
     try:
         view = await _client(request).get(turn_id)
     except UnknownTurnError:
@@ -281,13 +418,27 @@ async def get_turn(turn_id: str, request: Request) -> Response:
     return Response(view.model_dump_json(), media_type="application/json")
 
 
-@turns_router.post("/{turn_id}/cancel", status_code=202, response_model=ControlReply)
+@turns_router.post(
+    "/{turn_id}/cancel",
+    status_code=202,
+    response_model=ControlReply,
+    operation_id="cancelTurn",
+    summary="Cancel a turn",
+    responses={**UNKNOWN_TURN, **ENDED, **REFUSED},
+)
 async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
-    """Ask the turn's orchestrator to cancel it."""
+    """Ask the turn's orchestrator to cancel it; 409 (`turn_ended`) when it has already ended."""
     return await _control_reply(turn_id, _client(request).cancel(turn_id))
 
 
-@turns_router.post("/{turn_id}/approvals/{call_id}", status_code=202, response_model=ControlReply)
+@turns_router.post(
+    "/{turn_id}/approvals/{call_id}",
+    status_code=202,
+    response_model=ControlReply,
+    operation_id="answerApproval",
+    summary="Approve or deny a tool call",
+    responses={**UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
+)
 async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
     """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when
     edited arguments fail the tool's schema, 409 when the turn has ended or the call waits for no answer
@@ -298,7 +449,7 @@ async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: 
     try:
         return await _control_reply(turn_id, sending)
     except CallNotWaitingError as exc:
-        raise HTTPException(409, str(exc)) from None
+        raise Conflict(str(exc), "call_decided" if exc.decided else "call_not_waiting") from None
     except ValueError as exc:
         detail = [{"type": "value_error", "loc": ["body", "arguments"], "msg": str(exc)}]
         raise HTTPException(422, build_safe_json(detail)) from None
@@ -310,21 +461,37 @@ async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply
     except UnknownTurnError:
         raise _not_found(turn_id) from None
     if not accepted:
-        raise HTTPException(409, f"turn {turn_id!r} has already ended")
+        raise Conflict(f"turn {turn_id!r} has already ended", "turn_ended")
     return ControlReply(id=turn_id, accepted=True)
 
 
 def build_ops_router() -> APIRouter:
     """`/v1/tools` and `/metrics` (behind the token when one is set)."""
-    router = APIRouter()
+    router = APIRouter(responses=UNAUTHORIZED)
 
-    @router.get("/v1/tools", dependencies=[Depends(hold_redis_slot)])
+    @router.get(
+        "/v1/tools",
+        dependencies=[Depends(hold_redis_slot)],
+        tags=["tools"],
+        operation_id="listTools",
+        summary="List the tools",
+        responses={**UNAVAILABLE, **REFUSED},
+    )
     async def list_tools(request: Request, include_sensitive: bool = False) -> list[ToolInfo]:
+        """The tools the live workers serve, sorted by name; sensitive ones only with `include_sensitive`."""
         catalogue = await aread_catalogue(_client(request).store.redis)
         return build_tool_listing(catalogue.values(), include_sensitive=include_sensitive)
 
-    @router.get("/metrics")
+    @router.get(
+        "/metrics",
+        tags=["operations"],
+        operation_id="getMetrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus_metrics() -> Response:
+        """This process's metrics in Prometheus's text format."""
         body, content_type = metrics.render_latest()
         return Response(body, media_type=content_type)
 
@@ -347,15 +514,35 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
             if traced:
                 shutdown_tracing()
 
-    app = FastAPI(title="toolloop", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="toolloop",
+        version="0.1.0",
+        summary="Tool-calling turns run by an orchestrator and Celery workers, over Redis.",
+        openapi_tags=OPENAPI_TAGS,
+        lifespan=lifespan,
+    )
     auth = Depends(build_auth_dependency(settings))
     app.include_router(turns_router, dependencies=[auth])
     app.include_router(events_router, dependencies=[auth])
     app.include_router(build_ops_router(), dependencies=[auth])
-    app.include_router(build_listing_router(), dependencies=[auth, Depends(hold_redis_slot)])
+    app.include_router(
+        build_listing_router(),
+        tags=["turns"],
+        responses={**COMMON, **REFUSED},
+        dependencies=[auth, Depends(hold_redis_slot)],
+    )
     app.include_router(build_pages_router(settings))  # the pages check the token themselves (ui.routes)
 
-    @app.get("/healthz")
+    @app.get(
+        "/healthz",
+        tags=["operations"],
+        operation_id="getHealth",
+        summary="Health",
+        response_model=HealthReply,
+        responses={
+            503: {"model": HealthReply, "description": "Redis does not answer.", "headers": _RETRY_AFTER}
+        },
+    )
     async def healthz(request: Request) -> JSONResponse:
         """200 when Redis answers PING on the health connection, 503 when it does not."""
         reason = await _redis(request).health.check()
@@ -364,6 +551,7 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         return JSONResponse({"status": "ok", "redis": "ok"})
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(Conflict, _conflict)
 
     async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
         reason = build_failure_reason(exc)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header, HTTPException, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -32,11 +32,106 @@ from orchestrator.api.fanout import REDIS_FAILURES, Backoff, EventFanout, Subscr
 from orchestrator.model import TurnStatus
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
+from orchestrator.store.turn_stream import TYPED, StreamEvent
 
 # A stream id as a client may give it: `after` and `Last-Event-ID` (anything else is a 422).
 STREAM_ID_PATTERN = r"^\d+(-\d+)?$"
 # Events read per catch-up read: a stream further behind reads page after page, at its client's pace.
 PAGE_EVENTS = 100
+
+# The event types a turn's stream carries, as the schema documents them (a later version may add others: a
+# reader skips a name it does not know). Those `store.turn_stream` types have their `data` fields declared.
+EVENT_TYPES: dict[str, str] = {
+    "turn_queued": "The turn is stored and queued.",
+    "turn_started": "An orchestrator started the turn: its model(s), the tools offered, its deadline.",
+    "turn_resumed": "Another orchestrator took the turn over and goes on from its last saved step.",
+    "model_called": "A model call went out (`llm_call_index`, `model`).",
+    "text_delta": "A piece of the model's answer as it is written; a call's pieces concatenate to its text.",
+    "thinking_delta": "A piece of the model's reasoning, as the provider shows it.",
+    "tool_call_started": "The model is writing a tool call: its name is known, its arguments still coming.",
+    "model_stream_reset": "Drop what was shown of a model call: it failed and is retried.",
+    "model_responded": "A model call answered (`type`, `tool_calls`, `finish_reason`, `usage`).",
+    "model_failed": "A model call failed (`status`, `error_type`, `message`, `retryable`).",
+    "model_fallback": "The turn moves on to the next model of its list (`from`, `to`).",
+    "context_trimmed": "Older history was left out of a model call to fit its context window.",
+    "context_exceeded": "A model call was over the context window; it is tried again with less.",
+    "context_compacted": "The history before a point was summarised.",
+    "context_compaction_failed": "Summarising the history failed; the turn goes on without it.",
+    "output_invalid": "An answer did not fit the turn's `output_schema` (`errors`, `retrying`).",
+    "model_empty_answer": "The model answered nothing; it is asked again.",
+    "approval_requested": "Tool calls wait for a person's approval (`call_ids`).",
+    "approval_given": "A person approved or denied a call (`call_id`, `approved`, `edited`).",
+    "tool_dispatched": "A tool call was sent to the workers (`call_id`, `tool`, `attempt`, `arguments`).",
+    "tool_started": "A worker started a call.",
+    "tool_progress": "A tool's own report while it runs (`message`, `fraction`).",
+    "tool_redispatched": "A call whose worker was lost was sent again.",
+    "tool_synthesis_requested": "toolloop answers a call itself (a timeout, a lost worker, a stop).",
+    "tool_finished": "A call's outcome arrived (`ok`, `failure_kind`, `duration_ms`).",
+    "tool_synthesized": "A call was answered by toolloop rather than by its tool.",
+    "late_outcome": "An outcome came after its call was answered otherwise; kept, not used.",
+    "turn_stopping": "The turn is stopping (`reason`: cancelled, a limit, the deadline…).",
+    "turn_lost": "The turn could not be run any further.",
+    "turn_finished": "The last event: the turn is terminal (`status`, `stop_reason`); its outcome is stored.",
+}
+_EVENT_ENVELOPE = ("id", "turn_id", "at")
+EVENTS_DESCRIPTION = """The turn's events as server-sent events, from the first one (or after `after`,
+or after `Last-Event-ID` when a client reconnects), ending after `turn_finished`. Each message has the
+event's stream id as `id` (send it back as `Last-Event-ID` to resume: nothing is lost or repeated), its
+name as `event`, and the event as JSON as `data`: `{"id", "name", "turn_id", "at", "data"}`. Comment lines
+keep the connection alive while nothing happens (every `TOOLLOOP_API_SSE_KEEPALIVE_S`). A Redis restart
+does not end a stream.
+
+Event types (a later version may add others; skip a name you do not know):
+
+""" + "\n".join(f"- `{name}`: {meaning}" for name, meaning in EVENT_TYPES.items())
+
+
+def build_event_data_schema(kind: type[StreamEvent] | None) -> dict[str, Any]:
+    """The schema of an event's `data` object: a typed event's fields but the envelope's, else any object."""
+    if kind is None:
+        return {"type": "object", "additionalProperties": True}
+    schema = kind.model_json_schema()
+    properties = {k: v for k, v in schema["properties"].items() if k not in _EVENT_ENVELOPE}
+    required = [k for k in schema.get("required", []) if k not in _EVENT_ENVELOPE]
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": True}
+
+
+def build_event_item_schema(name: str, description: str) -> dict[str, Any]:
+    """One SSE message of event type `name`, as OpenAPI 3.2 describes an event-stream item."""
+    payload = {
+        "type": "object",
+        "required": ["id", "name", "turn_id", "at", "data"],
+        "properties": {
+            "id": {"type": "string", "description": "The event's stream id."},
+            "name": {"const": name},
+            "turn_id": {"type": "string"},
+            "at": {"type": "number", "description": "When it was written (Unix time, s)."},
+            "data": build_event_data_schema(TYPED.get(name)),
+        },
+    }
+    return {
+        "title": name,
+        "description": description,
+        "type": "object",
+        "required": ["event", "id", "data"],
+        "properties": {
+            "event": {"const": name},
+            "id": {"type": "string", "pattern": STREAM_ID_PATTERN},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
+        },
+    }
+
+
+def build_events_content() -> dict[str, Any]:
+    """The `text/event-stream` content of the events route: the body as text (OpenAPI 3.1), and each event
+    type as an `itemSchema` (OpenAPI 3.2's way, which FastAPI's own SSE routes use)."""
+    items = [build_event_item_schema(name, meaning) for name, meaning in EVENT_TYPES.items()]
+    return {
+        "text/event-stream": {
+            "schema": {"type": "string", "description": "Server-sent events, one per turn event."},
+            "itemSchema": {"oneOf": items},
+        }
+    }
 
 
 def build_sse(event: TurnEvent) -> ServerSentEvent:
@@ -137,7 +232,8 @@ async def turn_events(
     after: Annotated[str, Query(pattern=STREAM_ID_PATTERN)] = "0",
     last_event_id: Annotated[str | None, Header(pattern=STREAM_ID_PATTERN)] = None,
 ) -> EventSourceResponse:
-    """Server-sent events of the turn after `Last-Event-ID` (or `after`), ending after `turn_finished`."""
+    """Server-sent events of the turn after `Last-Event-ID` (or `after`), ending after `turn_finished`
+    (`EVENTS_DESCRIPTION`)."""
     api: ApiRedis = request.app.state.redis
     if await _open_status(api, turn_id) is None:
         raise HTTPException(404, f"unknown turn {turn_id!r}")

@@ -65,7 +65,9 @@ def build_listing_router() -> APIRouter:
     router = APIRouter()
     cache = RecentCache()  # what this process's listings have read: the next one reads only what is new
 
-    @router.get("/v1/turns", response_model=RecentTurns)
+    @router.get(
+        "/v1/turns", response_model=RecentTurns, operation_id="listTurns", summary="List recent turns"
+    )
     async def list_turns(
         request: Request, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT
     ) -> RecentTurns:
