@@ -1,8 +1,10 @@
-"""The canonical, provider-neutral conversation model (SPEC §1) and the shapes of a turn (SPEC §5.6).
+"""The canonical, provider-neutral conversation model and the shapes of a turn.
 
 Messages are a pydantic union keyed on `role`. Provider continuation data (response ids, reasoning items,
 thinking signatures) rides along in `provider_data`, opaque to everything but the provider module that wrote
 it, and is re-sent only to that same provider.
+
+Design notes: docs/design/providers.md, "The canonical model"; docs/design/turns.md, "The terminal outcome".
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "unknow
 
 
 class ToolCall(BaseModel):
-    """One tool call asked for by a model. `arguments` is always a dict (SPEC §1.2, §2.2)."""
+    """One tool call asked for by a model. `arguments` is always a dict."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -33,7 +35,7 @@ class ToolCall(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token counts of one LLM call, or summed over a turn (SPEC §1.5)."""
+    """Token counts of one LLM call, or summed over a turn."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -67,7 +69,7 @@ def _add_floats(a: float | None, b: float | None) -> float | None:
 
 
 class Turn(BaseModel):
-    """One normalised LLM response (SPEC §1.3). `type` is `tool_calls` exactly when a tool call is present."""
+    """One normalised LLM response. `type` is `tool_calls` exactly when a tool call is present."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -111,7 +113,7 @@ class AssistantMessage(BaseModel):
 
 
 class ToolMessage(BaseModel):
-    """The answer to one tool call: exactly one per call, in the order of the calls (SPEC §5.1)."""
+    """The answer to one tool call: exactly one per call, in the order of the calls."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -143,7 +145,7 @@ def assistant_message_from_turn(turn: Turn) -> AssistantMessage:
 
 
 class ProviderError(BaseModel):
-    """A provider's error response or a transport failure, as a value (SPEC §2.4)."""
+    """A provider's error response or a transport failure, as a value."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -161,7 +163,7 @@ class ProviderError(BaseModel):
 
 
 class TurnStatus(StrEnum):
-    """Persisted status of a turn (SPEC §5.6, §5.8)."""
+    """Persisted status of a turn."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -200,7 +202,7 @@ LIMIT_STOP_REASONS: frozenset[str] = frozenset(
 
 
 class Limits(BaseModel):
-    """Per-turn limits (SPEC §5.3) and stop policies (SPEC §5.4), each with its default."""
+    """Per-turn limits and stop policies, each with its default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -227,7 +229,7 @@ ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 
 
 class ModelSettings(BaseModel):
-    """How the model is asked (SPEC §10.1): mapped per provider in its `to_wire`; a setting the target
+    """How the model is asked: mapped per provider in its `to_wire`; a setting the target
     provider cannot honour is refused when the turn is submitted, never dropped silently."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -244,7 +246,7 @@ class ModelSettings(BaseModel):
 
 
 class TurnRequest(BaseModel):
-    """What a web app submits (SPEC §7.1). Durable in Redis before `submit` returns."""
+    """What a web app submits. Durable in Redis before `submit` returns."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -256,8 +258,8 @@ class TurnRequest(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     context: dict[str, Any] = Field(default_factory=dict)
     conversation_id: str | None = None
-    tool_choice: str | None = None  # "auto" | "required" | "none" | a tool name (SPEC §5.10)
-    # Model calls stream their answer as `text_delta` events when the provider can (SPEC §9.1); False asks
+    tool_choice: str | None = None  # "auto" | "required" | "none" | a tool name
+    # Model calls stream their answer as `text_delta` events when the provider can; False asks
     # for plain responses (a proxy that mangles streams, a provider that bills streaming differently).
     stream: bool = True
     # The system prompt of this turn, sent first and kept out of the stored conversation.
@@ -272,7 +274,7 @@ class TurnRequest(BaseModel):
 
 
 class LLMCallRecord(BaseModel):
-    """One model call of a turn: kept per call, summed into the turn's usage (SPEC §1.5)."""
+    """One model call of a turn: kept per call, summed into the turn's usage."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -285,7 +287,7 @@ class LLMCallRecord(BaseModel):
 
 
 class TurnOutcome(BaseModel):
-    """The terminal shape of a turn (SPEC §5.6): always the same fields."""
+    """The terminal shape of a turn: always the same fields."""
 
     turn_id: str
     status: Literal["completed", "stopped", "failed", "cancelled"]

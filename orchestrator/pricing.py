@@ -1,4 +1,4 @@
-"""What a model call cost (SPEC §10.2): a price table in USD per million tokens, and the cost of one call's
+"""What a model call cost: a price table in USD per million tokens, and the cost of one call's
 usage. A model with no price costs None — never a guess.
 
 The shipped table holds the providers' published list prices (standard tier, no batch discount, Anthropic's

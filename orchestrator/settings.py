@@ -1,8 +1,10 @@
-"""Orchestrator settings (SPEC §8.1): the worker's connection settings plus what only the orchestrator side
+"""Orchestrator settings: the worker's connection settings plus what only the orchestrator side
 reads — the model, its tiers and provider credentials, the API token, leases and the lost-call grace.
 
 Provider keys keep their vendors' usual names (OPENAI_API_KEY, …). Tool workers load
 `workers.settings.WorkerSettings` only, so a worker process never reads a model credential.
+
+Design notes: docs/design/storage.md, "Settings".
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class Settings(WorkerSettings):
     """Configuration of the orchestrator, the API, the clients and the CLI. Unknown variables are ignored."""
 
     model: str = "scripted:demo"
-    # Model tiers (SPEC §6.3): a turn may name "fast", "default" or "smart" instead of a model.
+    # Model tiers: a turn may name "fast", "default" or "smart" instead of a model.
     model_fast: str | None = None
     model_default: str | None = None
     model_smart: str | None = None
@@ -64,7 +66,7 @@ class Settings(WorkerSettings):
     # retryable timeout (TOOLLOOP_MODEL_TIMEOUT_S). Reasoning models may think for minutes before a byte.
     model_timeout_s: float = Field(default=120.0, gt=0)
 
-    # Streaming (SPEC §9): model calls stream when the provider can and the turn does not say `stream: false`;
+    # Streaming: model calls stream when the provider can and the turn does not say `stream: false`;
     # their text and thinking deltas are coalesced into one event per turn at most every `stream_flush_s`
     # (TOOLLOOP_STREAM_FLUSH_S). The scripted model pauses `scripted_stream_delay_s` between the pieces it
     # streams (TOOLLOOP_SCRIPTED_STREAM_DELAY_S; the demo sets it so that its answer is seen being written).
@@ -73,7 +75,7 @@ class Settings(WorkerSettings):
     # Flower's address as a person's browser reaches it (TOOLLOOP_FLOWER_URL): the turn page links each tool
     # call to its task there.
     flower_url: str | None = None
-    # Model controls (SPEC §10): Anthropic prompt caching — cache breakpoints on the instructions, the tools
+    # Model controls: Anthropic prompt caching — cache breakpoints on the instructions, the tools
     # and the conversation's stable prefix (TOOLLOOP_PROMPT_CACHING, on); prices in USD per million tokens
     # that extend or correct the shipped table (`orchestrator.pricing`), as JSON
     # `{"<provider:model or model>": {"input": 2.0, "output": 8.0, "cache_read": 0.5, "cache_write": 2.5}}`
@@ -114,7 +116,7 @@ class Settings(WorkerSettings):
 
     @property
     def model_tiers(self) -> dict[str, str]:
-        """The configured tiers (SPEC §6.3), tier name → `provider:model`."""
+        """The configured tiers, tier name → `provider:model`."""
         names = (self.model_fast, self.model_default, self.model_smart)
         return {tier: name for tier, name in zip(MODEL_TIERS, names, strict=True) if name}
 

@@ -1,4 +1,4 @@
-"""The HTTP API (`toolloop api`): turns in, state and events out, over the async client (SPEC §7.1).
+"""The HTTP API (`toolloop api`): turns in, state and events out, over the async client.
 
 Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
@@ -24,6 +24,8 @@ Redis (`api_redis`): requests share a bounded pool, every SSE stream one events 
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
 pool. Any Redis failure (unreachable, out of memory, read-only, no connection free in time) answers 503
 with `Retry-After` and a one-line reason, never a 500.
+
+Design notes: docs/design/http-api.md.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ class ToolInfo(BaseModel):
 
 
 def build_tool_listing(specs: Iterable[ToolSpec], *, include_sensitive: bool) -> list[ToolInfo]:
-    """Tools sorted by name; sensitive ones only when asked for (SPEC §3.3)."""
+    """Tools sorted by name; sensitive ones only when asked for."""
     fields = set(ToolInfo.model_fields)
     visible = build_listing(specs, include_sensitive=include_sensitive)
     return [ToolInfo.model_validate(spec.model_dump(include=fields)) for spec in visible]

@@ -1,4 +1,4 @@
-"""Direct execution of one tool call, no model involved (SPEC §4.10): `toolloop call`, `Client.call_tool`.
+"""Direct execution of one tool call, no model involved: `toolloop call`, `Client.call_tool`.
 
 Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
 dispatched), refuse a `requires_confirmation` tool the caller did not approve (`approve=True`, `toolloop call
@@ -47,7 +47,7 @@ class DirectCall:
     """What a caller asks for: one call of tool `name`, answered within `timeout_s`.
 
     `approve` says the caller confirms the call, as a person answering a turn's approval does: a
-    `requires_confirmation` tool runs only with it (SPEC §5.8)."""
+    `requires_confirmation` tool runs only with it."""
 
     name: str
     arguments: dict[str, Any]

@@ -8,7 +8,7 @@ parameter lists of `submit` and `call_tool` are written once too, as the builder
 (`orchestrator.client.submission`) and `direct.build_direct_call`, whose signatures both clients' methods take
 (`takes_arguments_of`).
 
-A turn's model controls (SPEC §10): `submit(..., instructions=, model_settings=, output_schema=)` and `model`
+A turn's model controls: `submit(..., instructions=, model_settings=, output_schema=)` and `model`
 as a list (the fallback order); `output_schema` may be a pydantic model class, and `outcome.parse(Model)`
 gives the answer back as that type.
 
@@ -208,7 +208,7 @@ class Client:
 
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
-        """Run one tool call through the workers, no model involved (SPEC §4.10); returns its outcome.
+        """Run one tool call through the workers, no model involved; returns its outcome.
 
         A `requires_confirmation` tool runs only with `approve=True` (the caller is the person approving);
         without it, the outcome is `confirmation_denied` and nothing is dispatched."""
@@ -327,7 +327,7 @@ class AsyncClient:
 
     @takes_arguments_of(build_direct_call)
     async def call_tool(self, call: DirectCall) -> ToolOutcome:
-        """Run one tool call through the workers (SPEC §4.10); a confirmed tool only with `approve=True`."""
+        """Run one tool call through the workers; a confirmed tool only with `approve=True`."""
         return await direct.arun_call(self.redis_url, call, self.settings)
 
     async def ping(self) -> bool:

@@ -1,7 +1,7 @@
 """What `Client.submit` and `AsyncClient.submit` take, written once: `build_submission`, and the decorator
 that gives both methods its signature (`takes_arguments_of`; `direct.build_direct_call` is the other builder).
 
-A turn request's model controls (SPEC §10.1) come in as a caller writes them: `model_settings` a
+A turn request's model controls come in as a caller writes them: `model_settings` a
 `ModelSettings` or a mapping, `output_schema` a JSON Schema mapping or a pydantic model class (its
 `model_json_schema()`), `model` a name or a list of names (the fallback order). Whether the target provider
 honours them is checked when the turn is submitted (`store.submit_checks`), before anything is stored.
@@ -59,7 +59,7 @@ def build_model_names(model: str | Sequence[str] | None) -> str | list[str] | No
     return list(model)
 
 
-# Positional like the documented `submit(prompt=None, messages=None, …)` (ARCHITECTURE.md).
+# Positional like the documented `submit(prompt=None, messages=None, …)`.
 def build_submission(  # noqa: PLR0917
     prompt: str | None = None,
     messages: Sequence[Message | Mapping[str, Any]] | None = None,

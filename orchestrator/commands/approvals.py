@@ -1,4 +1,4 @@
-"""`toolloop approve TURN_ID CALL_ID`: answer a tool call waiting for a person (SPEC §5.8, §10.3).
+"""`toolloop approve TURN_ID CALL_ID`: answer a tool call waiting for a person (docs/design/approvals.md).
 
 Approve as the model asked, approve with edited `--arguments` (run instead of the model's, once they pass
 the tool's schema), or `--deny` with a `--reason` the model sees in the call's result. Exit codes: 0 the

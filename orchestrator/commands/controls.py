@@ -1,4 +1,4 @@
-"""The model controls of `toolloop submit` (SPEC §10): its flags read into a turn request's fields (pure).
+"""The model controls of `toolloop submit`: its flags read into a turn request's fields (pure).
 
 `--setting KEY=JSON` (repeatable) goes into `model_settings.extra` as the provider-specific field `KEY`;
 `--output-schema` is JSON text or `@file.json`. Each parser raises `ValueError` with a one-line reason, which

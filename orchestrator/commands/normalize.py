@@ -22,12 +22,12 @@ EXIT_BAD_INPUT = 2
 
 
 def build_turn_output(turn: Turn) -> dict[str, Any]:
-    """The JSON shape ARCHITECTURE.md promises for a normalised Turn."""
+    """The JSON shape `toolloop normalize` prints for a normalised Turn (scripts read it: keep it)."""
     calls: list[dict[str, Any]] = []
     for call in turn.tool_calls:
         entry: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
         if call.arguments_error:
-            # The call stays in the turn and is answered by a validation failure (SPEC §2.2): show why.
+            # The call stays in the turn and is answered by a validation failure: show why.
             entry["raw_arguments"] = call.raw_arguments
             entry["arguments_error"] = call.arguments_error
         calls.append(entry)
@@ -47,7 +47,7 @@ def build_turn_output(turn: Turn) -> dict[str, Any]:
 
 
 def build_error_output(error: ProviderError) -> dict[str, Any]:
-    """The JSON shape ARCHITECTURE.md promises for a provider error body; `details` only when present."""
+    """The JSON shape `toolloop normalize` prints for a provider error body; `details` only when present."""
     output: dict[str, Any] = {
         "provider": error.provider,
         "status": error.status,

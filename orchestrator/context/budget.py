@@ -1,4 +1,4 @@
-"""What a turn keeps about its context budget (SPEC §11.3): the `context_budget` field of `TurnState`.
+"""What a turn keeps about its context budget: the `context_budget` field of `TurnState`.
 
 `ContextBudget.replace` takes `BudgetChanges` keywords, so that mypy checks each field the machine sets, as
 `TurnChanges` does for the state (a unit test keeps the two in step).

@@ -1,6 +1,6 @@
 """The request of a compaction call: older history, as a transcript, for the model to summarise.
 
-A compaction stands for the exchanges a view would otherwise drop (SPEC §11.3). Its request is plain text
+A compaction stands for the exchanges a view would otherwise drop. Its request is plain text
 (no tools, no tool-call structure), so that any model reads it, and it is cut to the budget, keeping the
 most recent part: a transcript too long to summarise would fail like the view it replaces.
 """

@@ -1,4 +1,4 @@
-"""Fitting a request-time view into a token budget (SPEC §11.3); the stored history is never touched.
+"""Fitting a request-time view into a token budget; the stored history is never touched.
 
 When the view is over the budget, in this order, each step only as far as needed:
 

@@ -1,4 +1,4 @@
-"""Known context windows, by model-name prefix, and the tokens kept back for the answer (SPEC §11.3).
+"""Known context windows, by model-name prefix, and the tokens kept back for the answer.
 
 A window is the model's whole context in tokens (prompt and answer). The table is conservative where a
 vendor states two figures (gpt-5 takes at most 272k input tokens of its 400k window); a model it does not

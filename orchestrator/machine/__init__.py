@@ -1,4 +1,4 @@
-"""The loop of one turn as a pure, resumable state machine (SPEC §5): `(state, event) -> (state, commands)`.
+"""The loop of one turn as a pure, resumable state machine: `(state, event) -> (state, commands)`.
 
 The face is four names: `start` (a new turn's state and first commands), `step` (apply one event), `resume`
 (what a new owner of a persisted state must reissue) and `Policy` (the stop-policy hook). Inside, one module
@@ -18,6 +18,8 @@ per concern, in layers; a module imports only from the layers below it (tests/un
     events        what goes in (events) and out (commands)
 
 No I/O, no clock, no randomness: time comes in on events, ids derive from the turn id and counters.
+
+Design notes: docs/design/turns.md.
 """
 
 from orchestrator.machine.loop import Policy, resume, start, step

@@ -1,4 +1,4 @@
-"""A final answer (SPEC §5.7, §10.2): a blank one is retried, a typed one is validated, the rest complete.
+"""A final answer: a blank one is retried, a typed one is validated, the rest complete.
 
 With an `output_schema`, the answer's text is parsed as JSON and checked against it (Draft 2020-12). One
 that fits completes the turn with `output`, the parsed value. One that does not stays in the history, and a
@@ -7,6 +7,8 @@ a model call of its own, counted against `max_llm_calls` and the budgets, and at
 `limits.max_output_retries` of them are asked for in a turn (`output_invalid`, `retrying`). When they are used
 up the turn fails with `invalid_output` and no `output`. A final answer completes the turn even when it spent
 the turn's budget: it is paid for, and the budgets are there to stop a turn that would call on.
+
+Design notes: docs/design/model-calls.md, "Final answers".
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _on_blank_answer(draft: Draft, turn: Turn, at: float) -> None:
     state = draft.state
     why = _BLANK_FINISH_REASONS.get(turn.finish_reason or "")
     if why is not None:
-        # Retrying would hit the same wall; say what happened instead of reporting success (SPEC §5.7).
+        # Retrying would hit the same wall; say what happened instead of reporting success.
         error = ProviderError(
             provider=turn.provider or provider_of(state.model),
             type=turn.finish_reason,

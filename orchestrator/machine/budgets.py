@@ -1,10 +1,12 @@
-"""A turn's budgets in tokens and in dollars (SPEC §10.2), and the sum of its model calls' usage: pure.
+"""A turn's budgets in tokens and in dollars, and the sum of its model calls' usage: pure.
 
 `check_budget` is asked after every model answer and before every model call. A budget is spent once the
 turn has used it (`>=`): the next call could only go over. The cost of a call is the runtime's, from the price
 table (`orchestrator.pricing`), set on the answer's usage before it is stepped; the turn's cost is the sum
 while every answered call has a price, and unknown (None) from the first one that has none — never a guess.
 A budget in dollars with an unknown cost cannot be kept: the turn fails (`max_cost`) rather than spend on.
+
+Design notes: docs/design/model-calls.md, "Budgets and cost".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What goes into the state machine (events) and what comes out of it (commands) (SPEC §5.2).
+"""What goes into the state machine (events) and what comes out of it (commands).
 
 The runtime performs each command and feeds back what happened as events; the machine never does I/O.
 Both are frozen pydantic models keyed on `kind`, so they can be logged and stored as JSON.
@@ -80,7 +80,7 @@ class TimerFired(_Frozen):
 
 
 class ApprovalGiven(_Frozen):
-    """Someone approved or denied a call waiting for confirmation (SPEC §5.8)."""
+    """Someone approved or denied a call waiting for confirmation."""
 
     kind: Literal["approval_given"] = "approval_given"
     call_id: str
@@ -93,7 +93,7 @@ class ApprovalGiven(_Frozen):
 
 
 class CancelRequested(_Frozen):
-    """Someone cancelled the turn (SPEC §5.9)."""
+    """Someone cancelled the turn."""
 
     kind: Literal["cancel_requested"] = "cancel_requested"
     at: float
@@ -128,7 +128,7 @@ class CallModel(_Frozen):
     # event stream as `text_delta`s (not a compaction call's summary).
     stream: bool = True
     shown: bool = True
-    # The turn's model controls (SPEC §10): its system prompt, how the model is asked, the JSON Schema of its
+    # The turn's model controls: its system prompt, how the model is asked, the JSON Schema of its
     # answer; each None or default when the turn sets none (and for a compaction call's summary).
     instructions: str | None = None
     settings: ModelSettings = Field(default_factory=ModelSettings)
@@ -191,7 +191,7 @@ class AwaitApproval(_Frozen):
 
 
 class Emit(_Frozen):
-    """Publish one turn event (SPEC §7.4); `data` is JSON-ready and already redacted."""
+    """Publish one turn event; `data` is JSON-ready and already redacted."""
 
     kind: Literal["emit"] = "emit"
     event_name: str

@@ -1,4 +1,4 @@
-"""The loop of one turn as a pure, resumable state machine (SPEC §5): `(state, event) -> (state, commands)`.
+"""The loop of one turn as a pure, resumable state machine: `(state, event) -> (state, commands)`.
 
 `start` creates a turn's state and its first commands; `step` applies one event; `resume` gives a new owner
 of a persisted state the commands it must (re)issue. None does I/O, reads a clock or draws a random number:
@@ -11,6 +11,8 @@ This module routes each event to its handler and moves the turn on; the rules li
 validation, limits, dispatch, approvals, lost work, outcomes) and `stopping` (the one stop path and the
 terminal shapes). After each event `_settle` moves the turn on: a round whose calls are all answered enters
 the history, then the turn finishes or calls the model again.
+
+Design notes: docs/design/turns.md, "The state machine".
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def start(
 def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tuple[TurnState, list[Command]]:
     """Apply one event; the new state and the commands for the runtime, in order.
 
-    `policy` is the stop-policy hook (SPEC §5.4), consulted before each dispatch; pass the same one on every
+    `policy` is the stop-policy hook, consulted before each dispatch; pass the same one on every
     step of a turn (a callable cannot be persisted with the state).
     """
     draft = Draft(state)
@@ -182,7 +184,7 @@ def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:
       same task (task id, attempt), before the deadline and unless a stop already answers it. The old owner
       persisted the dispatch before publishing it and may have died in between; or the worker's `started`
       went to the dead owner's inbox, and no lost-call timer watches the call. Sent again, the task is a
-      redelivery, which workers make harmless (SPEC §4.8): skipped when the call has an outcome, waited out
+      redelivery, which workers make harmless: skipped when the call has an outcome, waited out
       while another delivery runs it — so no tool runs twice, and no call waits for the deadline because its
       message was never sent. A call whose start was recorded has its lost-call timer re-armed instead.
 

@@ -1,5 +1,5 @@
-"""The model half of the loop: each model call with its view (SPEC §5.1, §6), fitted to the context budget
-(§11.3), tool choice (§5.10), the turn's model controls and budgets (§10); what an answer or a failure leads
+"""The model half of the loop: each model call with its view, fitted to the context budget,
+its tool choice, the turn's model controls and budgets; what an answer or a failure leads
 to is decided in `answers` (final answers: blank, typed) and `model_errors` (retries, fallback).
 
 Every call carries the turn's instructions, model settings and output schema, all from the state, so that

@@ -1,4 +1,4 @@
-"""A failed model call (SPEC §5.7, §10.1): shrink the view, back off and retry, fall back to the next model,
+"""A failed model call: shrink the view, back off and retry, fall back to the next model,
 or fail the turn.
 
 In that order. An over-long-context error shrinks the context budget and calls again at once, one time
@@ -11,6 +11,8 @@ after errors that say this model cannot be used from here whatever is asked — 
 not share. Any other error (a request the provider refuses, a client bug) would fail the same way on the next
 model: it ends the turn `provider_error`, as does the last model's failure. Every attempt counts against
 `max_llm_calls` and the deadline.
+
+Design notes: docs/design/model-calls.md, "Retries and fallback".
 """
 
 from __future__ import annotations

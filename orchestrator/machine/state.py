@@ -1,4 +1,4 @@
-"""The persisted state of one turn: frozen, versioned, JSON-serialisable (SPEC §5.2).
+"""The persisted state of one turn: frozen, versioned, JSON-serialisable.
 
 The state machine (`orchestrator.machine`) is the only writer: every step takes a `TurnState` and returns a
 new one. Each model has a `TypedDict` of its fields, all optional (`TurnChanges`, `CallChanges`,
@@ -8,6 +8,8 @@ stays an unvalidated `model_copy`. A unit test keeps each in step with its model
 
 The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn from
 `load_state(text, history)`. A state of a newer or older layout is refused (`StateVersionError`), not misread.
+
+Design notes: docs/design/turns.md, "Persisted state and versions".
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ ViewDiagnosticKind = Literal[
 
 
 class ViewDiagnostic(_Frozen):
-    """One thing the request-time view did to the history for a model call (SPEC §6.1)."""
+    """One thing the request-time view did to the history for a model call."""
 
     kind: ViewDiagnosticKind
     message_index: int
@@ -183,12 +185,12 @@ class LateOutcome(_Frozen):
 
 
 class TurnState(_Frozen):
-    """Everything the machine needs to continue a turn on any orchestrator (SPEC §5.2)."""
+    """Everything the machine needs to continue a turn on any orchestrator."""
 
     version: int = STATE_VERSION
     turn_id: str
     # The request's essentials. `model` is the one calls go to, `models[model_index]` of the fallback order
-    # (empty in older states); the model controls (SPEC §10) go with every call, never into the history.
+    # (empty in older states); the model controls go with every call, never into the history.
     model: str
     models: list[str] = Field(default_factory=list)
     model_index: int = 0
@@ -218,7 +220,7 @@ class TurnState(_Frozen):
     # The llm call index of the model call in flight, if any.
     awaiting_model: int | None = None
     current: RoundState | None = None
-    # Policy memory (SPEC §5.4): "tool\0error" signatures of failures seen, and how many rounds in a row
+    # Policy memory: "tool\0error" signatures of failures seen, and how many rounds in a row
     # each "tool\0canonical arguments" signature was asked for.
     failure_signatures: list[str] = Field(default_factory=list)
     repeat_streaks: dict[str, int] = Field(default_factory=dict)
@@ -238,7 +240,7 @@ class TurnState(_Frozen):
     # The end.
     stop: PendingStop | None = None
     outcome: TurnOutcome | None = None
-    # The context budget of the request-time views (SPEC §11.3).
+    # The context budget of the request-time views.
     context_budget: ContextBudget = Field(default_factory=ContextBudget)
 
     @property

@@ -1,4 +1,4 @@
-"""The one stop path of a turn (SPEC §5.5) and its terminal shapes (§5.6).
+"""The one stop path of a turn and its terminal shapes (docs/design/turns.md, "The one stop path").
 
 Every stop — a limit, a stop policy, the deadline, a cancel, a provider error — goes through `begin_stop`:
 calls that have no outcome get one asked for (synthetic when the call did not get to finish), in-flight
@@ -124,12 +124,12 @@ def _call_stop_message(draft: Draft, reason: StopReason, *, ran: bool) -> str:
 def finish_turn(draft: Draft, at: float, output: Any = None) -> None:
     """End the turn with its pending stop, or as completed when none: build the outcome, emit Finish.
 
-    `output`: a completed typed turn's answer, parsed and validated (SPEC §10.2)."""
+    `output`: a completed typed turn's answer, parsed and validated."""
     state = draft.state
     stop = state.stop
     history = list(state.history)
     if stop is not None and history and isinstance(history[-1], ToolMessage):
-        # The conversation must not end on an assistant message that asks for tools (SPEC §5.5).
+        # The conversation must not end on an assistant message that asks for tools.
         history.append(AssistantMessage(content=f"{_STATUS_WORD[stop.status]}: {stop.message}."))
     text = _final_text(history) if stop is None else f"{_STATUS_WORD[stop.status]}: {stop.message}."
     outcome = TurnOutcome(

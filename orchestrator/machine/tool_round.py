@@ -1,4 +1,4 @@
-"""The tool half of the loop (SPEC §5.1, §5.3, §5.4, §5.8): one round of calls from request to answers.
+"""The tool half of the loop: one round of calls from request to answers.
 
 `plan_round` sorts a model response's calls: rejected before dispatch (validation, policy hook), refused by
 a limit or the repeat guard, waiting for a person, or dispatched in parallel. The other handlers take the
@@ -14,9 +14,11 @@ lost message, so any timer counted from dispatch would either answer `worker_los
 (and then run them anyway) or fire no earlier than the deadline. What a new owner cannot know either is
 whether a dispatch persisted by its dead predecessor was ever published, or whether a start reported to it
 was lost with it: `machine.resume` sends every dispatched call with no recorded start once more, as the
-same task (same task id and attempt). That is a redelivery, which workers already make harmless (SPEC
-§4.8): a call that has an outcome is skipped, one that is running is waited for, so the tool never runs
+same task (same task id and attempt). That is a redelivery, which workers already make harmless:
+a call that has an outcome is skipped, one that is running is waited for, so the tool never runs
 twice, and a call that was never published runs instead of waiting for the deadline.
+
+Design notes: docs/design/tool-calls.md, "Time limits and lost work".
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ from orchestrator.model import (
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, redact
 
 # Outcomes that say the turn (or an operator) stopped a call, not that the tool failed: no stop policy
-# counts them (a call revoked from Flower is just an outcome, SPEC §5.9).
+# counts them (a call revoked from Flower is just an outcome).
 _NOT_TOOL_FAILURES = frozenset({FailureKind.CANCELLED, FailureKind.SKIPPED, FailureKind.DEADLINE_EXCEEDED})
 _DEFAULT_TIME_LIMIT_S = 60.0
 
 Policy = Callable[[ToolCall, TurnState], str | None]
-"""A pure stop-policy hook (SPEC §5.4): a denial reason for a call before dispatch, or None to allow it."""
+"""A pure stop-policy hook: a denial reason for a call before dispatch, or None to allow it."""
 
 
 def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> None:
@@ -93,7 +95,7 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
         else:
             dispatch_call(draft, call, 1, at)
     if len(valid) > slots:
-        # No overshoot (SPEC §5.3): the calls past the limit are answered `skipped` and the turn stops.
+        # No overshoot: the calls past the limit are answered `skipped` and the turn stops.
         begin_stop(draft, "max_tool_executions", at)
     if parked and draft.state.stop is None:
         draft.commands.append(AwaitApproval(call_ids=parked))
@@ -161,7 +163,7 @@ def _catalogue(state: TurnState) -> dict[str, ToolSpec]:
 def _round_stop(
     draft: Draft, before: TurnState, valid: Sequence[ToolCall], streaks: dict[str, int], at: float
 ) -> tuple[StopReason, str | None] | None:
-    """A stop that refuses every valid call of the round, checked before any dispatch (SPEC §5.3, §5.4)."""
+    """A stop that refuses every valid call of the round, checked before any dispatch."""
     limits = before.limits
     if at >= before.deadline_at:
         return "deadline", None
@@ -343,7 +345,7 @@ def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: f
 
 
 def record_late(draft: Draft, outcome: ToolOutcome, at: float) -> None:
-    """Keep an outcome that lost the race (or came after the turn moved on) for audit (SPEC §4.9)."""
+    """Keep an outcome that lost the race (or came after the turn moved on) for audit: first writer wins."""
     if _same_as_answer(draft.state, outcome) or any(
         late.outcome == outcome for late in draft.state.late_outcomes
     ):

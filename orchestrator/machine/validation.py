@@ -1,4 +1,4 @@
-"""Pre-dispatch validation of one tool call (SPEC §4.1), and of a typed final answer (§10.2): pure, no I/O.
+"""Pre-dispatch validation of one tool call, and of a typed final answer: pure, no I/O.
 
 The state machine and direct execution call `validate_call` before anything is sent to a worker: an unknown
 tool, a tool the turn does not offer, arguments that are too large or that fail the tool's JSON Schema all
@@ -38,7 +38,7 @@ class Rejection(NamedTuple):
 
 
 def offered_tools(catalogue: Mapping[str, ToolSpec], requested: Sequence[str] | None) -> dict[str, ToolSpec]:
-    """The tools a turn offers (SPEC §3.3).
+    """The tools a turn offers.
 
     `requested` None → every non-sensitive tool of the catalogue; otherwise exactly the named tools that
     exist — a sensitive tool only because it is named.
@@ -55,7 +55,7 @@ def validate_call(
     catalogue: Mapping[str, ToolSpec],
     offered: Mapping[str, ToolSpec],
 ) -> Rejection | None:
-    """None when the call may be dispatched, else the reason it may not (SPEC §4.1).
+    """None when the call may be dispatched, else the reason it may not.
 
     Only the names of the offered tools are ever listed, so a hidden sensitive tool is never revealed.
     """

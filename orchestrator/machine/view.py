@@ -1,4 +1,4 @@
-"""The request-time view of a turn's history (SPEC §6).
+"""The request-time view of a turn's history (docs/design/model-calls.md).
 
 The stored history is append-only and never changed. Just before each model call, `build_view` projects it
 for the target provider and reports every change it made as a `ViewDiagnostic`, stored with the step:
@@ -8,7 +8,7 @@ for the target provider and reports every change it made as a `ViewDiagnostic`, 
 - tool-call ids the target would reject are remapped, consistently for a call and its result;
 - thinking and provider continuation data from another provider are never sent (dropped, reported).
 
-`fit_view` then fits the projection into the turn's context budget (SPEC §11.3, `orchestrator.context`):
+`fit_view` then fits the projection into the turn's context budget (`orchestrator.context`):
 a compaction summary stands for the history it summarised, old tool results are elided and old exchanges
 dropped as far as needed; each removal is a diagnostic too.
 

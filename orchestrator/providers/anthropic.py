@@ -87,7 +87,7 @@ def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderErr
 
 
 def build_tool_param(spec: ToolSpec) -> dict[str, Any]:
-    """A tool spec as an Anthropic tool (SPEC §3.2): name, description, input_schema."""
+    """A tool spec as an Anthropic tool: name, description, input_schema."""
     schema = dict(spec.parameters)
     schema.setdefault("type", "object")
     tool: dict[str, Any] = {"name": spec.name, "input_schema": schema}
@@ -156,7 +156,7 @@ def build_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     if merged and merged[-1]["role"] == "assistant":
         # Anthropic reads a last assistant turn as the start of its answer (a prefill), which extended
         # thinking refuses. toolloop never prefills: such a turn is history, e.g. tool results another
-        # provider's calls got, flattened to assistant text after a fallback (SPEC §6.2). The model is asked
+        # provider's calls got, flattened to assistant text after a fallback. The model is asked
         # to go on from it.
         merged.append({"role": "user", "content": [{"type": "text", "text": CONTINUE_TEXT}]})
     return merged

@@ -1,4 +1,4 @@
-"""The parts of an Anthropic Messages request that model controls shape (SPEC §10): settings, the system
+"""The parts of an Anthropic Messages request that model controls shape: settings, the system
 prompt, the answer tool of an output schema, and prompt-caching breakpoints. Pure; `anthropic.to_wire` calls
 these.
 

@@ -1,5 +1,5 @@
 """Bodies that are not a provider response: a bare assistant message, a bare list of tool calls, or a
-Turn already normalised (SPEC §2.1), e.g. the JSON `toolloop normalize` prints, read back.
+Turn already normalised, e.g. the JSON `toolloop normalize` prints, read back.
 
 A bare message is OpenAI-shaped (`role`, `content` as a string or a list of text parts, `tool_calls`,
 reasoning under `reasoning_content` / `reasoning` / `thinking`). A tool call in a bare list may be

@@ -84,9 +84,9 @@ class ModelRequest:
     # Seed for synthetic tool-call ids, unique per LLM call of a turn, so that ids stay unique turn-wide.
     id_prefix: str | None = None
     max_output_tokens: int | None = None
-    # Ask the provider to stream when its adapter can (SPEC §9.1); False: one plain response body.
+    # Ask the provider to stream when its adapter can; False: one plain response body.
     stream: bool = True
-    # SPEC §10: the system prompt (sent first: system/developer message, Anthropic `system`, Responses
+    # Model controls: the system prompt (sent first: system/developer message, Anthropic `system`, Responses
     # `instructions`), the model settings, a JSON Schema for the answer (the provider's native structured
     # output), and whether to mark cache breakpoints (Anthropic prompt caching).
     instructions: str | None = None

@@ -1,4 +1,4 @@
-"""AWS Bedrock Converse (`/model/{id}/converse`) normalised into a Turn (SPEC §2).
+"""AWS Bedrock Converse (`/model/{id}/converse`) normalised into a Turn.
 
 Content blocks: `text`, `toolUse` {toolUseId, name, input}, `reasoningContent` {reasoningText {text,
 signature} | redactedContent}; the body carries no model id (it is in the request URL). Signatures and

@@ -1,4 +1,4 @@
-"""Reading untrusted provider bodies: JSON decoding, typed accessors, error envelopes (SPEC §2.4, §8.3).
+"""Reading untrusted provider bodies: JSON decoding, typed accessors, error envelopes.
 
 A provider body is data from the network: any field can be missing, null, or of the wrong type. The
 accessors here return the value when it has the expected type, treat null as absent, and raise
@@ -192,7 +192,7 @@ def build_error(
     body: object,
     headers: Mapping[str, str] | None = None,
 ) -> ProviderError:
-    """A ProviderError from any provider's error body (SPEC §2.4); never raises.
+    """A ProviderError from any provider's error body; never raises.
 
     Reads the common envelopes: `{"error": {"type"|"status", "code", "message"}}` (OpenAI, Groq, Gemini,
     Anthropic's `{"type": "error", "error": {...}}`), `{"error": "text"}` (Ollama), `{"message": ...,
@@ -230,7 +230,7 @@ def build_error(
         or _header(headers, "request-id", "x-request-id", "x-amzn-requestid", "x-goog-request-id")
     )
     retryable = is_retryable_status(status) if status is not None else _looks_transient(error_type, code)
-    # Every provider's "the prompt is too long" as one code, with the window it states (SPEC §11.3).
+    # Every provider's "the prompt is too long" as one code, with the window it states.
     return mark_context_overflow(
         ProviderError(
             provider=provider,

@@ -1,4 +1,4 @@
-"""Cohere v2 `/v2/chat`, whole or as its SSE stream, normalised into a Turn (SPEC §2).
+"""Cohere v2 `/v2/chat`, whole or as its SSE stream, normalised into a Turn.
 
 `message.tool_plan` is the visible sentence a model writes before its tool calls ("I will use the
 currentTime tool…"): it is the answer's text, as `expected.json` judges it, and is also kept in

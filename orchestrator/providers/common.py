@@ -1,6 +1,8 @@
-"""Rules every provider module shares (SPEC §1, §2): arguments, finish reasons, usage, ids, names, SSE.
+"""Rules every provider module shares: arguments, finish reasons, usage, ids, names, SSE.
 
 Provider modules call these from their pure `from_wire` / `to_wire` functions; nothing here does I/O.
+
+Design notes: docs/design/providers.md.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 
 
 def parse_finish_reason(raw: object) -> FinishReason | None:
-    """Map a provider's finish/stop reason onto the five canonical ones (SPEC §1.4); absent → None."""
+    """Map a provider's finish/stop reason onto the five canonical ones; absent → None."""
     if raw is None or raw == "":
         return None
     if not isinstance(raw, str):
@@ -92,7 +94,7 @@ def parse_usage(
     cache_read_tokens: object = None,
     cache_write_tokens: object = None,
 ) -> Usage:
-    """Usage from any provider's usage map (SPEC §1.5): missing counts are 0, total derived when absent."""
+    """Usage from any provider's usage map: missing counts are 0, total derived when absent."""
     if not isinstance(data, dict):
         return Usage()
     input_tokens = _as_count(_first_present(data, INPUT_TOKEN_FIELDS))
@@ -121,7 +123,7 @@ class ParsedArguments:
 
 
 def parse_arguments(raw: object) -> ParsedArguments:
-    """Arguments as a dict whatever the provider sent (SPEC §2.2).
+    """Arguments as a dict whatever the provider sent.
 
     A JSON string and an object normalise identically; "null", "" and None mean {}. Invalid JSON or JSON
     that is not an object keeps the raw text and an error, so that one call gets a `validation` result
@@ -161,7 +163,7 @@ def _json_type(value: object) -> str:
 
 
 # A tool name is letters, digits, '_', '-', '.', ':' ; a leaked special token such as
-# "search<|channel|>commentary" is cut back to the valid prefix (SPEC §2.5).
+# "search<|channel|>commentary" is cut back to the valid prefix.
 _VALID_NAME_PREFIX = re.compile(r"^[A-Za-z0-9_.:\-]+")
 
 
@@ -174,7 +176,7 @@ def clean_tool_name(raw: object) -> str:
 
 
 class IdSource:
-    """Synthesises tool-call ids that are unique across a whole turn, not per response (SPEC §1.2).
+    """Synthesises tool-call ids that are unique across a whole turn, not per response.
 
     Pass one instance through every normalisation of a turn; the default makes ids unique per process by
     a random run prefix plus a counter, which is unique across turns too.
@@ -194,7 +196,7 @@ class IdSource:
     def ensure(self, provider_id: object) -> str:
         """The provider's id when it gave a non-empty string not seen before in this turn, else a fresh one.
 
-        A repeated id would make two calls share one answer (SPEC §4.9), so the second gets a new id.
+        A repeated id would make two calls share one answer, so the second gets a new id.
         """
         if isinstance(provider_id, str) and provider_id.strip() and provider_id not in self._seen:
             self._seen.add(provider_id)
@@ -225,7 +227,7 @@ def build_turn(
     finish_reason: FinishReason | None,
     provider_data: dict[str, Any] | None = None,
 ) -> Turn:
-    """A Turn whose `type` comes from the presence of tool calls, never from finish_reason (SPEC §1.3)."""
+    """A Turn whose `type` comes from the presence of tool calls, never from finish_reason."""
     return Turn(
         type="tool_calls" if tool_calls else "final_answer",
         text=text or None,
@@ -246,13 +248,13 @@ def join_text(parts: list[str], separator: str = "") -> str | None:
 
 
 def join_thinking(parts: list[str]) -> str | None:
-    """Thinking parts joined by a blank line (SPEC §2.3)."""
+    """Thinking parts joined by a blank line."""
     kept = [p.strip("\n") for p in parts if p and p.strip()]
     return "\n\n".join(kept) if kept else None
 
 
 def is_retryable_status(status: int | None) -> bool:
-    """429, 408, 409, 5xx and 529 are retryable; transport errors (status None) too (SPEC §2.4)."""
+    """429, 408, 409, 5xx and 529 are retryable; transport errors (status None) too."""
     if status is None:
         return True
     return status in RETRYABLE_STATUSES or 500 <= status <= 599

@@ -1,4 +1,4 @@
-"""Which model settings each provider honours (SPEC §10.1): refusals as plain messages, decided before a turn
+"""Which model settings each provider honours: refusals as plain messages, decided before a turn
 is stored, so that a setting is never dropped silently.
 
     setting              openai / scripted (Chat)  openai_responses     anthropic

@@ -1,4 +1,4 @@
-"""What a streaming model call reports while the model writes (SPEC §9.1–9.2), before its Turn is whole.
+"""What a streaming model call reports while the model writes, before its Turn is whole.
 
 A provider module's stream reader turns each wire event into zero or more deltas; `HttpModelClient` hands
 them to the caller's `DeltaSink` as they arrive. They are a preview: the Turn the call ends with is the

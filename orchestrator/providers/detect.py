@@ -1,4 +1,4 @@
-"""Any provider's response body or stream → a Turn or a ProviderError (SPEC §2.1, §2.4).
+"""Any provider's response body or stream → a Turn or a ProviderError (docs/design/providers.md).
 
 `from_response` takes raw bytes, text (JSON, SSE or NDJSON) or an already-decoded body, finds the wire
 format (from the provider name the caller gives, else from the body's shape) and hands it to that
@@ -134,7 +134,7 @@ def from_response(
     ids: IdSource | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Turn | ProviderError:
-    """Normalise one response body or whole stream (SPEC §2); never raises on a bad body.
+    """Normalise one response body or whole stream; never raises on a bad body.
 
     `provider` is any alias in `ALIASES` (None: detect from the body); `status` the HTTP status (>= 400
     makes it an error body); pass one `ids` through every response of a turn so synthetic tool-call

@@ -1,4 +1,4 @@
-"""Google Gemini `generateContent` and its streams, normalised into a Turn (SPEC §2).
+"""Google Gemini `generateContent` and its streams, normalised into a Turn.
 
 Quirks this module handles: function calls carry no id (a synthetic one is made from the turn's
 IdSource); `thought: true` text parts are thinking, never text; `thoughtSignature` is kept in
@@ -261,7 +261,7 @@ _SUPPORTED_FORMATS = frozenset({"enum", "date-time", "int32", "int64", "float", 
 
 
 def build_tool_param(spec: ToolSpec) -> dict[str, Any]:
-    """A Gemini function declaration for a tool (SPEC §3.2), its schema cleaned of what Gemini rejects."""
+    """A Gemini function declaration for a tool, its schema cleaned of what Gemini rejects."""
     parameters = spec.parameters
     defs = {**opt_dict(parameters.get("definitions")), **opt_dict(parameters.get("$defs"))}
     declaration: dict[str, Any] = {"name": spec.name, "description": spec.description}

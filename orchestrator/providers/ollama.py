@@ -1,4 +1,4 @@
-"""Ollama's native `/api/chat`, whole or as its NDJSON stream, normalised into a Turn (SPEC §2).
+"""Ollama's native `/api/chat`, whole or as its NDJSON stream, normalised into a Turn.
 
 Quirks: arguments arrive as an object, tool calls usually have no id (a synthetic one is made), thinking
 comes in `message.thinking` when `think` is on, `done_reason` says "stop" next to tool calls, and usage

@@ -72,7 +72,7 @@ def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderErr
 
 
 def build_tool_param(spec: ToolSpec) -> dict[str, Any]:
-    """A tool spec as a Chat Completions function tool (SPEC §3.2)."""
+    """A tool spec as a Chat Completions function tool."""
     function: dict[str, Any] = {"name": spec.name, "parameters": dict(spec.parameters)}
     if spec.description:
         function["description"] = spec.description

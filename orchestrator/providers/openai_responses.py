@@ -69,7 +69,7 @@ def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderErr
 
 
 def build_tool_param(spec: ToolSpec) -> dict[str, Any]:
-    """A tool spec as a Responses API function tool (SPEC §3.2): flat, not nested under `function`."""
+    """A tool spec as a Responses API function tool: flat, not nested under `function`."""
     tool: dict[str, Any] = {
         "type": "function",
         "name": spec.name,

@@ -1,4 +1,4 @@
-"""Over-long-context errors, normalised: one `ProviderError` code whatever the provider (SPEC §11.3).
+"""Over-long-context errors, normalised: one `ProviderError` code whatever the provider.
 
 Each provider says "the prompt does not fit" its own way; `mark_context_overflow` gives all of them
 `code="context_length_exceeded"` and, where the message states them, the model's window and the prompt's

@@ -1,4 +1,4 @@
-"""Reading a provider's event stream one SSE event at a time (SPEC §9.1): deltas as they come, the Turn last.
+"""Reading a provider's event stream one SSE event at a time: deltas as they come, the Turn last.
 
 Each streaming provider module (`openai_chat`, `openai_responses`, `anthropic`) has a `StreamReader` subclass
 in its `*_stream` module. `add(event)` returns the deltas that event produced, in order; `finish(ids)` builds
@@ -8,7 +8,7 @@ are values: an error event, a malformed event, or a stream that ended before its
 HTTP loop is `providers.streaming`, and `read_stream_text` reads a whole recorded body.
 
 The text pieces of one stream add up exactly to its Turn's text; `ThinkingJoiner` makes the thinking
-pieces add up exactly to `join_thinking` of the thinking parts (SPEC §2.3), holding back the newlines that
+pieces add up exactly to `join_thinking` of the thinking parts, holding back the newlines that
 join would strip.
 """
 

@@ -1,4 +1,4 @@
-"""The streaming HTTP path (SPEC §9.1): one POST whose answer is read as it arrives, deltas sent on the way.
+"""The streaming HTTP path: one POST whose answer is read as it arrives, deltas sent on the way.
 
 `HttpModelClient.complete(request, on_delta)` comes here when the request may stream, a sink is given and
 the wire module can stream. The body asks for a stream (`to_wire(request, stream=True)`); the answer is read

@@ -1,4 +1,4 @@
-"""Structured output (SPEC §10.1): a JSON Schema for the answer, in each provider's own way, and back.
+"""Structured output: a JSON Schema for the answer, in each provider's own way, and back.
 
 OpenAI Chat (`response_format`) and Responses (`text.format`) take a `json_schema` format whose `strict` flag
 asks for constrained decoding. Strict mode accepts only schemas where every object lists all its properties

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-# The tiers a turn may name instead of a model (SPEC §6.3). Which model each one means is the orchestrator's
+# The tiers a turn may name instead of a model. Which model each one means is the orchestrator's
 # configuration, not the submitting process's: a submit checks only that the word is one of them.
 MODEL_TIERS = ("fast", "default", "smart")
 

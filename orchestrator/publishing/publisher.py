@@ -1,4 +1,4 @@
-"""Publishing tool calls as Celery tasks (SPEC §4.2, §7.3), from the orchestrator's side.
+"""Publishing tool calls as Celery tasks, from the orchestrator's side.
 
 `build_send_options` is pure: the task name, queue, id, per-call time limits (`build_limits`) capped to end
 just past the turn's deadline (so that the deadline answers first), `expires` at that deadline (a call still
@@ -10,6 +10,8 @@ when the broker is the state Redis they are written by the orchestrator's own cl
 as the commands kombu would run (`task_wire`), else sent on one kombu producer in a thread.
 `dispatch_call` / `revoke_call` publish (through `send_task`) or revoke one call directly (short blocking
 calls: run them off the event loop with `asyncio.to_thread`).
+
+Design notes: docs/design/tool-calls.md, "Dispatch".
 """
 
 from __future__ import annotations

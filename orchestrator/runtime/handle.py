@@ -1,6 +1,6 @@
 """One turn owned by an orchestrator (`TurnHandle`): its state, parsed or parked as JSON, and its lock.
 
-Memory per parked turn is what an orchestrator holding thousands of them pays for (ARCHITECTURE: a parked turn
+Memory per parked turn is what an orchestrator holding thousands of them pays for (a parked turn
 is a state, a lock and heap entries). So the handle has slots, creates its task set only while tasks run, and
 can drop its parsed `TurnState` (pydantic objects, ~14 KB for a one-call turn) for the JSON last saved
 (~3 KB) and the entries of its history list, which is what the state is parsed from again on the turn's next

@@ -114,7 +114,7 @@ def route_call(
 def build_context_budget(
     model: str | Sequence[str], settings: Settings, learned: Mapping[str, int]
 ) -> ContextBudget:
-    """The context budget a new turn on `model` starts with (SPEC §11.3); for a fallback order (a list), the
+    """The context budget a new turn on `model` starts with; for a fallback order (a list), the
     window of its first model, and that of each of the others for when one takes over.
 
     A window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the known table) and one
@@ -168,7 +168,7 @@ class Performer:
         self.prices = prices if prices is not None else build_price_table()
         self.spans = spans
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
-        # turn starts (`build_context_budget`), so that its calls fit the first time (SPEC §11.3).
+        # turn starts (`build_context_budget`), so that its calls fit the first time.
         self.learned_windows: dict[str, int] = {}
 
     async def perform(self, turn_id: str, state: TurnState, command: IoCommand) -> list[Event] | Later:

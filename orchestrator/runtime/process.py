@@ -1,4 +1,4 @@
-"""The orchestrator process: drives many turns at once in one asyncio event loop (SPEC §5, §7.2).
+"""The orchestrator process: drives many turns at once in one asyncio event loop.
 
 The state machine decides; the runtime only performs what it decides and feeds back what happened. This
 module is the process around the turns: it claims and takes over turns and hands them to the driver, reads
@@ -15,6 +15,8 @@ Stopping (SIGTERM, SIGINT, `request_stop`) cancels all it waits on, whatever Red
 No Redis failure ends the process: unreachable, out of memory or read-only, every loop retries with capped
 backoff (`orchestrator.outage`), a step its save until it lands; `RedisOutage` tells the operator once per
 `OUTAGE_REPORT_S` and at its end, `toolloop_redis_errors_total` counts each retry by loop and class.
+
+Design notes: docs/design/orchestrators.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A model call's answer on the turn's event stream while the model writes it (SPEC §9.2).
+"""A model call's answer on the turn's event stream while the model writes it.
 
 A `CallStream` is the `DeltaSink` of one model call. The pieces the provider streams are buffered and
 written as few events as a reader needs: every `flush_s` (TOOLLOOP_STREAM_FLUSH_S, 0.2 s — five events a
@@ -21,6 +21,8 @@ it (a fast model, a cached one) costs no write of its own at all; a person does 
 Writing never holds up the model: the provider's reader only appends to a buffer, a ticker task writes.
 A write that fails (Redis away, full, slow past `WRITE_TIMEOUT_S`) drops that event — the outcome and the
 state never depend on it — and is logged once per call.
+
+Design notes: docs/design/streaming.md, "Model deltas".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading the live tool catalogue that workers publish to Redis (SPEC §3.4), sync and async.
+"""Reading the live tool catalogue that workers publish to Redis, sync and async.
 
 `get_catalogue` is the operation (`orchestrator.store.effects`); `read_catalogue` / `aread_catalogue` run it
 on a sync or an asyncio client. `LiveCatalogue` is the orchestrator's view at dispatch time: read at most

@@ -39,7 +39,7 @@ TURN_QUEUED = "turn_queued"
 
 
 class TurnEvent(BaseModel):
-    """One progress event of a turn (SPEC §7.4), as stored in its events stream."""
+    """One progress event of a turn, as stored in its events stream."""
 
     id: str
     name: str

@@ -1,7 +1,7 @@
 """How the stores open Redis, and how long one blocking read may block on a client.
 
 Every reader opens Redis through `connect_sync` / `connect_async` (workers.connect: decoded replies, the
-`rediss://` certificate policy of SPEC §8.1, redis-py's default socket timeout). redis-py gives up on a reply
+`rediss://` certificate policy, redis-py's default socket timeout). redis-py gives up on a reply
 that takes longer than the client's socket timeout, and a server-side block of the same length hits it
 exactly: so no blocking read (XREAD BLOCK, BLMOVE, BLPOP) blocks longer than `block_cap_ms` of its client,
 well under that timeout, and whoever waits longer loops in steps until its own deadline (`build_step_ms`).
@@ -32,7 +32,7 @@ def connect_sync(
     redis_url: str, ssl_cert_reqs: str = "required", *, master_name: str | None = None
 ) -> redis.Redis:
     """The sync Redis client every sync reader uses (`Client`, direct calls): decoded replies, and for
-    `rediss://` the explicit certificate policy (SPEC §8.1); redis-py's default socket timeout. For a
+    `rediss://` the explicit certificate policy; redis-py's default socket timeout. For a
     `sentinel://` URL, a client of the current master of `master_name` (default:
     `TOOLLOOP_REDIS_MASTER_NAME`)."""
     return connect_redis(redis_url, ssl_cert_reqs, master_name=master_name)

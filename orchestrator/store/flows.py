@@ -45,7 +45,7 @@ def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, To
     The rule when no worker has published a catalogue yet (`catalogue` empty: none started, or all gone for
     longer than `keys.CATALOGUE_STALE_S`): the turn is accepted unchecked, as a Celery task is queued before
     any worker runs, so a web app may submit while its workers start. Its tools are then matched against the
-    catalogue when an orchestrator starts the turn. The error lists public tools only (SPEC §3.3).
+    catalogue when an orchestrator starts the turn. The error lists public tools only.
     """
     if not requested or not catalogue:
         return

@@ -343,7 +343,7 @@ def get_tool_outcome(call_id: str) -> RedisCommand[ToolOutcome | None]:
 def write_outcome(
     outcome: ToolOutcome, retention: keys.Retention = keys.DEFAULT_RETENTION
 ) -> ScriptCall[WriteResult]:
-    """First writer wins (SPEC §4.9), notifying the turn's owner (`write_outcome.lua`, the workers' own)."""
+    """First writer wins, notifying the turn's owner (`write_outcome.lua`, the workers' own)."""
     ttls = (retention.outcome_ttl_s, retention.audit_ttl_s)
     keys_, args = build_write_outcome_call(
         outcome.call_id, outcome.turn_id, dump_tool_outcome(outcome), ttls=ttls

@@ -1,4 +1,4 @@
-"""What a submitted turn's model controls are checked against before it is stored (SPEC §10.1), pure.
+"""What a submitted turn's model controls are checked against before it is stored, pure.
 
 A setting the target provider cannot honour is refused at submit, never dropped silently: for each model of
 the request (a name, or the fallback list), the provider it names, or the tier resolves to with the

@@ -1,4 +1,4 @@
-"""A turn's event stream as typed events: what `Client.stream` / `AsyncClient.stream` yield (SPEC §9.4).
+"""A turn's event stream as typed events: what `Client.stream` / `AsyncClient.stream` yield.
 
     for event in client.stream(turn_id):
         match event:
@@ -10,7 +10,7 @@
                 print(outcome.status)
 
 The events a page or a chat needs have their own class (the answer as it is written, tool calls, progress);
-any other event of the turn (SPEC §7.4: `turn_started`, `model_called`, `tool_dispatched`…) comes as an
+any other event of the turn (`turn_started`, `model_called`, `tool_dispatched`…) comes as an
 `OtherEvent` with its name and data, so nothing in the stream is hidden. The last one is always a
 `TurnFinishedEvent` holding the turn's outcome (redacted as `Client.get` shows it), read when
 `turn_finished` comes — the outcome and that event are stored together, so it is there to read.

@@ -5,7 +5,7 @@
 calls waiting for approval come from the machine's persisted state (`orchestrator.machine.state`) and its
 history list; once it ends, from its outcome.
 
-Everything a view shows is redacted with `workers.contract.redact` (SPEC §3.5, §7.4): the values of
+Everything a view shows is redacted with `workers.contract.redact`: the values of
 sensitive keys in the request's context, in the arguments of every tool call (request messages, transcript,
 outcome), and in the provider's raw argument strings. `build_shown_outcome` does the same for whoever shows
 a bare outcome (`Client.wait`, `toolloop submit --wait`). The stored turn stays whole: tools receive their
@@ -39,7 +39,7 @@ _MESSAGES = TypeAdapter(list[Message])
 
 
 class PendingApproval(BaseModel):
-    """A tool call waiting for a person to approve or deny it (SPEC §5.8), as a page shows it."""
+    """A tool call waiting for a person to approve or deny it, as a page shows it."""
 
     call_id: str
     tool: str

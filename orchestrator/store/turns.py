@@ -19,6 +19,8 @@ Guarantees:
   so a claimer blocks on the queue and never polls.
 - No blocking read (XREAD BLOCK, BLMOVE) blocks longer than `block_cap_ms` of the client, well under its
   socket timeout (`orchestrator.store.connection`); whoever waits longer loops until its own deadline.
+
+Design notes: docs/design/storage.md, "Saving a step".
 """
 
 from __future__ import annotations
@@ -355,7 +357,7 @@ class TurnStore:
         return await self._runner.run(operations.read_outcomes(call_ids))
 
     async def write_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
-        """First writer wins (SPEC §4.9): returns the outcome stored for the call — ours or an earlier one."""
+        """First writer wins: returns the outcome stored for the call — ours or an earlier one."""
         return await self._runner.run_flow(flows.write_outcome(outcome, self.retention))
 
     async def read_inbox(
