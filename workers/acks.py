@@ -14,7 +14,7 @@ every slot is taken consumes nothing more.
 A message whose channel was closed under it (Redis restarted and the consumer replaced its connection) is
 acked all the same, through the connection parameters the channel keeps (`workers.broker`), and tried again
 here while Redis is away. Should that channel fail otherwise, the message is left to the broker: it stays in
-the unacked index, is restored, and its redelivery meets the call's outcome and runs nothing (SPEC §4.8).
+the unacked index, is restored, and its redelivery meets the call's outcome and runs nothing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""The Celery app and its whole configuration, in one place (SPEC §8.2, ARCHITECTURE "Celery facts").
+"""The Celery app and its whole configuration, in one place.
 
 `create_app(settings)` is what both sides build on: it imports no tool module, so the orchestrator can use
 it to publish tasks by name. `create_worker_app(settings)` is the worker's app: it imports the tool modules
 of `settings.tool_modules` (from the current folder too, as `celery -A` does), registers one task
 `tool.<name>` per tool, publishes the catalogue, and answers a tool task it does not serve
 (`workers.unserved`). `build_worker_queues` says which queues a worker consumes: exactly its tools' own.
+
+Design notes: docs/design/tool-calls.md, "How Celery is configured".
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class ToolloopCelery(Celery):
 def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """The Celery configuration of every toolloop process (pure: a dict of Celery settings)."""
     config: dict[str, Any] = {
-        # JSON only: a pickled payload is refused, so nothing but data crosses (SPEC §4.2, §8.2).
+        # JSON only: a pickled payload is refused, so nothing but data crosses.
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",
@@ -60,7 +62,7 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
             "visibility_timeout": settings.visibility_timeout_s,
             **build_sentinel_options(settings.redis_url, settings),
         },
-        # Flower is a window on these events (SPEC §7.3).
+        # Flower is a window on these events.
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,

@@ -1,4 +1,4 @@
-"""The Redis side of executing a call (SPEC §4.8–§4.9): `CallStore`, over the scripts of `workers.scripts`.
+"""The Redis side of executing a call: `CallStore`, over the scripts of `workers.scripts`.
 
 One start script per execution (`start.lua`) does the redelivery dedupe, the fence (`workers.fence`), the
 running guard, the attempt count and the "started" notification in a single round trip; one pipeline writes
@@ -6,6 +6,8 @@ the outcome and its companions (`OutcomeWrite`, which the spool keeps when Redis
 an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a lost reply: the start script
 knows its execution's token, the idempotency claim its holder, and a repeated outcome write first looks
 whether the earlier try's outcome landed.
+
+Design notes: docs/design/tool-calls.md, "Redelivery and the fence".
 """
 
 from __future__ import annotations

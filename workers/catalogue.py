@@ -1,4 +1,4 @@
-"""Workers publish the catalogue of the tools they serve to Redis (SPEC §3.4).
+"""Workers publish the catalogue of the tools they serve to Redis (docs/design/tools.md, "The catalogue").
 
 Each worker keeps one field of the `keys.CATALOGUE` hash — its id → `{"seen_at": epoch, "tools": [spec…]}` —
 written when it is ready, refreshed every `keys.CATALOGUE_REFRESH_S` (so tools registered later appear) and

@@ -1,6 +1,6 @@
 """The one way every toolloop process opens Redis: the URL's own options plus an explicit TLS policy.
 
-`rediss://` without `ssl_cert_reqs` makes redis-py skip certificate checks silently (ARCHITECTURE, SPEC §8.1),
+`rediss://` without `ssl_cert_reqs` makes redis-py skip certificate checks silently,
 so every client — worker, orchestrator, API, clients, CLI, demo — goes through `connect_redis` or
 `connect_redis_async`, which always set the policy from `TOOLLOOP_REDIS_SSL_CERT_REQS` for such a URL. It
 lives in the leaf package so that workers use it without importing the orchestrator.

@@ -24,7 +24,7 @@ CONTEXT_PARAM_NAMES = ("ctx", "context")
 
 
 class FailureKind(StrEnum):
-    """Why a tool call did not succeed; stable, machine-readable (SPEC §4.4)."""
+    """Why a tool call did not succeed; stable, machine-readable (docs/design/tool-calls.md)."""
 
     VALIDATION = "validation"
     NOT_FOUND = "not_found"
@@ -42,7 +42,7 @@ class FailureKind(StrEnum):
     INVALID_RESULT = "invalid_result"
 
 
-# Failures that another attempt could fix (SPEC §4.6); the others are final at once.
+# Failures that another attempt could fix; the others are final at once.
 RETRYABLE_KINDS = frozenset({FailureKind.WORKER_LOST})
 NEVER_RETRIED_KINDS = frozenset(
     {
@@ -113,7 +113,7 @@ class ToolCallRequest(BaseModel):
 
 
 class ToolOutcome(BaseModel):
-    """The one outcome of one tool call (SPEC §4.3): a success with its result, or a failure with its kind."""
+    """The one outcome of one tool call: a success with its result, or a failure with its kind."""
 
     call_id: str
     tool: str
@@ -183,7 +183,7 @@ def build_consumed_stub(outcome: ToolOutcome) -> str:
 
 
 def build_task_name(tool_name: str) -> str:
-    """The Celery task name of a tool: what Flower lists (SPEC §7.3)."""
+    """The Celery task name of a tool: what Flower lists."""
     return f"{TASK_NAME_PREFIX}{tool_name}"
 
 
@@ -221,7 +221,7 @@ def build_failure(
     )
 
 
-# --- redaction (SPEC §7.4): shared by Flower's argsrepr, events and logs --------------------------------
+# --- redaction (docs/design/tools.md, "Redaction"): shared by Flower's argsrepr, events and logs --------
 
 REDACTED = "***"
 _SENSITIVE_KEY = re.compile(
@@ -233,7 +233,7 @@ _SENSITIVE_KEY = re.compile(
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool receives through a parameter named `ctx` or `context` annotated with this class (§3.5).
+    """What a tool receives through a parameter named `ctx` or `context` annotated with this class.
 
     `context` is the turn's context object from the web app (never shown to the model);
     `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs;
@@ -249,7 +249,7 @@ class ToolContext:
     _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
 
     def progress(self, message: object, fraction: float | None = None) -> None:
-        """Emit a `tool_progress` event {call_id, tool, message, fraction} on the turn's stream (SPEC §9.3).
+        """Emit a `tool_progress` event {call_id, tool, message, fraction} on the turn's stream.
 
         `message` is shown as text (at most 1,000 characters, the values of sensitive arguments replaced by
         `***`); `fraction` is how much is done, 0..1 (clamped; None, NaN or a non-number shows none). Reports
@@ -264,7 +264,7 @@ class ToolContext:
 def build_listing(
     specs: Iterable[ToolSpec], *, include_sensitive: bool = False, allowlist: Iterable[str] | None = None
 ) -> list[ToolSpec]:
-    """The tools anyone may see, sorted by name: THE sensitive-tool rule (SPEC §3.3), written once.
+    """The tools anyone may see, sorted by name: THE sensitive-tool rule, written once (docs/design/tools.md).
 
     Sensitive tools only with `include_sensitive`; then the allowlist, applied after the sensitive filter
     so that it can never bring a sensitive tool back. A worker's listing, `GET /v1/tools`, `toolloop tools`
@@ -295,7 +295,7 @@ TASK_REPR_MAX_CHARS = 2048
 
 
 def build_task_reprs(request: ToolCallRequest) -> tuple[str, str]:
-    """Flower's `argsrepr`/`kwargsrepr` of a tool task (§7.3): `()`, and a JSON object with the turn id,
+    """Flower's `argsrepr`/`kwargsrepr` of a tool task: `()`, and a JSON object with the turn id,
     the call id, the attempt, the arguments with sensitive values redacted, and the context's keys only.
 
     The context is the web app's (user ids, tenants, session data…) and never meant for eyes: its values are

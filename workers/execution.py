@@ -1,4 +1,4 @@
-"""Executing one tool call against Redis: plain Python, no Celery (SPEC §4.3–§4.9).
+"""Executing one tool call against Redis: plain Python, no Celery (docs/design/tool-calls.md).
 
 `execute_call` runs in the pool child and returns a `Decision` — finished (outcome written, first writer
 wins), retry later (the task publishes the retry), or skipped (another delivery owns the call). When the
@@ -11,19 +11,21 @@ makes it the call's current one (the fence, `workers.fence`), and an execution s
 orchestrator found the call lost and dispatched it again — neither starts the tool's body (checked by the
 start script, and again after an idempotency wait) nor writes (checked atomically by the write).
 
-Redis down (SPEC §8.3): a call that cannot start waits a little for Redis (`START_WAIT_MAX_S`, at most half
+Redis down: a call that cannot start waits a little for Redis (`START_WAIT_MAX_S`, at most half
 its soft limit) and is otherwise handed back to Celery unstarted — never run blind. Once the tool has run,
 its outcome is kept and written again with capped backoff until Redis is back, up to `WRITE_MARGIN_S` before
 the hard limit (`workers.redis_retry`), and then handed to the spool (`workers.spool`), which the worker's
 main process writes from until Redis takes it; both scripts and the write may be repeated after a reply that
 was lost, so each recognises its own earlier success.
 
-Idempotent tools (SPEC §4.8) take one more step: a claim script either finds the stored success (a replay)
+Idempotent tools take one more step: a claim script either finds the stored success (a replay)
 or takes a lock on the idempotency key held by the execution (its token), so that two identical calls — or two
 executions of one call, the second dispatched while the first's worker was frozen — do not both run: the
 second polls until the first's success is stored (and replays it), or the first failed (and then runs
 itself), or its own soft limit is near (and gives up with a `timeout` that says why). The lock outlives the
 hard limit by another hard limit (`build_lock_ttl_s`), so that a redispatched execution still finds it.
+
+Design notes: docs/design/tool-calls.md, "Idempotency"; docs/design/redis-outages.md, "Workers".
 """
 
 from __future__ import annotations

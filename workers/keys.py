@@ -13,8 +13,8 @@ PREFIX = "toolloop:"
 
 # --- retention -------------------------------------------------------------------------------------------
 OUTCOME_TTL_S = 7 * 24 * 3600  # one call's outcome envelope (and its late duplicates, for audit)
-FULL_RESULT_TTL_S = 24 * 3600  # the untruncated result of an oversized call (SPEC §4.7)
-IDEMPOTENCY_TTL_S = 24 * 3600  # a stored success that replays (SPEC §4.8)
+FULL_RESULT_TTL_S = 24 * 3600  # the untruncated result of an oversized call
+IDEMPOTENCY_TTL_S = 24 * 3600  # a stored success that replays
 CATALOGUE_STALE_S = 60.0  # a worker's catalogue entry older than this is ignored
 CATALOGUE_REFRESH_S = 15.0  # how often a worker republishes its catalogue entry
 TURN_TTL_S = 7 * 24 * 3600  # a turn's request, state, events and outcome after it ends

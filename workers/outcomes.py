@@ -1,4 +1,4 @@
-"""Building outcome envelopes (SPEC §4.3, §4.6–§4.8): pure functions, no Redis, no Celery.
+"""Building outcome envelopes (docs/design/tool-calls.md): pure functions, no Redis, no Celery.
 
 What the model is shown (`content`), the truncation marker of oversized results, idempotency digests and
 the retry schedule are all decided here, so that they can be tested as plain values.
@@ -31,7 +31,7 @@ class ShownResult:
 
 @dataclass(frozen=True)
 class SuccessRecord:
-    """A success outcome, plus the full result JSON to keep when the content was truncated (§4.7)."""
+    """A success outcome, plus the full result JSON to keep when the content was truncated."""
 
     outcome: ToolOutcome
     result: Any = None
@@ -126,7 +126,7 @@ def build_args_digest(arguments: Mapping[str, Any]) -> str:
 
 
 def build_idempotency_key(spec: ToolSpec, arguments: Mapping[str, Any]) -> str | None:
-    """The Redis key of a call's stored success (§4.8), or None when the tool is not idempotent."""
+    """The Redis key of a call's stored success, or None when the tool is not idempotent."""
     if spec.idempotency is None:
         return None
     if spec.idempotency == "args":

@@ -1,4 +1,4 @@
-"""A tool's progress on its turn's event stream: `ctx.progress(message, fraction=None)` (SPEC §9.3).
+"""A tool's progress on its turn's event stream: `ctx.progress(message, fraction=None)`.
 
 Each report becomes a `tool_progress` event {call_id, tool, message, fraction} on `keys.turn_events`, in the
 entry format of the orchestrator's events (`build_event_fields` is `orchestrator.store.codec`'s, written here
@@ -23,6 +23,8 @@ What a report may never do is fail or stall the tool, so:
 
 Outside a turn (a direct call, `toolloop call`, `Tool.invoke` in a test) there is no reporter and a report
 does nothing. A tool that never reports costs one small object per call and no round trip.
+
+Design notes: docs/design/streaming.md, "Tool progress".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker settings (SPEC §8.1): environment variables with the prefix `TOOLLOOP_`.
+"""Worker settings: environment variables with the prefix `TOOLLOOP_`.
 
 What a tool worker needs and nothing more: where Redis and the broker are, which tool modules to serve, the
 broker's redelivery timeout. Model keys, tiers, the API token and leases are the orchestrator's
@@ -41,7 +41,7 @@ class WorkerSettings(BaseSettings):
     # Broker URL when it is not the state Redis (e.g. RabbitMQ); default: the same Redis.
     broker_url: str | None = None
     tool_modules: str = "workers.examples"
-    # Broker redelivery of an unacked message; above the longest hard limit plus queue wait (ARCHITECTURE).
+    # An unacked message is redelivered after this: keep it above the longest hard limit plus queue wait.
     visibility_timeout_s: int = 3 * 3600
     # Where a finished outcome Redis refused past its hard limit waits to be written (`workers.spool`);
     # default: `toolloop-spool` in the temp folder. Keep it on a disk that survives the worker's restart.

@@ -7,7 +7,7 @@ the worker would stop only on SIGKILL. Once a shutdown starts, a watchdog thread
 process is still there and the worker's Redis does not answer a PING within `ping_timeout_s`, it kills the
 pool children and exits. That is what a crash does, and what toolloop survives by design: the tasks those
 children ran are unacknowledged, so the broker redelivers them, and a redelivered call meets its recorded
-outcome or its running guard (SPEC §4.8). While Redis answers, the warm shutdown is left alone: finishing
+outcome or its running guard. While Redis answers, the warm shutdown is left alone: finishing
 the running tools (bounded by their hard limits) is its job.
 """
 

@@ -9,7 +9,7 @@ Celery-specific stays here:
   naming the pool process that ran the delivery so that its answer is fenced (`workers.fence`);
 - in the worker's main process: the spool drainer (`workers.spool`), started by `register_worker_signals`.
 
-How a task ends tells Flower how the call ended (SPEC §7.3); the outcome in Redis is written first and stays
+How a task ends tells Flower how the call ended; the outcome in Redis is written first and stays
 the record, the orchestrator never reads Celery states:
 
     SUCCESS   the call's outcome is a success; or nothing was run or written: a later execution superseded
@@ -323,7 +323,7 @@ def register_tool_task(app: Celery, tool: Tool[Any, Any]) -> Task[Any, Any]:
         "bind": True,
         "base": ToolTask,
         "queue": spec.queue,
-        # Defaults for a message that carries none; dispatch sends the per-call limits (§4.2).
+        # Defaults for a message that carries none; dispatch sends the per-call limits.
         "soft_time_limit": spec.soft_time_limit_s,
         "time_limit": spec.time_limit_s,
     }

@@ -1,4 +1,4 @@
-"""Reading a tool function (SPEC §3.1): its parameters as a pydantic model, its docstring as descriptions.
+"""Reading a tool function: its parameters as a pydantic model, its docstring as descriptions.
 
 `@tool` (workers.tools) calls these once, when a tool is defined: the model-facing parameters become a
 pydantic model (the context parameter hidden, a lone pydantic-model parameter used as is), and the docstring's

@@ -1,4 +1,4 @@
-"""The `@tool` decorator, the registry and tool listing (SPEC §3.1, §3.3, §3.5).
+"""The `@tool` decorator, the registry and tool listing.
 
 A tool is a typed Python function. `@tool` turns it into a `Tool`: still a plain callable (calling it runs the
 function in-process, for unit tests of the tool), plus a `ToolSpec` — name, description from the docstring,
@@ -103,7 +103,7 @@ async def _await(awaitable: Any) -> Any:
 
 
 class ToolRegistry:
-    """Tools by name. Adding a second tool under an existing name fails loudly (§3.1)."""
+    """Tools by name. Adding a second tool under an existing name fails loudly."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
@@ -150,7 +150,7 @@ class ToolRegistry:
     def list_tools(
         self, *, include_sensitive: bool = False, allowlist: Iterable[str] | None = None
     ) -> list[ToolSpec]:
-        """Public listing (§3.3); see `build_listing`."""
+        """Public listing; see `build_listing`."""
         return build_listing(self.specs(), include_sensitive=include_sensitive, allowlist=allowlist)
 
 
@@ -216,7 +216,7 @@ def tool(
 
     Time limits are seconds. Give one and the other follows (soft = hard / 2, hard = soft * 2); give none
     and they are 30 s / 60 s. A tool is sensitive when `sensitive=True` or when a word of its name is
-    sensitive (§3.3).
+    sensitive.
     `idempotency`: None, "args" (key from the arguments) or "key:<fixed key>" (scoped to this tool).
     `queue`: the Celery queue of its calls. By default the tool's own, `tool.<name>` (`build_queue_name`),
     so a worker is only ever sent the tools it serves; tools that name one queue share it.

@@ -1,4 +1,5 @@
--- First writer wins (SPEC §4.9): the one outcome of a call. Returns workers.scripts.WriteResult: 1 WON, 0 LOST,
+-- First writer wins: the one outcome of a call (docs/design/tool-calls.md, "One answer per call").
+-- Returns workers.scripts.WriteResult: 1 WON, 0 LOST,
 -- 2 FENCED (a later execution of the call has started: this one was superseded and writes nothing).
 -- KEYS: outcome, late list, turn lease ('' when no turn), reply list ('' when none), fence ('' or absent: the
 --       writer is not an execution, e.g. the orchestrator's synthetic outcomes).
