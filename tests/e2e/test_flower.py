@@ -1,4 +1,4 @@
-"""A real Flower against the test Redis tells how each tool call ended (SPEC §7.3), read through Flower's
+"""A real Flower against the test Redis tells how each tool call ended, read through Flower's
 HTTP API with basic auth, and never shows a secret.
 
 Each call ends one way — success, a raised error, a retry, a hard kill, a revoke — and Flower's state must

@@ -1,4 +1,4 @@
-"""A conversation that outgrows its model's context window keeps working (SPEC §11.3, issue 13).
+"""A conversation that outgrows its model's context window keeps working (issue 13).
 
 Twenty turns of one `conversation_id`, each fetching an ~8 kB page, against a local server that speaks
 OpenAI Chat Completions with a 15,000-token window and refuses a longer request with OpenAI's own 400

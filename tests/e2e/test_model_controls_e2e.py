@@ -1,4 +1,4 @@
-"""Model controls end to end (SPEC §10): a real `toolloop orchestrator` and prefork worker, the scripted model
+"""Model controls end to end: a real `toolloop orchestrator` and prefork worker, the scripted model
 behind a server that records every request body, turns submitted through the Python client, the CLI and the
 HTTP API.
 

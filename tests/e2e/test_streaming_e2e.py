@@ -1,4 +1,4 @@
-"""Streaming end to end (SPEC §9): the scripted model streams its answer slowly over HTTP to a real
+"""Streaming end to end: the scripted model streams its answer slowly over HTTP to a real
 `toolloop orchestrator`, which writes it as `text_delta` events while the model writes; a client follows them
 through `Client.events`, `Client.stream`, `toolloop submit --stream` and the API's SSE endpoint (reconnecting
 with `Last-Event-ID`), with a real prefork worker running the tools."""

@@ -1,4 +1,4 @@
-"""`ctx.progress` through a real turn (SPEC §9.3): an orchestrator (the scripted `plan` model), a prefork
+"""`ctx.progress` through a real turn: an orchestrator (the scripted `plan` model), a prefork
 worker and Redis as processes, the events read with `Client.events` as a web app reads them.
 
 The tool's `tool_progress` events carry the model's call id and the tool's name, come in the order reported,

@@ -1,4 +1,4 @@
-"""Model controls at submit and approvals with edits and reasons, over a real redis-server (SPEC §10).
+"""Model controls at submit and approvals with edits and reasons, over a real redis-server.
 
 The Client, AsyncClient, HTTP API and CLI as a web app or a person uses them, in a database of their own. No
 orchestrator runs: what is accepted stays queued, and an approval is read back from the turn's control

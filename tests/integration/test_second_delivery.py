@@ -1,4 +1,4 @@
-"""A call's message delivered a second time while its first copy still runs (SPEC §4.8, §4.9; issue 19).
+"""A call's message delivered a second time while its first copy still runs (issue 19).
 
 Redis redelivers a message that stays unacked past its visibility timeout, and a worker hands back the
 messages it holds when its broker connection drops — both while the tool may still be running. The test does

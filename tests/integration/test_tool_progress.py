@@ -1,4 +1,4 @@
-"""`ctx.progress` through a real redis-server and a real prefork worker (SPEC §9.3).
+"""`ctx.progress` through a real redis-server and a real prefork worker.
 
 A turn is opened by hand (its request key and its events stream, as `submit.lua` leaves them) and a call of it
 dispatched under its wire id, as an orchestrator would: the `tool_progress` events land on the turn's stream

@@ -1,4 +1,4 @@
-"""The orchestrator remembers a model's context window a provider stated (SPEC §11.3), for later turns."""
+"""The orchestrator remembers a model's context window a provider stated, for later turns."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model controls on the faces (SPEC §10), pure: what `submit` builds, the submit-time refusals and where they
+"""Model controls on the faces, pure: what `submit` builds, the submit-time refusals and where they
 point, the CLI's flag parsers, the control stream's approval fields, and the scripted model's fallback and
 typed answers."""
 

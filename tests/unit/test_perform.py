@@ -225,7 +225,7 @@ async def test_an_unreadable_catalogue_still_dispatches_as_offered() -> None:
     assert [spec for spec, _, _ in publisher.published] == [ADD]
 
 
-# --- model controls and cost (SPEC §10) --------------------------------------------------------------------
+# --- model controls and cost --------------------------------------------------------------------------------
 
 
 class RecordingClient:

@@ -1,4 +1,4 @@
-"""The price table and the cost of one model call (SPEC §10.2): list prices, overrides, cached tokens, and
+"""The price table and the cost of one model call: list prices, overrides, cached tokens, and
 None — never a guess — for a model with no price."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`ctx.progress` (SPEC §9.3), pure: the event fields, redaction, the fraction, the rate limit on an injected
+"""`ctx.progress`, pure: the event fields, redaction, the fraction, the rate limit on an injected
 clock and timer, and that a report never raises (`workers.progress`)."""
 
 from __future__ import annotations

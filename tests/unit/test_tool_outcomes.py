@@ -1,4 +1,4 @@
-"""Outcome building, retry schedule and send options: pure functions (SPEC §4.2, §4.6–§4.8)."""
+"""Outcome building, retry schedule and send options: pure functions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The @tool decorator: schema, docstring, guardrails at definition, sensitive filter, context (SPEC §3)."""
+"""The @tool decorator: schema, docstring, guardrails at definition, sensitive filter, context."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pre-dispatch validation (SPEC §4.1) and the offered set of tools (SPEC §3.3)."""
+"""Pre-dispatch validation and the offered set of tools."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Invariants of a turn, checked after every step of every machine test (SPEC §5.1, §5.5, §4.9)."""
+"""Invariants of a turn, checked after every step of every machine test (docs/design/turns.md)."""
 
 from __future__ import annotations
 

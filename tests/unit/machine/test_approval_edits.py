@@ -1,4 +1,4 @@
-"""Approvals grow up (SPEC §10.3): approve with edited arguments, validated against the tool's schema, which
+"""Approvals grow up: approve with edited arguments, validated against the tool's schema, which
 are what runs and what the history shows; deny with a message the model reads."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The context budget of the request-time view (SPEC §11.3), as tables: histories × budgets → views.
+"""The context budget of the request-time view, as tables: histories × budgets → views.
 
 A history is written as words: `S` instructions, `U` a user message, `C` an assistant message calling one
 tool (`C2` two), `T` a tool result (3,000 characters), `A` an answer. An expected view writes each stored

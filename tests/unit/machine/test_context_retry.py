@@ -1,4 +1,4 @@
-"""The machine and the context budget (SPEC §11.3): views fitted and reported, an over-long-context error
+"""The machine and the context budget: views fitted and reported, an over-long-context error
 answered by a smaller view called again once, a second one failing the turn, and compaction."""
 
 from __future__ import annotations

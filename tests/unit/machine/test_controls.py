@@ -1,4 +1,4 @@
-"""The turn's model controls in the machine (SPEC §10.1): instructions, model settings and the output schema
+"""The turn's model controls in the machine: instructions, model settings and the output schema
 go with every model call, from the persisted state, and never into the history."""
 
 from __future__ import annotations

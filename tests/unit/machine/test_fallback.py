@@ -1,4 +1,4 @@
-"""Fallback (SPEC §10.1): with a list of models, the next one takes a call the current one failed after its
+"""Fallback: with a list of models, the next one takes a call the current one failed after its
 own retries, or at once when the current one cannot be used from here; its retries start again."""
 
 from __future__ import annotations

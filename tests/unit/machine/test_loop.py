@@ -1,4 +1,4 @@
-"""The loop of SPEC §5.1: model → parallel calls → ordered tool messages → model … → final answer."""
+"""The loop of a turn: model → parallel calls → ordered tool messages → model … → final answer."""
 
 from __future__ import annotations
 

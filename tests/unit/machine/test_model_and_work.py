@@ -1,4 +1,4 @@
-"""Model errors and empty answers (SPEC §5.7), lost work and late outcomes (§4.9), state versions (§5.2)."""
+"""Model errors and empty answers, lost work and late outcomes, state versions."""
 
 from __future__ import annotations
 

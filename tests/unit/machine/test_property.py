@@ -1,4 +1,4 @@
-"""Random interleavings of events (SPEC §5): the invariants hold after every step and every turn ends.
+"""Random interleavings of events: the invariants hold after every step and every turn ends.
 
 A small simulated runtime performs the machine's commands with a first-writer-wins outcome store, and
 hypothesis chooses what happens next: model answers and failures, tool starts and outcomes in any order,

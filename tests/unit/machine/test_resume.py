@@ -1,4 +1,4 @@
-"""Resuming a persisted turn on a new owner (SPEC §5.2, §7.2): `machine.resume` re-issues what died with the
+"""Resuming a persisted turn on a new owner: `machine.resume` re-issues what died with the
 old owner — timers, requested outcomes, the model call in flight, approvals, and the same task again for a
 dispatched call whose start was never recorded (it may never have been published) — and nothing else."""
 

@@ -1,4 +1,4 @@
-"""Resuming after any step reaches the same end as not stopping at all (SPEC §5.2, §7.2).
+"""Resuming after any step reaches the same end as not stopping at all.
 
 One turn is run twice from the same list of random choices. The plain run never stops. The other, at a
 chosen step, loses its orchestrator: the state is serialised, everything the old owner held in memory is

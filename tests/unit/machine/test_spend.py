@@ -1,4 +1,4 @@
-"""Budgets and cost (SPEC §10.2): `max_total_tokens` and `max_cost_usd` are checked after every answer and
+"""Budgets and cost: `max_total_tokens` and `max_cost_usd` are checked after every answer and
 before every model call; the turn's cost is the sum of its calls' while each has a price, else unknown."""
 
 from __future__ import annotations

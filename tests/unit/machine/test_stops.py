@@ -1,4 +1,4 @@
-"""Limits (SPEC §5.3), stop policies (§5.4), the one stop path (§5.5), confirmation (§5.8), cancel (§5.9)."""
+"""Limits, stop policies, the one stop path, confirmation, cancel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A typed answer (SPEC §10.2): a final answer is parsed and validated against the turn's output schema; one
+"""A typed answer: a final answer is parsed and validated against the turn's output schema; one
 that does not fit is sent back with the errors, up to `max_output_retries` times, then `invalid_output`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The request-time view (SPEC §6): projection, model-switch flattening, id remapping, diagnostics, models."""
+"""The request-time view: projection, model-switch flattening, id remapping, diagnostics, models."""
 
 from __future__ import annotations
 

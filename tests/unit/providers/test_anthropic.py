@@ -309,7 +309,7 @@ def add_round(provider: str, call_id: str) -> list[Message]:
 
 def test_a_conversation_ending_with_the_assistant_gets_a_user_turn_to_go_on_from() -> None:
     # After a fallback from OpenAI, the view flattens OpenAI's tool calls and their results to assistant
-    # text (SPEC §6.2): sent as is, Anthropic would take it as a prefill, which extended thinking refuses.
+    # text: sent as is, Anthropic would take it as a prefill, which extended thinking refuses.
     view = build_view(add_round("openai", "call_a"), "anthropic:claude-sonnet-4-5")
     body = anthropic.to_wire(ModelRequest(model="claude-sonnet-4-5", messages=view.messages))
     roles = [m["role"] for m in body["messages"]]

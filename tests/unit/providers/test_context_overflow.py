@@ -1,4 +1,4 @@
-"""Over-long-context errors of every provider, normalised to one code with the sizes they state (SPEC §11.3).
+"""Over-long-context errors of every provider, normalised to one code with the sizes they state.
 
 The bodies are the providers' own words (OpenAI, Anthropic and Gemini as their APIs answer; vLLM as its
 OpenAI-compatible server does); recorded error bodies that are not about the context stay as they were.

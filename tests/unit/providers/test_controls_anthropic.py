@@ -1,4 +1,4 @@
-"""Model controls on the Anthropic wire (SPEC §10): the system prompt, every setting (extended thinking for
+"""Model controls on the Anthropic wire: the system prompt, every setting (extended thinking for
 `reasoning_effort`), the answer tool of an output schema and its answer read back — plain and streamed,
 through the HTTP client — and prompt-caching breakpoints with the cached tokens in usage."""
 

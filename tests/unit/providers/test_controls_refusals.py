@@ -1,4 +1,4 @@
-"""Which settings each provider refuses (SPEC §10.1): one message per setting, naming it and the provider."""
+"""Which settings each provider refuses: one message per setting, naming it and the provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model controls on the OpenAI wires (SPEC §10.1): instructions, every setting, an output schema and the
+"""Model controls on the OpenAI wires: instructions, every setting, an output schema and the
 structured answer, for Chat Completions and the Responses API; each body checked against OpenAI's schema."""
 
 from __future__ import annotations

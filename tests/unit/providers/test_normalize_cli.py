@@ -1,4 +1,4 @@
-"""`toolloop normalize` as a user runs it: ARCHITECTURE.md JSON, exit 4 for errors, exit 2 for bad input."""
+"""`toolloop normalize` as a user runs it: its documented JSON, exit 4 for errors, exit 2 for bad input."""
 
 from __future__ import annotations
 

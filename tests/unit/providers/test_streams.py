@@ -1,4 +1,4 @@
-"""Stream readers (SPEC §9.1): every recorded stream read event by event gives the normaliser's Turn, its
+"""Stream readers: every recorded stream read event by event gives the normaliser's Turn, its
 text deltas add up exactly to the Turn's text (thinking too), one ToolCallDelta per call with its id, and
 the same whatever way the bytes are split (byte by byte, randomly, CRLF split between chunks, mid UTF-8)."""
 

@@ -1,4 +1,4 @@
-"""Tool specs exported per provider (SPEC §3.2): OpenAI function tools, Responses tools, Anthropic tools."""
+"""Tool specs exported per provider: OpenAI function tools, Responses tools, Anthropic tools."""
 
 from __future__ import annotations
 
