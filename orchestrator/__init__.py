@@ -1,7 +1,8 @@
 """toolloop's orchestrator: owns each turn's loop; never imports tool code.
 
-`from orchestrator import Client` (or `AsyncClient`) is what a web app needs; they are loaded on first use so
-that importing the package stays cheap for workers and the CLI.
+`from orchestrator import Client` (or `AsyncClient`) is what a web app next to Redis needs, `HttpClient` (or
+`AsyncHttpClient`) one that reaches toolloop by its HTTP API; they are loaded on first use so that importing
+the package stays cheap for workers and the CLI.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from orchestrator.client.http_client import AsyncHttpClient, HttpClient
     from orchestrator.client.redis_client import (
         AsyncClient,
         CallNotWaitingError,
@@ -28,10 +30,14 @@ if TYPE_CHECKING:
         UnknownTurnError,
     )
 
+# The HTTP clients' names, loaded from their own module.
+_HTTP_NAMES = frozenset({"AsyncHttpClient", "HttpClient"})
 __all__ = [
     "AsyncClient",
+    "AsyncHttpClient",
     "CallNotWaitingError",
     "Client",
+    "HttpClient",
     "ModelSettings",
     "ModelStreamResetEvent",
     "OtherEvent",
@@ -49,6 +55,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in _HTTP_NAMES:
+        from orchestrator.client import http_client
+
+        return getattr(http_client, name)
     if name in __all__:
         from orchestrator.client import redis_client as client
 

@@ -1,0 +1,689 @@
+"""The HTTP clients: `HttpClient` and `AsyncHttpClient`, the methods of `Client` / `AsyncClient` over
+`toolloop api`, for an app that reaches toolloop by its API (a token) rather than by Redis (a password).
+
+    with HttpClient("http://toolloop:8000", token="…") as client:
+        turn_id = client.submit(prompt="What is 2+3, times 4?", tools=["add", "multiply"])
+        for event in client.stream(turn_id):
+            ...
+        outcome = client.wait(turn_id, timeout=60)
+
+Same methods, signatures and return types as the Redis clients (`submit`, `submit_request`, `get`,
+`outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `ping`, `close` and the context managers), but
+`call_tool`: the API has no route for a direct tool call (it would publish tasks and hold a request for
+as long as the tool runs). They read no `TOOLLOOP_*` setting: the base URL and the token are all they use.
+
+One core, two faces: every request is built, and every answer read, by the pure functions of this module
+(`build_*_call` give an `HttpCall`: the request and the parser of its answer; `raise_for_answer` is the one
+mapping of error answers; `SseDecoder` and `EventFollow` read the events stream and say where to resume;
+`ApiOutage` is the retry policy). `HttpClient` performs them on `httpx.Client`, `AsyncHttpClient` on
+`httpx.AsyncClient`; the I/O is all that differs.
+
+Errors map into toolloop's tree (`orchestrator.errors`), as the Redis clients raise them: 404
+`UnknownTurnError`; a refused submit (422) `UnknownToolError` (its `unknown` and `available` from the
+answer), `ModelConfigError` for the model, else a `ValueError` naming each field, as for a refused approval
+and a body over the API's limit (413); `cancel` and `approve` answer False for a turn that has ended (409
+`turn_ended`), `approve` raises `CallNotWaitingError` for a call that waits for no answer. A wrong or
+missing token (401) and any answer the API does not document raise httpx's `HTTPStatusError`: httpx errors
+are not wrapped, as Redis's are not.
+
+Riding out an API restart (or its Redis's, which the API answers with 503), as the Redis clients ride out
+Redis's (the same `store.runner.Patience`): a request that found no API (a connection error, a dropped
+connection, 502/503/504) is sent again with capped backoff — `wait` until its own `timeout`, `events` and
+`stream` for as long as it takes, every other call for `retry_s` (`DEFAULT_RETRY_S`; `ping` never). When that
+time runs out, `TimeoutError` naming the API and the last failure. `events` and `stream` reconnect with
+`Last-Event-ID`, the id of the last event they yielded: nothing lost, nothing repeated. A retried `submit`
+stores its turn once: its id is chosen before the first try and sent with it (a repeated id is a no-op).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from orchestrator.client.submission import Submission, build_submission, takes_arguments_of
+from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.model import TurnOutcome, TurnRequest
+from orchestrator.store import codec
+from orchestrator.store.codec import TurnEvent
+from orchestrator.store.runner import DEFAULT_RETRY_S, Patience
+from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse_stream_event
+from orchestrator.store.turn_view import TurnView
+from orchestrator.tracing import attach_trace_context
+
+__all__ = [
+    "DEFAULT_RETRY_S",
+    "ApiOutage",
+    "AsyncHttpClient",
+    "EventFollow",
+    "HttpCall",
+    "HttpClient",
+    "SseDecoder",
+    "SseMessage",
+]
+
+T = TypeVar("T")
+
+# A request's timeouts: the API itself waits up to `api_redis_retry_s` (10 s) for Redis before its 503.
+REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# How long an events stream may say nothing, keep-alive comments included (the API sends one every
+# `api_sse_keepalive_s`, 10 s by default), before the connection is taken for dead and opened again.
+STREAM_READ_TIMEOUT_S = 45.0
+# Answers that say "the API is not there right now": a proxy without a backend, the API without Redis.
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+# Failures of the connection itself: an API stopped, restarting, or cut off mid-answer.
+RETRIED_ERRORS: tuple[type[Exception], ...] = (
+    httpx.NetworkError,
+    httpx.TimeoutException,
+    httpx.RemoteProtocolError,
+)
+
+
+# --- the core (pure) -------------------------------------------------------------------------------------
+
+
+class ApiUnavailable(Exception):  # not an error of the tree: it never leaves this module
+    """An answer that says the API (or its Redis) is away for now: retried like a connection error."""
+
+
+# What a try of a call may fail with and be tried again for.
+RETRIED: tuple[type[Exception], ...] = (ApiUnavailable, *RETRIED_ERRORS)
+
+
+def build_turn_path(turn_id: str, *rest: str) -> str:
+    """`/v1/turns/<id>/…`, each segment percent-encoded, dots too (`.` and `..` are dot segments an HTTP
+    client would remove, reaching another route)."""
+    segments = [quote(s, safe="").replace(".", "%2E") for s in (turn_id, *rest)]
+    return "/v1/turns/" + "/".join(segments)
+
+
+def build_refusal(detail: Any) -> ValueError:
+    """The error of a 422's `detail`: `UnknownToolError` for unknown tools, `ModelConfigError` for the
+    model, else a `ValueError` naming each field and its problem."""
+    items = [item for item in detail if isinstance(item, Mapping)] if isinstance(detail, list) else []
+    unknown = [item for item in items if item.get("type") == "unknown_tool"]
+    if unknown:
+        tools = [str(item.get("ctx", {}).get("tool")) for item in unknown]
+        return UnknownToolError(tools, unknown[0].get("ctx", {}).get("available", []))
+    model = [item for item in items if list(item.get("loc", [])) == ["body", "model"]]
+    if model and model[0].get("type") == "value_error":
+        return ModelConfigError(str(model[0].get("msg")))
+    if not items:
+        return ValueError(str(detail))
+    lines = []
+    for item in items:
+        where = ".".join(str(part) for part in list(item.get("loc", []))[1:])
+        lines.append(f"{where}: {item.get('msg')}" if where else str(item.get("msg")))
+    return ValueError("; ".join(lines))
+
+
+def raise_for_answer(answer: httpx.Response, turn_id: str | None = None) -> None:
+    """Nothing for a 2xx; else the error of the tree the answer means (`ApiUnavailable` to be retried,
+    httpx's `HTTPStatusError` for an answer the API does not document)."""
+    if answer.is_success:
+        return
+    if answer.status_code in UNAVAILABLE_STATUSES:
+        raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+    if answer.status_code == 404 and turn_id is not None:
+        raise UnknownTurnError(turn_id)
+    if answer.status_code == 422:
+        raise build_refusal(build_body(answer).get("detail"))
+    if answer.status_code == 413:
+        raise ValueError(build_detail(answer))
+    answer.raise_for_status()
+
+
+def build_body(answer: httpx.Response) -> dict[str, Any]:
+    """An error answer's JSON object (`ErrorBody`), or {} when it has none."""
+    try:
+        body = answer.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def build_detail(answer: httpx.Response) -> str:
+    """An error answer's one-line `detail`, else its status text."""
+    detail = build_body(answer).get("detail")
+    return detail if isinstance(detail, str) else answer.reason_phrase
+
+
+@dataclass(frozen=True)
+class HttpCall(Generic[T]):
+    """One request of the API, and how its answer becomes a value (or an error of the tree)."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
+    """`POST /v1/turns` of `request` under `turn_id` (chosen by the caller: a retry stores the turn once);
+    its trace context goes as the `traceparent` header, the only one the API takes."""
+    body = request.model_dump(mode="json", exclude={"trace_context"})
+
+    def read(answer: httpx.Response) -> str:
+        raise_for_answer(answer)
+        submitted: str = answer.json()["id"]
+        return submitted
+
+    return HttpCall("POST", "/v1/turns", read, {**body, "turn_id": turn_id}, request.trace_context or {})
+
+
+def build_view_call(turn_id: str) -> HttpCall[TurnView]:
+    """`GET /v1/turns/{id}`: the turn's view."""
+
+    def read(answer: httpx.Response) -> TurnView:
+        raise_for_answer(answer, turn_id)
+        return TurnView.model_validate_json(answer.content)
+
+    return HttpCall("GET", build_turn_path(turn_id), read)
+
+
+def read_control(answer: httpx.Response, turn_id: str, call_id: str | None = None) -> bool:
+    """A cancel's or an approval's answer: True when accepted, False when the turn had ended (409
+    `turn_ended`); `CallNotWaitingError` for a call that waits for no answer."""
+    if answer.status_code == 409:
+        code = build_body(answer).get("code")
+        if code == "turn_ended":
+            return False
+        if call_id is not None and code in {"call_not_waiting", "call_decided"}:
+            raise CallNotWaitingError(turn_id, call_id, decided=code == "call_decided")
+    raise_for_answer(answer, turn_id)
+    return True
+
+
+def build_cancel_call(turn_id: str) -> HttpCall[bool]:
+    """`POST /v1/turns/{id}/cancel`."""
+    return HttpCall("POST", build_turn_path(turn_id, "cancel"), lambda a: read_control(a, turn_id))
+
+
+def build_approval_call(
+    turn_id: str,
+    call_id: str,
+    approved: bool,
+    arguments: Mapping[str, Any] | None,
+    reason: str | None,
+) -> HttpCall[bool]:
+    """`POST /v1/turns/{id}/approvals/{call_id}`."""
+    body = {"approved": approved, "arguments": dict(arguments) if arguments is not None else None}
+    return HttpCall(
+        "POST",
+        build_turn_path(turn_id, "approvals", call_id),
+        lambda a: read_control(a, turn_id, call_id),
+        {**body, "reason": reason},
+    )
+
+
+def build_finished_event(event: TurnEvent, view: TurnView) -> TurnFinishedEvent:
+    """The typed last event of a stream, with the outcome the turn's view shows (redacted)."""
+    if view.outcome is None:
+        raise UnknownTurnError(event.turn_id)  # as `turn_stream.stream_turn`: the outcome went with the turn
+    return TurnFinishedEvent(id=event.id, turn_id=event.turn_id, at=event.at, outcome=view.outcome)
+
+
+@dataclass(frozen=True)
+class SseMessage:
+    """One server-sent event: its `event` name, `data` (its lines joined) and `id` (None: none given)."""
+
+    event: str
+    data: str
+    id: str | None
+
+
+@dataclass
+class SseDecoder:
+    """Server-sent events from the lines of a `text/event-stream` body, as the HTML standard reads them
+    (comments skipped, `data` lines joined, a message dispatched at a blank line).
+
+    Hand-written rather than a dependency: id, event and data are all the API sends, and a line at a time is
+    what `iter_lines` of both httpx clients gives."""
+
+    _event: str = ""
+    _data: list[str] = field(default_factory=list)
+    _id: str | None = None
+
+    def feed(self, line: str) -> SseMessage | None:
+        """The message a blank line completes, else None."""
+        if not line:
+            message = SseMessage(self._event or "message", "\n".join(self._data), self._id)
+            had_data = bool(self._data)
+            self._event, self._data, self._id = "", [], None
+            return message if had_data else None
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
+
+
+@dataclass
+class EventFollow:
+    """Where a follower of a turn's events stream is: the id of the last event it handed out (where a new
+    connection resumes, as `Last-Event-ID`) and whether that was `turn_finished`."""
+
+    turn_id: str
+    cursor: str
+    finished: bool = False
+    decoder: SseDecoder = field(default_factory=SseDecoder)
+
+    def build_path(self) -> str:
+        """The stream's path."""
+        return build_turn_path(self.turn_id, "events")
+
+    def reconnect(self) -> dict[str, str]:
+        """A new connection's headers (resume after the cursor); a fresh decoder for its body."""
+        self.decoder = SseDecoder()
+        return {"Accept": "text/event-stream", "Last-Event-ID": self.cursor}
+
+    def feed(self, line: str) -> TurnEvent | None:
+        """The event a line completes, else None; the cursor moves past it."""
+        message = self.decoder.feed(line)
+        if message is None:
+            return None
+        event = TurnEvent.model_validate_json(message.data)
+        self.cursor = event.id
+        self.finished = event.name == codec.TURN_FINISHED
+        return event
+
+
+class ApiOutage:
+    """The failed tries of one call while the API is away: the pause before the next (capped backoff, the
+    Redis clients' `Patience`), `TimeoutError` once the patience has run out."""
+
+    def __init__(self, patience: Patience, where: str) -> None:
+        self.patience = patience
+        self.where = where
+        self.failures = 0
+        self.since = patience.clock()
+
+    def failed(self, exc: Exception) -> float:
+        """The pause before the next try after `exc`; raises when not to retry."""
+        if not isinstance(exc, RETRIED):
+            raise exc
+        self.failures += 1
+        pause = self.patience.build_pause_s(self.failures)
+        if pause is None:
+            waited_s = self.patience.clock() - self.since
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            waited = f"tried for {waited_s:.1f} s"
+            raise TimeoutError(
+                f"the toolloop API at {self.where} did not answer ({waited}): {reason}"
+            ) from exc
+        return pause
+
+    def answered(self) -> None:
+        """The API answered: a later failure starts its backoff again."""
+        self.failures = 0
+
+    def is_over(self) -> bool:
+        """True once the patience has run out."""
+        return self.patience.until is not None and self.patience.clock() >= self.patience.until
+
+
+class _HttpCore:
+    """What both faces share: where the API is, how to authenticate, how patient to be."""
+
+    def __init__(self, base_url: str, token: str | None, retry_s: float | None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry_s = retry_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _outage(self, seconds: float | None) -> ApiOutage:
+        return ApiOutage(Patience.for_s(seconds), self.base_url)
+
+    def _patient(self) -> ApiOutage:
+        return self._outage(self.retry_s)
+
+    @staticmethod
+    def _build_submit(submission: Submission) -> HttpCall[str]:
+        request = attach_trace_context(submission.request)
+        return build_submit_call(request, submission.turn_id or codec.new_turn_id())
+
+    @staticmethod
+    def _stream_timeout(outage: ApiOutage) -> httpx.Timeout:
+        # A read never waits past the caller's deadline: a `wait` ends on time whatever the stream does.
+        until = outage.patience.until
+        left_s = STREAM_READ_TIMEOUT_S if until is None else max(until - outage.patience.clock(), 0.001)
+        return httpx.Timeout(min(STREAM_READ_TIMEOUT_S, left_s), connect=REQUEST_TIMEOUT.connect)
+
+
+def _timed_out(turn_id: str, timeout: float) -> TimeoutError:
+    return TimeoutError(f"turn {turn_id!r} did not finish within {timeout:g} s")
+
+
+# --- the sync face ---------------------------------------------------------------------------------------
+
+
+class HttpClient(_HttpCore):
+    """Synchronous client of the HTTP API: `HttpClient(base_url, token=None)`; `Client`'s methods.
+
+    `retry_s`: how long a call without a timeout of its own waits through an API restart (None: forever).
+    `transport`: an httpx transport of the caller's (tests, proxies)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        retry_s: float | None = DEFAULT_RETRY_S,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(base_url, token, retry_s)
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=REQUEST_TIMEOUT, transport=transport
+        )
+
+    def _send(self, call: HttpCall[T], outage: ApiOutage | None = None) -> T:
+        outage = outage or self._patient()
+        while True:
+            try:
+                answer = self._http.request(
+                    call.method, call.path, json=call.body, headers=call.headers, params=call.params
+                )
+                if answer.status_code in UNAVAILABLE_STATUSES:
+                    raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+            except RETRIED as exc:
+                self._sleep(outage.failed(exc))
+                continue
+            return call.read(answer)
+
+    @takes_arguments_of(build_submission)
+    def submit(self, submission: Submission) -> str:
+        """Submit a turn; returns its id once the API has stored it. A repeated `turn_id` is a no-op (an id
+        over HTTP: 1–200 letters, digits, `_` or `-`).
+
+        `UnknownToolError` when it names tools no live worker serves (accepted while none has published)."""
+        return self._send(self._build_submit(submission))
+
+    def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
+        """Submit an already built `TurnRequest`, with the caller's current trace context unless it carries
+        one (sent as `traceparent`)."""
+        return self._send(self._build_submit(Submission(request, turn_id)))
+
+    def get(self, turn_id: str) -> TurnView:
+        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
+        sensitive values redacted."""
+        return self._send(build_view_call(turn_id))
+
+    def outcome(self, turn_id: str) -> TurnOutcome | None:
+        """The terminal outcome (redacted), or None while the turn runs; `UnknownTurnError` for an unknown
+        turn."""
+        return self.get(turn_id).outcome
+
+    def wait(self, turn_id: str, timeout: float) -> TurnOutcome:
+        """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s,
+        through an API restart too. Redacted, as `get` shows it."""
+        outage = self._outage(timeout)
+        try:
+            view = self._send(build_view_call(turn_id), outage)
+            if view.outcome is None:
+                for event in self._follow(turn_id, "0", outage):
+                    if event.name == codec.TURN_FINISHED:
+                        break
+                view = self._send(build_view_call(turn_id), outage)
+        except TimeoutError:
+            raise _timed_out(turn_id, timeout) from None
+        if view.outcome is None:
+            raise _timed_out(turn_id, timeout)
+        return view.outcome
+
+    def events(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[TurnEvent]:
+        """The turn's events as they come, from `after` on, ending after `turn_finished`.
+
+        `block_ms` is the Redis clients' and has no effect here: the API's keep-alives pace the stream.
+        Quiet spells and API restarts are ridden out: the next connection starts after the last event
+        yielded."""
+        return self._follow(turn_id, after, self._outage(None))
+
+    def stream(self, turn_id: str, after: str = "0", *, block_ms: int | None = None) -> Iterator[StreamEvent]:
+        """The turn as it happens, typed (`store.turn_stream`), a `TurnFinishedEvent` with the outcome last;
+        from `after` on, riding out restarts as `events` does."""
+        for event in self._follow(turn_id, after, self._outage(None)):
+            if event.name != codec.TURN_FINISHED:
+                yield parse_stream_event(event)
+            else:
+                yield build_finished_event(event, self._send(build_view_call(turn_id)))
+
+    def _follow(self, turn_id: str, after: str, outage: ApiOutage) -> Iterator[TurnEvent]:
+        follow = EventFollow(turn_id, after)
+        while not follow.finished:
+            try:
+                with self._http.stream(
+                    "GET",
+                    follow.build_path(),
+                    headers=follow.reconnect(),
+                    timeout=self._stream_timeout(outage),
+                ) as answer:
+                    if not answer.is_success:
+                        answer.read()
+                        raise_for_answer(answer, turn_id)
+                    outage.answered()
+                    for line in answer.iter_lines():
+                        if (event := follow.feed(line)) is not None:
+                            yield event
+                        if outage.is_over():
+                            raise TimeoutError(f"turn {turn_id!r}: the caller's time ran out")
+            except RETRIED as exc:
+                self._sleep(outage.failed(exc))
+                continue
+            if not follow.finished and self._has_ended(turn_id, outage):
+                return
+
+    def _has_ended(self, turn_id: str, outage: ApiOutage) -> bool:
+        # A stream that ended without turn_finished: the turn is gone or its end was trimmed, or the API
+        # stopped (a graceful restart ends streams too), and then the follower connects again.
+        try:
+            view = self._send(build_view_call(turn_id), outage)
+        except UnknownTurnError:
+            return True
+        return view.status.terminal
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask for the turn to be cancelled; False when it had already ended."""
+        return self._send(build_cancel_call(turn_id))
+
+    def approve(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended.
+
+        Edited `arguments` that fail the tool's schema raise a `ValueError`; `CallNotWaitingError` when the
+        turn waits for no answer about this call (unknown, or answered already: the first answer stands)."""
+        return self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+
+    def ping(self) -> bool:
+        """True when the API answers `/healthz` with 200 (its Redis answers); never retried."""
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --- the async face --------------------------------------------------------------------------------------
+
+
+class AsyncHttpClient(_HttpCore):
+    """Asynchronous client of the HTTP API with the same methods as `HttpClient` (`AsyncClient`'s)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        retry_s: float | None = DEFAULT_RETRY_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        super().__init__(base_url, token, retry_s)
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=REQUEST_TIMEOUT, transport=transport
+        )
+
+    async def _send(self, call: HttpCall[T], outage: ApiOutage | None = None) -> T:
+        outage = outage or self._patient()
+        while True:
+            try:
+                answer = await self._http.request(
+                    call.method, call.path, json=call.body, headers=call.headers, params=call.params
+                )
+                if answer.status_code in UNAVAILABLE_STATUSES:
+                    raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+            except RETRIED as exc:
+                await self._sleep(outage.failed(exc))
+                continue
+            return call.read(answer)
+
+    @takes_arguments_of(build_submission)
+    async def submit(self, submission: Submission) -> str:
+        """Submit a turn; returns its id once the API has stored it. As `HttpClient.submit`."""
+        return await self._send(self._build_submit(submission))
+
+    async def submit_request(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
+        """Submit an already built `TurnRequest`. As `HttpClient.submit_request`."""
+        return await self._send(self._build_submit(Submission(request, turn_id)))
+
+    async def get(self, turn_id: str) -> TurnView:
+        """The turn's view, redacted. As `HttpClient.get`."""
+        return await self._send(build_view_call(turn_id))
+
+    async def outcome(self, turn_id: str) -> TurnOutcome | None:
+        """The terminal outcome (redacted), or None while the turn runs."""
+        return (await self.get(turn_id)).outcome
+
+    # `timeout` rather than asyncio.timeout: the same signature as the sync `wait` (the contract).
+    async def wait(self, turn_id: str, timeout: float) -> TurnOutcome:  # noqa: ASYNC109
+        """Wait until the turn is terminal; `TimeoutError` after `timeout` s. As `HttpClient.wait`."""
+        outage = self._outage(timeout)
+        try:
+            view = await self._send(build_view_call(turn_id), outage)
+            if view.outcome is None:
+                async for event in self._follow(turn_id, "0", outage):
+                    if event.name == codec.TURN_FINISHED:
+                        break
+                view = await self._send(build_view_call(turn_id), outage)
+        except TimeoutError:
+            raise _timed_out(turn_id, timeout) from None
+        if view.outcome is None:
+            raise _timed_out(turn_id, timeout)
+        return view.outcome
+
+    def events(
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
+    ) -> AsyncIterator[TurnEvent]:
+        """The turn's events as they come, from `after` on, ending after `turn_finished`; as `HttpClient`'s
+        (`block_ms` has no effect)."""
+        return self._follow(turn_id, after, self._outage(None))
+
+    async def stream(
+        self, turn_id: str, after: str = "0", *, block_ms: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """The turn as it happens, typed, `TurnFinishedEvent` last; as `HttpClient`'s."""
+        async for event in self._follow(turn_id, after, self._outage(None)):
+            if event.name != codec.TURN_FINISHED:
+                yield parse_stream_event(event)
+            else:
+                yield build_finished_event(event, await self._send(build_view_call(turn_id)))
+
+    async def _follow(self, turn_id: str, after: str, outage: ApiOutage) -> AsyncIterator[TurnEvent]:
+        follow = EventFollow(turn_id, after)
+        while not follow.finished:
+            try:
+                async with self._http.stream(
+                    "GET",
+                    follow.build_path(),
+                    headers=follow.reconnect(),
+                    timeout=self._stream_timeout(outage),
+                ) as answer:
+                    if not answer.is_success:
+                        await answer.aread()
+                        raise_for_answer(answer, turn_id)
+                    outage.answered()
+                    async for line in answer.aiter_lines():
+                        if (event := follow.feed(line)) is not None:
+                            yield event
+                        if outage.is_over():
+                            raise TimeoutError(f"turn {turn_id!r}: the caller's time ran out")
+            except RETRIED as exc:
+                await self._sleep(outage.failed(exc))
+                continue
+            if not follow.finished and await self._has_ended(turn_id, outage):
+                return
+
+    async def _has_ended(self, turn_id: str, outage: ApiOutage) -> bool:
+        try:
+            view = await self._send(build_view_call(turn_id), outage)
+        except UnknownTurnError:
+            return True
+        return view.status.terminal
+
+    async def cancel(self, turn_id: str) -> bool:
+        """Ask for the turn to be cancelled; False when it had already ended."""
+        return await self._send(build_cancel_call(turn_id))
+
+    async def approve(
+        self,
+        turn_id: str,
+        call_id: str,
+        approved: bool,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Approve (with edited `arguments`) or deny (with a `reason`) a waiting call; as `HttpClient`'s."""
+        return await self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+
+    async def ping(self) -> bool:
+        """True when the API answers `/healthz` with 200; never retried."""
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncHttpClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
