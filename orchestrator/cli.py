@@ -1,22 +1,71 @@
-"""The `toolloop` command. Each area registers its own subcommands from `orchestrator.commands`."""
+"""The `toolloop` command. Each area registers its own subcommands from `orchestrator.commands`.
+
+`toolloop --version` prints the installed distribution's version; `--install-completion` and
+`--show-completion` set up shell completion (typer's).
+"""
 
 from __future__ import annotations
+
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from orchestrator.commands import flower, normalize, tools, turns, turns_api
 from workers.errors import RedisConfigError
 
+# The distribution `pip install` knows toolloop by (the command and the packages are named otherwise).
+DISTRIBUTION = "celery-toolloop"
+# The project file of a source tree, beside the `orchestrator` package.
+SOURCE_PROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
 app = typer.Typer(
     name="toolloop",
     help="Run LLM tool-calling loops on Celery workers.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
 for module in (tools, normalize, turns, turns_api, flower):
     module.register(app)
+
+
+def read_version(project_file: Path = SOURCE_PROJECT) -> str:
+    """The installed distribution's version; run from a source tree that was never installed, the version
+    its `pyproject.toml` declares, marked `+source`; `unknown` when neither can be read."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        project = tomllib.loads(project_file.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return "unknown"
+    if project.get("name") != DISTRIBUTION or not isinstance(project.get("version"), str):
+        return "unknown"
+    return f"{project['version']}+source"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"toolloop {read_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def toolloop(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print toolloop's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run LLM tool-calling loops on Celery workers."""
+    del version  # handled by its callback, before any command runs
 
 
 def main() -> None:

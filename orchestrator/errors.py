@@ -34,10 +34,15 @@ not wrapped: the store lets `redis.RedisError` through (a caller retries or repo
 httpx errors into `ProviderError` values at once — except where a client rides out an outage
 (`store.runner.Patience`): when its patience runs out it raises `RedisUnavailableError`, still a
 `redis.ConnectionError` (and a `TimeoutError`: the caller's time ran out), whose message names the URL.
+
+A name that is refused (a tool, a provider, a tier) is refused with the closest name that would have been
+accepted, when one is close (`find_close_name`): the Python clients, the CLI and the HTTP API all say the
+error's message, so each shows the same "did you mean …?".
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 import redis
@@ -73,6 +78,19 @@ __all__ = [
 ]
 
 
+def find_close_name(name: str, known: Iterable[str]) -> str | None:
+    """The name of `known` closest to `name` when one is close enough to be a slip of the keyboard (difflib's
+    similarity of at least 0.6, as `get_close_matches` has it), else None."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return close[0] if close else None
+
+
+def build_did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`" (did you mean 'add'?)"` after a refused `name` when a name of `known` is close to it, else ""."""
+    close = find_close_name(name, known)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
 class UnknownTurnError(ToolloopError, LookupError):
     """No turn with this id is stored (never submitted, or expired after `keys.TURN_TTL_S`)."""
 
@@ -97,17 +115,26 @@ class UnknownToolError(ToolloopError, ValueError):
     """A turn names tools that no live worker serves; nothing was stored.
 
     `unknown` are the names refused, in the order given; `available` the public tools of the catalogue
-    (sorted): a sensitive tool the turn did not name is never listed.
+    (sorted): a sensitive tool the turn did not name is never listed, nor ever suggested for a misspelt one.
     """
 
     def __init__(self, unknown: Iterable[str], available: Iterable[str]) -> None:
         self.unknown = list(unknown)
         self.available = list(available)
-        names = ", ".join(repr(name) for name in self.unknown)
+        names = ", ".join(self._refused(name) for name in self.unknown)
         word = "tool" if len(self.unknown) == 1 else "tools"
-        super().__init__(
-            f"unknown {word} {names} in 'tools'; available: {', '.join(self.available) or 'none'}"
-        )
+        super().__init__(f"unknown {word} {names} in 'tools'; available: {self._listing()}")
+
+    def describe(self, name: str) -> str:
+        """The refusal of one of the `unknown` names alone: `unknown tool 'ad' (did you mean 'add'?);
+        available: add, echo`."""
+        return f"unknown tool {self._refused(name)}; available: {self._listing()}"
+
+    def _refused(self, name: str) -> str:
+        return repr(name) + build_did_you_mean(name, self.available)
+
+    def _listing(self) -> str:
+        return ", ".join(self.available) or "none"
 
 
 class StateVersionError(ToolloopError, ValueError):
@@ -130,7 +157,8 @@ class MalformedBody(ToolloopError, ValueError):
 
 
 class ModelConfigError(ToolloopError, ValueError):
-    """A model name, tier or provider this process cannot serve; the message names what is configured."""
+    """A model name, tier or provider this process cannot serve; the message names what is configured, and
+    the closest known name to one refused (`build_did_you_mean`)."""
 
 
 class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, TimeoutError):

@@ -158,7 +158,10 @@ def submit_command(
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
     stream: Annotated[
         bool,
-        typer.Option("--stream", help="Print the answer as it is written (tools on stderr) until the end."),
+        typer.Option(
+            "--stream/--no-stream",
+            help="Print the answer as it is written (tools on stderr) until the end.",
+        ),
     ] = False,
     timeout: Annotated[float, typer.Option(help="How long --wait waits (s).")] = 300.0,
 ) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from orchestrator.errors import ModelConfigError
+from orchestrator.errors import ModelConfigError, build_did_you_mean
 from orchestrator.model import Message, ModelSettings, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
@@ -68,7 +68,8 @@ def parse_model_ref(name: str) -> ModelRef:
         raise ModelConfigError(f"model {name!r} is not `provider:model` (providers: {', '.join(PROVIDERS)})")
     if provider not in PROVIDERS:
         raise ModelConfigError(
-            f"unknown provider {provider!r} in {name!r} (providers: {', '.join(PROVIDERS)})"
+            f"unknown provider {provider!r}{build_did_you_mean(provider, PROVIDERS)} in {name!r} "
+            f"(providers: {', '.join(PROVIDERS)})"
         )
     return ModelRef(provider, model.strip())
 
@@ -275,8 +276,8 @@ def check_model_name(model: str | list[str] | None) -> None:
         return
     if ":" not in name:
         raise ModelConfigError(
-            f"model {model!r} is neither `provider:model` (e.g. openai:gpt-4.1-mini, scripted:demo) "
-            f"nor a tier ({', '.join(MODEL_TIERS)})"
+            f"model {model!r}{build_did_you_mean(name, MODEL_TIERS)} is neither `provider:model` "
+            f"(e.g. openai:gpt-4.1-mini, scripted:demo) nor a tier ({', '.join(MODEL_TIERS)})"
         )
     parse_model_ref(name)
 
@@ -299,5 +300,8 @@ def resolve_model(name_or_tier: str | None, *, default: str, tiers: Mapping[str,
         return tiers[name]
     if name == "default":
         return default
-    known = ", ".join(sorted({*tiers, "default"}))
-    raise ModelConfigError(f"unknown model tier {name!r}: use 'provider:model' or one of the tiers {known}")
+    known = sorted({*tiers, "default"})
+    raise ModelConfigError(
+        f"unknown model tier {name!r}{build_did_you_mean(name, known)}: use 'provider:model' or one of the "
+        f"tiers {', '.join(known)}"
+    )

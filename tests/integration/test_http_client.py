@@ -246,7 +246,7 @@ def test_a_wait_rides_out_an_api_restart(client: HttpClient, api: RestartableApi
     def wait() -> None:
         try:
             got.append(client.wait(turn_id, timeout=WAIT_S))
-        except BaseException as exc:  # noqa: BLE001  # handed to the test's thread
+        except BaseException as exc:  # handed to the test's thread
             got.append(exc)
 
     waiter = threading.Thread(target=wait)
@@ -261,7 +261,10 @@ def test_a_wait_rides_out_an_api_restart(client: HttpClient, api: RestartableApi
 async def test_a_stream_rides_out_an_api_crash_without_losing_or_repeating_an_event(
     api: RestartableApi,
 ) -> None:
-    rounds = [{"calls": [{"name": "slow", "arguments": {"seconds": 3}}]}, {"text": "after the crash"}]
+    rounds: list[dict[str, Any]] = [
+        {"calls": [{"name": "slow", "arguments": {"seconds": 3}}]},
+        {"text": "after the crash"},
+    ]
     async with AsyncHttpClient(api.base_url, token=TOKEN) as client:
         turn_id = await client.submit(prompt=plan_prompt(rounds), tools=["slow"], model="scripted:plan")
         seen: list[StreamEvent] = []

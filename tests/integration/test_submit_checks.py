@@ -71,7 +71,9 @@ def test_tools_no_live_worker_serves_are_refused_and_nothing_is_stored(client: C
         client.submit(prompt="2+2?", tools=["echo", "ecoh"])
     available = refused.value.available
     assert refused.value.unknown == ["ecoh"] and available == sorted(available)
-    assert str(refused.value) == f"unknown tool 'ecoh' in 'tools'; available: {', '.join(available)}"
+    assert str(refused.value) == (
+        f"unknown tool 'ecoh' (did you mean 'echo'?) in 'tools'; available: {', '.join(available)}"
+    )
     assert {"echo", "boom", "e2e_transfer"} <= set(available) and "secret_tool" not in available
     assert (stored_turns(client), client.redis.llen(keys.TURN_QUEUE)) == before
     # Known tools, and a sensitive one because the turn names it, are accepted.
@@ -135,7 +137,7 @@ def test_the_cli_exits_2_naming_the_unknown_tool(served_url: str, tools: list[st
     # Repeated, the option adds to the list (the first `--tools ecoh` is not dropped for the last).
     done = run_cli(served_url, "submit", "--prompt", "2+3?", *tools)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("error: unknown tool 'ecoh' in 'tools'; available: ")
+    assert done.stderr.startswith("error: unknown tool 'ecoh' (did you mean 'echo'?) in 'tools'; available: ")
     assert "echo" in done.stderr and "secret_tool" not in done.stderr and "Traceback" not in done.stderr
     assert done.stdout == ""
 

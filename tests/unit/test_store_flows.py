@@ -149,7 +149,10 @@ def test_submit_refuses_tools_no_live_worker_serves_listing_public_ones_only() -
     with pytest.raises(UnknownToolError) as refused:
         flow.send(CATALOGUE)  # refused before the submit script: nothing is stored
     assert (refused.value.unknown, refused.value.available) == (["addd", "ecoh"], ["add", "echo"])
-    assert str(refused.value) == "unknown tools 'addd', 'ecoh' in 'tools'; available: add, echo"
+    assert str(refused.value) == (
+        "unknown tools 'addd' (did you mean 'add'?), 'ecoh' (did you mean 'echo'?) in 'tools'; "
+        "available: add, echo"
+    )
     assert isinstance(refused.value, ValueError)
 
 
