@@ -1,4 +1,5 @@
-"""OpenAI's published OpenAPI description (`../shared/specs/`), as JSON Schema validators for tests."""
+"""OpenAPI documents as JSON Schema validators for tests: OpenAI's published description (`../shared/specs/`),
+and any document handed in, such as toolloop's own `/openapi.json` (`assert_valid_answer`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,12 @@ def validator_for(schema_name: str) -> jsonschema.protocols.Validator:
 def assert_valid(instance: object, schema_name: str) -> None:
     """Raise jsonschema.ValidationError when `instance` is not a valid `schema_name`."""
     validator_for(schema_name).validate(instance)
+
+
+def assert_valid_answer(document: dict[str, Any], method: str, path: str, status: int, body: Any) -> None:
+    """Raise when `status` is not an answer `document` declares for `method` `path` (a template, as the
+    document writes it), or `body` does not fit that answer's JSON schema (refs resolved in the document)."""
+    answers = document["paths"][path][method]["responses"]
+    assert str(status) in answers, f"{method.upper()} {path}: {status} is not declared ({sorted(answers)})"
+    schema = answers[str(status)]["content"]["application/json"]["schema"]
+    jsonschema.Draft202012Validator({**document, **schema}).validate(body)
