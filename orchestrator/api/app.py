@@ -133,7 +133,7 @@ class ErrorItem(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error's body: `detail` is one line (401, 404, 409, 413, 503), or the list of problems (422).
+    """Every error's body: `detail` is one line (400, 401, 404, 409, 413, 503), or the problems (422).
 
     `code` says which refusal a 409 is: `turn_ended` (the turn has already ended), `call_not_waiting` (no
     call with this id waits for an answer) or `call_decided` (it was answered already: the first answer
@@ -174,6 +174,7 @@ UNAVAILABLE: Responses = {
 }
 UNKNOWN_TURN: Responses = {404: _error("No turn with this id (never submitted, or expired).")}
 TOO_LARGE: Responses = {413: _error("The body is over the API's limit (`max_body_bytes`).")}
+UNREADABLE: Responses = {400: _error("The body could not be parsed (not UTF-8, or nested too deep).")}
 REFUSED: Responses = {
     422: _error("The request is malformed, or asks for what cannot be served; `loc` names the field.")
 }
@@ -382,7 +383,7 @@ def build_controls_detail(refusals: Sequence[Refusal]) -> list[dict[str, Any]]:
     response_model=SubmitReply,
     operation_id="submitTurn",
     summary="Submit a turn",
-    responses={**TOO_LARGE, **REFUSED},
+    responses={**UNREADABLE, **TOO_LARGE, **REFUSED},
 )
 async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
@@ -439,7 +440,7 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
     response_model=ControlReply,
     operation_id="answerApproval",
     summary="Approve or deny a tool call",
-    responses={**UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
+    responses={**UNREADABLE, **UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
 )
 async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
     """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when

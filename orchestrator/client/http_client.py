@@ -20,11 +20,11 @@ mapping of error answers; `SseDecoder` and `EventFollow` read the events stream 
 
 Errors map into toolloop's tree (`orchestrator.errors`), as the Redis clients raise them: 404
 `UnknownTurnError`; a refused submit (422) `UnknownToolError` (its `unknown` and `available` from the
-answer), `ModelConfigError` for the model, else a `ValueError` naming each field, as for a refused approval
-and a body over the API's limit (413); `cancel` and `approve` answer False for a turn that has ended (409
-`turn_ended`), `approve` raises `CallNotWaitingError` for a call that waits for no answer. A wrong or
-missing token (401) and any answer the API does not document raise httpx's `HTTPStatusError`: httpx errors
-are not wrapped, as Redis's are not.
+answer), `ModelConfigError` for the model, else a `ValueError` naming each field, as for a refused
+approval, a body over the API's limit (413) or one it could not parse (400); `cancel` and `approve` answer
+False for a turn that has ended (409 `turn_ended`), `approve` raises `CallNotWaitingError` for a call that
+waits for no answer. A wrong or missing token (401) and any answer the API does not document raise httpx's
+`HTTPStatusError`: httpx errors are not wrapped, as Redis's are not.
 
 Riding out an API restart (or its Redis's, which the API answers with 503), as the Redis clients ride out
 Redis's (the same `store.runner.Patience`): a request that found no API (a connection error, a dropped
@@ -134,7 +134,7 @@ def raise_for_answer(answer: httpx.Response, turn_id: str | None = None) -> None
         raise UnknownTurnError(turn_id)
     if answer.status_code == 422:
         raise build_refusal(build_body(answer).get("detail"))
-    if answer.status_code == 413:
+    if answer.status_code in {400, 413}:  # a body the API could not parse, or over its limit
         raise ValueError(build_detail(answer))
     answer.raise_for_status()
 
@@ -439,8 +439,8 @@ class HttpClient(_HttpCore):
                     if event.name == codec.TURN_FINISHED:
                         break
                 view = self._send(build_view_call(turn_id), outage)
-        except TimeoutError:
-            raise _timed_out(turn_id, timeout) from None
+        except TimeoutError as exc:  # the caller's time, or the API away for all of it (the cause says)
+            raise _timed_out(turn_id, timeout) from exc
         if view.outcome is None:
             raise _timed_out(turn_id, timeout)
         return view.outcome
@@ -598,8 +598,8 @@ class AsyncHttpClient(_HttpCore):
                     if event.name == codec.TURN_FINISHED:
                         break
                 view = await self._send(build_view_call(turn_id), outage)
-        except TimeoutError:
-            raise _timed_out(turn_id, timeout) from None
+        except TimeoutError as exc:  # the caller's time, or the API away for all of it (the cause says)
+            raise _timed_out(turn_id, timeout) from exc
         if view.outcome is None:
             raise _timed_out(turn_id, timeout)
         return view.outcome

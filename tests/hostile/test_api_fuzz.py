@@ -1,7 +1,9 @@
 """Hypothesis over the HTTP API's bodies: huge, deeply nested, wrong types, invalid UTF-8, unknown fields.
 
 Every answer is a clear 4xx (or 202 for a body that happens to be a valid turn), never a 5xx, and the
-server keeps answering. The shipped server, `toolloop api`, over a real Redis.
+server keeps answering. Each answer the route's schema declares fits it, as schemathesis checks (its status
+and its body against the live `/openapi.json`; the router's own 307, 404 and 405 are no route's). The shipped
+server, `toolloop api`, over a real Redis.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.openapi_schemas import assert_valid_answer
 from tests.support.served import serving_api
 from tests.support.store_db import store_db_url
 
@@ -25,6 +28,8 @@ HOSTILE_DB = 5
 JSON = {"content-type": "application/json"}
 # 307: a trailing slash (an encoded "/" in an id) is redirected by the router, which is no error.
 ACCEPTED = {202, 307, 400, 404, 405, 409, 413, 415, 422}
+# Answers of the router rather than of a route (an encoded "/" in an id reaches no route): no schema has them.
+ROUTER_ANSWERS = {307, 404, 405}
 
 json_values = st.recursive(
     st.none()
@@ -69,32 +74,50 @@ def api(redis_url: str) -> Iterator[httpx.Client]:
         yield http
 
 
-def _assert_clear_4xx(reply: httpx.Response) -> None:
+@pytest.fixture(scope="module")
+def document(api: httpx.Client) -> dict[str, Any]:
+    schema: dict[str, Any] = api.get("/openapi.json").raise_for_status().json()
+    return schema
+
+
+def _assert_clear_4xx(reply: httpx.Response, document: dict[str, Any] | None = None, route: str = "") -> None:
     assert reply.status_code in ACCEPTED, (reply.status_code, reply.text[:500])
     if reply.status_code >= 400:
         detail: Any = reply.json().get("detail")
         assert detail, reply.text[:500]
+    if document is None:
+        return
+    method, _, path = route.partition(" ")
+    declared = document["paths"][path][method]["responses"]
+    if str(reply.status_code) in declared or reply.status_code not in ROUTER_ANSWERS:
+        assert_valid_answer(document, method, path, reply.status_code, reply.json())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=raw_bodies)
-def test_turn_bodies_never_5xx(api: httpx.Client, body: bytes) -> None:
+def test_turn_bodies_never_5xx(api: httpx.Client, document: dict[str, Any], body: bytes) -> None:
     reply = api.post("/v1/turns", content=body, headers={"content-type": "application/json"})
-    _assert_clear_4xx(reply)
+    _assert_clear_4xx(reply, document, "post /v1/turns")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=raw_bodies, turn_id=st.text(min_size=1, max_size=40), call_id=st.text(min_size=1, max_size=40))
 @example(body=b"{}", turn_id=".", call_id="..")  # found by a suite run: dot segments
-def test_control_bodies_and_ids_never_5xx(api: httpx.Client, body: bytes, turn_id: str, call_id: str) -> None:
+def test_control_bodies_and_ids_never_5xx(
+    api: httpx.Client, document: dict[str, Any], body: bytes, turn_id: str, call_id: str
+) -> None:
     # Dots too: an id of "." or ".." is a dot segment every HTTP client removes (RFC 3986 §5.2.4), so it
     # would reach another route (GET /v1/turns/. is the list); percent-encoded, the server sees the id.
     tid, cid = (quote(value, safe="").replace(".", "%2E") for value in (turn_id, call_id))
-    for path in (f"/v1/turns/{tid}/approvals/{cid}", f"/v1/turns/{tid}/cancel"):
+    routes = {
+        f"/v1/turns/{tid}/approvals/{cid}": "post /v1/turns/{turn_id}/approvals/{call_id}",
+        f"/v1/turns/{tid}/cancel": "post /v1/turns/{turn_id}/cancel",
+    }
+    for path, route in routes.items():
         reply = api.post(path, content=body, headers={"content-type": "application/json"})
-        _assert_clear_4xx(reply)
+        _assert_clear_4xx(reply, document, route)
     reply = api.get(f"/v1/turns/{tid}")
-    _assert_clear_4xx(reply)
+    _assert_clear_4xx(reply, document, "get /v1/turns/{turn_id}")
 
 
 def _post_fresh(api: httpx.Client, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
