@@ -55,6 +55,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	@$(MAKE) --no-print-directory docs
+
+# The docs site (mkdocs.yml, docs/) into build/site, every warning an error; `make lint` builds it too.
+.PHONY: docs
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: setup
 	$(BIN)/python -m ops.bench

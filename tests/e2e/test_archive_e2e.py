@@ -3,7 +3,7 @@
 Real processes only: a Redis of the module's own, a prefork `toolloop worker` serving the e2e tools,
 `toolloop orchestrator` with TOOLLOOP_ARCHIVE_TASK set, the scripted model over HTTP, and a plain Celery
 prefork worker (`celery -A workers.examples.archive_sqlite worker -Q toolloop.archive`) running the very
-module the README shows, writing into a SQLite file of the test's.
+module docs/operations/durability.md shows, writing into a SQLite file of the test's.
 """
 
 from __future__ import annotations

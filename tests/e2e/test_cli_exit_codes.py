@@ -33,7 +33,7 @@ NOT_QUEUED_DB = 14  # of the session's Redis, where no orchestrator runs
 
 @pytest.fixture(scope="module")
 def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
-    """This module's worker also serves the example tools of the README (add, multiply, …)."""
+    """This module's worker also serves the example tools the docs use (add, multiply, …)."""
     handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()

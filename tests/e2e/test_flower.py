@@ -61,7 +61,8 @@ def flower_worker(redis_url: str) -> Iterator[WorkerHandle]:
 @pytest.fixture
 def flower(redis_url: str) -> Iterator[str]:
     port = find_free_port()
-    # As the README starts it: `toolloop flower` finds the broker in TOOLLOOP_REDIS_URL, as the workers do.
+    # As docs/operations/monitoring.md starts it: `toolloop flower` finds the broker in TOOLLOOP_REDIS_URL,
+    # as the workers do.
     env = {
         **os.environ,
         "TOOLLOOP_REDIS_URL": redis_url,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -26,12 +25,13 @@ from pydantic import BaseModel
 from orchestrator.client.redis_client import Client
 from orchestrator.model import ToolMessage, TurnOutcome
 from orchestrator.redis_server import RedisServer, find_free_port
+from tests.docs.blocks import python_block
 from tests.openapi_schemas import assert_valid
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.e2e_tools import COUNTER_PREFIX
 from tests.support.plans import marked_plan_prompt
-from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
+from tests.support.processes import TOOLLOOP_BIN, WorkerHandle, start_worker
 from tests.support.served import answers, serving_api, start_python
 from tests.support.turns import wait_outcome
 from tests.support.waiting import wait_until
@@ -55,7 +55,7 @@ def bodies_with(server: RecordingModelServer, marker: str) -> list[dict[str, Any
 
 @pytest.fixture(scope="module")
 def e2e_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
-    # The demo's tools too: the README's typed-answer example offers get_weather.
+    # The demo's tools too: the models guide's typed-answer example offers get_weather.
     handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
@@ -350,19 +350,12 @@ def test_a_denials_reason_reaches_the_models_next_request(
     assert again.returncode == 1 and "already ended" in again.stderr
 
 
-# --- the README's example -----------------------------------------------------------------------------------
-
-
-def readme_block(marker: str, readme: Path = ROOT / "README.md") -> str:
-    """The README's Python block whose first line is `marker`."""
-    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.DOTALL)
-    (block,) = [b for b in blocks if b.startswith(marker)]
-    return block
+# --- the models guide's example -----------------------------------------------------------------------------
 
 
 def check_typed_answer_example(block: str, redis_url: str, app_dir: Path) -> None:
-    """Serve `block` (the README's FastAPI app) under uvicorn; its typed answer comes from the demo model and
-    the real `get_weather` tool."""
+    """Serve `block` (the models guide's FastAPI app) under uvicorn; its typed answer comes from the demo
+    model and the real `get_weather` tool."""
     (app_dir / "readme_typed.py").write_text(block)
     port = find_free_port()
     served = start_python(
@@ -371,7 +364,7 @@ def check_typed_answer_example(block: str, redis_url: str, app_dir: Path) -> Non
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        served.wait_for(lambda: answers(f"{url}/docs"), "the README's app answers")
+        served.wait_for(lambda: answers(f"{url}/docs"), "the docs' app answers")
         reply = httpx.get(f"{url}/weather", params={"city": "Paris"}, timeout=60)
         assert reply.status_code == 200, (reply.text, served.log_text())
         answer = reply.json()
@@ -380,7 +373,9 @@ def check_typed_answer_example(block: str, redis_url: str, app_dir: Path) -> Non
         served.kill()
 
 
-def test_the_readmes_typed_answer_example_runs(
+def test_the_docs_typed_answer_example_runs(
     module_redis: RedisServer, orchestrator_process: OrchestratorHandle, tmp_path: Path
 ) -> None:
-    check_typed_answer_example(readme_block("# FastAPI typed answer:"), module_redis.url, tmp_path)
+    check_typed_answer_example(
+        python_block("docs/guides/models.md", "weather_app.py"), module_redis.url, tmp_path
+    )

@@ -6,7 +6,6 @@ with `Last-Event-ID`), with a real prefork worker running the tools."""
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from orchestrator.client.redis_client import Client, TextDeltaEvent, ToolFinishedEvent, TurnFinishedEvent
 from orchestrator.redis_server import RedisServer, find_free_port
 from orchestrator.store.codec import TurnEvent
+from tests.docs.blocks import python_block
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.plans import plan_prompt
 from tests.support.processes import ROOT, TOOLLOOP_BIN, WorkerHandle, start_worker
@@ -35,7 +35,7 @@ ADD_THEN_ANSWER = [{"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}
 
 @pytest.fixture(scope="module")
 def stream_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
-    # The demo's tools too: the README's FastAPI example offers get_weather.
+    # The demo's tools too: the streaming guide's FastAPI example offers get_weather.
     handle = start_worker(module_redis.url, [E2E_TOOLS, "workers.examples"], concurrency=2)
     yield handle
     handle.stop()
@@ -46,7 +46,7 @@ def streaming_orchestrator(
     module_redis: RedisServer, stream_worker: WorkerHandle
 ) -> Iterator[OrchestratorHandle]:
     # No TOOLLOOP_SCRIPTED_BASE_URL: the orchestrator serves the scripted model itself, over HTTP, paced.
-    # Its default model plays plans: the README's example names none.
+    # Its default model plays plans: the streaming guide's example names none.
     env = {"TOOLLOOP_SCRIPTED_STREAM_DELAY_S": "0.02", "TOOLLOOP_MODEL": "scripted:plan"}
     handle = start_orchestrator(module_redis.url, env=env)
     yield handle
@@ -158,18 +158,10 @@ def test_sse_names_each_event_and_a_reconnect_misses_nothing(client: Client, api
     assert second[-1].event == "turn_finished"
 
 
-def readme_block(marker: str) -> str:
-    """The README's Python block whose first line is `marker`."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-    (block,) = [b for b in blocks if b.startswith(marker)]
-    return block
-
-
-def test_the_readmes_fastapi_example_streams_the_answer(
+def test_the_docs_fastapi_example_streams_the_answer(
     client: Client, module_redis: RedisServer, tmp_path: Path
 ) -> None:
-    (tmp_path / "readme_chat.py").write_text(readme_block("# FastAPI streaming:"))
+    (tmp_path / "readme_chat.py").write_text(python_block("docs/guides/streaming.md", "chat_app.py"))
     port = find_free_port()
     served = start_python(
         ["-m", "uvicorn", "readme_chat:app", "--port", str(port), "--app-dir", str(tmp_path)],
@@ -177,7 +169,7 @@ def test_the_readmes_fastapi_example_streams_the_answer(
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        served.wait_for(lambda: answers(f"{url}/docs"), "the README's FastAPI app answers")
+        served.wait_for(lambda: answers(f"{url}/docs"), "the docs' FastAPI app answers")
         question = plan_prompt(
             [{"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, {"text": ANSWER}]
         )

@@ -46,7 +46,7 @@ from workers.settings import WorkerSettings
 
 TERMINAL = {"completed", "stopped", "failed", "cancelled"}
 MARK_VAR = "TOOLLOOP_FAULT_MARK"
-# The scripted model that plays the rounds its prompt lists (README, "The scripted model").
+# The scripted model that plays the rounds its prompt lists (docs/guides/models.md, "The scripted model").
 PLAN_MODEL = "scripted:plan"
 
 

@@ -6,7 +6,7 @@ under way. Its hard limit is short and it may be retried: a call whose message o
 and then dropped (writes in the moments before the sentinels switch) is found lost soon after its hard limit
 (the orchestrator's lost-call grace) and dispatched again. It is not idempotent: an idempotency lock taken
 just before a failover can outlive its release, which the old master took and dropped, and a retry of that
-call within the lock's life would be answered `timeout` (the README's "Redis behind Sentinel" says so; the
+call within the lock's life would be answered `timeout` (docs/operations/sentinel.md says so; the
 lock itself is tested with hung workers, `tests/faults/test_hung_worker.py`).
 """
 

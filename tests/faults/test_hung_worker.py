@@ -162,7 +162,8 @@ def _run_frozen_mid_body(env: FaultEnv, seen: set[str]) -> None:
     assert not beside, f"the second attempt ran the body beside the frozen first one: {beside}"
     # The woken first execution finishes its body and stores the result, which the second replays; should
     # the woken worker kill its pool process first (its hard limit long passed), the second runs the body
-    # after it — the window a body already running when its worker froze leaves (README).
+    # after it — the window a body already running when its worker froze leaves
+    # (docs/operations/guarantees.md).
     assert int(env.redis.get(DONE + tag) or 0) in {1, 2}
 
 

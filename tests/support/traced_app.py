@@ -1,5 +1,6 @@
-"""A web app's process, as the README sets one up: its own OpenTelemetry SDK exporting over OTLP, and a turn
-submitted inside the span of the request it serves. Prints `{"turn_id", "trace_id", "span_id"}` as JSON.
+"""A web app's process, as docs/guides/tracing.md sets one up: its own OpenTelemetry SDK exporting over OTLP,
+and a turn submitted inside the span of the request it serves. Prints `{"turn_id", "trace_id", "span_id"}`
+as JSON.
 
     python -m tests.support.traced_app REDIS_URL PROMPT TOOL[,TOOL…]
 """
@@ -19,7 +20,7 @@ from orchestrator import Client
 
 
 def main(redis_url: str, prompt: str, tools: list[str]) -> None:
-    # The app's own setup (README): toolloop's client installs nothing, it uses the app's provider.
+    # The app's own setup (docs/guides/tracing.md): toolloop's client installs nothing, it uses the app's.
     provider = TracerProvider(resource=Resource.create({"service.name": "web-app"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)

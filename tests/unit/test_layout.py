@@ -1,4 +1,4 @@
-"""The house rules of the layout, checked on the source (README "Layout"; docs/design/index.md).
+"""The house rules of the layout, checked on the source (docs/development.md, "Layout"; docs/design/index.md).
 
 Each rule here was broken once: workers loading model credentials, a Redis client opened without the TLS
 policy, Lua hidden in Python strings, the sensitive-tool rule written four times, errors in four modules.

@@ -1,4 +1,4 @@
-"""Every recorded provider body normalises to its expected.json entry (rules in provider_responses/README.md).
+"""Every recorded provider body normalises to its expected.json entry, by these rules:
 
 null text equals ""; ids that are null in the expectation must be synthesised, non-empty and unique; thinking
 is compared with whitespace runs collapsed (the separator between summary parts is a convention).
