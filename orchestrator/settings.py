@@ -97,10 +97,11 @@ class Settings(WorkerSettings):
     context_output_reserve_tokens: int | None = Field(default=None, ge=0)
     compaction: bool = False
 
-    # Retention (README "Storage"): a finished turn's request, state, outcome, events and control, and the
-    # history list of a turn without a conversation (TOOLLOOP_TURN_TTL_S, 7 days); a conversation's history
-    # list and head, from its last turn's end: a conversation in use never expires
-    # (TOOLLOOP_CONVERSATION_TTL_S, 30 days). The outcome and audit TTLs are the workers' (`WorkerSettings`).
+    # Retention (docs/operations/durability.md, "Retention settings"): a finished turn's request, state,
+    # outcome, events and control, and the history list of a turn without a conversation
+    # (TOOLLOOP_TURN_TTL_S, 7 days); a conversation's history list and head, from its last turn's end: a
+    # conversation in use never expires (TOOLLOOP_CONVERSATION_TTL_S, 30 days). The outcome and audit TTLs
+    # are the workers' (`WorkerSettings`).
     turn_ttl_s: int = Field(default=keys.TURN_TTL_S, gt=0)
     conversation_ttl_s: int = Field(default=keys.CONVERSATION_TTL_S, gt=0)
 
