@@ -22,6 +22,8 @@ errors, and the few things a caller must handle:
     ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
     ├── RedisUnavailableError                a client's retries ran out: Redis did not answer in time
     │     (redis.ConnectionError, TimeoutError)
+    ├── ApiUnavailableError(TimeoutError)    an HTTP client's retries ran out: the API did not answer in time
+    ├── ApiAuthError(PermissionError)        the HTTP API refused the client's token (401, 403)
     └── OpsError(RuntimeError)               the local tooling (ops/) could not do its job
         ├── RedisServerError                 no redis-server, or it did not answer in time
         │   └── PortUnavailableError         our redis-server could not serve its port
@@ -34,6 +36,10 @@ not wrapped: the store lets `redis.RedisError` through (a caller retries or repo
 httpx errors into `ProviderError` values at once — except where a client rides out an outage
 (`store.runner.Patience`): when its patience runs out it raises `RedisUnavailableError`, still a
 `redis.ConnectionError` (and a `TimeoutError`: the caller's time ran out), whose message names the URL.
+The HTTP clients (`client.http_client`) do the same over the API: `ApiUnavailableError` when their
+patience runs out, naming the base URL, and `ApiAuthError` (a `PermissionError`) for a token the API
+refuses; httpx's own errors leave them only for what the API never answers (an undocumented status, a base
+URL httpx cannot use).
 
 A name that is refused (a tool, a provider, a tier) is refused with the closest name that would have been
 accepted, when one is close (`find_close_name`): the Python clients, the CLI and the HTTP API all say the
@@ -57,6 +63,8 @@ from workers.errors import (
 )
 
 __all__ = [
+    "ApiAuthError",
+    "ApiUnavailableError",
     "BenchError",
     "CallNotWaitingError",
     "DemoError",
@@ -173,6 +181,37 @@ class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, Tim
         super().__init__(f"cannot reach Redis at {where} (tried for {waited_s:.1f} s): {reason}")
         self.where = where
         self.waited_s = waited_s
+
+
+class ApiUnavailableError(ToolloopError, TimeoutError):
+    """The HTTP API did not answer within an HTTP client's patience: nothing listened at `base_url`, the
+    connection dropped, or the API answered 502/503/504 (a proxy without a backend, the API without Redis)
+    for all of it.
+
+    A `TimeoutError`, as `RedisUnavailableError` is: the caller's time is what ran out. One line naming the
+    base URL, how long the client tried and the last failure."""
+
+    def __init__(self, base_url: str, waited_s: float, last: BaseException | str) -> None:
+        reason = " ".join(str(last).split()) or type(last).__name__
+        super().__init__(
+            f"cannot reach the toolloop API at {base_url} (tried for {waited_s:.1f} s): {reason}"
+        )
+        self.base_url = base_url
+        self.waited_s = waited_s
+
+
+class ApiAuthError(ToolloopError, PermissionError):
+    """The HTTP API refused the client's bearer token (401: none given, or not the API's
+    `TOOLLOOP_API_TOKEN`; 403: not allowed). `status_code` is the API's answer, `detail` its reason."""
+
+    def __init__(self, base_url: str, status_code: int, detail: str) -> None:
+        super().__init__(
+            f"the toolloop API at {base_url} refused the request ({status_code}: {detail}); give the client "
+            "the API's token (its TOOLLOOP_API_TOKEN) as token="
+        )
+        self.base_url = base_url
+        self.status_code = status_code
+        self.detail = detail
 
 
 class OpsError(ToolloopError, RuntimeError):

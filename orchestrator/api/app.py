@@ -2,16 +2,17 @@
 
 Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
-`POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `GET /healthz`, `GET /metrics`, and the turn pages
-`/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_TOKEN` set, every route but `/healthz`
-needs `Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie. Bodies over
-`max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it may hold
-what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no live worker
-serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider cannot
-honour or an `output_schema` that is not a JSON Schema (`loc` names the field), edited approval arguments
-that fail the tool's schema, 422 too, in the same shape (`loc`, `msg`, `type`; for tools, `ctx.available`
-lists the public tools); unknown turns 404; requests for a turn that has already ended 409. What
-`GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
+`POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `POST /v1/tools/{name}/calls` (a tool called
+without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
+pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_TOKEN` set, every route but
+`/healthz` needs `Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie.
+Bodies over `max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it
+may hold what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no
+live worker serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider
+cannot honour or an `output_schema` that is not a JSON Schema (`loc` names the field), edited approval
+arguments that fail the tool's schema, 422 too, in the same shape (`loc`, `msg`, `type`; for tools,
+`ctx.available` lists the public tools); unknown turns 404; requests for a turn that has already ended 409.
+What `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 
 The contract is the app's `/openapi.json`: every route declares its answer's model and its error answers
 (`ErrorBody`: `detail`, and for a 409 a `code` saying which refusal it is), a tag and a stable
@@ -24,6 +25,11 @@ Redis (`api_redis`): requests share a bounded pool, every SSE stream one events 
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
 pool. Any Redis failure (unreachable, out of memory, read-only, no connection free in time) answers 503
 with `Retry-After` and a one-line reason, never a 500.
+
+A direct tool call (`POST /v1/tools/{name}/calls`) is `AsyncClient.call_tool`'s: the request stays open
+for the call's own `timeout_s`, and the call waits on a Redis connection of its own (as the Redis client's
+does), not on the request pool — so calls in flight never starve other requests; at most
+`api_redis_max_connections` of them at a time (`RedisGate`: 503 past `SLOT_WAIT_S`).
 
 Design notes: docs/design/http-api.md.
 """
@@ -40,15 +46,17 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Respons
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
-from orchestrator.api.connections import ApiRedis, build_failure_reason, build_unavailable_reply
+from orchestrator.api.connections import ApiRedis, RedisGate, build_failure_reason, build_unavailable_reply
 from orchestrator.api.pages.auth import has_session
 from orchestrator.api.pages.routes import build_listing_router, build_pages_router
 from orchestrator.api.sse import EVENTS_DESCRIPTION, build_events_content, turn_events
+from orchestrator.client.direct import DEFAULT_CALL_TIMEOUT_S
 from orchestrator.client.redis_client import AsyncClient
 from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import TurnRequest
@@ -58,7 +66,7 @@ from orchestrator.store.catalogue import aread_catalogue
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import continue_http_trace
-from workers.contract import ToolSpec, build_listing
+from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.tracing import setup_tracing, shutdown_tracing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -70,7 +78,7 @@ OPENAPI_TAGS = [
         "name": "turns",
         "description": "Submit a turn, read it, follow its events, cancel it, answer approvals.",
     },
-    {"name": "tools", "description": "The tools the live workers serve."},
+    {"name": "tools", "description": "The tools the live workers serve, and a call of one without a model."},
     {"name": "operations", "description": "Health and metrics, for load balancers and Prometheus."},
 ]
 BEARER = HTTPBearer(
@@ -150,13 +158,24 @@ class HealthReply(BaseModel):
     redis: str
 
 
-class Conflict(Exception):
-    """A 409: the request came too late (`code` as `ErrorBody` lists them)."""
+class ToolCallBody(BaseModel):
+    """The body of `POST /v1/tools/{name}/calls`: `Client.call_tool`'s arguments but the tool's name.
 
-    def __init__(self, detail: str, code: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.code = code
+    `timeout_s` is how long the call may take (the request stays open for as long); `context` what the
+    tool receives besides its arguments; `approve` confirms a `requires_confirmation` tool (the caller is the
+    person approving; without it the outcome is `confirmation_denied` and nothing runs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arguments: dict[str, Any]
+    timeout_s: float = Field(default=DEFAULT_CALL_TIMEOUT_S, allow_inf_nan=False)
+    context: dict[str, Any] | None = None
+    approve: bool = False
+
+
+def build_conflict_reply(detail: str, code: str) -> JSONResponse:
+    """A 409: the request came too late (`code` as `ErrorBody` lists them)."""
+    return JSONResponse(ErrorBody(detail=detail, code=code).model_dump(), status_code=409)
 
 
 def _error(description: str, **extra: Any) -> dict[str, Any]:
@@ -282,11 +301,6 @@ def build_validation_detail(errors: Sequence[Any]) -> list[dict[str, Any]]:
 async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     return JSONResponse({"detail": build_validation_detail(errors) or "invalid request"}, status_code=422)
-
-
-async def _conflict(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, Conflict)
-    return JSONResponse(ErrorBody(detail=exc.detail, code=exc.code).model_dump(), status_code=409)
 
 
 def _redis(request: Request) -> ApiRedis:
@@ -429,7 +443,7 @@ async def get_turn(turn_id: str, request: Request) -> Response:
     summary="Cancel a turn",
     responses={**UNKNOWN_TURN, **ENDED, **REFUSED},
 )
-async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
+async def cancel_turn(turn_id: str, request: Request) -> ControlReply | JSONResponse:
     """Ask the turn's orchestrator to cancel it; 409 (`turn_ended`) when it has already ended."""
     return await _control_reply(turn_id, _client(request).cancel(turn_id))
 
@@ -442,7 +456,9 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply:
     summary="Approve or deny a tool call",
     responses={**UNREADABLE, **UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
 )
-async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: Request) -> ControlReply:
+async def approve_call(
+    turn_id: str, call_id: str, body: ApprovalBody, request: Request
+) -> ControlReply | JSONResponse:
     """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when
     edited arguments fail the tool's schema, 409 when the turn has ended or the call waits for no answer
     (an unknown call, or one answered already: the first answer stands)."""
@@ -452,24 +468,24 @@ async def approve_call(turn_id: str, call_id: str, body: ApprovalBody, request: 
     try:
         return await _control_reply(turn_id, sending)
     except CallNotWaitingError as exc:
-        raise Conflict(str(exc), "call_decided" if exc.decided else "call_not_waiting") from None
+        return build_conflict_reply(str(exc), "call_decided" if exc.decided else "call_not_waiting")
     except ValueError as exc:
         detail = [{"type": "value_error", "loc": ["body", "arguments"], "msg": str(exc)}]
         raise HTTPException(422, build_safe_json(detail)) from None
 
 
-async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply:
+async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply | JSONResponse:
     try:
         accepted = await sending
     except UnknownTurnError:
         raise _not_found(turn_id) from None
     if not accepted:
-        raise Conflict(f"turn {turn_id!r} has already ended", "turn_ended")
+        return build_conflict_reply(f"turn {turn_id!r} has already ended", "turn_ended")
     return ControlReply(id=turn_id, accepted=True)
 
 
 def build_ops_router() -> APIRouter:
-    """`/v1/tools` and `/metrics` (behind the token when one is set)."""
+    """`/v1/tools`, `/v1/tools/{name}/calls` and `/metrics` (behind the token when one is set)."""
     router = APIRouter(responses=UNAUTHORIZED)
 
     @router.get(
@@ -484,6 +500,33 @@ def build_ops_router() -> APIRouter:
         """The tools the live workers serve, sorted by name; sensitive ones only with `include_sensitive`."""
         catalogue = await aread_catalogue(_client(request).store.redis)
         return build_tool_listing(catalogue.values(), include_sensitive=include_sensitive)
+
+    @router.post(
+        "/v1/tools/{name:path}/calls",
+        tags=["tools"],
+        operation_id="callTool",
+        summary="Call a tool",
+        response_model=ToolOutcome,
+        responses={
+            200: {"description": "The call's outcome: `ok` with its `result`, or a `failure_kind`."},
+            **UNREADABLE,
+            **TOO_LARGE,
+            **REFUSED,
+            **UNAVAILABLE,
+        },
+    )
+    async def call_tool(name: str, body: ToolCallBody, request: Request) -> ToolOutcome:
+        """Run one call of tool `name` through the workers, no model involved, and answer its outcome once
+        it has one (within `timeout_s`: the request stays open that long).
+
+        A call that fails is an outcome too, with its `failure_kind`, as `Client.call_tool` returns it: an
+        unknown tool `not_found`, arguments its schema refuses `validation`, no answer in time `timeout`
+        (and the task revoked), a `requires_confirmation` tool without `approve` `confirmation_denied`."""
+        gate: RedisGate = request.app.state.direct_calls
+        async with gate.slot():
+            return await _client(request).call_tool(
+                name, body.arguments, body.timeout_s, body.context, approve=body.approve
+            )
 
     @router.get(
         "/metrics",
@@ -510,6 +553,7 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         # Spans over OTLP when the OTEL_* variables ask for it; an app that has its own provider keeps it.
         traced = setup_tracing("toolloop-api", record_content=settings.trace_content)
         app.state.redis = ApiRedis.open(settings)
+        app.state.direct_calls = RedisGate(settings.api_redis_max_connections)
         try:
             yield
         finally:
@@ -554,16 +598,17 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         return JSONResponse({"status": "ok", "redis": "ok"})
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(Conflict, _conflict)
 
     async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
         reason = build_failure_reason(exc)
         _redis(request).failures.failed(exc, reason)
         return build_unavailable_reply({"detail": reason})
 
-    # OSError too: a socket error redis-py did not wrap is Redis unreachable all the same.
+    # OSError too: a socket error redis-py did not wrap is Redis unreachable all the same; and kombu's
+    # OperationalError, the broker (Redis) not taking a direct call's task.
     app.add_exception_handler(RedisError, redis_unavailable)
     app.add_exception_handler(OSError, redis_unavailable)
+    app.add_exception_handler(OperationalError, redis_unavailable)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     return app

@@ -7,37 +7,45 @@
             ...
         outcome = client.wait(turn_id, timeout=60)
 
-Same methods, signatures and return types as the Redis clients (`submit`, `submit_request`, `get`,
-`outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `ping`, `close` and the context managers), but
-`call_tool`: the API has no route for a direct tool call (it would publish tasks and hold a request for
-as long as the tool runs). They read no `TOOLLOOP_*` setting: the base URL and the token are all they use.
+Same methods, signatures, return values and errors as the Redis clients (`submit`, `submit_request`,
+`get`, `outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `call_tool`, `ping`, `close` and the
+context managers; `tests/unit/test_http_client_faces.py` keeps them so). They read no `TOOLLOOP_*` setting:
+the base URL and the token are all they use.
 
 One core, two faces: every request is built, and every answer read, by the pure functions of this module
-(`build_*_call` give an `HttpCall`: the request and the parser of its answer; `raise_for_answer` is the one
+(`build_*_call` give an `HttpCall`: the request and the reader of its answer; `raise_for_answer` is the one
 mapping of error answers; `SseDecoder` and `EventFollow` read the events stream and say where to resume;
 `ApiOutage` is the retry policy). `HttpClient` performs them on `httpx.Client`, `AsyncHttpClient` on
 `httpx.AsyncClient`; the I/O is all that differs.
 
 Errors map into toolloop's tree (`orchestrator.errors`), as the Redis clients raise them: 404
-`UnknownTurnError`; a refused submit (422) `UnknownToolError` (its `unknown` and `available` from the
-answer), `ModelConfigError` for the model, else a `ValueError` naming each field, as for a refused
-approval, a body over the API's limit (413) or one it could not parse (400); `cancel` and `approve` answer
-False for a turn that has ended (409 `turn_ended`), `approve` raises `CallNotWaitingError` for a call that
-waits for no answer. A wrong or missing token (401) and any answer the API does not document raise httpx's
-`HTTPStatusError`: httpx errors are not wrapped, as Redis's are not.
+`UnknownTurnError` (but `outcome`, None for an unknown turn as from the Redis clients); a refused submit
+(422) `UnknownToolError` (its `unknown` and `available` from the answer), `ModelConfigError` for the model,
+else a `ValueError` naming each field, as for a refused approval, a body over the API's limit (413) or one it
+could not parse (400); `cancel` and `approve` answer False for a turn that has ended (409 `turn_ended`),
+`approve` raises `CallNotWaitingError` for a call that waits for no answer. `call_tool` returns the call's
+`ToolOutcome`, a failure one too (an unknown tool, refused arguments, no answer in time), as the Redis
+clients do. A wrong or missing token (401, 403) raises `ApiAuthError`, a `PermissionError`; only an answer
+the API does not document raises httpx's `HTTPStatusError`.
 
 Riding out an API restart (or its Redis's, which the API answers with 503), as the Redis clients ride out
 Redis's (the same `store.runner.Patience`): a request that found no API (a connection error, a dropped
 connection, 502/503/504) is sent again with capped backoff — `wait` until its own `timeout`, `events` and
 `stream` for as long as it takes, every other call for `retry_s` (`DEFAULT_RETRY_S`; `ping` never). When that
-time runs out, `TimeoutError` naming the API and the last failure. `events` and `stream` reconnect with
-`Last-Event-ID`, the id of the last event they yielded: nothing lost, nothing repeated. A retried `submit`
-stores its turn once: its id is chosen before the first try and sent with it (a repeated id is a no-op).
+time runs out, `ApiUnavailableError` (a `TimeoutError`, as `RedisUnavailableError` is) names the base URL and
+the last failure. `events` and `stream` reconnect with `Last-Event-ID`, the id of the last event they
+yielded: nothing lost, nothing repeated. A retried `submit` stores its turn once: its id is chosen before the
+first try and sent with it (a repeated id is a no-op). A `call_tool` is sent again only when it never reached
+the API (it could not connect): a direct call has no id that would make a second one a no-op, so once the
+API may have dispatched it, a dropped connection or a 5xx raises `ApiUnavailableError` at once, as the Redis
+clients' `call_tool` lets a Redis error through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,8 +55,16 @@ from urllib.parse import quote
 
 import httpx
 
+from orchestrator.client.direct import DirectCall, build_direct_call
 from orchestrator.client.submission import Submission, build_submission, takes_arguments_of
-from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import (
+    ApiAuthError,
+    ApiUnavailableError,
+    CallNotWaitingError,
+    ModelConfigError,
+    UnknownToolError,
+    UnknownTurnError,
+)
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
@@ -56,10 +72,13 @@ from orchestrator.store.runner import DEFAULT_RETRY_S, Patience
 from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse_stream_event
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import attach_trace_context
+from workers.contract import ToolOutcome
 
 __all__ = [
     "DEFAULT_RETRY_S",
+    "ApiAuthError",
     "ApiOutage",
+    "ApiUnavailableError",
     "AsyncHttpClient",
     "EventFollow",
     "HttpCall",
@@ -83,24 +102,42 @@ RETRIED_ERRORS: tuple[type[Exception], ...] = (
     httpx.TimeoutException,
     httpx.RemoteProtocolError,
 )
+# Failures of a try that never reached the API: sending it again cannot make a second call.
+UNSENT_ERRORS: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+# What a try may fail with and be looked at by `ApiOutage.failed`: the above, and an answer whose status
+# says the API is away (`raise_if_away`), as httpx's `HTTPStatusError`.
+RETRIED: tuple[type[Exception], ...] = (httpx.HTTPStatusError, *RETRIED_ERRORS)
+# How much longer than its own `timeout_s` a `call_tool` request may take: the API's own patience with its
+# Redis (`api_redis_retry_s`, 10 s) and the publish on top of the call.
+CALL_MARGIN_S = 30.0
 
 
 # --- the core (pure) -------------------------------------------------------------------------------------
 
 
-class ApiUnavailable(Exception):  # not an error of the tree: it never leaves this module
-    """An answer that says the API (or its Redis) is away for now: retried like a connection error."""
+def is_api_away(exc: BaseException) -> bool:
+    """True when `exc` says the API is not there right now (stopped, restarting, cut off, a proxy without a
+    backend, or the API without Redis): a failure to retry."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code in UNAVAILABLE_STATUSES
+    return isinstance(exc, RETRIED_ERRORS)
 
 
-# What a try of a call may fail with and be tried again for.
-RETRIED: tuple[type[Exception], ...] = (ApiUnavailable, *RETRIED_ERRORS)
+def raise_if_away(answer: httpx.Response) -> None:
+    """httpx's `HTTPStatusError` for an answer that says the API is away (502, 503, 504), to be retried."""
+    if answer.status_code in UNAVAILABLE_STATUSES:
+        answer.raise_for_status()
+
+
+def build_segment(value: str) -> str:
+    """One path segment percent-encoded, dots too (`.` and `..` are dot segments an HTTP client would
+    remove, reaching another route)."""
+    return quote(value, safe="").replace(".", "%2E")
 
 
 def build_turn_path(turn_id: str, *rest: str) -> str:
-    """`/v1/turns/<id>/…`, each segment percent-encoded, dots too (`.` and `..` are dot segments an HTTP
-    client would remove, reaching another route)."""
-    segments = [quote(s, safe="").replace(".", "%2E") for s in (turn_id, *rest)]
-    return "/v1/turns/" + "/".join(segments)
+    """`/v1/turns/<id>/…`, each segment percent-encoded (`build_segment`)."""
+    return "/v1/turns/" + "/".join(build_segment(s) for s in (turn_id, *rest))
 
 
 def build_refusal(detail: Any) -> ValueError:
@@ -124,12 +161,14 @@ def build_refusal(detail: Any) -> ValueError:
 
 
 def raise_for_answer(answer: httpx.Response, turn_id: str | None = None) -> None:
-    """Nothing for a 2xx; else the error of the tree the answer means (`ApiUnavailable` to be retried,
-    httpx's `HTTPStatusError` for an answer the API does not document)."""
+    """Nothing for a 2xx; else the error of the tree the answer means (httpx's `HTTPStatusError` for 502,
+    503 and 504, which `ApiOutage` retries, and for an answer the API does not document)."""
     if answer.is_success:
         return
-    if answer.status_code in UNAVAILABLE_STATUSES:
-        raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+    raise_if_away(answer)
+    if answer.status_code in {401, 403}:
+        url = answer.request.url.copy_with(query=None)
+        raise ApiAuthError(f"{answer.request.method} {url}", answer.status_code, build_detail(answer))
     if answer.status_code == 404 and turn_id is not None:
         raise UnknownTurnError(turn_id)
     if answer.status_code == 422:
@@ -156,14 +195,21 @@ def build_detail(answer: httpx.Response) -> str:
 
 @dataclass(frozen=True)
 class HttpCall(Generic[T]):
-    """One request of the API, and how its answer becomes a value (or an error of the tree)."""
+    """One request of the API, and how its answer becomes a value (or an error of the tree).
+
+    `body` goes as JSON (httpx's: NaN and infinities refused), `content` as it is; `timeout` replaces the
+    client's own (`REQUEST_TIMEOUT`) for a request the API holds open longer; `resend` False marks a request
+    that must not be sent again once it may have reached the API."""
 
     method: str
     path: str
     read: Callable[[httpx.Response], T]
     body: Any = None
+    content: bytes | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
+    timeout: httpx.Timeout | None = None
+    resend: bool = True
 
 
 def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
@@ -176,7 +222,8 @@ def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
         submitted: str = answer.json()["id"]
         return submitted
 
-    return HttpCall("POST", "/v1/turns", read, {**body, "turn_id": turn_id}, request.trace_context or {})
+    headers = request.trace_context or {}
+    return HttpCall("POST", "/v1/turns", read, {**body, "turn_id": turn_id}, headers=headers)
 
 
 def build_view_call(turn_id: str) -> HttpCall[TurnView]:
@@ -187,6 +234,43 @@ def build_view_call(turn_id: str) -> HttpCall[TurnView]:
         return TurnView.model_validate_json(answer.content)
 
     return HttpCall("GET", build_turn_path(turn_id), read)
+
+
+def build_outcome_call(turn_id: str) -> HttpCall[TurnOutcome | None]:
+    """`GET /v1/turns/{id}`, read for its outcome: None while the turn runs, and for an unknown turn (404),
+    as `Client.outcome` answers both (a turn that expired has no outcome any more)."""
+
+    def read(answer: httpx.Response) -> TurnOutcome | None:
+        if answer.status_code == 404:
+            return None
+        raise_for_answer(answer)
+        return TurnView.model_validate_json(answer.content).outcome
+
+    return HttpCall("GET", build_turn_path(turn_id), read)
+
+
+def build_tool_call(call: DirectCall) -> HttpCall[ToolOutcome]:
+    """`POST /v1/tools/{name}/calls`: the call's outcome, held open for its `timeout_s` (plus the API's own
+    margin), never sent again once it may have reached the API (`resend`)."""
+
+    def read(answer: httpx.Response) -> ToolOutcome:
+        raise_for_answer(answer)
+        return ToolOutcome.model_validate_json(answer.content)
+
+    body = {
+        "arguments": call.arguments,
+        "timeout_s": call.timeout_s,
+        "context": call.context,
+        "approve": call.approve,
+    }
+    # NaN and infinities go as JSON's common extension (the API reads them), so that arguments holding one
+    # get the `validation` outcome the Redis clients give, not an error of the client's own.
+    content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    read_s = max(call.timeout_s, 0.0) + CALL_MARGIN_S if math.isfinite(call.timeout_s) else None
+    timeout = httpx.Timeout(REQUEST_TIMEOUT.write, connect=REQUEST_TIMEOUT.connect, read=read_s)
+    path = f"/v1/tools/{build_segment(call.name)}/calls"
+    headers = {"Content-Type": "application/json"}
+    return HttpCall("POST", path, read, content=content, headers=headers, timeout=timeout, resend=False)
 
 
 def read_control(answer: httpx.Response, turn_id: str, call_id: str | None = None) -> bool:
@@ -214,7 +298,12 @@ def build_approval_call(
     arguments: Mapping[str, Any] | None,
     reason: str | None,
 ) -> HttpCall[bool]:
-    """`POST /v1/turns/{id}/approvals/{call_id}`."""
+    """`POST /v1/turns/{id}/approvals/{call_id}`. An empty `call_id` (a path with an empty segment would
+    reach no route) and `arguments` JSON cannot carry are refused before anything is sent, as the Redis
+    clients refuse them."""
+    if not call_id:
+        raise ValueError("call_id must not be empty")
+    codec.dump_control_arguments(arguments)
     body = {"approved": approved, "arguments": dict(arguments) if arguments is not None else None}
     return HttpCall(
         "POST",
@@ -304,7 +393,7 @@ class EventFollow:
 
 class ApiOutage:
     """The failed tries of one call while the API is away: the pause before the next (capped backoff, the
-    Redis clients' `Patience`), `TimeoutError` once the patience has run out."""
+    Redis clients' `Patience`), `ApiUnavailableError` once the patience has run out."""
 
     def __init__(self, patience: Patience, where: str) -> None:
         self.patience = patience
@@ -312,19 +401,20 @@ class ApiOutage:
         self.failures = 0
         self.since = patience.clock()
 
-    def failed(self, exc: Exception) -> float:
-        """The pause before the next try after `exc`; raises when not to retry."""
-        if not isinstance(exc, RETRIED):
+    def failed(self, exc: Exception, *, resend: bool = True, streaming: bool = False) -> float:
+        """The pause before the next try after `exc`; raises when not to try again: `exc` itself when it
+        does not say the API is away (`is_api_away`), `ApiUnavailableError` once the patience has run out or
+        at once for a call that may have reached the API and must not be sent again (`resend` False), and
+        `TimeoutError` for a stream whose read ran into the caller's deadline (`streaming`: the API was
+        there, the turn said nothing)."""
+        if not is_api_away(exc):
             raise exc
+        if streaming and isinstance(exc, httpx.ReadTimeout) and self.failures == 0 and self.is_over():
+            raise TimeoutError("the caller's time ran out while the stream was quiet") from exc
         self.failures += 1
         pause = self.patience.build_pause_s(self.failures)
-        if pause is None:
-            waited_s = self.patience.clock() - self.since
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            waited = f"tried for {waited_s:.1f} s"
-            raise TimeoutError(
-                f"the toolloop API at {self.where} did not answer ({waited}): {reason}"
-            ) from exc
+        if pause is None or not (resend or isinstance(exc, UNSENT_ERRORS)):
+            raise ApiUnavailableError(self.where, self.patience.clock() - self.since, exc) from exc
         return pause
 
     def answered(self) -> None:
@@ -339,13 +429,16 @@ class ApiOutage:
 class _HttpCore:
     """What both faces share: where the API is, how to authenticate, how patient to be."""
 
-    def __init__(self, base_url: str, token: str | None, retry_s: float | None) -> None:
+    def __init__(
+        self, base_url: str, token: str | None, retry_s: float | None, clock: Callable[[], float]
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_s = retry_s
+        self._clock = clock
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _outage(self, seconds: float | None) -> ApiOutage:
-        return ApiOutage(Patience.for_s(seconds), self.base_url)
+        return ApiOutage(Patience.for_s(seconds, self._clock), self.base_url)
 
     def _patient(self) -> ApiOutage:
         return self._outage(self.retry_s)
@@ -374,7 +467,8 @@ class HttpClient(_HttpCore):
     """Synchronous client of the HTTP API: `HttpClient(base_url, token=None)`; `Client`'s methods.
 
     `retry_s`: how long a call without a timeout of its own waits through an API restart (None: forever).
-    `transport`: an httpx transport of the caller's (tests, proxies)."""
+    `transport`: an httpx transport of the caller's (a proxy's, or `httpx.MockTransport` in tests);
+    `sleep` and `clock`: how the client waits between tries and reads the time (tests drive both)."""
 
     def __init__(
         self,
@@ -384,8 +478,9 @@ class HttpClient(_HttpCore):
         retry_s: float | None = DEFAULT_RETRY_S,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(base_url, token, retry_s)
+        super().__init__(base_url, token, retry_s, clock)
         self._sleep = sleep
         self._http = httpx.Client(
             base_url=self.base_url, headers=self._headers, timeout=REQUEST_TIMEOUT, transport=transport
@@ -396,12 +491,17 @@ class HttpClient(_HttpCore):
         while True:
             try:
                 answer = self._http.request(
-                    call.method, call.path, json=call.body, headers=call.headers, params=call.params
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    content=call.content,
+                    headers=call.headers,
+                    params=call.params,
+                    timeout=call.timeout or REQUEST_TIMEOUT,
                 )
-                if answer.status_code in UNAVAILABLE_STATUSES:
-                    raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+                raise_if_away(answer)
             except RETRIED as exc:
-                self._sleep(outage.failed(exc))
+                self._sleep(outage.failed(exc, resend=call.resend))
                 continue
             return call.read(answer)
 
@@ -424,13 +524,15 @@ class HttpClient(_HttpCore):
         return self._send(build_view_call(turn_id))
 
     def outcome(self, turn_id: str) -> TurnOutcome | None:
-        """The terminal outcome (redacted), or None while the turn runs; `UnknownTurnError` for an unknown
-        turn."""
-        return self.get(turn_id).outcome
+        """The terminal outcome (sensitive values redacted), or None while the turn runs (and for an unknown
+        turn, as from `Client.outcome`)."""
+        return self._send(build_outcome_call(turn_id))
 
     def wait(self, turn_id: str, timeout: float) -> TurnOutcome:
-        """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s,
-        through an API restart too. Redacted, as `get` shows it."""
+        """Block until the turn is terminal (woken by its events stream); `TimeoutError` after `timeout` s.
+
+        The outcome comes redacted, as `get` shows it. An API restart is ridden out until `timeout`
+        (`ApiUnavailableError`, a `TimeoutError` too, if the API is still away then)."""
         outage = self._outage(timeout)
         try:
             view = self._send(build_view_call(turn_id), outage)
@@ -439,7 +541,9 @@ class HttpClient(_HttpCore):
                     if event.name == codec.TURN_FINISHED:
                         break
                 view = self._send(build_view_call(turn_id), outage)
-        except TimeoutError as exc:  # the caller's time, or the API away for all of it (the cause says)
+        except ApiUnavailableError:
+            raise  # the API away when the caller's time ran out, as `RedisUnavailableError` from `Client`
+        except TimeoutError as exc:
             raise _timed_out(turn_id, timeout) from exc
         if view.outcome is None:
             raise _timed_out(turn_id, timeout)
@@ -482,7 +586,7 @@ class HttpClient(_HttpCore):
                         if outage.is_over():
                             raise TimeoutError(f"turn {turn_id!r}: the caller's time ran out")
             except RETRIED as exc:
-                self._sleep(outage.failed(exc))
+                self._sleep(outage.failed(exc, streaming=True))
                 continue
             if not follow.finished and self._has_ended(turn_id, outage):
                 return
@@ -514,6 +618,16 @@ class HttpClient(_HttpCore):
         Edited `arguments` that fail the tool's schema raise a `ValueError`; `CallNotWaitingError` when the
         turn waits for no answer about this call (unknown, or answered already: the first answer stands)."""
         return self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+
+    @takes_arguments_of(build_direct_call)
+    def call_tool(self, call: DirectCall) -> ToolOutcome:
+        """Run one tool call through the workers, no model involved; returns its outcome (a failure one for
+        an unknown tool, arguments its schema refuses, or no answer within `timeout_s`).
+
+        A `requires_confirmation` tool runs only with `approve=True` (the caller is the person approving);
+        without it, the outcome is `confirmation_denied` and nothing is dispatched. Sent again only while
+        the API cannot be reached at all; `ApiUnavailableError` once it may have dispatched the call."""
+        return self._send(build_tool_call(call))
 
     def ping(self) -> bool:
         """True when the API answers `/healthz` with 200 (its Redis answers); never retried."""
@@ -549,8 +663,9 @@ class AsyncHttpClient(_HttpCore):
         retry_s: float | None = DEFAULT_RETRY_S,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(base_url, token, retry_s)
+        super().__init__(base_url, token, retry_s, clock)
         self._sleep = sleep
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=self._headers, timeout=REQUEST_TIMEOUT, transport=transport
@@ -561,12 +676,17 @@ class AsyncHttpClient(_HttpCore):
         while True:
             try:
                 answer = await self._http.request(
-                    call.method, call.path, json=call.body, headers=call.headers, params=call.params
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    content=call.content,
+                    headers=call.headers,
+                    params=call.params,
+                    timeout=call.timeout or REQUEST_TIMEOUT,
                 )
-                if answer.status_code in UNAVAILABLE_STATUSES:
-                    raise ApiUnavailable(f"{answer.status_code}: {build_detail(answer)}")
+                raise_if_away(answer)
             except RETRIED as exc:
-                await self._sleep(outage.failed(exc))
+                await self._sleep(outage.failed(exc, resend=call.resend))
                 continue
             return call.read(answer)
 
@@ -584,8 +704,8 @@ class AsyncHttpClient(_HttpCore):
         return await self._send(build_view_call(turn_id))
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
-        """The terminal outcome (redacted), or None while the turn runs."""
-        return (await self.get(turn_id)).outcome
+        """The terminal outcome (redacted), or None while the turn runs or is unknown. As `HttpClient`'s."""
+        return await self._send(build_outcome_call(turn_id))
 
     # `timeout` rather than asyncio.timeout: the same signature as the sync `wait` (the contract).
     async def wait(self, turn_id: str, timeout: float) -> TurnOutcome:  # noqa: ASYNC109
@@ -598,7 +718,9 @@ class AsyncHttpClient(_HttpCore):
                     if event.name == codec.TURN_FINISHED:
                         break
                 view = await self._send(build_view_call(turn_id), outage)
-        except TimeoutError as exc:  # the caller's time, or the API away for all of it (the cause says)
+        except ApiUnavailableError:
+            raise  # the API away when the caller's time ran out, as `RedisUnavailableError` from `Client`
+        except TimeoutError as exc:
             raise _timed_out(turn_id, timeout) from exc
         if view.outcome is None:
             raise _timed_out(turn_id, timeout)
@@ -641,7 +763,7 @@ class AsyncHttpClient(_HttpCore):
                         if outage.is_over():
                             raise TimeoutError(f"turn {turn_id!r}: the caller's time ran out")
             except RETRIED as exc:
-                await self._sleep(outage.failed(exc))
+                await self._sleep(outage.failed(exc, streaming=True))
                 continue
             if not follow.finished and await self._has_ended(turn_id, outage):
                 return
@@ -668,6 +790,12 @@ class AsyncHttpClient(_HttpCore):
     ) -> bool:
         """Approve (with edited `arguments`) or deny (with a `reason`) a waiting call; as `HttpClient`'s."""
         return await self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+
+    @takes_arguments_of(build_direct_call)
+    async def call_tool(self, call: DirectCall) -> ToolOutcome:
+        """Run one tool call through the workers; a confirmed tool only with `approve=True`. As
+        `HttpClient.call_tool`."""
+        return await self._send(build_tool_call(call))
 
     async def ping(self) -> bool:
         """True when the API answers `/healthz` with 200; never retried."""

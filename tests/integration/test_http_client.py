@@ -1,6 +1,7 @@
 """`HttpClient` and `AsyncHttpClient` over a real `toolloop api` (with a token), a real orchestrator, a real
 prefork worker serving `workers.examples` and a real redis-server: the scripted models' tool-calling turns,
-streams, approvals, cancels, the errors of the tree, and an API restart ridden out mid-wait and mid-stream.
+streams, approvals, cancels, direct tool calls, the errors of the tree, and an API restart ridden out mid-wait
+and mid-stream.
 
 The clients never touch Redis: while a test runs, every `REDIS` variable is gone from the environment and
 opening a Redis client in this process fails the test (`no_redis`).
@@ -15,13 +16,19 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
 
 from orchestrator import AsyncHttpClient, HttpClient
-from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import (
+    ApiAuthError,
+    ApiUnavailableError,
+    CallNotWaitingError,
+    ModelConfigError,
+    UnknownToolError,
+    UnknownTurnError,
+)
 from orchestrator.model import ToolMessage, TurnOutcome
 from orchestrator.redis_server import RedisServer, find_free_port
 from orchestrator.store.turn_stream import (
@@ -210,9 +217,14 @@ async def test_a_turn_cancelled_while_its_tool_runs(api: RestartableApi) -> None
 
 
 def test_refusals_map_into_the_error_tree(client: HttpClient, api: RestartableApi) -> None:
-    for read in (client.get, client.cancel, client.outcome, lambda t: list(client.events(t))):
+    for read in (client.get, client.cancel, lambda t: list(client.events(t)), lambda t: client.wait(t, 5)):
         with pytest.raises(UnknownTurnError, match="turn_nope"):
             read("turn_nope")
+    with pytest.raises(UnknownTurnError, match="turn_nope"):
+        client.approve("turn_nope", "call_1", True)
+    assert client.outcome("turn_nope") is None  # as `Client.outcome`: no outcome stored under that id
+    with pytest.raises(ValueError, match="call_id"):  # refused before anything is sent, as by `Client`
+        client.approve("turn_nope", "", True)
     with pytest.raises(UnknownToolError) as unknown:
         client.submit(prompt="2+2?", tools=["add", "no_such_tool"], model="scripted:demo")
     assert unknown.value.unknown == ["no_such_tool"] and "add" in unknown.value.available
@@ -231,10 +243,12 @@ def test_refusals_map_into_the_error_tree(client: HttpClient, api: RestartableAp
     turn_id = client.submit(prompt=slow, tools=["slow"], model="scripted:plan")
     with pytest.raises(TimeoutError, match=turn_id):
         client.wait(turn_id, timeout=0.5)
-    # The token is checked: without it, httpx's 401 (httpx errors are not wrapped).
-    with HttpClient(api.base_url) as anonymous, pytest.raises(httpx.HTTPStatusError) as refused:
-        anonymous.get(turn_id)
-    assert refused.value.response.status_code == 401
+    # The token is checked: without it (or with a wrong one), a 401, as `ApiAuthError` (a PermissionError).
+    for token in (None, "wrong"):
+        with HttpClient(api.base_url, token=token) as anonymous, pytest.raises(ApiAuthError) as refused:
+            anonymous.get(turn_id)
+        assert refused.value.status_code == 401 and isinstance(refused.value, PermissionError)
+        assert api.base_url in str(refused.value) and "token" in str(refused.value)
     assert client.wait(turn_id, timeout=WAIT_S).text == "slept"
 
 
@@ -276,3 +290,45 @@ async def test_a_stream_rides_out_an_api_crash_without_losing_or_repeating_an_ev
     assert [e.id for e in seen] == every
     assert_one_pass(every)
     assert isinstance(seen[-1], TurnFinishedEvent) and seen[-1].outcome.text == "after the crash"
+
+
+def test_a_direct_tool_call_returns_the_outcome_the_redis_client_returns(client: HttpClient) -> None:
+    # No model: `POST /v1/tools/add/calls`, held open until the worker's outcome is in.
+    added = client.call_tool("add", {"a": 2, "b": 3}, timeout_s=WAIT_S)
+    assert added.ok and added.tool == "add" and added.result == 5.0 and added.content == "5.0"
+    # Failures are outcomes, as from `Client.call_tool`: nothing raises.
+    misspelt = client.call_tool("ad", {"a": 2, "b": 3})
+    assert not misspelt.ok and misspelt.failure_kind == "not_found" and "add" in (misspelt.error or "")
+    refused = client.call_tool("add", {"a": "two"})
+    assert refused.failure_kind == "validation" and "'add'" in (refused.error or "")
+    unconfirmed = client.call_tool("close_ticket", {"ticket_id": "t-1"})
+    assert unconfirmed.failure_kind == "confirmation_denied" and unconfirmed.attempts == 0
+    slept = client.call_tool("slow", {"seconds": 10}, timeout_s=0.5)
+    assert slept.failure_kind == "timeout" and slept.synthetic
+    # A name no route could take as one segment ("/", "..") is a tool name like any other.
+    for name in ("a/b", ".."):
+        assert client.call_tool(name, {}).failure_kind == "not_found"
+    with pytest.raises(ValueError, match="timeout_s"):  # checked by the API: JSON has no infinity
+        client.call_tool("add", {"a": 1, "b": 2}, timeout_s=float("inf"))
+
+
+async def test_the_async_client_calls_a_tool(api: RestartableApi) -> None:
+    async with AsyncHttpClient(api.base_url, token=TOKEN) as client:
+        outcomes = await asyncio.gather(
+            *(client.call_tool("multiply", {"a": n, "b": 2}, context={"who": "test"}) for n in range(4))
+        )
+        approved = await client.call_tool("close_ticket", {"ticket_id": "t-none"}, approve=True)
+    assert [o.result for o in outcomes] == [0.0, 2.0, 4.0, 6.0]
+    assert approved.failure_kind != "confirmation_denied" and approved.attempts >= 1  # it ran
+
+
+def test_an_api_that_is_not_there_is_api_unavailable_error(api: RestartableApi) -> None:
+    nobody = f"http://127.0.0.1:{find_free_port()}"
+    with HttpClient(nobody, token=TOKEN, retry_s=0.5) as client:
+        for call in (lambda: client.get("t"), lambda: client.call_tool("add", {"a": 1, "b": 2})):
+            with pytest.raises(ApiUnavailableError, match=nobody) as away:
+                call()
+            assert isinstance(away.value, TimeoutError) and away.value.base_url == nobody
+        with pytest.raises(ApiUnavailableError, match=nobody):
+            client.wait("t", timeout=0.5)  # away for all of the wait: not "the turn did not finish"
+        assert client.ping() is False
