@@ -1,8 +1,9 @@
 """toolloop's orchestrator: owns each turn's loop; never imports tool code.
 
 `from orchestrator import Client` (or `AsyncClient`) is what a web app next to Redis needs, `HttpClient` (or
-`AsyncHttpClient`) one that reaches toolloop by its HTTP API; they are loaded on first use so that importing
-the package stays cheap for workers and the CLI.
+`AsyncHttpClient`) one that reaches toolloop by its HTTP API, with the errors only it raises
+(`ApiUnavailableError`, `ApiAuthError`); they are loaded on first use so that importing the package stays
+cheap for workers and the CLI.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.client.http_client import AsyncHttpClient, HttpClient
+    from orchestrator.client.http_client import ApiAuthError, ApiUnavailableError, AsyncHttpClient, HttpClient
     from orchestrator.client.redis_client import (
         AsyncClient,
         CallNotWaitingError,
@@ -31,8 +32,10 @@ if TYPE_CHECKING:
     )
 
 # The HTTP clients' names, loaded from their own module.
-_HTTP_NAMES = frozenset({"AsyncHttpClient", "HttpClient"})
+_HTTP_NAMES = frozenset({"ApiAuthError", "ApiUnavailableError", "AsyncHttpClient", "HttpClient"})
 __all__ = [
+    "ApiAuthError",
+    "ApiUnavailableError",
     "AsyncClient",
     "AsyncHttpClient",
     "CallNotWaitingError",
