@@ -524,9 +524,11 @@ def build_ops_router() -> APIRouter:
         (and the task revoked), a `requires_confirmation` tool without `approve` `confirmation_denied`."""
         gate: RedisGate = request.app.state.direct_calls
         async with gate.slot():
-            return await _client(request).call_tool(
-                name, body.arguments, body.timeout_s, body.context, approve=body.approve
-            )
+            # The tool's task continues the caller's trace (`traceparent`), as a submitted turn does.
+            with continue_http_trace(request.headers, "POST /v1/tools/{name}/calls"):
+                return await _client(request).call_tool(
+                    name, body.arguments, body.timeout_s, body.context, approve=body.approve
+                )
 
     @router.get(
         "/metrics",

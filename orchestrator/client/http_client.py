@@ -10,7 +10,9 @@
 Same methods, signatures, return values and errors as the Redis clients (`submit`, `submit_request`,
 `get`, `outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `call_tool`, `ping`, `close` and the
 context managers; `tests/unit/test_http_client_faces.py` keeps them so). They read no `TOOLLOOP_*` setting:
-the base URL and the token are all they use.
+the base URL and the token are all they use. What HTTP itself sets apart: a `turn_id` of the caller's is 1–200
+letters, digits, `_` or `-` (one path segment); `block_ms` has no effect (the API's keep-alives pace a
+stream); a `call_tool` `timeout_s` is finite (JSON has no infinity; the API holds the request that long).
 
 One core, two faces: every request is built, and every answer read, by the pure functions of this module
 (`build_*_call` give an `HttpCall`: the request and the reader of its answer; `raise_for_answer` is the one
@@ -26,7 +28,8 @@ could not parse (400); `cancel` and `approve` answer False for a turn that has e
 `approve` raises `CallNotWaitingError` for a call that waits for no answer. `call_tool` returns the call's
 `ToolOutcome`, a failure one too (an unknown tool, refused arguments, no answer in time), as the Redis
 clients do. A wrong or missing token (401, 403) raises `ApiAuthError`, a `PermissionError`; only an answer
-the API does not document raises httpx's `HTTPStatusError`.
+the API does not document raises httpx's `HTTPStatusError`. `ping` is True, or `ApiUnavailableError` at once,
+as `Client.ping` is True or Redis's `ConnectionError`.
 
 Riding out an API restart (or its Redis's, which the API answers with 503), as the Redis clients ride out
 Redis's (the same `store.runner.Patience`): a request that found no API (a connection error, a dropped
@@ -73,6 +76,7 @@ from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import attach_trace_context
 from workers.contract import ToolOutcome
+from workers.tracing import build_carrier
 
 __all__ = [
     "DEFAULT_RETRY_S",
@@ -236,6 +240,17 @@ def build_view_call(turn_id: str) -> HttpCall[TurnView]:
     return HttpCall("GET", build_turn_path(turn_id), read)
 
 
+def build_health_call() -> HttpCall[bool]:
+    """`GET /healthz`: True once it answers 200 (a 503, the API without Redis, is retried or raised as any
+    is; the caller says how patient to be)."""
+
+    def read(answer: httpx.Response) -> bool:
+        raise_for_answer(answer)
+        return True
+
+    return HttpCall("GET", "/healthz", read)
+
+
 def build_outcome_call(turn_id: str) -> HttpCall[TurnOutcome | None]:
     """`GET /v1/turns/{id}`, read for its outcome: None while the turn runs, and for an unknown turn (404),
     as `Client.outcome` answers both (a turn that expired has no outcome any more)."""
@@ -249,9 +264,10 @@ def build_outcome_call(turn_id: str) -> HttpCall[TurnOutcome | None]:
     return HttpCall("GET", build_turn_path(turn_id), read)
 
 
-def build_tool_call(call: DirectCall) -> HttpCall[ToolOutcome]:
+def build_tool_call(call: DirectCall, trace: Mapping[str, str] | None = None) -> HttpCall[ToolOutcome]:
     """`POST /v1/tools/{name}/calls`: the call's outcome, held open for its `timeout_s` (plus the API's own
-    margin), never sent again once it may have reached the API (`resend`)."""
+    margin), never sent again once it may have reached the API (`resend`); `trace` (the caller's trace
+    context, `traceparent`) goes as headers, as a submit's does, so the tool's span continues it."""
 
     def read(answer: httpx.Response) -> ToolOutcome:
         raise_for_answer(answer)
@@ -269,7 +285,7 @@ def build_tool_call(call: DirectCall) -> HttpCall[ToolOutcome]:
     read_s = max(call.timeout_s, 0.0) + CALL_MARGIN_S if math.isfinite(call.timeout_s) else None
     timeout = httpx.Timeout(REQUEST_TIMEOUT.write, connect=REQUEST_TIMEOUT.connect, read=read_s)
     path = f"/v1/tools/{build_segment(call.name)}/calls"
-    headers = {"Content-Type": "application/json"}
+    headers = {**(trace or {}), "Content-Type": "application/json"}
     return HttpCall("POST", path, read, content=content, headers=headers, timeout=timeout, resend=False)
 
 
@@ -627,14 +643,13 @@ class HttpClient(_HttpCore):
         A `requires_confirmation` tool runs only with `approve=True` (the caller is the person approving);
         without it, the outcome is `confirmation_denied` and nothing is dispatched. Sent again only while
         the API cannot be reached at all; `ApiUnavailableError` once it may have dispatched the call."""
-        return self._send(build_tool_call(call))
+        return self._send(build_tool_call(call, build_carrier()))
 
     def ping(self) -> bool:
-        """True when the API answers `/healthz` with 200 (its Redis answers); never retried."""
-        try:
-            return self._http.get("/healthz").status_code == 200
-        except httpx.TransportError:
-            return False
+        """True when the API answers `/healthz` with 200 (it and its Redis are there); never retried:
+        `ApiUnavailableError` at once when they are not, as `Client.ping` lets Redis's `ConnectionError`
+        through."""
+        return self._send(build_health_call(), self._outage(0.0))
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -795,14 +810,12 @@ class AsyncHttpClient(_HttpCore):
     async def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers; a confirmed tool only with `approve=True`. As
         `HttpClient.call_tool`."""
-        return await self._send(build_tool_call(call))
+        return await self._send(build_tool_call(call, build_carrier()))
 
     async def ping(self) -> bool:
-        """True when the API answers `/healthz` with 200; never retried."""
-        try:
-            return (await self._http.get("/healthz")).status_code == 200
-        except httpx.TransportError:
-            return False
+        """True when the API and its Redis answer; `ApiUnavailableError` at once when not. As
+        `HttpClient.ping`."""
+        return await self._send(build_health_call(), self._outage(0.0))
 
     async def aclose(self) -> None:
         """Close the connection pool."""

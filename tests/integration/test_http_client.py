@@ -331,4 +331,5 @@ def test_an_api_that_is_not_there_is_api_unavailable_error(api: RestartableApi) 
             assert isinstance(away.value, TimeoutError) and away.value.base_url == nobody
         with pytest.raises(ApiUnavailableError, match=nobody):
             client.wait("t", timeout=0.5)  # away for all of the wait: not "the turn did not finish"
-        assert client.ping() is False
+        with pytest.raises(ApiUnavailableError, match=r"tried for 0\.0 s"):  # never retried, as `Client.ping`
+            client.ping()

@@ -124,6 +124,8 @@ def test_a_tool_call_is_held_open_for_its_timeout_and_never_sent_again_once_sent
     }
     assert call.timeout is not None and call.timeout.read == 12.5 + CALL_MARGIN_S
     assert call.timeout.connect == REQUEST_TIMEOUT.connect
+    traced = build_tool_call(build_direct_call("add", {}), {"traceparent": "00-ab-cd-01"})
+    assert traced.headers == {"traceparent": "00-ab-cd-01", "Content-Type": "application/json"}
     forever = build_tool_call(build_direct_call("add", {}, float("inf")))
     assert forever.timeout is not None and forever.timeout.read is None  # the API refuses it (422)
     outcome = {"call_id": "c", "tool": "add", "ok": True, "result": 3, "content": "3"}
@@ -313,6 +315,22 @@ def test_a_call_rides_out_503s_and_refused_connections(clock: SleepingClock) -> 
     with sync_client(handler, clock) as client:
         assert client.cancel(TURN) is True
     assert tries == ["Bearer t0k"] * 3 and len(clock.pauses) == 2
+
+
+def test_a_ping_is_true_or_api_unavailable_error_at_once_as_the_redis_clients_ping(
+    clock: SleepingClock,
+) -> None:
+    answers = iter([httpx.Response(200, json={"status": "ok", "redis": "ok"}), httpx.Response(503, json={})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/healthz"
+        return next(answers)
+
+    with sync_client(handler, clock) as client:
+        assert client.ping() is True
+        with pytest.raises(ApiUnavailableError, match="503"):  # the API without its Redis
+            client.ping()
+    assert clock.pauses == []
 
 
 def test_a_tool_call_is_not_sent_again_once_it_may_have_run(clock: SleepingClock) -> None:
