@@ -120,6 +120,37 @@ def test_control_bodies_and_ids_never_5xx(
     _assert_clear_4xx(reply, document, "get /v1/turns/{turn_id}")
 
 
+call_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "arguments": json_values,
+        "timeout_s": json_values | st.floats(-1, 0.5),
+        "context": json_values,
+        "approve": json_values,
+        "unknown_field": json_values,
+    },
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(call_fields.map(lambda d: json.dumps(d).encode()), raw_bodies),
+    name=st.text(min_size=0, max_size=40),
+)
+@example(body=b'{"arguments": {}}', name="..")
+def test_tool_call_bodies_and_names_never_5xx(
+    api: httpx.Client, document: dict[str, Any], body: bytes, name: str
+) -> None:
+    # No worker serves this database: a call that gets through is a `not_found` outcome (200), at once.
+    path = f"/v1/tools/{quote(name, safe='').replace('.', '%2E')}/calls"
+    reply = api.post(path, content=body, headers=JSON)
+    if reply.status_code == 200:
+        assert reply.json()["failure_kind"] == "not_found", reply.text
+        assert_valid_answer(document, "post", "/v1/tools/{name}/calls", 200, reply.json())
+        return
+    _assert_clear_4xx(reply, document, "post /v1/tools/{name}/calls")
+
+
 def _post_fresh(api: httpx.Client, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
     # A connection of its own: a server that failed would drop the connection of the request.
     return httpx.post(api.base_url.join(path), content=content, headers=headers, timeout=30)
