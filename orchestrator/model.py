@@ -12,9 +12,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from workers.contract import FailureKind
+from workers.records import ForbidsUnknownFields, is_stored, read_known
 
 ParsedT = TypeVar("ParsedT", bound=BaseModel)
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "unknown"]
@@ -125,6 +126,12 @@ class ToolMessage(BaseModel):
     failure_kind: FailureKind | None = None
     synthetic: bool = False
 
+    @field_validator("failure_kind", mode="before")
+    @classmethod
+    def _read_newer_failure_kind(cls, value: object, info: ValidationInfo) -> object:
+        # A kind a newer release added, in a history it wrote: an error all the same.
+        return read_known(value, set(FailureKind), FailureKind.EXECUTION_ERROR) if is_stored(info) else value
+
 
 Message = Annotated[
     SystemMessage | UserMessage | AssistantMessage | ToolMessage,
@@ -201,8 +208,9 @@ LIMIT_STOP_REASONS: frozenset[str] = frozenset(
 )
 
 
-class Limits(BaseModel):
-    """Per-turn limits and stop policies, each with its default."""
+class Limits(ForbidsUnknownFields):
+    """Per-turn limits and stop policies, each with its default. An unknown one is refused at submit, and
+    ignored in a stored turn (one a newer release wrote: `workers.records`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -228,7 +236,7 @@ class Limits(BaseModel):
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(ForbidsUnknownFields):
     """How the model is asked: mapped per provider in its `to_wire`; a setting the target
     provider cannot honour is refused when the turn is submitted, never dropped silently."""
 
@@ -245,8 +253,9 @@ class ModelSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
-class TurnRequest(BaseModel):
-    """What a web app submits. Durable in Redis before `submit` returns."""
+class TurnRequest(ForbidsUnknownFields):
+    """What a web app submits. Durable in Redis before `submit` returns. An unknown field is refused at
+    submit, and ignored when a stored request is read (`workers.records`)."""
 
     model_config = ConfigDict(extra="forbid")
 

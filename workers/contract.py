@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from workers.records import STORED, is_stored, read_known
 
 if TYPE_CHECKING:
     from workers.progress import ProgressReporter
@@ -135,6 +137,12 @@ class ToolOutcome(BaseModel):
     full_result_key: str | None = None
     finished_at: float | None = None
 
+    @field_validator("failure_kind", mode="before")
+    @classmethod
+    def _read_newer_failure_kind(cls, value: object, info: ValidationInfo) -> object:
+        # A kind a newer release added (`workers.records`): read as an execution error, its content kept.
+        return read_known(value, set(FailureKind), FailureKind.EXECUTION_ERROR) if is_stored(info) else value
+
     @property
     def is_error(self) -> bool:
         return not self.ok
@@ -172,7 +180,7 @@ def parse_tool_outcome(raw: str | bytes) -> ToolOutcome:
     if isinstance(data, dict) and "content" not in data:
         derived = None if data.get(CONSUMED_FIELD) else derive_content(data.get("result"))
         data["content"] = derived if derived is not None else ""
-    return ToolOutcome.model_validate(data)
+    return ToolOutcome.model_validate(data, context=STORED)
 
 
 def build_consumed_stub(outcome: ToolOutcome) -> str:

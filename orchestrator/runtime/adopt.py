@@ -7,24 +7,133 @@ dispatches whose start was never recorded (the same task again: maybe never publ
 `read_missed_outcomes` reads what happened while nobody owned the turn: outcomes written to Redis, whose
 notifications went to nobody (`drop_dispatches` then leaves their calls out of the dispatches sent again).
 The machine itself is run by the driver (`runtime.driver`), never here.
+
+A turn this process cannot run — a state of a version it does not read, a request or state that does not
+parse (another release wrote it: `workers.records`) — is released, told once, and set aside (`SetAside`):
+neither claimed nor taken over again here until its hold expires, so that an orchestrator that can run it
+takes it, and this one never releases it again and again. Its deadline still holds: one that nobody able to
+run it ended by `OVERDUE_GRACE_S` past it is ended here (`build_overdue_outcome`), from its stored history.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.errors import ModelConfigError
 from orchestrator.machine.events import Command, DispatchTools, ToolFinished, WriteOutcomes
 from orchestrator.machine.state import TurnState
-from orchestrator.model import TurnRequest
+from orchestrator.model import AssistantMessage, Message, ProviderError, ToolMessage, TurnOutcome, TurnRequest
 from orchestrator.providers.base import resolve_model
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.settings import Settings
+from orchestrator.store.history import StoredState, parse_messages
 from orchestrator.store.submit_checks import ModelNames, find_refusals
 from orchestrator.store.turns import TurnStore
+
+# How long a turn this process cannot run is left alone before it is tried again: long enough that a rolling
+# deploy is over by then (a newer orchestrator took the turn), short enough that a turn nobody took is looked
+# at again within minutes; the retry costs one read and no log line.
+SET_ASIDE_S = 300.0
+# How many turns are held aside at most (the earliest to expire is forgotten first).
+SET_ASIDE_MAX = 10_000
+# How long past its deadline a turn this process cannot run is left to one that can, before this one ends it:
+# an orchestrator running it ends it at its deadline, so a turn still unended then has nobody to run it.
+OVERDUE_GRACE_S = 30.0
+# The error of a turn ended that way (`TurnOutcome.error`): who ended it, and why.
+UNRUNNABLE_PROVIDER = "toolloop"
+UNRUNNABLE_TYPE = "unrunnable_turn"
+
+
+class SetAside:
+    """Turns this orchestrator found it cannot run, each until its hold expires (monotonic seconds); added in
+    order, all held as long, so the first is the first to expire."""
+
+    def __init__(self, hold_s: float = SET_ASIDE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hold_s = hold_s
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def add(self, turn_id: str) -> None:
+        """Hold `turn_id` aside for `hold_s` from now."""
+        now = self._clock()
+        self._until.pop(turn_id, None)
+        self._until[turn_id] = now + self.hold_s
+        if len(self._until) > SET_ASIDE_MAX:
+            self._until = {t: until for t, until in self._until.items() if until > now}
+            while len(self._until) > SET_ASIDE_MAX:
+                del self._until[next(iter(self._until))]
+
+    def __contains__(self, turn_id: object) -> bool:
+        if not isinstance(turn_id, str) or turn_id not in self._until:
+            return False
+        if self._until[turn_id] > self._clock():
+            return True
+        del self._until[turn_id]
+        return False
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
+@dataclass(frozen=True)
+class Unrunnable:
+    """A turn this process cannot run: why, and when it is its stored state it cannot read, that state (and
+    the turn's conversation), from which an overdue turn is ended."""
+
+    problem: str
+    stored: StoredState | None = None
+    conversation_id: str | None = None
+
+
+def build_overdue_outcome(turn_id: str, unrunnable: Unrunnable, now: float) -> TurnOutcome | None:
+    """The end of a turn this process cannot run, once `OVERDUE_GRACE_S` past its deadline (None before, or
+    when its state says no deadline this release can read): `stopped` at its `deadline`, with the history
+    that is stored (a round in progress is not in it: its calls are left unanswered nowhere), and an error
+    saying that its usage and counts are not known."""
+    stored = unrunnable.stored
+    try:
+        data = json.loads(stored.text) if stored is not None else None
+    except ValueError:
+        return None
+    deadline_at = data.get("deadline_at") if isinstance(data, dict) else None
+    if isinstance(deadline_at, bool) or not isinstance(deadline_at, int | float):
+        return None
+    if now < deadline_at + OVERDUE_GRACE_S:
+        return None
+    try:
+        messages = parse_messages(stored.history) if stored is not None else []
+    except ValueError:
+        messages = []
+    model = data.get("model") if isinstance(data, dict) else None
+    message = (
+        f"ended {now - deadline_at:.0f} s past its deadline by an orchestrator that cannot run it "
+        f"({unrunnable.problem}); its usage and counts are not known"
+    )
+    return TurnOutcome(
+        turn_id=turn_id,
+        status="stopped",
+        stop_reason="deadline",
+        limit_reached=True,
+        messages=drop_unanswered(messages),
+        model=model if isinstance(model, str) else None,
+        error=ProviderError(provider=UNRUNNABLE_PROVIDER, type=UNRUNNABLE_TYPE, message=message),
+    )
+
+
+def drop_unanswered(messages: Sequence[Message]) -> list[Message]:
+    """`messages` without a last round whose calls are not all answered: a history never ends on one."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AssistantMessage) and message.tool_calls:
+            answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+            if all(call.id in answered for call in message.tool_calls):
+                return list(messages)
+            return list(messages[:index])
+    return list(messages)
 
 
 @dataclass(frozen=True)

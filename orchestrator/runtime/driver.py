@@ -26,7 +26,6 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from orchestrator import machine, metrics
-from orchestrator.errors import StateVersionError
 from orchestrator.machine.events import (
     ArmTimer,
     CancelTimer,
@@ -41,6 +40,9 @@ from orchestrator.machine.state import TurnState, load_state
 from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
 from orchestrator.runtime.adopt import (
     Adopted,
+    SetAside,
+    Unrunnable,
+    build_overdue_outcome,
     drop_dispatches,
     read_missed_outcomes,
     refuse_turn_controls,
@@ -57,11 +59,17 @@ from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.history import Prior
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
+from workers.records import warn_once
 
 log = logging.getLogger("toolloop.orchestrator")
 
 # How long a notification that moves nothing on may wait for what follows, to be stepped with it (`defer`).
 STARTED_DELAY_S = 0.05
+
+
+def _one_line(exc: Exception) -> str:
+    # A validation error's lines joined: one log line, one outcome message.
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 class TurnDriver:
@@ -76,6 +84,7 @@ class TurnDriver:
         orchestrator_id: str,
         hydrated_turns: int,
         lost_call_grace_s: float,
+        lost_call_wait_s: float = 0.0,
         policy: machine.Policy | None = None,
         retry: RedisRetry | None = None,
     ) -> None:
@@ -85,25 +94,39 @@ class TurnDriver:
         self._settings = settings
         self._orchestrator_id = orchestrator_id
         self._lost_grace_s = lost_call_grace_s
+        self._lost_wait_s = lost_call_wait_s
         self._policy = policy
         self.turns: dict[str, TurnHandle] = {}
         self._hydrated = HydratedTurns(hydrated_turns)
         self.timers = TimerHeap(self._on_timer)
+        # Turns found unrunnable here (another release's records): not taken over again until their hold ends.
+        self.set_aside = SetAside()
 
     # --- what the process calls ------------------------------------------------------------------------
 
     async def adopt(self, turn_id: str, *, how: str, claimed: ClaimedTurn | None = None) -> None:
         """Load or start a claimed turn, then catch up on what happened while nobody owned it. `claimed`: what
-        the claim read with the lease (a new turn's request), not read again."""
+        the claim read with the lease (a new turn's request), not read again. A turn whose records this
+        release cannot read is set aside (`runtime.adopt`) and released, or ended if overdue; never raised."""
+        adopted: Adopted | Unrunnable | None
         try:
-            adopted = await self._retry.call("adopt", lambda: self._load(turn_id, claimed))
-        except StateVersionError as exc:
-            # A newer (or older) orchestrator wrote this state: leave the turn to one that reads it.
-            log.error("turn %s: %s; releasing it", turn_id, exc)
-            adopted = None
+            if claimed is not None and claimed.unreadable is not None:
+                adopted = Unrunnable(claimed.unreadable)
+            else:
+                adopted = await self._retry.call("adopt", lambda: self._load(turn_id, claimed))
         except REDIS_ERRORS as exc:
             log.warning("turn %s: could not load (%s) while stopping; releasing it", turn_id, exc)
             adopted = None
+        except Exception as exc:
+            # A request another release wrote that this one cannot parse (a ValueError), or a bug met on this
+            # turn's records: the same, and the claim and take-over loops go on.
+            log.debug("turn %s: adopting failed", turn_id, exc_info=True)
+            adopted = Unrunnable(
+                ("unreadable: " if isinstance(exc, ValueError) else "failed: ") + _one_line(exc)
+            )
+        if isinstance(adopted, Unrunnable):
+            await self._set_aside(turn_id, adopted)
+            return
         if adopted is None:
             await self._release(turn_id)
             return
@@ -113,6 +136,34 @@ class TurnDriver:
         async with handle.lock:
             await self._guarded(handle, self._start(handle, adopted, claimed))
         self._hydrated.stepped(handle)
+
+    async def _set_aside(self, turn_id: str, unrunnable: Unrunnable) -> None:
+        # Told once per turn; ended here if overdue (the lease goes with the outcome), else released.
+        self.set_aside.add(turn_id)
+        overdue = build_overdue_outcome(turn_id, unrunnable, time.time())
+        if overdue is None:
+            warn_once(
+                log,
+                turn_id,
+                "turn %s: this orchestrator cannot run it (%s); released, and left to another for %.0f s",
+                turn_id,
+                unrunnable.problem,
+                self.set_aside.hold_s,
+            )
+            await self._release(turn_id)
+            return
+        log.warning("turn %s: %s", turn_id, overdue.error.message if overdue.error else "overdue")
+        save = functools.partial(
+            self._store.save_outcome,
+            turn_id,
+            overdue,
+            conversation_id=unrunnable.conversation_id,
+            orchestrator_id=self._orchestrator_id,
+        )
+        with contextlib.suppress(
+            *REDIS_ERRORS
+        ):  # only while stopping: the lease expires, and it is tried again
+            await self._retry.call("finish", save)
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
@@ -177,20 +228,23 @@ class TurnDriver:
             # Read only now that the turn is registered: a request sent since is notified to this process.
             await self._read_control(handle)
 
-    async def _load(self, turn_id: str, claimed: ClaimedTurn | None) -> Adopted | None:
-        """The turn's persisted state resumed, or a new one started from its request; None for neither."""
+    async def _load(self, turn_id: str, claimed: ClaimedTurn | None) -> Adopted | Unrunnable:
+        """The turn's persisted state resumed, or a new one started from its request; `Unrunnable` for
+        neither, or for a state this release cannot read (a `ValueError` for a request it cannot read)."""
         if claimed is not None and not claimed.has_state:
             stored, request = None, claimed.request
         else:
             stored, request = await self._store.load_state_and_request(turn_id)
         conversation_id = request.conversation_id if request is not None else None
         if stored is not None:
-            loaded = load_state(stored.text, stored.history, stored.log)
+            try:
+                loaded = load_state(stored.text, stored.history, stored.log)
+            except ValueError as exc:  # a newer (or older) version, or values this release does not know
+                return Unrunnable(_one_line(exc), stored, conversation_id)
             state, commands = machine.resume(loaded, at=time.time())
             return Adopted(state, commands, True, conversation_id, stored.history, stored.log)
         if request is None:
-            log.error("turn %s has no request: nothing to run", turn_id)
-            return None
+            return Unrunnable("it has neither a state nor a request: nothing to run")
         prior = await self._store.conversation_history(conversation_id) if conversation_id else Prior([], [])
         catalogue = await self._performer.read_catalogue(request.tools)
         models = resolve_turn_models(request.model, self._settings)
@@ -201,6 +255,7 @@ class TurnDriver:
             catalogue=catalogue,
             at=time.time(),
             lost_grace_s=self._lost_grace_s,
+            lost_wait_s=self._lost_wait_s,
             prior_history=prior.messages,
             context_budget=build_context_budget(models, self._settings, self._performer.learned_windows),
             unpriced=self._performer.unpriced(models) if request.limits.max_cost_usd is not None else (),

@@ -69,7 +69,10 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
 
 
 def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGiven | None:
-    """The machine event of one control request; None for an approval that names no call."""
+    """The machine event of one control request; None for an approval that names no call, and for an entry
+    this release cannot read."""
+    if request.kind == "unreadable":
+        return None
     if request.kind == "cancel":
         return CancelRequested(at=request.at, reason=request.reason)
     if not request.call_id:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from workers.contract import ToolOutcome, redact
 from workers.contract import parse_tool_outcome as read_tool_outcome
+from workers.records import STORED
 
 TURN_ID_PREFIX = "turn_"
 TURN_FINISHED = "turn_finished"
@@ -49,10 +50,11 @@ class TurnEvent(BaseModel):
 
 
 class ControlRequest(BaseModel):
-    """A cancel or approval request for a turn, read by its owner from the control stream."""
+    """A cancel or approval request for a turn, read by its owner from the control stream (`unreadable`: an
+    entry this release cannot read, never written as such)."""
 
     id: str
-    kind: Literal["cancel", "approval"]
+    kind: Literal["cancel", "approval", "unreadable"]
     call_id: str | None = None
     approved: bool | None = None
     at: float
@@ -190,21 +192,25 @@ def parse_status(value: bytes | str | None) -> TurnStatus | None:
 
 def parse_outcome(value: bytes | str | None) -> TurnOutcome | None:
     """A stored `TurnOutcome`, or None."""
-    return None if value is None else TurnOutcome.model_validate_json(value)
+    return None if value is None else TurnOutcome.model_validate_json(value, context=STORED)
 
 
 def dump_request(request: TurnRequest) -> str:
-    """The stored JSON of a request, its top-level fields at their defaults left out: a request that uses no
-    newer field stays readable by an older orchestrator during a rolling deploy (its model forbids fields it
-    does not know), and is smaller. Nested values are kept whole (a message's `role` is its discriminator)."""
+    """The stored JSON of a request, its fields at their defaults left out, at the top and in `limits` and
+    `model_settings`: a request that uses no newer field stays readable by an older orchestrator during a
+    rolling deploy (releases before `workers.records` refuse fields they do not know there), and is smaller.
+    Other nested values are kept whole (a message's `role` is its discriminator)."""
     dumped = request.model_dump(mode="json")
     defaults = TurnRequest().model_dump(mode="json")
+    for name in ("limits", "model_settings"):
+        dumped[name] = {k: v for k, v in dumped[name].items() if v != defaults[name][k]}
+        defaults[name] = {}
     return json.dumps({k: v for k, v in dumped.items() if k not in defaults or v != defaults[k]})
 
 
 def parse_request(value: bytes | str | None) -> TurnRequest | None:
-    """A stored `TurnRequest`, or None."""
-    return None if value is None else TurnRequest.model_validate_json(value)
+    """A stored `TurnRequest`, or None; fields a newer release added are ignored (`workers.records`)."""
+    return None if value is None else TurnRequest.model_validate_json(value, context=STORED)
 
 
 def parse_tool_outcome(value: bytes | str | None) -> ToolOutcome | None:
@@ -225,7 +231,15 @@ def parse_event(turn_id: str, entry_id: bytes | str, fields: Mapping[Any, Any]) 
 
 
 def parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlRequest:
-    """One entry of a turn's control stream."""
+    """One entry of a turn's control stream; one this release cannot read (a kind a newer release added, a
+    malformed entry) is kind `unreadable`: its reader moves past it, never fails on it."""
+    try:
+        return _parse_control(entry_id, fields)
+    except (KeyError, ValueError):
+        return ControlRequest(id=text(entry_id), kind="unreadable", at=0.0)
+
+
+def _parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlRequest:
     decoded = parse_fields(fields)
     approved = decoded.get("approved", "")
     arguments = decoded.get("arguments") or ""
@@ -256,16 +270,24 @@ def parse_stream_reply(reply: Any) -> list[tuple[str, Mapping[Any, Any]]]:
 @dataclass(frozen=True)
 class ClaimedTurn:
     """A turn `claim.lua` leased, with the request adopting it starts from (None if missing) and whether it
-    has a saved state (then adopting reads that, and the request with it)."""
+    has a saved state (then adopting reads that, and the request with it). `unreadable` says why a stored
+    request could not be read (a release this one cannot read wrote it): the turn is left to another."""
 
     turn_id: str
     request: TurnRequest | None
     has_state: bool
+    unreadable: str | None = None
 
 
 def parse_claim(turn_id: str, reply: Any) -> ClaimedTurn | None:
-    """`claim.lua`'s reply: None when it skipped the turn."""
+    """`claim.lua`'s reply: None when it skipped the turn. A request that does not parse is reported in the
+    claim (`unreadable`), never raised: the claim loop must go on, and the lease it holds be released."""
     if not isinstance(reply, list):
         return None
-    _, request, has_state = reply
-    return ClaimedTurn(turn_id, parse_request(request or None), bool(int(has_state)))
+    _, raw, has_state = reply
+    try:
+        request = parse_request(raw or None)
+    except ValueError as exc:
+        problem = f"its request does not parse: {exc}"
+        return ClaimedTurn(turn_id, None, bool(int(has_state)), unreadable=problem)
+    return ClaimedTurn(turn_id, request, bool(int(has_state)))

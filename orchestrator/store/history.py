@@ -28,6 +28,7 @@ from orchestrator.store.effects import ScriptCall
 from orchestrator.store.scripts import READ_HISTORY
 from workers import keys
 from workers.contract import ToolOutcome
+from workers.records import STORED
 
 T = TypeVar("T")
 _MESSAGES = TypeAdapter(list[Message])
@@ -35,7 +36,7 @@ _MESSAGES = TypeAdapter(list[Message])
 
 def parse_messages(entries: Sequence[Any]) -> list[Message]:
     """List entries (JSON texts, as read) as messages."""
-    return _MESSAGES.validate_json("[" + ",".join(codec.text(e) for e in entries) + "]")
+    return _MESSAGES.validate_json("[" + ",".join(codec.text(e) for e in entries) + "]", context=STORED)
 
 
 def _with_reference(body: str, history_key: str, history_len: int) -> str:
@@ -59,9 +60,9 @@ def parse_outcome(raw: bytes | str | None, history: Sequence[Any]) -> TurnOutcom
     if isinstance(data, dict) and HISTORY_KEY_FIELD in data:
         data.pop(HISTORY_KEY_FIELD)
         data.pop(HISTORY_LEN_FIELD, None)
-        outcome = TurnOutcome.model_validate(data)
+        outcome = TurnOutcome.model_validate(data, context=STORED)
         return outcome.model_copy(update={"messages": parse_messages(history)})
-    return TurnOutcome.model_validate(data)
+    return TurnOutcome.model_validate(data, context=STORED)
 
 
 def dump_head(turn_id: str, history_key: str, history_len: int) -> str:

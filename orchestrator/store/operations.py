@@ -4,12 +4,14 @@ Every Redis read and write of the stores is built here, once, as a value (`orche
 async `TurnStore`, the sync `SyncTurnStore` and direct tool calls only perform them (`runner`), alone or in
 the multi-step flows of `orchestrator.store.flows`. No I/O and no clock here: the time of a write is an
 argument. Every constant a script needs comes from Python as ARGV: statuses (`TurnStatus`), event names
-(`codec`), stream caps and TTLs (`workers.keys`).
+(`codec`), stream caps and TTLs (`workers.keys`). A parser that leaves out a record it cannot read says so
+once in the log (`workers.records.warn_once`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -31,9 +33,11 @@ from orchestrator.store.scripts import (
 from orchestrator.store.turn_view import TurnView
 from workers import keys
 from workers.contract import ToolOutcome, build_consumed_stub, dump_tool_outcome
+from workers.records import warn_once
 from workers.scripts import build_write_outcome_call, parse_release_result, parse_write_result
 
 T = TypeVar("T")
+log = logging.getLogger("toolloop.store")
 
 
 def build_status_set(statuses: Iterable[TurnStatus]) -> str:
@@ -117,6 +121,17 @@ def renew_leases(orchestrator_id: str, turn_ids: Sequence[str], ttl_ms: int) -> 
         [keys.turn_lease(t) for t in ids],
         [orchestrator_id, ttl_ms],
         lambda lost: {ids[int(i) - 1] for i in lost},
+    )
+
+
+def keep_inbox(orchestrator_id: str, ttl_ms: int, now: float) -> ScriptCall[bool]:
+    """Push back the expiry of a live orchestrator's inbox (created empty when missing) and forget the
+    orchestrators not seen within `ttl_ms` (`keep_inbox.lua`); True when the inbox was missing."""
+    return _script(
+        scripts.KEEP_INBOX,
+        [keys.inbox(orchestrator_id), keys.ORCHESTRATORS],
+        [ttl_ms, repr(now)],
+        lambda created: bool(int(created)),
     )
 
 
@@ -329,10 +344,22 @@ def read_outcomes(call_ids: Sequence[str]) -> RedisCommand[dict[str, ToolOutcome
     ids = list(call_ids)
 
     def parse(raw: list[Any]) -> dict[str, ToolOutcome]:
-        found = {c: codec.parse_tool_outcome(v) for c, v in zip(ids, raw, strict=True)}
+        found = {c: _read_outcome(c, v) for c, v in zip(ids, raw, strict=True)}
         return {c: o for c, o in found.items() if o is not None}
 
     return RedisCommand(("MGET", *(keys.outcome(c) for c in ids)), parse)
+
+
+def _read_outcome(call_id: str, raw: Any) -> ToolOutcome | None:
+    # One outcome that does not parse (a release this one cannot read wrote it) is left out, as if not yet
+    # written: its call is answered by its timers, and the other outcomes of the batch are read.
+    try:
+        return codec.parse_tool_outcome(raw)
+    except ValueError as exc:
+        warn_once(
+            log, f"outcome:{call_id}", "outcome of %s left unread: it does not parse (%s)", call_id, exc
+        )
+        return None
 
 
 def get_tool_outcome(call_id: str) -> RedisCommand[ToolOutcome | None]:
