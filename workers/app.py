@@ -18,7 +18,7 @@ import sys
 import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, signals
 
@@ -38,6 +38,27 @@ class ToolloopCelery(Celery):
     settings: WorkerSettings
     # A pool process resolves the task of an MCP tool listed after it was forked (`workers.mcp.registry`).
     registry_cls = "workers.mcp.registry:ToolTaskRegistry"
+
+    def worker_main(self, argv: list[str] | None = None) -> NoReturn:
+        """Run Celery's `worker` command, then exit with the worker's exit code.
+
+        Celery's own `worker_main` exits 0 whatever happened: the code its command passes to click's
+        `ctx.exit` does not come back out of `Celery.start` (click runs without `standalone_mode`), so a
+        worker stopped by an "Unrecoverable error" (EX_FAILURE) looked like a clean stop to its supervisor.
+        The code is read from the worker itself instead.
+        """
+        if argv is None or "worker" not in argv:
+            raise ValueError("the worker sub-command must be in argv")
+        started: list[Any] = []
+
+        def keep(sender: Any = None, **_: Any) -> None:
+            if getattr(sender, "app", None) is self:
+                started.append(sender)
+
+        signals.worker_init.connect(keep, weak=False, dispatch_uid=f"toolloop-exit-code-{id(self)}")
+        returned: Any = self.start(argv=argv)  # celery-types has it NoReturn; it returns
+        exitcode = getattr(started[-1], "exitcode", None) if started else None
+        raise SystemExit(exitcode or returned or 0)
 
 
 def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -171,6 +192,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     from workers.catalogue import connect_catalogue_publisher
     from workers.descendants import connect_descendant_reaper
     from workers.mcp.serving import start_mcp_serving
+    from workers.metrics import connect_metrics_server
     from workers.shutdown import connect_stop_watchdog
     from workers.tasks import register_tool_task, register_worker_signals
     from workers.tools import Tool, registry
@@ -194,6 +216,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     connect_unserved_answer(app)
     connect_descendant_reaper(app)
     connect_stop_watchdog(settings)
+    connect_metrics_server(app, settings.worker_metrics_port)
     return app
 
 

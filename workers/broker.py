@@ -23,20 +23,27 @@ What changes (`RestartSafeChannel`, `RestartSafeQoS`; Celery's consumer puts the
   here is redelivered and meets its running guard (`workers.execution`), so none runs twice;
 - a closed channel never restores itself (it could no longer route the message, and kombu would drop it
   from the unacked hash unrouted): a reject with requeue that arrives after the close goes to `PENDING` too.
+
+The same consumer refuses what it cannot read instead of dying of it (`workers.poison`): a list item that is
+no kombu envelope is checked as the channel takes it (`RestartSafeChannel`), a message Celery could not take
+as a task as the consumer receives it (`RestartSafeConsumer.create_task_handler`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import redis.sentinel
+from celery.worker import state as worker_state
 from celery.worker.consumer.consumer import Consumer
 from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES
@@ -45,6 +52,9 @@ from kombu.transport.base import Transport
 
 from workers.connect import MasterCheckingPool
 from workers.redis_retry import build_backoff_s, is_unavailable
+
+if TYPE_CHECKING:
+    from workers.poison import MessageGuard, Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -201,10 +211,61 @@ class RestartSafeChannel(kombu_redis.Channel):
             self.connection = transport
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        """kombu's consume; a consuming channel is live, and restores what earlier channels kept."""
+        """kombu's consume; a consuming channel is live, and restores what earlier channels kept. Each
+        envelope of `queue` is checked before kombu builds a message of it (`_admit`)."""
         consumer_tag = super().basic_consume(queue, *args, **kwargs)
+        callbacks: dict[str, Callable[[Any], Any]] = cast(Any, self.connection)._callbacks
+        deliver = callbacks[queue]
+
+        def admit_then_deliver(payload: Any) -> Any:
+            self._delivering = True
+            refused = self._admit(payload, queue)
+            return None if refused else deliver(payload)
+
+        callbacks[queue] = admit_then_deliver
         restore_pending(cast(RestartSafeQoS, self.qos))
         return consumer_tag
+
+    _delivering = False
+
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's read of a BRPOP reply; a list item that is not JSON is refused instead of raised.
+
+        kombu parses the item before it hands it on: raised, the error would end the worker, the item
+        already gone from its list. An error raised once the item was handed on is not the item's: raised.
+        """
+        self._delivering = False
+        try:
+            return super()._brpop_read(**options)  # type: ignore[misc]  # kombu's, untyped
+        except (ValueError, UnicodeDecodeError) as exc:
+            if self._delivering:
+                raise
+            raw = exc.doc if isinstance(exc, json.JSONDecodeError) else b""
+            # kombu rotated the item's queue to the end of its cycle before parsing the item.
+            queues: list[str] = getattr(getattr(self, "_queue_cycle", None), "items", None) or [""]
+            self._admit(raw, queues[-1] or None)
+            return True
+
+    def _admit(self, payload: Any, queue: str | None) -> bool:
+        """Refuse `payload` (a parsed envelope, or a list item that did not parse) when kombu could not build
+        a message of it; True when refused (the item is gone from its list: there is nothing to ack)."""
+        from workers.poison import build_preview, inspect_envelope, parse_envelope
+
+        if isinstance(payload, bytes | str):
+            envelope_refusal = parse_envelope(payload)[1]
+        else:
+            envelope_refusal = inspect_envelope(payload)
+        if envelope_refusal is None:
+            return False
+        headers = payload.get("headers") if isinstance(payload, dict) else None
+        body = payload.get("body") if isinstance(payload, dict) else payload
+        preview = build_preview(headers, body if isinstance(body, bytes | str) else None)
+        guard: MessageGuard | None = getattr(self.connection, "message_guard", None)
+        if guard is not None:
+            guard.refuse(envelope_refusal, queue=queue, preview=preview)
+        else:
+            logger.warning("refused a message on %s (%s); preview: %s", queue, envelope_refusal, preview)
+        return True
 
 
 class MasterCheckingSentinelChannel(kombu_redis.SentinelChannel):
@@ -261,8 +322,100 @@ class RestartSafeConsumer(Consumer):
     Only the consumer's connection holds unacked deliveries; the worker's other connections (events, the
     producer pool) keep kombu's channels."""
 
+    # Celery's (untyped in celery-types): set once the consumer connects, and its task strategies by name.
+    connection_errors: tuple[type[BaseException], ...]
+    channel_errors: tuple[type[BaseException], ...]
+    strategies: dict[str, Any]
+
     def connection_for_read(self, heartbeat: float | None = None) -> Connection:
-        """Celery's consuming connection, its transport's channels made restart-safe before it connects."""
+        """Celery's consuming connection, its transport's channels made restart-safe before it connects,
+        and refusing envelopes kombu could not read (`RestartSafeChannel._admit`)."""
         connection = self.app.connection_for_read(heartbeat=heartbeat)
         use_restart_safe_channels(connection.transport)
+        cast(Any, connection.transport).message_guard = self.message_guard
         return self.ensure_connected(connection)
+
+    @cached_property
+    def message_guard(self) -> MessageGuard:
+        """What this consumer does with a message it refuses (`workers.poison`)."""
+        from workers.call_store import get_store
+        from workers.poison import MessageGuard
+        from workers.settings import get_worker_settings
+
+        settings = getattr(self.app, "settings", None) or get_worker_settings()
+        return MessageGuard(
+            lambda: get_store(settings.redis_url, settings.redis_ssl_cert_reqs),
+            worker=self.hostname,
+            queues=lambda: set(self.app.amqp.queues.consume_from or self.app.amqp.queues),
+        )
+
+    def create_task_handler(self, promise: Any = None) -> Callable[[Any], Any]:
+        """Celery's handler of a received task message, behind a check of what Celery and the tool task
+        read of it (`workers.poison.inspect_task_message`): a message either would raise on is refused —
+        acked, its call answered `invalid_request` or the message logged — instead of ending the worker.
+
+        What still raises in Celery's handler, short of a connection error, refuses the message the same
+        way, unless Celery took it on already (then the error is Celery's own to report)."""
+        from workers.poison import Refusal, RefusalReason, find_named_call
+
+        handle = super().create_task_handler() if promise is None else super().create_task_handler(promise)
+        recoverable = (*self.connection_errors, *self.channel_errors)
+        inspect = self._build_inspector()
+
+        def on_task_received(message: Any) -> Any:
+            refusal = inspect(message)
+            if refusal is not None:
+                return self._refuse(message, refusal)
+            try:
+                return handle(message)
+            except recoverable:
+                raise
+            except Exception as exc:
+                task_id = message.headers.get("id") if isinstance(message.headers, dict) else None
+                if message.acknowledged or task_id in worker_state.requests:
+                    raise
+                logger.exception("could not take a message as a task; refusing it")
+                detail = f"the worker could not take it as a task: {type(exc).__name__}"
+                call = find_named_call(message.headers, None)
+                return self._refuse(message, Refusal(RefusalReason.UNREADABLE, detail, call))
+
+        return on_task_received
+
+    def _build_inspector(self) -> Callable[[Any], Refusal | None]:
+        from workers.contract import TASK_NAME_PREFIX
+        from workers.poison import TaskMessage, inspect_task_message
+        from workers.tools import registry
+
+        strategies = self.strategies
+
+        def spec_of(name: str) -> Any:
+            tool = registry.get(name.removeprefix(TASK_NAME_PREFIX))
+            return tool.spec if tool is not None and name in strategies else None
+
+        def inspect(message: Any) -> Refusal | None:
+            view = TaskMessage(
+                headers=message.headers,
+                body=message.body,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                decode=message.decode,
+            )
+            return inspect_task_message(view, is_registered=strategies.__contains__, spec_of=spec_of)
+
+        return inspect
+
+    def _refuse(self, message: Any, refusal: Refusal) -> None:
+        """Answer or log a refused message, then ack it (a failed ack is tried again, `workers.acks`)."""
+        from workers.acks import ensure_acked
+        from workers.poison import build_preview
+
+        delivery = message.delivery_info if isinstance(message.delivery_info, dict) else {}
+        queue = delivery.get("routing_key")
+        try:
+            body: Any = message.decode() if refusal.reason.value != "not_json" else message.body
+        except Exception:  # the preview shows what it can: the raw body
+            body = message.body
+        preview = build_preview(message.headers, body)
+        self.message_guard.refuse(refusal, queue=queue if isinstance(queue, str) else None, preview=preview)
+        message.ack_log_error(logger, (*self.connection_errors, redis.RedisError))
+        ensure_acked(message)

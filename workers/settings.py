@@ -57,6 +57,9 @@ class WorkerSettings(BaseSettings):
     # Spans record message content (tool arguments and results, model messages), redacted; off by default
     # (TOOLLOOP_TRACE_CONTENT). Spans themselves follow the OTEL_* variables (`workers.tracing`).
     trace_content: bool = False
+    # Serve the worker's own Prometheus `/metrics` (refused messages, `workers.metrics`) on this port
+    # (TOOLLOOP_WORKER_METRICS_PORT); unset, none.
+    worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
 
     @property
     def tool_module_list(self) -> list[str]:
