@@ -30,6 +30,10 @@ class Settings(WorkerSettings):
     api_token: SecretStr | None = None
     # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
     lost_call_grace_s: float = 5.0
+    # A tool no live worker serves, though one did within this many seconds, is between workers (a restart,
+    # a deploy): its calls are sent to wait in their queue, and a turn naming it is accepted. Only a tool no
+    # worker has served for longer is answered `not_found` (TOOLLOOP_TOOL_GONE_AFTER_S).
+    tool_gone_after_s: float = Field(default=keys.TOOL_GONE_AFTER_S, gt=0, le=keys.TOOLS_SERVED_TTL_S)
     lease_ttl_s: float = 15.0
     orchestrator_max_turns: int = 10_000
     # The API's Redis connections (`orchestrator.api.connections`): requests share a pool of at most this many

@@ -4,6 +4,12 @@ Each worker keeps one field of the `keys.CATALOGUE` hash — its id → `{"seen_
 written when it is ready, refreshed every `keys.CATALOGUE_REFRESH_S` (so tools registered later appear) and
 at once when it has vanished (Redis restarted empty, or a failover), and removed on a clean shutdown.
 Readers ignore entries older than `keys.CATALOGUE_STALE_S`.
+
+With every publish, and on a clean shutdown, a worker also records when each of its tools was last served,
+with its spec: the `keys.TOOLS_SERVED` hash, tool name → `{"served_at": epoch, "spec": spec}`, which outlives
+the live entries (`keys.TOOLS_SERVED_TTL_S`). It is what tells a tool whose only worker is restarting from
+a tool that is gone: the orchestrator still dispatches a call to a tool served within
+TOOLLOOP_TOOL_GONE_AFTER_S, and the call waits in its queue for the next worker.
 """
 
 from __future__ import annotations
@@ -40,14 +46,53 @@ def build_served_specs(tools: ToolRegistry, queues: Collection[str] | None) -> l
     return [spec for spec in tools.specs() if queues is None or spec.queue in queues]
 
 
+def build_served_entries(specs: Iterable[ToolSpec], now: float) -> dict[str, str]:
+    """The fields a worker stores in the served-tools hash: tool name → `{"served_at", "spec"}` JSON."""
+    return {
+        spec.name: json.dumps({"served_at": now, "spec": spec.model_dump(mode="json")}, ensure_ascii=False)
+        for spec in specs
+    }
+
+
 def publish_catalogue(client: redis.Redis, worker_id: str, specs: Iterable[ToolSpec]) -> None:
-    """Write (or refresh) this worker's catalogue entry."""
-    client.hset(keys.CATALOGUE, worker_id, build_catalogue_entry(specs, time.time()))
+    """Write (or refresh) this worker's catalogue entry, and the served record of each of its tools."""
+    now, served = time.time(), list(specs)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.CATALOGUE, worker_id, build_catalogue_entry(served, now))
+    _record_served(pipe, served, now)
+    pipe.execute()
 
 
-def remove_catalogue(client: redis.Redis, worker_id: str) -> None:
-    """Remove this worker's entry: its tools are no longer served by it."""
-    client.hdel(keys.CATALOGUE, worker_id)
+def remove_catalogue(client: redis.Redis, worker_id: str, specs: Iterable[ToolSpec] = ()) -> None:
+    """Remove this worker's entry: its tools are no longer served by it; `specs` were served until now."""
+    pipe = client.pipeline(transaction=True)
+    _record_served(pipe, list(specs), time.time())
+    pipe.hdel(keys.CATALOGUE, worker_id)
+    pipe.execute()
+
+
+def _record_served(pipe: Any, specs: list[ToolSpec], now: float) -> None:
+    if specs:
+        pipe.hset(keys.TOOLS_SERVED, mapping=build_served_entries(specs, now))
+        pipe.expire(keys.TOOLS_SERVED, keys.TOOLS_SERVED_TTL_S)
+
+
+def prune_served(client: redis.Redis, now: float) -> int:
+    """Forget the tools no worker has served for `keys.TOOLS_SERVED_TTL_S` (the hash itself expires only
+    when no worker publishes at all); the number forgotten. Malformed fields go too."""
+    stale = [
+        name
+        for name, raw in client.hgetall(keys.TOOLS_SERVED).items()
+        if (served_at := _served_at(raw)) is None or now - served_at > keys.TOOLS_SERVED_TTL_S
+    ]
+    return int(client.hdel(keys.TOOLS_SERVED, *stale)) if stale else 0
+
+
+def _served_at(raw: bytes | str) -> float | None:
+    try:
+        return float(json.loads(raw)["served_at"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class CataloguePublisher:
@@ -72,6 +117,10 @@ class CataloguePublisher:
         """Publish once now, then keep refreshing in the background (a first publish Redis refused — down,
         out of memory — is only logged: the refresh publishes it as soon as Redis takes it)."""
         self._publish()
+        try:
+            prune_served(self.client, time.time())  # once per worker start: the hash changes slowly
+        except redis.RedisError as exc:
+            logger.warning("could not prune the served-tools record: %r", exc)
         self._thread.start()
 
     def publish_now(self) -> None:
@@ -108,7 +157,7 @@ class CataloguePublisher:
             self._thread.join(timeout=2)
         if remove:
             try:
-                remove_catalogue(self.client, self.worker_id)
+                remove_catalogue(self.client, self.worker_id, self.specs())
             except redis.RedisError as exc:
                 # Left for readers to ignore once stale (`keys.CATALOGUE_STALE_S`).
                 logger.warning("could not remove the tool catalogue entry: %r", exc)

@@ -17,6 +17,10 @@ FULL_RESULT_TTL_S = 24 * 3600  # the untruncated result of an oversized call
 IDEMPOTENCY_TTL_S = 24 * 3600  # a stored success that replays
 CATALOGUE_STALE_S = 60.0  # a worker's catalogue entry older than this is ignored
 CATALOGUE_REFRESH_S = 15.0  # how often a worker republishes its catalogue entry
+# A tool no live worker serves is still dispatched (its call waits in its queue) while a worker served it
+# within this window: a restart or a deploy is not taken for a tool that is gone (TOOLLOOP_TOOL_GONE_AFTER_S).
+TOOL_GONE_AFTER_S = 60.0
+TOOLS_SERVED_TTL_S = 24 * 3600  # when a tool was last served: kept this long after the last worker of it
 TURN_TTL_S = 7 * 24 * 3600  # a turn's request, state, events and outcome after it ends
 CONVERSATION_TTL_S = 30 * 24 * 3600  # a conversation's history list and head, from its last turn's end
 AUDIT_TTL_S = 7 * 24 * 3600  # a consumed outcome's stub, and late outcomes
@@ -41,6 +45,7 @@ DEFAULT_RETENTION = Retention()
 
 # --- tools -----------------------------------------------------------------------------------------------
 CATALOGUE = PREFIX + "catalogue"  # hash: worker id -> {"seen_at": epoch, "tools": [ToolSpec…]}
+TOOLS_SERVED = PREFIX + "tools:served"  # hash: tool name -> {"served_at": epoch, "spec": ToolSpec}
 
 
 def outcome(call_id: str) -> str:

@@ -62,6 +62,10 @@ EVENT_TYPES: dict[str, str] = {
     "approval_requested": "Tool calls wait for a person's approval (`call_ids`).",
     "approval_given": "A person approved or denied a call (`call_id`, `approved`, `edited`).",
     "tool_dispatched": "A tool call was sent to the workers (`call_id`, `tool`, `attempt`, `arguments`).",
+    "tool_waiting_for_worker": (
+        "A call was sent while no live worker serves its tool, though one did lately (`last_served_at`): it "
+        "waits in its queue for the next worker, whose `tool_started` ends the wait."
+    ),
     "tool_started": "A worker started a call.",
     "tool_progress": "A tool's own report while it runs (`message`, `fraction`).",
     "tool_redispatched": "A call whose worker was lost was sent again.",

@@ -1,17 +1,18 @@
 """Direct execution of one tool call, no model involved: `toolloop call`, `Client.call_tool`.
 
-Same path as a turn's calls: read the catalogue, validate (a rejection becomes an outcome, nothing is
-dispatched), refuse a `requires_confirmation` tool the caller did not approve (`approve=True`, `toolloop call
---approve`: the caller is the person who confirms; otherwise a `confirmation_denied` outcome saying how to
-approve), publish the task with a reply list, block on that list, read the outcome. The flow is written once
-(`build_call_flow`, sans-IO) and run by the store's runners: `run_call` / `call_tool` on a sync client,
-`arun_call` on an asyncio one (where the publish runs in a thread). The Redis client is the one every reader
-uses (`store.connect_sync` / `connect_async`: same URL options, `rediss://` certificate policy, default socket
-timeout), so the wait is a loop of BLPOPs of at most the client's `block_cap_ms` each, until the caller's
-timeout — never one long block that would outlast the socket. When nothing arrives in time, a synthetic
-`timeout` is written through the same first-writer-wins script, and whichever outcome won is returned — so a
-late real result can never make a second one. When the synthetic one won, the task is revoked with terminate:
-a tool nobody waits for any more stops now, not at its hard limit.
+Same path as a turn's calls: read the catalogue (a tool a worker served within TOOLLOOP_TOOL_GONE_AFTER_S
+counts: its call waits in its queue for the next worker, up to the caller's timeout), validate (a rejection
+becomes an outcome, nothing is dispatched), refuse a `requires_confirmation` tool the caller did not approve
+(`approve=True`, `toolloop call --approve`: the caller is the person who confirms; otherwise a
+`confirmation_denied` outcome saying how to approve), publish the task with a reply list, block on that list,
+read the outcome. The flow is written once (`build_call_flow`, sans-IO) and run by the store's runners:
+`run_call` / `call_tool` on a sync client, `arun_call` on an asyncio one (where the publish runs in a thread).
+The Redis client is the one every reader uses (`store.connect_sync` / `connect_async`: same URL options,
+`rediss://` certificate policy, default socket timeout), so the wait is a loop of BLPOPs of at most the
+client's `block_cap_ms` each, until the caller's timeout — never one long block that would outlast the socket.
+When nothing arrives in time, a synthetic `timeout` is written through the same first-writer-wins script, and
+whichever outcome won is returned — so a late real result can never make a second one. When the synthetic one
+won, the task is revoked with terminate: a tool nobody waits for any more stops now, not at its hard limit.
 
 Redis errors (unreachable server) propagate as `redis.RedisError`; everything else is an outcome.
 """
@@ -28,7 +29,7 @@ from typing import Any
 from orchestrator.machine.validation import Rejection, offered_tools, validate_call
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import flows, operations
-from orchestrator.store.catalogue import get_catalogue
+from orchestrator.store.catalogue import ToolCatalogue, get_tool_catalogue
 from orchestrator.store.connection import block_cap_ms, connect_async, connect_sync
 from orchestrator.store.effects import BlockingCall, Flow
 from orchestrator.store.runner import AsyncRunner, SyncRunner
@@ -133,7 +134,9 @@ def build_call_flow(
     # calls a tool directly never imports it.
     from orchestrator.publishing.publisher import dispatch_call, get_producer_app, revoke_call
 
-    catalogue = yield get_catalogue(now())
+    # A tool between workers (served within TOOLLOOP_TOOL_GONE_AFTER_S) is called: it waits in its queue.
+    tools: ToolCatalogue = yield get_tool_catalogue(now())
+    catalogue = tools.known(now(), settings.tool_gone_after_s)
     rejected, spec = build_rejection_outcome(call.name, call.arguments, catalogue, approved=call.approve)
     if rejected is not None or spec is None:
         assert rejected is not None

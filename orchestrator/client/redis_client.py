@@ -148,7 +148,12 @@ class Client:
         """Store and queue an already built `TurnRequest` (checked as by `submit`), with the caller's current
         trace context unless it carries one (`tracing.attach_trace_context`)."""
         request = attach_trace_context(request)
-        turn_id = self.store.submit(request, turn_id=turn_id, names=ModelNames.from_settings(self.settings))
+        turn_id = self.store.submit(
+            request,
+            turn_id=turn_id,
+            names=ModelNames.from_settings(self.settings),
+            tool_gone_after_s=self.settings.tool_gone_after_s,
+        )
         metrics.record_turn_submitted()
         return turn_id
 
@@ -269,7 +274,14 @@ class AsyncClient:
         trace context unless it carries one (`tracing.attach_trace_context`)."""
         request = attach_trace_context(request)
         names = ModelNames.from_settings(self.settings)
-        flow = flows.submit(request, turn_id, codec.now_s(), names=names, recent=self._recent_catalogue)
+        flow = flows.submit(
+            request,
+            turn_id,
+            codec.now_s(),
+            names=names,
+            recent=self._recent_catalogue,
+            tool_gone_after_s=self.settings.tool_gone_after_s,
+        )
         turn_id = await self._runner.run_flow(flow, self._patience())
         metrics.record_turn_submitted()
         return turn_id

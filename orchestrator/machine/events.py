@@ -63,6 +63,18 @@ class ToolStarted(_Frozen):
     at: float
 
 
+class ToolWaitingForWorker(_Frozen):
+    """Attempt `attempt` of a call was sent to its queue while no live worker serves its tool, though one did
+    at `last_served_at` (epoch seconds), within TOOLLOOP_TOOL_GONE_AFTER_S: a restart or a deploy. It waits
+    there for the next worker, whose start ends the wait (`ToolStarted`)."""
+
+    kind: Literal["tool_waiting_for_worker"] = "tool_waiting_for_worker"
+    call_id: str
+    attempt: int = 1
+    last_served_at: float | None = None
+    at: float
+
+
 class ToolFinished(_Frozen):
     """The outcome that won the first-writer-wins write for a call (real or synthetic)."""
 
@@ -101,7 +113,14 @@ class CancelRequested(_Frozen):
 
 
 Event = Annotated[
-    ModelResponded | ModelFailed | ToolStarted | ToolFinished | TimerFired | ApprovalGiven | CancelRequested,
+    ModelResponded
+    | ModelFailed
+    | ToolStarted
+    | ToolWaitingForWorker
+    | ToolFinished
+    | TimerFired
+    | ApprovalGiven
+    | CancelRequested,
     Field(discriminator="kind"),
 ]
 

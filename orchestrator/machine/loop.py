@@ -39,6 +39,7 @@ from orchestrator.machine.events import (
     TimerFired,
     ToolFinished,
     ToolStarted,
+    ToolWaitingForWorker,
     WriteOutcomes,
 )
 from orchestrator.machine.model_calls import build_call_model, call_model_or_stop, on_model_responded
@@ -58,6 +59,7 @@ from orchestrator.machine.tool_round import (
     on_lost_timer,
     on_tool_finished,
     on_tool_started,
+    on_tool_waiting_for_worker,
     record_late,
 )
 from orchestrator.machine.validation import check_output_schema, offered_tools
@@ -149,6 +151,8 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             on_model_failed(draft, event)
         case ToolStarted():
             on_tool_started(draft, event)
+        case ToolWaitingForWorker():
+            on_tool_waiting_for_worker(draft, event)
         case ToolFinished():
             on_tool_finished(draft, event)
         case TimerFired():

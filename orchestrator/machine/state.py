@@ -100,6 +100,9 @@ class CallState(_Frozen):
     started_at: float | None = None
     worker: str | None = None
     waiting_approval: bool = False
+    # Sent while no live worker served its tool (a restart, a deploy): since when it waits in its queue for
+    # one; None once a worker starts it (`ToolWaitingForWorker`, `ToolStarted`).
+    waiting_for_worker_since: float | None = None
     requested: ToolOutcome | None = None
     outcome: ToolOutcome | None = None
 
@@ -265,6 +268,7 @@ class CallChanges(TypedDict, total=False):
     started_at: float | None
     worker: str | None
     waiting_approval: bool
+    waiting_for_worker_since: float | None
     requested: ToolOutcome | None
     outcome: ToolOutcome | None
 

@@ -108,6 +108,8 @@ def _answer_pending_calls(draft: Draft, reason: StopReason, at: float, *, hard: 
         if call.in_flight and call.task_id is not None:
             draft.revokes.append(call.task_id)
         message = _call_stop_message(draft, reason, ran=call.in_flight)
+        if call.waiting_for_worker_since is not None:
+            message += f": it waited in its queue, and no worker of '{call.tool}' came up to run it"
         draft.request_failure(call, kind, message, at, synthetic=True)
         draft.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind=kind.value)
 

@@ -2,8 +2,8 @@
 
 `plan_round` sorts a model response's calls: rejected before dispatch (validation, policy hook), refused by
 a limit or the repeat guard, waiting for a person, or dispatched in parallel. The other handlers take the
-events of a round (started, finished, approval, lost-call timer); `complete_round` appends the assistant
-message and one tool message per call, in call order, once every call is answered.
+events of a round (waiting for a worker, started, finished, approval, lost-call timer); `complete_round`
+appends the assistant message and one tool message per call, in call order, once every call is answered.
 
 Lost work: when a worker reports that a call started, `on_tool_started` arms a lost-call timer at the tool's
 hard limit plus a grace; if no outcome came by then, the worker died with it (`on_lost_timer` dispatches it
@@ -18,6 +18,11 @@ same task (same task id and attempt). That is a redelivery, which workers alread
 a call that has an outcome is skipped, one that is running is waited for, so the tool never runs
 twice, and a call that was never published runs instead of waiting for the deadline.
 
+Waiting for a worker: a call the runtime sent while no live worker served its tool, though one did within
+TOOLLOOP_TOOL_GONE_AFTER_S (`validation.classify_tool`), is marked so (`on_tool_waiting_for_worker`) until
+a worker reports its start. Its limits count from that start, as always: the wait is queue time, ended only
+by the turn's deadline.
+
 Design notes: docs/design/tool-calls.md, "Time limits and lost work".
 """
 
@@ -29,7 +34,13 @@ from typing import Any
 
 from orchestrator.machine.budgets import check_budget
 from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, round_of
-from orchestrator.machine.events import ApprovalGiven, AwaitApproval, ToolFinished, ToolStarted
+from orchestrator.machine.events import (
+    ApprovalGiven,
+    AwaitApproval,
+    ToolFinished,
+    ToolStarted,
+    ToolWaitingForWorker,
+)
 from orchestrator.machine.state import (
     LOST_TIMER_PREFIX,
     CallState,
@@ -191,6 +202,7 @@ def dispatch_call(draft: Draft, call: CallState, attempt: int, at: float) -> Non
         started_at=None,
         worker=None,
         waiting_approval=False,
+        waiting_for_worker_since=None,
     )
     draft.replace_call(updated)
     if attempt == 1:
@@ -214,12 +226,36 @@ def on_tool_started(draft: Draft, event: ToolStarted) -> None:
     if event.attempt == call.attempt and call.started_at is not None:
         return  # a duplicate notification
     _disarm_lost_timers(draft, call.call_id)
-    draft.replace_call(call.replace(attempt=event.attempt, started_at=event.at, worker=event.worker))
+    draft.replace_call(
+        call.replace(
+            attempt=event.attempt, started_at=event.at, worker=event.worker, waiting_for_worker_since=None
+        )
+    )
     spec = draft.state.offered.get(call.tool)
     limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
     draft.arm(lost_timer_id(call.call_id, event.attempt), event.at + limit_s + draft.state.lost_grace_s)
     draft.emit(
         "tool_started", call_id=call.call_id, tool=call.tool, attempt=event.attempt, worker=event.worker
+    )
+
+
+def on_tool_waiting_for_worker(draft: Draft, event: ToolWaitingForWorker) -> None:
+    """The runtime sent a call whose tool no live worker serves right now: mark it waiting for one.
+
+    Ignored once the call started (a worker came up before this was stepped), was answered, or moved to
+    another attempt; a second report of the same wait (a new owner sends the call again) keeps the first."""
+    call = find_call(draft.state, event.call_id)
+    if call is None or not call.in_flight or call.requested is not None or call.attempt != event.attempt:
+        return
+    if call.started_at is not None or call.waiting_for_worker_since is not None:
+        return
+    draft.replace_call(call.replace(waiting_for_worker_since=event.at))
+    draft.emit(
+        "tool_waiting_for_worker",
+        call_id=call.call_id,
+        tool=call.tool,
+        attempt=event.attempt,
+        last_served_at=event.last_served_at,
     )
 
 

@@ -3,6 +3,8 @@
 The state machine and direct execution call `validate_call` before anything is sent to a worker: an unknown
 tool, a tool the turn does not offer, arguments that are too large or that fail the tool's JSON Schema all
 become a `Rejection` — a value the caller turns into a failure outcome — and are never dispatched.
+`classify_tool` says whether a call of a catalogued tool is sent to a live worker, sent to wait in its queue
+for the next one (a restart, a deploy), or answered `not_found` (no worker has served it for a while).
 `validate_output` parses a final answer as JSON and checks it against the turn's output schema (Draft 2020-12,
 as tool arguments are), giving the errors a model can fix its answer by.
 """
@@ -10,7 +12,8 @@ as tool arguments are), giving the errors a model can fix its answer by.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -35,6 +38,33 @@ class Rejection(NamedTuple):
 
     kind: FailureKind
     message: str
+
+
+class ToolAvailability(StrEnum):
+    """Whether a call of a tool can be sent now, as `classify_tool` sorts it."""
+
+    SERVED = "served"  # a live worker serves it: sent
+    WAITING_FOR_WORKER = "waiting_for_worker"  # none now, one within the window: sent, it waits in its queue
+    GONE = "gone"  # no worker has served it within the window: answered `not_found`
+
+
+def classify_tool(
+    name: str, live: Collection[str], served_at: Mapping[str, float], now: float, gone_after_s: float
+) -> ToolAvailability:
+    """How a call of `name` fares, given the tools live workers serve (`live`), when a worker last served
+    each tool (`served_at`, epoch seconds) and the time `now`.
+
+    A tool a worker served at most `gone_after_s` ago is only between workers — its only worker
+    restarting, a deploy replacing them all — and a call of it waits in its queue, where Celery keeps it, for
+    the next one (within the turn's deadline: the task `expires` then). Only a tool no worker has served for
+    longer is gone. A `served_at` in the future (clocks a little apart) counts as now.
+    """
+    if name in live:
+        return ToolAvailability.SERVED
+    last = served_at.get(name)
+    if last is not None and now - last <= gone_after_s:
+        return ToolAvailability.WAITING_FOR_WORKER
+    return ToolAvailability.GONE
 
 
 def offered_tools(catalogue: Mapping[str, ToolSpec], requested: Sequence[str] | None) -> dict[str, ToolSpec]:

@@ -11,8 +11,10 @@ another:
     CallModel       later: the model's answer → ModelResponded, its usage priced (`orchestrator.pricing`),
                     or ModelFailed (errors are values)
     DispatchTools   later: routed by the live catalogue (`route_call`), published through the `Publisher`
-                    → ToolFinished of each call that was not sent: `not_found` when no live worker serves
-                    its tool, `worker_lost` when publishing failed (synthetic, as written: the winner)
+                    → ToolWaitingForWorker of each call sent while no live worker serves its tool (one did
+                    within TOOLLOOP_TOOL_GONE_AFTER_S: it waits in its queue), and ToolFinished of each call
+                    that was not sent: `not_found` when no worker has served its tool for longer,
+                    `worker_lost` when publishing failed (synthetic, as written: the winner)
     Revoke          later: one batched revoke broadcast → nothing
 
 Timers and `Finish` are not performed here: they are the turn's own bookkeeping, kept by the driver.
@@ -28,7 +30,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Protocol, assert_never
+from typing import Any, NamedTuple, Protocol, assert_never
 
 import redis
 
@@ -46,9 +48,11 @@ from orchestrator.machine.events import (
     ModelResponded,
     Revoke,
     ToolFinished,
+    ToolWaitingForWorker,
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
+from orchestrator.machine.validation import ToolAvailability
 from orchestrator.model import ProviderError, Turn, Usage
 from orchestrator.outage import RedisOutage, RedisRetry
 from orchestrator.pricing import PriceTable, build_price_table, cost_usd
@@ -60,10 +64,11 @@ from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_
 from orchestrator.runtime.streaming import CallStream
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
-from orchestrator.store.catalogue import LiveCatalogue
+from orchestrator.store.catalogue import LiveCatalogue, ToolCatalogue
 from orchestrator.store.turns import TurnStore
 from orchestrator.tracing import trace_model_call
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
+from workers.keys import TOOL_GONE_AFTER_S
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -77,38 +82,63 @@ Later = Coroutine[Any, Any, Sequence[Event]]
 class CatalogueView(Protocol):
     """The live tool catalogue as the dispatcher reads it (`store.catalogue.LiveCatalogue`)."""
 
-    async def read(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec]:
-        """Name → spec of every tool a live worker serves; with `newer_than` (epoch seconds), as read by
-        a read that started then or later. May raise `redis.RedisError`."""
+    async def read(self, *, newer_than: float | None = None) -> ToolCatalogue:
+        """The tools live workers serve and when each tool was last served; with `newer_than` (epoch
+        seconds), as read by a read that started then or later. May raise `redis.RedisError`."""
         ...
 
 
 Unsent = tuple[FailureKind, str]
 """Why a call is answered without being sent: the failure kind and its message."""
 
+
+class Route(NamedTuple):
+    """How a call is sent: with `spec` (its queue, its limits); `last_served_at` set when no live worker
+    serves its tool right now, and the call waits in its queue for the next one."""
+
+    spec: ToolSpec
+    last_served_at: float | None = None
+
+
 _NOTHING: tuple[Event, ...] = ()
 
 
 def route_call(
-    tool: str, offered: Mapping[str, ToolSpec], live: Mapping[str, ToolSpec] | None
-) -> ToolSpec | Unsent:
-    """The spec to publish a call of `tool` with, or why it is not sent (pure).
+    tool: str,
+    offered: Mapping[str, ToolSpec],
+    catalogue: ToolCatalogue | None,
+    now: float,
+    gone_after_s: float = TOOL_GONE_AFTER_S,
+) -> Route | Unsent:
+    """How a call of `tool` is published, or why it is not sent (pure).
 
-    A tool no live worker serves fails now as `not_found` rather than at the turn's deadline. The queue is
-    the live one — a rolling deploy may have moved the tool to another queue since the turn started — and
-    the limits stay those the turn was offered, which its timers count with. `live` None (the catalogue
-    could not be read): published as offered, the publisher's retries and the turn's timers still stand.
+    Sorted by `ToolCatalogue.availability`: a tool a live worker serves is sent; one a worker served within
+    `gone_after_s` (its only worker restarting, a deploy) is sent too, to wait in its queue for the next
+    worker — Celery keeps it there, its limits count once it starts, and it `expires` at the turn's deadline;
+    a tool no worker has served for longer fails now as `not_found` rather than at the turn's deadline. The
+    queue is the one served — a rolling deploy may have moved the tool to another queue since the turn
+    started — and the limits stay those the turn was offered, which its timers count with. `catalogue` None
+    (it could not be read): published as offered, the publisher's retries and the turn's timers still stand.
     """
     spec = offered.get(tool)
     if spec is None:
         message = f"could not send '{tool}' to the workers: tool not in the turn catalogue"
         return FailureKind.WORKER_LOST, message
-    if live is None:
-        return spec
-    served = live.get(tool)
-    if served is None:
-        return FailureKind.NOT_FOUND, f"tool '{tool}' is not served by any live worker; the call was not sent"
-    return spec if served.queue == spec.queue else spec.model_copy(update={"queue": served.queue})
+    if catalogue is None:
+        return Route(spec)
+    availability = catalogue.availability(tool, now, gone_after_s)
+    if availability is ToolAvailability.GONE:
+        message = (
+            f"tool '{tool}' is not served by any live worker, nor was it in the last {gone_after_s:g} s; "
+            "the call was not sent"
+        )
+        return FailureKind.NOT_FOUND, message
+    if availability is ToolAvailability.SERVED:
+        queue, last_served_at = catalogue.live[tool].queue, None
+    else:
+        last_served_at, served = catalogue.served[tool]
+        queue = served.queue
+    return Route(spec if queue == spec.queue else spec.model_copy(update={"queue": queue}), last_served_at)
 
 
 def build_context_budget(
@@ -150,13 +180,16 @@ class Performer:
         prompt_caching: bool = True,
         prices: PriceTable | None = None,
         spans: TurnSpans | None = None,
+        tool_gone_after_s: float = TOOL_GONE_AFTER_S,
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
         `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
         `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`);
         `prompt_caching` asks for cache breakpoints (TOOLLOOP_PROMPT_CACHING); `prices` prices each call
         (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process);
-        `spans` the turns' spans, parents of the model calls' (`runtime.turn_spans`; None: no turn spans)."""
+        `spans` the turns' spans, parents of the model calls' (`runtime.turn_spans`; None: no turn spans);
+        `tool_gone_after_s` how long after its last worker a tool's calls still wait for the next one
+        (TOOLLOOP_TOOL_GONE_AFTER_S)."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
@@ -167,6 +200,7 @@ class Performer:
         self._prompt_caching = prompt_caching
         self.prices = prices if prices is not None else build_price_table()
         self.spans = spans
+        self._tool_gone_after_s = tool_gone_after_s
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time.
         self.learned_windows: dict[str, int] = {}
@@ -309,22 +343,35 @@ class Performer:
 
     async def _dispatch(self, turn_id: str, state: TurnState, calls: list[Dispatch]) -> Sequence[Event]:
         live = await self._read_live()
-        if live is not None and any(c.tool in state.offered and c.tool not in live for c in calls):
+        if live is not None and any(c.tool in state.offered and c.tool not in live.live for c in calls):
             # The cached view may predate the turn's own snapshot of the catalogue (a worker that started
-            # since then): a tool is judged gone only by a read at least as recent as that snapshot.
+            # since then): a tool is judged without a worker only by a read at least as recent as that.
             live = await self._read_live(newer_than=state.started_at)
-        routes = {call.task_id: route_call(call.tool, state.offered, live) for call in calls}
-        sends = [
-            (route, self._build_request(turn_id, call), call.task_id)
+        now = self._clock()
+        routes = {
+            call.task_id: route_call(call.tool, state.offered, live, now, self._tool_gone_after_s)
             for call in calls
-            if isinstance(route := routes[call.task_id], ToolSpec)
+        }
+        sends = [
+            (route.spec, self._build_request(turn_id, call), call.task_id)
+            for call in calls
+            if isinstance(route := routes[call.task_id], Route)
         ]
         errors = await self._publisher.publish(sends)
-        unsent: list[Event] = []
+        events: list[Event] = []
         for call in calls:
             route = routes[call.task_id]
-            if isinstance(route, ToolSpec):
+            if isinstance(route, Route):
                 if call.task_id not in errors:
+                    if route.last_served_at is not None:
+                        events.append(
+                            ToolWaitingForWorker(
+                                call_id=call.call_id,
+                                attempt=call.attempt,
+                                last_served_at=route.last_served_at,
+                                at=self._clock(),
+                            )
+                        )
                     continue
                 kind = FailureKind.WORKER_LOST
                 message = f"could not send '{call.tool}' to the workers: {errors[call.task_id]}"
@@ -340,18 +387,21 @@ class Performer:
                 attempts=0 if kind is FailureKind.NOT_FOUND else call.attempt,
                 synthetic=True,
             )
-            unsent.append(await self._write(outcome))
-        return unsent
+            events.append(await self._write(outcome))
+        return events
 
     async def read_catalogue(self, names: Sequence[str] | None) -> Mapping[str, ToolSpec]:
-        """The live catalogue for a turn that starts, offering the tools `names` (None: all): the view
-        read at most a second ago, unless it lacks one of them (a worker that just came up: read again)."""
-        catalogue = await self._catalogue.read()
+        """The catalogue for a turn that starts, offering the tools `names` (None: all): the tools live
+        workers serve and those a worker served within TOOLLOOP_TOOL_GONE_AFTER_S (its calls will wait for
+        the next one), by the view read at most a second ago, unless it lacks one of them (a worker that
+        just came up: read again)."""
+        catalogue = (await self._catalogue.read()).known(self._clock(), self._tool_gone_after_s)
         if names is not None and not all(name in catalogue for name in names):
-            catalogue = await self._catalogue.read(newer_than=self._clock())
+            fresh = await self._catalogue.read(newer_than=self._clock())
+            catalogue = fresh.known(self._clock(), self._tool_gone_after_s)
         return catalogue
 
-    async def _read_live(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec] | None:
+    async def _read_live(self, *, newer_than: float | None = None) -> ToolCatalogue | None:
         try:
             return await self._catalogue.read(newer_than=newer_than)
         except redis.RedisError as exc:

@@ -134,6 +134,7 @@ class Runtime:
             prompt_caching=settings.prompt_caching,
             prices=build_price_table(settings.model_prices),
             spans=self.spans,
+            tool_gone_after_s=settings.tool_gone_after_s,
         )
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None

@@ -1,9 +1,13 @@
 """Reading the live tool catalogue that workers publish to Redis, sync and async.
 
 `get_catalogue` is the operation (`orchestrator.store.effects`); `read_catalogue` / `aread_catalogue` run it
-on a sync or an asyncio client. `LiveCatalogue` is the orchestrator's view at dispatch time: read at most
-once per `LIVE_CATALOGUE_MAX_AGE_S`, so a burst of dispatches costs one HGETALL. `RecentCatalogue` is a
-client's, for checking the tools a submitted turn names: a burst of submits costs one read too.
+on a sync or an asyncio client. `get_tool_catalogue` reads it together with when each tool was last served
+(`workers.catalogue`, `keys.TOOLS_SERVED`), as a `ToolCatalogue`: what tells a tool whose worker is
+restarting (its calls wait in their queue) from one that is gone (`not_found`), by
+`machine.validation.classify_tool` and TOOLLOOP_TOOL_GONE_AFTER_S. `LiveCatalogue` is the orchestrator's
+view at dispatch time: read at most once per `LIVE_CATALOGUE_MAX_AGE_S`, so a burst of dispatches costs one
+read. `RecentCatalogue` is a client's, for checking the tools a submitted turn names: a burst of submits
+costs one read too.
 
 The orchestrator never imports tool code: this merged view (name → ToolSpec) is all it knows of tools.
 Entries of workers not seen for `keys.CATALOGUE_STALE_S` are ignored; when several live workers serve a
@@ -17,12 +21,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from orchestrator.store.effects import RedisCommand
+from orchestrator.machine.validation import ToolAvailability, classify_tool
+from orchestrator.store.effects import RedisCommand, Transaction
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from workers import keys
 from workers.contract import ToolSpec
@@ -77,6 +83,51 @@ def _parse_entry(worker: bytes | str, raw: bytes | str) -> tuple[float, list[Too
     return parsed
 
 
+@dataclass(frozen=True)
+class ToolCatalogue:
+    """The tools live workers serve now (`live`), and of every tool recently served, when a worker last
+    served it and its spec then (`served`: name → (epoch seconds, spec))."""
+
+    live: dict[str, ToolSpec] = field(default_factory=dict)
+    served: dict[str, tuple[float, ToolSpec]] = field(default_factory=dict)
+
+    def availability(self, name: str, now: float, gone_after_s: float) -> ToolAvailability:
+        """Whether a call of `name` is sent to a live worker, sent to wait for one, or `not_found`."""
+        served_at = {name: self.served[name][0]} if name in self.served else {}
+        return classify_tool(name, self.live, served_at, now, gone_after_s)
+
+    def known(self, now: float, gone_after_s: float) -> dict[str, ToolSpec]:
+        """Every tool a call may be sent to (by name, sorted): the live ones, with their live specs, and the
+        ones a worker served within `gone_after_s`, with the spec it served."""
+        known = dict(self.live)
+        for name, (_, spec) in self.served.items():
+            waiting = ToolAvailability.WAITING_FOR_WORKER
+            if name not in known and self.availability(name, now, gone_after_s) is waiting:
+                known[name] = spec
+        return {name: known[name] for name in sorted(known)}
+
+
+def build_served(entries: Mapping[bytes | str, bytes | str]) -> dict[str, tuple[float, ToolSpec]]:
+    """The served-tools hash as name → (served_at, spec), skipping malformed fields."""
+    served: dict[str, tuple[float, ToolSpec]] = {}
+    for name, raw in entries.items():
+        try:
+            entry = json.loads(raw)
+            spec = ToolSpec.model_validate(entry["spec"])
+            served[spec.name] = (float(entry["served_at"]), spec)
+        except (ValueError, KeyError, TypeError, ValidationError):
+            logger.warning("ignoring a malformed served-tool record %r", name)
+    return served
+
+
+def get_tool_catalogue(now: float) -> Transaction[ToolCatalogue]:
+    """The operation that reads the live catalogue and the served-tools record together (one MULTI)."""
+    commands = (("HGETALL", keys.CATALOGUE), ("HGETALL", keys.TOOLS_SERVED))
+    return Transaction(
+        commands, lambda replies: ToolCatalogue(build_catalogue(replies[0], now), build_served(replies[1]))
+    )
+
+
 class RecentCatalogue:
     """The catalogue a client read last, trusted for `LIVE_CATALOGUE_MAX_AGE_S` when it has every tool asked.
 
@@ -88,17 +139,20 @@ class RecentCatalogue:
 
     def __init__(self, max_age_s: float = LIVE_CATALOGUE_MAX_AGE_S) -> None:
         self._max_age_s = max_age_s
-        self._view: tuple[float, dict[str, ToolSpec]] | None = None
+        self._view: tuple[float, ToolCatalogue] | None = None
 
-    def serving(self, names: Sequence[str], now: float) -> dict[str, ToolSpec] | None:
-        """The view, if read less than `max_age_s` before `now` and it serves all of `names`; else None."""
+    def serving(
+        self, names: Sequence[str], now: float, gone_after_s: float = keys.TOOL_GONE_AFTER_S
+    ) -> dict[str, ToolSpec] | None:
+        """The tools a call may be sent to (`ToolCatalogue.known`), if read less than `max_age_s` before
+        `now` and they include all of `names`; else None."""
         view = self._view
         if view is None or not 0 <= now - view[0] < self._max_age_s:
             return None
-        catalogue = view[1]
+        catalogue = view[1].known(now, gone_after_s)
         return catalogue if all(name in catalogue for name in names) else None
 
-    def keep(self, catalogue: dict[str, ToolSpec], read_at: float) -> None:
+    def keep(self, catalogue: ToolCatalogue, read_at: float) -> None:
         """Remember a catalogue read at `read_at`."""
         self._view = (read_at, catalogue)
 
@@ -119,7 +173,7 @@ async def aread_catalogue(client: aioredis.Redis) -> dict[str, ToolSpec]:
 
 
 class LiveCatalogue:
-    """The live catalogue on an asyncio client, read at most once per `max_age_s` (seconds).
+    """The catalogue (`ToolCatalogue`) on an asyncio client, read at most once per `max_age_s` (seconds).
 
     Concurrent readers of a stale view wait for the one read under way instead of each starting their own.
     Times are epoch seconds, comparable with a turn's `started_at`. Redis errors propagate
@@ -137,16 +191,16 @@ class LiveCatalogue:
         self._max_age_s = max_age_s
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._value: dict[str, ToolSpec] | None = None
+        self._value: ToolCatalogue | None = None
         self._read_at = 0.0
 
-    async def read(self, *, newer_than: float | None = None) -> dict[str, ToolSpec]:
-        """Tool name → spec of every tool a live worker serves, as read at most `max_age_s` ago — and, with
-        `newer_than`, by a read that started at or after that time."""
+    async def read(self, *, newer_than: float | None = None) -> ToolCatalogue:
+        """The tools live workers serve and when each tool was last served, as read at most `max_age_s`
+        ago — and, with `newer_than`, by a read that started at or after that time."""
         async with self._lock:
             age_s = self._clock() - self._read_at
             if self._value is None or age_s >= self._max_age_s or self._read_at < (newer_than or 0.0):
                 started = self._clock()
-                self._value = await aread_catalogue(self._client)
+                self._value = await AsyncRunner(self._client).run(get_tool_catalogue(started))
                 self._read_at = started
             return self._value

@@ -16,7 +16,7 @@ from orchestrator.machine.validation import build_schema_messages
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.providers.base import check_model_name
 from orchestrator.store import codec, history, operations
-from orchestrator.store.catalogue import RecentCatalogue, get_catalogue
+from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue, get_catalogue, get_tool_catalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream, Transaction
@@ -40,12 +40,15 @@ UNREAD = Unread()
 
 
 def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, ToolSpec]) -> None:
-    """Every tool a turn names must be served by a live worker: `UnknownToolError` lists the others.
+    """Every tool a turn names must be known: `UnknownToolError` lists the others.
 
+    `catalogue` is the tools a call may be sent to (`ToolCatalogue.known`): those live workers serve, and
+    those a worker served within TOOLLOOP_TOOL_GONE_AFTER_S — a turn submitted while a tool's only worker
+    restarts, or a deploy replaces them all, is accepted, and its calls wait in their queue for the next one.
     The rule when no worker has published a catalogue yet (`catalogue` empty: none started, or all gone for
-    longer than `keys.CATALOGUE_STALE_S`): the turn is accepted unchecked, as a Celery task is queued before
-    any worker runs, so a web app may submit while its workers start. Its tools are then matched against the
-    catalogue when an orchestrator starts the turn. The error lists public tools only.
+    longer than that): the turn is accepted unchecked, as a Celery task is queued before any worker runs, so
+    a web app may submit while its workers start. Its tools are then matched against the catalogue when an
+    orchestrator starts the turn. The error lists public tools only.
     """
     if not requested or not catalogue:
         return
@@ -61,23 +64,26 @@ def submit(
     *,
     names: ModelNames | None = None,
     recent: RecentCatalogue | None = None,
+    tool_gone_after_s: float = keys.TOOL_GONE_AFTER_S,
 ) -> Flow[str]:
     """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given).
 
     Checked before anything is stored: the request's own rules, its models' names, its output schema and
     model settings against each model's provider (`submit_checks`, tiers resolved with `names`: the
-    submitting process's), and its tools against the live catalogue (`check_tool_names`, read only when
-    the turn names tools, and not when `recent`, the caller's last read, serves them all)."""
+    submitting process's), and its tools against the catalogue (`check_tool_names`: served now or within
+    `tool_gone_after_s`, TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when
+    `recent`, the caller's last read, has them all)."""
     codec.check_turn_request(request)
     check_model_name(request.model)
     check_refusals(request, names)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
     if request.tools:
-        catalogue = recent.serving(request.tools, now) if recent is not None else None
+        catalogue = recent.serving(request.tools, now, tool_gone_after_s) if recent is not None else None
         if catalogue is None:
-            catalogue = yield get_catalogue(now)
+            tools: ToolCatalogue = yield get_tool_catalogue(now)
             if recent is not None:
-                recent.keep(catalogue, now)
+                recent.keep(tools, now)
+            catalogue = tools.known(now, tool_gone_after_s)
         check_tool_names(request.tools, catalogue)
     yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid

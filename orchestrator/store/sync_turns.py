@@ -27,6 +27,7 @@ from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
 from orchestrator.store.submit_checks import ModelNames
 from orchestrator.store.turn_stream import StreamEvent
 from orchestrator.store.turn_view import TurnView
+from workers.keys import TOOL_GONE_AFTER_S
 
 
 class SyncTurnStore:
@@ -58,13 +59,26 @@ class SyncTurnStore:
         self.redis.close()
 
     def submit(
-        self, request: TurnRequest, *, turn_id: str | None = None, names: ModelNames | None = None
+        self,
+        request: TurnRequest,
+        *,
+        turn_id: str | None = None,
+        names: ModelNames | None = None,
+        tool_gone_after_s: float = TOOL_GONE_AFTER_S,
     ) -> str:
         """Store a turn and queue it (or park it behind its conversation's running turn); returns its id.
 
         Submitting again with the same `turn_id` is a no-op that returns the id. `names` resolves the tiers
-        its model controls are checked for (`store.submit_checks`)."""
-        flow = flows.submit(request, turn_id, codec.now_s(), names=names, recent=self._recent_catalogue)
+        its model controls are checked for (`store.submit_checks`); its tools must have been served within
+        `tool_gone_after_s` (TOOLLOOP_TOOL_GONE_AFTER_S)."""
+        flow = flows.submit(
+            request,
+            turn_id,
+            codec.now_s(),
+            names=names,
+            recent=self._recent_catalogue,
+            tool_gone_after_s=tool_gone_after_s,
+        )
         return self._runner.run_flow(flow, self._patience())
 
     def get_status(self, turn_id: str) -> TurnStatus | None:

@@ -47,11 +47,23 @@ class PendingApproval(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class WaitingForWorker(BaseModel):
+    """A tool call sent while no live worker serves its tool (its only worker restarting, a deploy): it
+    waits in its queue for the next worker, until one starts it or the turn's deadline passes."""
+
+    call_id: str
+    tool: str
+    attempt: int = 1
+    # When it was sent to wait (epoch seconds).
+    since: float
+
+
 class TurnView(BaseModel):
     """What `Client.get` returns: status, request, the transcript so far, and the outcome once ended.
 
     `pending_approvals` lists the calls a waiting turn needs an answer for, so a page can render its
-    approve/deny buttons from one GET, without following the events stream.
+    approve/deny buttons from one GET, without following the events stream. `waiting_for_worker` lists
+    the calls of a running turn that wait in their queue for a worker of their tool to come up.
     """
 
     id: str
@@ -60,6 +72,7 @@ class TurnView(BaseModel):
     messages: list[Message] = Field(default_factory=list)
     outcome: TurnOutcome | None = None
     pending_approvals: list[PendingApproval] = Field(default_factory=list)
+    waiting_for_worker: list[WaitingForWorker] = Field(default_factory=list)
 
 
 def build_initial_messages(request: TurnRequest) -> list[Message]:
@@ -124,6 +137,19 @@ def build_pending_approvals(state: TurnState | None) -> list[PendingApproval]:
         PendingApproval(call_id=call.call_id, tool=call.tool, arguments=redact(call.arguments))
         for call in state.current.calls
         if call.waiting_approval and call.requested is None and call.outcome is None
+    ]
+
+
+def build_waiting_for_worker(state: TurnState | None) -> list[WaitingForWorker]:
+    """The calls of a machine state waiting in their queue for a worker, in call order; [] for None."""
+    if state is None or state.current is None:
+        return []
+    return [
+        WaitingForWorker(
+            call_id=call.call_id, tool=call.tool, attempt=call.attempt, since=call.waiting_for_worker_since
+        )
+        for call in state.current.calls
+        if call.waiting_for_worker_since is not None and call.requested is None and call.outcome is None
     ]
 
 
@@ -208,6 +234,7 @@ def build_turn_view(
         request=request,
         messages=build_shown_messages(history or build_initial_messages(stored_request)),
         pending_approvals=build_pending_approvals(state),
+        waiting_for_worker=build_waiting_for_worker(state),
     )
 
 

@@ -49,7 +49,7 @@ from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.scripts import FinishResult, SaveResult, TakeOverResult
 from orchestrator.store.turn_view import TurnView
 from workers.contract import ToolOutcome
-from workers.keys import DEFAULT_RETENTION, Retention
+from workers.keys import DEFAULT_RETENTION, TOOL_GONE_AFTER_S, Retention
 
 __all__ = [
     "MAX_BLOCK_MS",
@@ -105,12 +105,25 @@ class TurnStore:
 
     # --- submitting and claiming -------------------------------------------------------------------------
 
-    async def submit(self, request: TurnRequest, *, turn_id: str | None = None) -> str:
+    async def submit(
+        self,
+        request: TurnRequest,
+        *,
+        turn_id: str | None = None,
+        tool_gone_after_s: float = TOOL_GONE_AFTER_S,
+    ) -> str:
         """Store a turn and queue it (or park it behind its conversation's running turn); returns its id.
 
         Submitting again with the same `turn_id` is a no-op that returns the id: a web app may retry safely.
+        Its tools must have been served within `tool_gone_after_s` (TOOLLOOP_TOOL_GONE_AFTER_S).
         """
-        flow = flows.submit(request, turn_id, codec.now_s(), recent=self._recent_catalogue)
+        flow = flows.submit(
+            request,
+            turn_id,
+            codec.now_s(),
+            recent=self._recent_catalogue,
+            tool_gone_after_s=tool_gone_after_s,
+        )
         return await self._runner.run_flow(flow)
 
     async def claim(

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from orchestrator import Client
 from orchestrator.model import ToolMessage, TurnOutcome
 from orchestrator.redis_server import RedisServer
+from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LIVE_CATALOGUE_MAX_AGE_S, LiveCatalogue
 from tests.faults.env import PLAN_MODEL, FaultEnv, call, check_turn
 from tests.support.processes import WorkerHandle, start_worker
@@ -32,6 +34,8 @@ from workers.settings import WorkerSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 DEADLINE_S = 90.0
+# How long after its last worker a tool is gone (TOOLLOOP_TOOL_GONE_AFTER_S), short here: a test waits it out.
+GONE_AFTER_S = 1.0
 
 
 class Fleet:
@@ -42,7 +46,7 @@ class Fleet:
         self.a = env.start_worker(modules=("tests.support.tools",))
         self.b = self.start("tool.shout")
         self.d = self.start("tool.ship_parcel")
-        env.start_orchestrator()
+        env.start_orchestrator(env={"TOOLLOOP_TOOL_GONE_AFTER_S": str(GONE_AFTER_S)})
 
     def start(self, queue: str) -> WorkerHandle:
         handle = start_worker(self.env.url, ["tests.support.rolling_tools"], queues=[queue], env=self.env.env)
@@ -129,16 +133,19 @@ def test_a_tool_whose_worker_is_gone_fails_at_dispatch_as_not_found(fleet: Fleet
     fleet.d.stop()
     try:
         assert fleet.env.redis.hget(keys.CATALOGUE, fleet.d.hostname) is None  # a clean stop removes it
-        # Not a synchronisation: the dispatcher trusts a view of the catalogue this old by design, and no
-        # event marks the next read; once the view is older, the dispatch must see that D is gone.
-        time.sleep(LIVE_CATALOGUE_MAX_AGE_S + 0.2)
+        # Not a synchronisation: the dispatcher trusts a view of the catalogue this old by design, and a
+        # tool is gone only that long after its last worker; no event marks either. Past both, the dispatch
+        # must see that D is gone (within them, the call would wait in its queue for another worker).
+        time.sleep(max(LIVE_CATALOGUE_MAX_AGE_S, GONE_AFTER_S) + 0.2)
         assert fleet.env.client.approve(turn_id, asked.data["call_ids"][0], True)
         outcome = fleet.wait(turn_id)
         answer = answers(outcome)["ship_parcel"]
         assert answer.failure_kind is FailureKind.NOT_FOUND and answer.synthetic
         assert "not served by any live worker" in answer.content
         # Direct calls read the same catalogue: the same verdict, before anything is sent.
-        direct = fleet.env.client.call_tool("ship_parcel", {"parcel": "p2"}, timeout_s=30)
+        settings = Settings(redis_url=fleet.env.url, tool_gone_after_s=GONE_AFTER_S)
+        with Client(fleet.env.url, settings=settings) as client:
+            direct = client.call_tool("ship_parcel", {"parcel": "p2"}, timeout_s=30)
         assert direct.failure_kind is FailureKind.NOT_FOUND and direct.attempts == 0
     finally:
         fleet.d = fleet.start("tool.ship_parcel")  # the fleet whole again, for the tests after this one
@@ -155,16 +162,17 @@ async def test_a_burst_of_dispatch_reads_costs_one_hgetall() -> None:
         try:
             await client.config_resetstat()
             views = await asyncio.gather(*(live.read() for _ in range(50)))
-            assert all(view == {spec.name: spec} for view in views)
-            assert await hgetall_calls(client) == 1
+            assert all(view.live == {spec.name: spec} for view in views)
+            # One read is one MULTI of two HGETALLs: the live entries and when each tool was last served.
+            assert await hgetall_calls(client) == 2
             await asyncio.sleep(0.35)
             await live.read()
-            assert await hgetall_calls(client) == 2
+            assert await hgetall_calls(client) == 4
             # A reader that must not trust a view older than a moment (a turn's snapshot) gets a new read,
             # and readers asking for no more than that share it.
             turn_started_at = time.time()
             await asyncio.gather(*(live.read(newer_than=turn_started_at) for _ in range(10)))
-            assert await hgetall_calls(client) == 3
+            assert await hgetall_calls(client) == 6
         finally:
             await client.aclose()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.machine.events import CallModel, Event
 from orchestrator.model import UserMessage
+from orchestrator.store.catalogue import ToolCatalogue
 from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
 
 
@@ -49,18 +50,25 @@ class FakePublisher:
 
 
 class Serving:
-    """A live catalogue in which live workers serve `specs` (`failure`: every read raises it instead)."""
+    """A live catalogue in which live workers serve `specs`, and a worker last served each tool of `served`
+    at the time given with it (`failure`: every read raises it instead)."""
 
-    def __init__(self, *specs: ToolSpec, failure: Exception | None = None) -> None:
+    def __init__(
+        self,
+        *specs: ToolSpec,
+        served: Mapping[str, tuple[float, ToolSpec]] | None = None,
+        failure: Exception | None = None,
+    ) -> None:
         self.specs = {spec.name: spec for spec in specs}
+        self.served = dict(served or {})
         self.failure = failure
         self.reads: list[float | None] = []
 
-    async def read(self, *, newer_than: float | None = None) -> Mapping[str, ToolSpec]:
+    async def read(self, *, newer_than: float | None = None) -> ToolCatalogue:
         self.reads.append(newer_than)
         if self.failure is not None:
             raise self.failure
-        return self.specs
+        return ToolCatalogue(self.specs, self.served)
 
 
 def call_model(model: str) -> CallModel:

@@ -21,6 +21,7 @@ from orchestrator.machine.events import (
     ModelResponded,
     Revoke,
     ToolFinished,
+    ToolWaitingForWorker,
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
@@ -209,6 +210,28 @@ async def test_a_tool_no_live_worker_serves_fails_at_dispatch_as_not_found() -> 
     )
     assert "not served by any live worker" in (finished.error or "")
     assert set(store.outcomes) == {f"{TURN}/c1"}
+
+
+@pytest.mark.parametrize(
+    ("served_ago_s", "waits"),
+    [(3.0, True), (60.0, True), (61.0, False)],  # within TOOLLOOP_TOOL_GONE_AFTER_S (60 s), or gone
+)
+async def test_a_tool_between_workers_is_sent_to_wait_in_its_queue_and_a_gone_one_is_not_found(
+    served_ago_s: float, waits: bool
+) -> None:
+    last = ADD.model_copy(update={"queue": "tool.add.v1"})
+    events, store, publisher = await dispatch(Serving(served={"add": (NOW - served_ago_s, last)}))
+    if waits:
+        [(spec, _, _)] = publisher.published
+        assert (spec.queue, spec.time_limit_s) == ("tool.add.v1", ADD.time_limit_s)  # the queue last served
+        assert list(events) == [
+            ToolWaitingForWorker(call_id="c1", attempt=1, last_served_at=NOW - served_ago_s, at=NOW)
+        ]
+        assert store.outcomes == {}
+    else:
+        assert publisher.published == []
+        [finished] = [e.outcome for e in events if isinstance(e, ToolFinished)]
+        assert finished.failure_kind is FailureKind.NOT_FOUND and "in the last 60 s" in (finished.error or "")
 
 
 async def test_a_call_goes_to_the_queue_its_live_workers_consume_with_the_limits_it_was_offered() -> None:

@@ -18,7 +18,7 @@ from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
-from orchestrator.store.catalogue import RecentCatalogue
+from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue
 from orchestrator.store.codec import ClaimedTurn, TurnEvent
 from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
 from orchestrator.store.history import Head, Prior
@@ -41,7 +41,14 @@ def event(entry_id: str, name: str = "tool_started") -> TurnEvent:
 
 
 def words(steps: list[Any]) -> list[Any]:
-    return [step.args[0] if isinstance(step, RedisCommand) else step.script.name for step in steps]
+    return [
+        step.args[0]
+        if isinstance(step, RedisCommand)
+        else "+".join(str(c[0]) for c in step.commands)
+        if isinstance(step, Transaction)
+        else step.script.name
+        for step in steps
+    ]
 
 
 DONE = TurnOutcome(turn_id="t", status="completed", text="4")
@@ -142,12 +149,15 @@ CATALOGUE = {
 }
 
 
+CATALOGUE_READ = "HGETALL+HGETALL"  # the live entries and the served-tools record, in one MULTI
+
+
 def test_submit_refuses_tools_no_live_worker_serves_listing_public_ones_only() -> None:
     request = TurnRequest(prompt="x", tools=["add", "addd", "ecoh", "addd"])
     flow = flows.submit(request, "t", 1.0)
-    assert words([next(flow)]) == ["HGETALL"]
+    assert words([next(flow)]) == [CATALOGUE_READ]
     with pytest.raises(UnknownToolError) as refused:
-        flow.send(CATALOGUE)  # refused before the submit script: nothing is stored
+        flow.send(ToolCatalogue(CATALOGUE))  # refused before the submit script: nothing is stored
     assert (refused.value.unknown, refused.value.available) == (["addd", "ecoh"], ["add", "echo"])
     assert str(refused.value) == (
         "unknown tools 'addd' (did you mean 'add'?), 'ecoh' (did you mean 'echo'?) in 'tools'; "
@@ -167,8 +177,8 @@ def test_submit_accepts_known_tools_and_any_while_no_catalogue_is_published(
     tools: list[str], catalogue: dict[str, ToolSpec]
 ) -> None:
     flow = flows.submit(TurnRequest(prompt="x", tools=tools), "t", 1.0)
-    steps, turn_id = drive(flow, [catalogue, SubmitResult.QUEUED])
-    assert words(steps) == ["HGETALL", "submit"] and turn_id == "t"
+    steps, turn_id = drive(flow, [ToolCatalogue(catalogue), SubmitResult.QUEUED])
+    assert words(steps) == [CATALOGUE_READ, "submit"] and turn_id == "t"
     for nothing_to_check in (None, []):  # every public tool, or none: no catalogue read
         steps, _ = drive(flows.submit(TurnRequest(prompt="x", tools=nothing_to_check), "t", 1.0), [1])
         assert words(steps) == ["submit"]
@@ -176,23 +186,48 @@ def test_submit_accepts_known_tools_and_any_while_no_catalogue_is_published(
 
 def test_submits_within_a_second_reuse_the_catalogue_read_unless_it_lacks_a_tool() -> None:
     recent = RecentCatalogue()
+    read = ToolCatalogue(CATALOGUE)
 
     def submit(tools: list[str], at: float, replies: list[object]) -> list[str]:
         flow = flows.submit(TurnRequest(prompt="x", tools=tools), "t", at, recent=recent)
         return words(drive(flow, replies)[0])
 
-    assert submit(["add"], 100.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    assert submit(["add"], 100.0, [read, SubmitResult.QUEUED]) == [CATALOGUE_READ, "submit"]
     assert submit(["add", "echo"], 100.9, [SubmitResult.QUEUED]) == ["submit"]
     # A tool the last read did not have may have just come up: read again before refusing it.
-    with_new = {**CATALOGUE, "new": ToolSpec(name="new")}
-    assert submit(["new"], 100.9, [with_new, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    with_new = ToolCatalogue({**CATALOGUE, "new": ToolSpec(name="new")})
+    assert submit(["new"], 100.9, [with_new, SubmitResult.QUEUED]) == [CATALOGUE_READ, "submit"]
     assert submit(["new"], 101.0, [SubmitResult.QUEUED]) == ["submit"]
-    assert submit(["add"], 102.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]  # a second on
+    assert submit(["add"], 102.0, [read, SubmitResult.QUEUED]) == [CATALOGUE_READ, "submit"]  # a second on
     # An empty catalogue (no worker published yet) accepts anything, and never stands in for a read.
-    recent.keep({}, 103.0)
-    assert submit(["add"], 103.0, [CATALOGUE, SubmitResult.QUEUED]) == ["HGETALL", "submit"]
+    recent.keep(ToolCatalogue(), 103.0)
+    assert submit(["add"], 103.0, [read, SubmitResult.QUEUED]) == [CATALOGUE_READ, "submit"]
     with pytest.raises(UnknownToolError):
-        submit(["gone"], 103.1, [CATALOGUE])
+        submit(["gone"], 103.1, [read])
+
+
+@pytest.mark.parametrize(
+    ("served_at", "gone_after_s", "accepted"),
+    [
+        (95.0, 60.0, True),  # its only worker restarts: no live one, one 5 s ago
+        (40.0, 60.0, True),  # exactly the window
+        (39.0, 60.0, False),  # served longer ago than the window: gone
+        (95.0, 3.0, False),  # a shorter window (TOOLLOOP_TOOL_GONE_AFTER_S)
+        (101.0, 3.0, True),  # a worker's clock a little ahead
+    ],
+)
+def test_submit_accepts_a_tool_served_within_the_gone_after_window(
+    served_at: float, gone_after_s: float, accepted: bool
+) -> None:
+    # Another tool is live, so the catalogue is not empty (which would accept anything).
+    read = ToolCatalogue({"echo": CATALOGUE["echo"]}, {"add": (served_at, CATALOGUE["add"])})
+    request = TurnRequest(prompt="x", tools=["add"])
+    flow = flows.submit(request, "t", 100.0, tool_gone_after_s=gone_after_s)
+    if accepted:
+        assert words(drive(flow, [read, SubmitResult.QUEUED])[0]) == [CATALOGUE_READ, "submit"]
+    else:
+        with pytest.raises(UnknownToolError, match="unknown tool 'add'"):
+            drive(flow, [read])
 
 
 @pytest.mark.parametrize("model", [None, "", "fast", "default", "smart", "scripted:demo", "openai:qwen3:8b"])
@@ -332,8 +367,8 @@ def answer_direct_call(step: Any, outcome: ToolOutcome | None, wins: bool) -> An
     match step:
         case BlockingCall():
             return "task-1"
-        case RedisCommand(args=("HGETALL", *_)):
-            return {"echo": ECHO}
+        case Transaction():
+            return ToolCatalogue({"echo": ECHO})
         case RedisCommand(args=("BLPOP", *_)):
             return outcome is not None
         case RedisCommand(args=("GET", *_)):
@@ -365,7 +400,7 @@ def kinds(steps: list[Any]) -> list[str]:
 
 def test_a_direct_call_to_an_unknown_tool_ends_before_dispatch() -> None:
     steps, outcome = run_direct_call(build_direct_call("nope", {}), (), None, wins=True)
-    assert kinds(steps) == ["HGETALL"] and not outcome.ok and outcome.attempts == 0
+    assert kinds(steps) == ["Transaction"] and not outcome.ok and outcome.attempts == 0
 
 
 def test_a_direct_call_of_a_tool_that_requires_confirmation_needs_the_callers_approval() -> None:
@@ -381,7 +416,7 @@ def test_a_direct_call_publishes_waits_and_reads_the_outcome() -> None:
     call = build_direct_call("echo", {"text": "hi"}, timeout_s=5.0)
     done = ToolOutcome(call_id="direct-x", tool="echo", ok=True, result="hi", content="hi")
     steps, outcome = run_direct_call(call, (0, 0), done, wins=False)
-    assert kinds(steps) == ["HGETALL", "BlockingCall", "BLPOP", "GET", "DEL"] and outcome is done
+    assert kinds(steps) == ["Transaction", "BlockingCall", "BLPOP", "GET", "DEL"] and outcome is done
     dispatch = steps[1].call
     assert dispatch.func.__name__ == "dispatch_call"
     request = dispatch.args[2]
@@ -397,7 +432,7 @@ def test_a_direct_call_that_times_out_writes_the_synthetic_outcome_and_revokes()
     call = build_direct_call("echo", {"text": "hi"}, timeout_s=1.0)
     steps, outcome = run_direct_call(call, (0, 0, 2.0), None, wins=True)
     assert kinds(steps) == [
-        "HGETALL",
+        "Transaction",
         "BlockingCall",
         "BLPOP",
         "GET",
@@ -418,7 +453,7 @@ def test_a_direct_call_that_times_out_writes_the_synthetic_outcome_and_revokes()
 def test_a_late_real_outcome_beats_the_synthetic_one_and_nothing_is_revoked() -> None:
     call = build_direct_call("echo", {"text": "hi"}, timeout_s=1.0)
     steps, outcome = run_direct_call(call, (0, 0, 2.0), None, wins=False)
-    assert kinds(steps) == ["HGETALL", "BlockingCall", "BLPOP", "GET", "ScriptCall", "GET", "DEL"]
+    assert kinds(steps) == ["Transaction", "BlockingCall", "BLPOP", "GET", "ScriptCall", "GET", "DEL"]
     assert outcome.ok and not outcome.synthetic
 
 
