@@ -42,6 +42,8 @@ class FailureKind(StrEnum):
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
     INVALID_RESULT = "invalid_result"
+    # The call's task message could not be read (malformed, foreign, too large): the tool never ran.
+    INVALID_REQUEST = "invalid_request"
 
 
 # Failures that another attempt could fix; the others are final at once.
@@ -55,6 +57,7 @@ NEVER_RETRIED_KINDS = frozenset(
         FailureKind.NOT_ALLOWED,
         FailureKind.POLICY_DENIED,
         FailureKind.CONFIRMATION_DENIED,
+        FailureKind.INVALID_REQUEST,
     }
 )
 
