@@ -25,6 +25,9 @@ TURN_TTL_S = 7 * 24 * 3600  # a turn's request, state, events and outcome after 
 CONVERSATION_TTL_S = 30 * 24 * 3600  # a conversation's history list and head, from its last turn's end
 AUDIT_TTL_S = 7 * 24 * 3600  # a consumed outcome's stub, and late outcomes
 INBOX_MAXLEN = 100_000  # approximate cap of an orchestrator's inbox stream
+# A worker's heartbeat (`worker_seen`): written every WORKER_BEAT_S, gone WORKER_SEEN_TTL_S after its last.
+WORKER_BEAT_S = 1.0
+WORKER_SEEN_TTL_S = 300
 INBOX_OUTCOME_MAX_BYTES = 8192  # an outcome notification carries the outcome itself up to this size
 EVENTS_MAXLEN = 10_000  # approximate cap of one turn's event stream
 
@@ -100,7 +103,20 @@ INBOX_PREFIX = PREFIX + "inbox:"  # + orchestrator id: stream of outcome/started
 
 
 def inbox(orchestrator_id: str) -> str:
+    """An orchestrator's notifications; its expiry (`build_inbox_ttl_s`) is pushed back while it lives."""
     return INBOX_PREFIX + orchestrator_id
+
+
+def build_inbox_ttl_s(lease_ttl_s: float) -> float:
+    """How long an inbox outlives its orchestrator's last lease renewal: longer than its leases, so that
+    no notification reaches the inbox of a dead orchestrator after it expired (the lease names the inbox)."""
+    return 2 * lease_ttl_s + 10
+
+
+def worker_seen(worker_id: str) -> str:
+    """When a worker (its Celery hostname) last reported in, with its spool drained: epoch seconds of its
+    clock (WORKER_SEEN_TTL_S). Written by its main process (`workers.spool.SpoolDrainer`)."""
+    return f"{PREFIX}worker:{worker_id}:seen"
 
 
 def turn_request(turn_id: str) -> str:

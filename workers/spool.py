@@ -9,6 +9,12 @@ spooled outcome again with capped backoff until Redis takes it — WON, or LOST 
 there, or FENCED because a later execution of the call has started — and deletes the file then. It starts
 with the worker, so files a previous worker process left in the same folder are written too.
 
+The same thread is the worker's heartbeat (`keys.worker_seen`): after each pass that left nothing waiting,
+at most every `keys.WORKER_BEAT_S`, it records when that pass began. A heartbeat therefore says more than
+"alive": every outcome spooled before it is in Redis. The orchestrator's lost-call rule reads it for a call
+with no outcome past its hard limit: a worker heard from since then has nothing more to deliver; one not
+heard from (cut off from Redis, frozen, or dead) is waited for a while longer (TOOLLOOP_LOST_CALL_WAIT_S).
+
 The worker's parent answers for a pool process that cannot answer itself (hard limit, lost process,
 revoke); it looks in the spool first (`Spool.holds`), so that such a synthetic answer never beats a real
 result waiting there.
@@ -26,6 +32,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,6 +40,7 @@ from urllib.parse import urlsplit
 import redis
 from pydantic import ValidationError
 
+from workers import keys
 from workers.call_store import CallStore, OutcomeWrite
 from workers.redis_retry import build_backoff_s, is_unavailable
 from workers.scripts import WriteResult
@@ -161,10 +169,16 @@ class SpoolDrainer:
         store: Callable[[], CallStore],
         *,
         scan_interval_s: float = SCAN_INTERVAL_S,
+        worker_id: str | None = None,
+        beat_s: float = keys.WORKER_BEAT_S,
     ) -> None:
+        """`worker_id` (the worker's Celery hostname): the heartbeat to write; None writes none."""
         self.spool = spool
         self.store = store
         self.scan_interval_s = scan_interval_s
+        self.worker_id = worker_id
+        self.beat_s = beat_s
+        self._beaten_at = float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="toolloop-spool", daemon=True)
 
@@ -175,8 +189,12 @@ class SpoolDrainer:
     def _loop(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            began = time.time()
             try:
-                waiting = self.spool.drain(self.store())
+                store = self.store()
+                waiting = self.spool.drain(store)
+                if not waiting:
+                    self._beat(store, began)
             except Exception:  # the thread must outlive any one bad pass: the files are still there
                 logger.exception("spool pass failed")
                 waiting = 1
@@ -184,6 +202,17 @@ class SpoolDrainer:
             # While Redis refuses: the capped backoff of every Redis retry (`workers.redis_retry`).
             pause = build_backoff_s(failures) if waiting else self.scan_interval_s
             self._stop.wait(pause)
+
+    def _beat(self, store: CallStore, began: float) -> None:
+        if self.worker_id is None or time.monotonic() - self._beaten_at < self.beat_s:
+            return
+        try:
+            store.client.set(keys.worker_seen(self.worker_id), repr(began), ex=keys.WORKER_SEEN_TTL_S)
+        except redis.RedisError as exc:
+            if not is_unavailable(exc):
+                raise
+            return  # Redis away: the next pass beats once it is back
+        self._beaten_at = time.monotonic()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop after the current pass (what is left stays on disk for the next worker)."""

@@ -332,7 +332,8 @@ def register_tool_task(app: Celery, tool: Tool[Any, Any]) -> Task[Any, Any]:
 
 
 def register_worker_signals(app: Celery) -> None:
-    """Start the spool drainer in the worker's main process once it is ready; stop it at shutdown.
+    """Start the spool drainer (and heartbeat) in the worker's main process once it is ready; stop it at
+    shutdown.
 
     (A revoked tool task is answered by `ToolRequest._announce_revoked`.)"""
     drainers: list[SpoolDrainer] = []
@@ -342,7 +343,11 @@ def register_worker_signals(app: Celery) -> None:
             return
         settings = _settings(app)
         spool = Spool(build_spool_dir(settings.redis_url, settings.spool_dir))
-        drainer = SpoolDrainer(spool, lambda: get_store(settings.redis_url, settings.redis_ssl_cert_reqs))
+        drainer = SpoolDrainer(
+            spool,
+            lambda: get_store(settings.redis_url, settings.redis_ssl_cert_reqs),
+            worker_id=str(sender.hostname),  # the heartbeat of the worker a call's start names
+        )
         drainer.start()
         drainers.append(drainer)
 

@@ -91,6 +91,18 @@ class TimerFired(_Frozen):
     at: float
 
 
+class WorkerChecked(_Frozen):
+    """What `CheckWorker` found: when the worker that started attempt `attempt` of a call last reported in
+    (`seen_at`, epoch seconds of its clock; None: not within its heartbeat's TTL, or unreadable)."""
+
+    kind: Literal["worker_checked"] = "worker_checked"
+    call_id: str
+    attempt: int
+    worker: str
+    seen_at: float | None = None
+    at: float
+
+
 class ApprovalGiven(_Frozen):
     """Someone approved or denied a call waiting for confirmation."""
 
@@ -119,6 +131,7 @@ Event = Annotated[
     | ToolWaitingForWorker
     | ToolFinished
     | TimerFired
+    | WorkerChecked
     | ApprovalGiven
     | CancelRequested,
     Field(discriminator="kind"),
@@ -195,6 +208,15 @@ class CancelTimer(_Frozen):
     timer_id: str
 
 
+class CheckWorker(_Frozen):
+    """Read when `worker` last reported in (its heartbeat), then feed back `WorkerChecked`."""
+
+    kind: Literal["check_worker"] = "check_worker"
+    call_id: str
+    attempt: int
+    worker: str
+
+
 class Revoke(_Frozen):
     """Revoke (and terminate) these Celery tasks."""
 
@@ -230,6 +252,7 @@ Command = Annotated[
     | WriteOutcomes
     | ArmTimer
     | CancelTimer
+    | CheckWorker
     | Revoke
     | AwaitApproval
     | Emit

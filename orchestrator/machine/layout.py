@@ -44,6 +44,7 @@ STATIC_FIELDS = frozenset(
         "offered",
         "catalogue_names",
         "lost_grace_s",
+        "lost_wait_s",
         "model_retry_base_s",
         "model_retry_cap_s",
     }

@@ -40,6 +40,7 @@ from orchestrator.machine.events import (
     ToolFinished,
     ToolStarted,
     ToolWaitingForWorker,
+    WorkerChecked,
     WriteOutcomes,
 )
 from orchestrator.machine.model_calls import build_call_model, call_model_or_stop, on_model_responded
@@ -60,6 +61,7 @@ from orchestrator.machine.tool_round import (
     on_tool_finished,
     on_tool_started,
     on_tool_waiting_for_worker,
+    on_worker_checked,
     record_late,
 )
 from orchestrator.machine.validation import check_output_schema, offered_tools
@@ -77,6 +79,7 @@ def start(
     catalogue: Mapping[str, ToolSpec],
     at: float,
     lost_grace_s: float = 5.0,
+    lost_wait_s: float = 0.0,
     prior_history: Sequence[Message] = (),
     context_budget: ContextBudget | None = None,
     unpriced: Collection[str] = (),
@@ -119,6 +122,7 @@ def start(
         started_at=at,
         deadline_at=at + request.limits.deadline_s,
         lost_grace_s=lost_grace_s,
+        lost_wait_s=lost_wait_s,
         timers={DEADLINE_TIMER: at + request.limits.deadline_s},
         context_budget=context_budget or ContextBudget(),
     )
@@ -157,6 +161,8 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             on_tool_finished(draft, event)
         case TimerFired():
             _on_timer(draft, event)
+        case WorkerChecked():
+            on_worker_checked(draft, event)
         case ApprovalGiven():
             on_approval(draft, event)
         case CancelRequested():

@@ -234,6 +234,9 @@ class TurnState(_Frozen):
     started_at: float
     deadline_at: float
     lost_grace_s: float = 5.0
+    # How much longer a lost-call timer waits for a worker not heard from since the call's hard limit
+    # (TOOLLOOP_LOST_CALL_WAIT_S; 0 in states written before it: no wait).
+    lost_wait_s: float = 0.0
     model_retry_base_s: float = 1.0
     model_retry_cap_s: float = 30.0
     timers: dict[str, float] = Field(default_factory=dict)
@@ -317,6 +320,7 @@ class TurnChanges(TypedDict, total=False):
     started_at: float
     deadline_at: float
     lost_grace_s: float
+    lost_wait_s: float
     model_retry_base_s: float
     model_retry_cap_s: float
     timers: dict[str, float]

@@ -7,11 +7,13 @@ appends the assistant message and one tool message per call, in call order, once
 
 Lost work: when a worker reports that a call started, `on_tool_started` arms a lost-call timer at the tool's
 hard limit plus a grace; if no outcome came by then, the worker died with it (`on_lost_timer` dispatches it
-again while retries allow, else answers `worker_lost`). A dispatched call that never reports a start gets no
-such timer: only the turn's deadline ends it. That is on purpose. A task may wait in its queue behind busy
-workers for any time, and its limits only count once it runs; from here a queued task cannot be told from a
-lost message, so any timer counted from dispatch would either answer `worker_lost` for calls about to run
-(and then run them anyway) or fire no earlier than the deadline. What a new owner cannot know either is
+again while retries allow, else answers `worker_lost`) — unless that worker has not reported in since the
+call's hard limit: cut off from Redis, it may hold the call's result in its spool, so the call waits up to
+TOOLLOOP_LOST_CALL_WAIT_S more for it (`on_worker_checked`). A dispatched call that never reports a start
+gets no such timer: only the turn's deadline ends it. That is on purpose. A task may wait in its queue
+behind busy workers for any time, and its limits only count once it runs; from here a queued task cannot be
+told from a lost message, so any timer counted from dispatch would either answer `worker_lost` for calls about
+to run (and then run them anyway) or fire no earlier than the deadline. What a new owner cannot know either is
 whether a dispatch persisted by its dead predecessor was ever published, or whether a start reported to it
 was lost with it: `machine.resume` sends every dispatched call with no recorded start once more, as the
 same task (same task id and attempt). That is a redelivery, which workers already make harmless:
@@ -37,9 +39,11 @@ from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, rou
 from orchestrator.machine.events import (
     ApprovalGiven,
     AwaitApproval,
+    CheckWorker,
     ToolFinished,
     ToolStarted,
     ToolWaitingForWorker,
+    WorkerChecked,
 )
 from orchestrator.machine.state import (
     LOST_TIMER_PREFIX,
@@ -266,27 +270,89 @@ def _disarm_lost_timers(draft: Draft, call_id: str) -> None:
 
 
 def on_lost_timer(draft: Draft, call_id: str, attempt: int, at: float) -> None:
-    """No outcome by hard limit + grace: the worker was lost. Retry if attempts remain, else `worker_lost`."""
+    """No outcome by hard limit + grace: the call is lost, unless its worker may still deliver.
+
+    With `lost_wait_s` set, the first firing asks when the call's worker last reported in (`CheckWorker`)
+    and waits for the answer with the timer re-armed at the end of the wait, so that a new owner still
+    ends it; `on_worker_checked` decides. A firing at the end of the wait finds the call lost."""
     call = find_call(draft.state, call_id)
     if call is None or not call.in_flight or call.requested is not None or call.attempt != attempt:
         return
-    spec = draft.state.offered.get(call.tool)
+    wait_until = _lost_wait_until(draft.state, call)
+    if wait_until is not None and at < wait_until:
+        draft.arm(lost_timer_id(call_id, attempt), wait_until)
+        if call.worker:
+            draft.commands.append(CheckWorker(call_id=call_id, attempt=attempt, worker=call.worker))
+        return
+    _answer_lost(draft, call, at, waited=wait_until is not None)
+
+
+def on_worker_checked(draft: Draft, event: WorkerChecked) -> None:
+    """The heartbeat of a call's worker, read when its lost-call timer first fired.
+
+    A worker heard from after the call's hard limit has written, or spooled and drained, whatever that
+    execution ended with (its spool drains before each heartbeat, `workers.spool`): nothing came, so the
+    call is lost now. A worker not heard from since (partitioned from Redis, frozen, or dead: from here the
+    three look alike) keeps the call waiting until the end of `lost_wait_s`, or until its outcome arrives."""
+    call = find_call(draft.state, event.call_id)
+    if call is None or not call.in_flight or call.requested is not None or call.attempt != event.attempt:
+        return
+    timer_id = lost_timer_id(call.call_id, event.attempt)
+    if call.started_at is None or timer_id not in draft.state.timers:
+        return
+    if event.seen_at is not None and event.seen_at >= call.started_at + _time_limit_s(draft.state, call):
+        draft.disarm(timer_id)
+        _answer_lost(draft, call, event.at, waited=False)
+        return
+    draft.emit(
+        "tool_worker_unreachable",
+        call_id=call.call_id,
+        tool=call.tool,
+        attempt=event.attempt,
+        worker=event.worker,
+        last_seen_at=event.seen_at,
+        wait_until=draft.state.timers[timer_id],
+    )
+
+
+def _time_limit_s(state: TurnState, call: CallState) -> float:
+    spec = state.offered.get(call.tool)
+    return spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
+
+
+def _lost_wait_until(state: TurnState, call: CallState) -> float | None:
+    """When the wait for a call's unheard-from worker ends (epoch seconds); None without a wait."""
+    if state.lost_wait_s <= 0 or call.started_at is None:
+        return None
+    return call.started_at + _time_limit_s(state, call) + state.lost_grace_s + state.lost_wait_s
+
+
+def _answer_lost(draft: Draft, call: CallState, at: float, *, waited: bool) -> None:
+    """The worker was lost: retry if attempts remain, else `worker_lost`."""
+    state = draft.state
+    spec = state.offered.get(call.tool)
     max_attempts = 1 + (spec.retries if spec is not None else 0)
-    if attempt < max_attempts and at < draft.state.deadline_at and draft.state.stop is None:
+    attempt = call.attempt
+    if attempt < max_attempts and at < state.deadline_at and state.stop is None:
         if call.task_id is not None:
             draft.revokes.append(call.task_id)
         dispatch_call(draft, call, attempt + 1, at)
         draft.emit(
-            "tool_redispatched", call_id=call_id, tool=call.tool, attempt=attempt + 1, reason="worker_lost"
+            "tool_redispatched",
+            call_id=call.call_id,
+            tool=call.tool,
+            attempt=attempt + 1,
+            reason="worker_lost",
         )
         return
-    limit_s = spec.time_limit_s if spec is not None else _DEFAULT_TIME_LIMIT_S
+    after_s = _time_limit_s(state, call) + state.lost_grace_s + (state.lost_wait_s if waited else 0.0)
     message = (
-        f"the worker running '{call.tool}' was lost: no outcome {limit_s + draft.state.lost_grace_s:g} s "
-        f"after it started (attempt {attempt} of {max_attempts})"
+        f"the worker running '{call.tool}' was lost: no outcome {after_s:g} s after it started"
+        + (", and its worker was not heard from since its hard limit" if waited else "")
+        + f" (attempt {attempt} of {max_attempts})"
     )
     draft.request_failure(call, FailureKind.WORKER_LOST, message, at, synthetic=True)
-    draft.emit("tool_synthesis_requested", call_id=call_id, tool=call.tool, failure_kind="worker_lost")
+    draft.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind="worker_lost")
 
 
 def on_approval(draft: Draft, event: ApprovalGiven) -> None:

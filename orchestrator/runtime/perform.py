@@ -16,6 +16,8 @@ another:
                     that was not sent: `not_found` when no worker has served its tool for longer,
                     `worker_lost` when publishing failed (synthetic, as written: the winner)
     Revoke          later: one batched revoke broadcast → nothing
+    CheckWorker     later: the worker's heartbeat read → WorkerChecked (when it last reported in; None when
+                    it is not there or Redis does not answer: either way the call waits for it)
 
 Timers and `Finish` are not performed here: they are the turn's own bookkeeping, kept by the driver.
 
@@ -40,6 +42,7 @@ from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED, WINDOW_DETAIL,
 from orchestrator.machine.events import (
     AwaitApproval,
     CallModel,
+    CheckWorker,
     Dispatch,
     DispatchTools,
     Emit,
@@ -49,6 +52,7 @@ from orchestrator.machine.events import (
     Revoke,
     ToolFinished,
     ToolWaitingForWorker,
+    WorkerChecked,
     WriteOutcomes,
 )
 from orchestrator.machine.state import TurnState
@@ -67,12 +71,13 @@ from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LiveCatalogue, ToolCatalogue
 from orchestrator.store.turns import TurnStore
 from orchestrator.tracing import trace_model_call
+from workers import keys
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 from workers.keys import TOOL_GONE_AFTER_S
 
 log = logging.getLogger("toolloop.orchestrator")
 
-IoCommand = WriteOutcomes | Emit | AwaitApproval | CallModel | DispatchTools | Revoke
+IoCommand = WriteOutcomes | Emit | AwaitApproval | CallModel | DispatchTools | Revoke | CheckWorker
 """The commands a `Performer` performs (every other one is the driver's)."""
 
 Later = Coroutine[Any, Any, Sequence[Event]]
@@ -223,6 +228,8 @@ class Performer:
                 return self._dispatch(turn_id, state, command.calls)
             case Revoke():
                 return self._revoke(command.task_ids)
+            case CheckWorker():
+                return self._check_worker(command)
             case _:
                 assert_never(command)
         return []
@@ -239,6 +246,25 @@ class Performer:
         if winner.synthetic and self.spans is not None:
             self.spans.record_synthetic(winner)
         return ToolFinished(outcome=winner, at=self._clock())
+
+    async def _check_worker(self, command: CheckWorker) -> Sequence[Event]:
+        # One read, never retried: a Redis that does not answer says nothing of the worker, and the machine
+        # then waits for it as for one not heard from (the lost-call timer still ends the wait).
+        try:
+            raw = await self._store.redis.get(keys.worker_seen(command.worker))
+            seen_at = float(raw) if raw is not None else None
+        except (redis.RedisError, OSError, ValueError) as exc:
+            log.warning("could not read the heartbeat of worker %s: %r", command.worker, exc)
+            seen_at = None
+        return (
+            WorkerChecked(
+                call_id=command.call_id,
+                attempt=command.attempt,
+                worker=command.worker,
+                seen_at=seen_at,
+                at=self._clock(),
+            ),
+        )
 
     # --- model calls -----------------------------------------------------------------------------------
 

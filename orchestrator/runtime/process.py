@@ -48,6 +48,7 @@ from orchestrator.runtime.traced import TracingTurnDriver
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
+from workers.keys import build_inbox_ttl_s
 from workers.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("toolloop.orchestrator")
@@ -83,6 +84,7 @@ class RuntimeOptions:
     max_turns: int = 10_000
     orphan_scan_s: float = 5.0
     lost_call_grace_s: float = 5.0
+    lost_call_wait_s: float = 60.0
     # How many idle turns keep their parsed state; the others are parked as their JSON (see TurnHandle).
     hydrated_turns: int = 1024
 
@@ -95,6 +97,7 @@ class RuntimeOptions:
             # Scanning a few times per lease period bounds how long an orphan waits.
             orphan_scan_s=max(0.5, settings.lease_ttl_s / 3),
             lost_call_grace_s=settings.lost_call_grace_s,
+            lost_call_wait_s=settings.lost_call_wait_s,
         )
 
 
@@ -149,6 +152,7 @@ class Runtime:
             orchestrator_id=self.orchestrator_id,
             hydrated_turns=self.options.hydrated_turns,
             lost_call_grace_s=self.options.lost_call_grace_s,
+            lost_call_wait_s=self.options.lost_call_wait_s,
             retry=self.retry,
         )
         self.turns = self.driver.turns
@@ -210,6 +214,11 @@ class Runtime:
 
     async def _register(self) -> None:
         await self.retry.call("register", lambda: self.store.register_orchestrator(self.orchestrator_id))
+        # Before any turn is claimed: a notification to this orchestrator finds its inbox with an expiry.
+        await self.retry.call("inbox", self._keep_inbox)
+
+    async def _keep_inbox(self) -> None:
+        await self.store.keep_inbox(self.orchestrator_id, build_inbox_ttl_s(self.options.lease_ttl_s))
 
     async def _shutdown(self) -> None:
         # Every step persists its state before acting, so stopping is: wait for steps in progress, drop the
@@ -289,6 +298,7 @@ class Runtime:
                 lost = await self.store.renew_leases(
                     self.orchestrator_id, list(self.turns), self.options.lease_ttl_s
                 )
+                await self._keep_inbox()  # PEXPIRE too: it outlives this process by a few lease periods
                 pause = period
             except REDIS_ERRORS as exc:
                 lost, pause = set(), min(renewing.failed(exc), period)

@@ -12,6 +12,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `take_over.lua`     | `TakeOverResult`: TAKEN / REFUSED                        |
 | `find_orphans.lua`  | the orphaned turn ids                                    |
 | `renew.lua`         | the 1-based indexes of the leases no longer held         |
+| `keep_inbox.lua`    | 1 when the inbox was missing (created empty), else 0     |
 | `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST / HISTORY_GAP|
 | `save_outcome.lua`  | `FinishResult`: FINISHED / ALREADY_TERMINAL              |
 | `read_history.lua`  | the values read, then the history they reference        |
@@ -33,6 +34,7 @@ __all__ = [
     "CLAIM",
     "CONTROL",
     "FIND_ORPHANS",
+    "KEEP_INBOX",
     "READ_HISTORY",
     "RELEASE",
     "RENEW",
@@ -59,6 +61,7 @@ CLAIM = load_script(_PACKAGE, "claim")
 TAKE_OVER = load_script(_PACKAGE, "take_over")
 FIND_ORPHANS = load_script(_PACKAGE, "find_orphans")
 RENEW = load_script(_PACKAGE, "renew")
+KEEP_INBOX = load_script(_PACKAGE, "keep_inbox")
 SAVE_STEP = load_script(_PACKAGE, "save_step")
 SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
 CONTROL = load_script(_PACKAGE, "control")

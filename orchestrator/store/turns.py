@@ -160,6 +160,12 @@ class TurnStore:
             operations.renew_leases(orchestrator_id, list(turn_ids), int(ttl_s * 1000))
         )
 
+    async def keep_inbox(self, orchestrator_id: str, ttl_s: float) -> bool:
+        """Keep this orchestrator's inbox for `ttl_s` more (`keys.build_inbox_ttl_s`): a dead orchestrator's
+        inbox expires. Forgets the orchestrators not seen for as long. True when the inbox was missing."""
+        keep = operations.keep_inbox(orchestrator_id, int(ttl_s * 1000), codec.now_s())
+        return await self._runner.run(keep)
+
     async def release(self, orchestrator_id: str, turn_id: str) -> None:
         """Give up the lease on a turn (only if this orchestrator holds it)."""
         await self._runner.run(operations.release(orchestrator_id, turn_id))
