@@ -7,7 +7,8 @@ new one. Each model has a `TypedDict` of its fields, all optional (`TurnChanges`
 stays an unvalidated `model_copy`. A unit test keeps each in step with its model.
 
 The runtime persists `dump_state(state)` after every step, and any orchestrator can resume the turn from
-`load_state(text, history)`. A state of a newer or older layout is refused (`StateVersionError`), not misread.
+`load_state(text, history)`. A state of a newer or older layout is refused (`StateVersionError`), not misread;
+within a version, a field a newer release added is ignored (`workers.records`).
 
 Design notes: docs/design/turns.md, "Persisted state and versions".
 """
@@ -18,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from orchestrator.context.budget import ContextBudget
 from orchestrator.errors import StateVersionError
@@ -47,6 +48,7 @@ from orchestrator.model import (
     Usage,
 )
 from workers.contract import ToolOutcome, ToolSpec
+from workers.records import STORED, ForbidsUnknownFields
 
 # Version 2: `CallState.requested` holds the whole outcome asked for (version 1 kept only its kind), so that a
 # new owner can ask for the very same outcome again (`machine.resume`). Version 1 states are upgraded on load.
@@ -78,7 +80,9 @@ def parse_lost_timer_id(timer_id: str) -> tuple[str, int] | None:
     return (call_id, int(attempt)) if attempt.isdigit() and call_id else None
 
 
-class _Frozen(BaseModel):
+class _Frozen(ForbidsUnknownFields):
+    # A field a newer release added without a new `version` is one this release may ignore (`load_state`
+    # reads with the `STORED` context); one it must not ignore comes with a new version.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -407,4 +411,4 @@ def load_state(
         if isinstance(data.get("outcome"), dict):
             restored = {"messages": data["history"], "llm_call_records": data["llm_call_records"]}
             data["outcome"] = {**data["outcome"], **restored}
-    return TurnState.model_validate(data)
+    return TurnState.model_validate(data, context=STORED)

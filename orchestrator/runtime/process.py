@@ -15,6 +15,8 @@ Stopping (SIGTERM, SIGINT, `request_stop`) cancels all it waits on, whatever Red
 No Redis failure ends the process: unreachable, out of memory or read-only, every loop retries with capped
 backoff (`orchestrator.outage`), a step its save until it lands; `RedisOutage` tells the operator once per
 `OUTAGE_REPORT_S` and at its end, `toolloop_redis_errors_total` counts each retry by loop and class.
+No record ends a loop either: one this release cannot read (another release wrote it, `workers.records`)
+is told, left out or its turn set aside (`runtime.adopt.SetAside`), and the loop goes on with the next.
 
 Design notes: docs/design/orchestrators.md.
 """
@@ -29,6 +31,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -42,12 +45,15 @@ from orchestrator.providers.registry import ModelClients
 from orchestrator.providers.transport import build_model_http
 from orchestrator.publishing.publisher import Publisher, get_producer_app
 from orchestrator.runtime.durability import DurabilityWatcher, build_watch_interval
-from orchestrator.runtime.inbox import parse_inbox, parse_payloads, to_local_outcome
+from orchestrator.runtime.handle import TurnHandle
+from orchestrator.runtime.inbox import InboxBatch, parse_inbox, parse_payloads, to_local_outcome
 from orchestrator.runtime.perform import Performer
 from orchestrator.runtime.traced import TracingTurnDriver
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
+from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.turns import TurnStore
+from workers.contract import ToolOutcome
 from workers.keys import build_inbox_ttl_s
 from workers.tracing import setup_tracing, shutdown_tracing
 
@@ -262,9 +268,25 @@ class Runtime:
             except REDIS_ERRORS as exc:
                 await self.retry.pause(backoff.failed(exc))
                 continue
+            except Exception:
+                # Not Redis, and not one turn's records (adopting sets those aside): told, paused, and on.
+                log.exception("claiming a turn failed; claiming goes on")
+                await self.retry.pause(BLOCK_S)
+                continue
             backoff.succeeded()
             if claimed is not None:
-                await self.driver.adopt(claimed.turn_id, how="claimed", claimed=claimed)
+                await self._adopt(claimed.turn_id, how="claimed", claimed=claimed)
+
+    async def _adopt(self, turn_id: str, *, how: str, claimed: ClaimedTurn | None = None) -> None:
+        # `TurnDriver.adopt` sets a turn it cannot run aside; anything else it raises is one turn's failure,
+        # never the loop's: the turn is set aside too, its lease left to expire.
+        try:
+            await self.driver.adopt(turn_id, how=how, claimed=claimed)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("turn %s: adopting it failed; left to another orchestrator", turn_id)
+            self.driver.set_aside.add(turn_id)
 
     async def _orphan_loop(self) -> None:
         backoff = Backoff(self.retry, "orphans")
@@ -276,10 +298,11 @@ class Runtime:
                 for turn_id in orphans:
                     if self._stopping.is_set() or len(self.turns) >= self.options.max_turns:
                         break
-                    if turn_id not in self.turns and await self.store.take_over(
-                        self.orchestrator_id, turn_id, self.options.lease_ttl_s
-                    ):
-                        await self.driver.adopt(turn_id, how="taken_over")
+                    # A turn set aside here is left to the orchestrators that can run it.
+                    if turn_id in self.turns or turn_id in self.driver.set_aside:
+                        continue
+                    if await self.store.take_over(self.orchestrator_id, turn_id, self.options.lease_ttl_s):
+                        await self._adopt(turn_id, how="taken_over")
             except REDIS_ERRORS as exc:
                 backoff.failed(exc)
             else:
@@ -325,6 +348,9 @@ class Runtime:
             return await self.durability.check()
         except REDIS_ERRORS:
             return set()  # the watcher's own loop says why, and looks again
+        except Exception:
+            log.exception("checking Redis's durability failed; the leases are handled as lost")
+            return set()
 
     async def _inbox_loop(self) -> None:
         backoff = Backoff(self.retry, "inbox")
@@ -338,8 +364,14 @@ class Runtime:
                 )
                 if entries:
                     # `after` moves past entries only once they are handled: a batch whose outcomes could
-                    # not be read is read again (nothing of it was delivered).
-                    await self._handle_inbox(entries)
+                    # not be read is read again (nothing of it was delivered). One that fails otherwise is
+                    # told and passed: the outcome keys are the record, read again on take-over.
+                    try:
+                        await self._handle_inbox(entries)
+                    except REDIS_ERRORS:
+                        raise
+                    except Exception:
+                        log.exception("inbox entries %s..%s left unhandled", entries[0][0], entries[-1][0])
                     after = entries[-1][0]
                 # Trimming only bounds the stream's memory (entries are read by id, never twice): once per
                 # INBOX_ACK_S, or when idle, instead of a round trip between every two reads.
@@ -364,18 +396,28 @@ class Runtime:
             handle = self.turns.get(turn_id)
             if handle is None:
                 continue  # not ours (any more): its new owner re-reads outcomes on take-over
-            started: list[Event] = list(batch.started.get(turn_id, []))
-            finished: list[Event] = [
-                ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now)
-                for c in batch.outcomes.get(turn_id, [])
-                if c in outcomes
-            ]
-            # Outcomes that leave a call of the round unanswered move nothing on: they are held back, like a
-            # `started` notification, to be stepped and saved with the round's last (one save, not five).
-            if turn_id in batch.control or (finished and not handle.still_waits(finished)):
-                self.driver.deliver(handle, started + finished, read_control=turn_id in batch.control)
-            elif started or finished:
-                self.driver.defer(handle, started + finished)
+            try:
+                self._deliver(handle, batch, outcomes, now)
+            except Exception:
+                # One turn's notifications, never the others' nor the loop: its timers still answer it.
+                log.exception("turn %s: inbox notifications left unhandled", turn_id)
+
+    def _deliver(
+        self, handle: TurnHandle, batch: InboxBatch, outcomes: Mapping[str, ToolOutcome], now: float
+    ) -> None:
+        turn_id = handle.turn_id
+        started: list[Event] = list(batch.started.get(turn_id, []))
+        finished: list[Event] = [
+            ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now)
+            for c in batch.outcomes.get(turn_id, [])
+            if c in outcomes
+        ]
+        # Outcomes that leave a call of the round unanswered move nothing on: they are held back, like a
+        # `started` notification, to be stepped and saved with the round's last (one save, not five).
+        if turn_id in batch.control or (finished and not handle.still_waits(finished)):
+            self.driver.deliver(handle, started + finished, read_control=turn_id in batch.control)
+        elif started or finished:
+            self.driver.defer(handle, started + finished)
 
 
 async def cancel_until_done(tasks: list[asyncio.Task[None]]) -> None:
