@@ -195,6 +195,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     from workers.metrics import connect_metrics_server
     from workers.shutdown import connect_stop_watchdog
     from workers.tasks import register_tool_task, register_worker_signals
+    from workers.time_limits import connect_late_limit_guard
     from workers.tools import Tool, registry
     from workers.unserved import connect_unserved_answer
 
@@ -215,6 +216,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     connect_catalogue_publisher(app)
     connect_unserved_answer(app)
     connect_descendant_reaper(app)
+    connect_late_limit_guard(app)
     connect_stop_watchdog(settings)
     connect_metrics_server(app, settings.worker_metrics_port)
     return app

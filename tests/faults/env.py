@@ -72,7 +72,12 @@ class FaultEnv:
     nothing behind."""
 
     def __init__(
-        self, *, lease_ttl_s: float = 3.0, lost_grace_s: float = 2.0, persistent: bool = True
+        self,
+        *,
+        lease_ttl_s: float = 3.0,
+        lost_grace_s: float = 2.0,
+        lost_wait_s: float = 2.0,
+        persistent: bool = True,
     ) -> None:
         self.mark = uuid.uuid4().hex
         self.model = RecordingModelServer().__enter__()
@@ -87,6 +92,8 @@ class FaultEnv:
             MARK_VAR: self.mark,
             "TOOLLOOP_LEASE_TTL_S": str(lease_ttl_s),
             "TOOLLOOP_LOST_CALL_GRACE_S": str(lost_grace_s),
+            # A worker killed whole is not waited for long: the scenarios' workers never lose Redis.
+            "TOOLLOOP_LOST_CALL_WAIT_S": str(lost_wait_s),
         }
         self.workers: list[WorkerHandle] = []
         self.orchestrators: list[OrchestratorHandle] = []

@@ -85,6 +85,7 @@ def start_orchestrator(
         "TOOLLOOP_REDIS_URL": redis_url,
         "TOOLLOOP_LEASE_TTL_S": "3",
         "TOOLLOOP_LOST_CALL_GRACE_S": "1",
+        "TOOLLOOP_LOST_CALL_WAIT_S": "2",
         "PYTHONPATH": str(ROOT),
         **({"TOOLLOOP_SCRIPTED_BASE_URL": model_base_url} if model_base_url else {}),
         **(env or {}),
