@@ -215,6 +215,15 @@ class CallStore:
         """Drop the running guard if `holder` holds it (`prefix`: a token starting with it; '': anyone)."""
         self._release(keys=[keys.running(call_id)], args=[holder, "1" if prefix else ""])
 
+    def read_holder(self, call_id: str) -> str | None:
+        """The token of the execution holding the call's running guard, if any."""
+        value = self.client.get(keys.running(call_id))
+        return value.decode() if isinstance(value, bytes) else value
+
+    def read_worker_pttl_ms(self, worker: str) -> int:
+        """What is left of `worker`'s heartbeat key's life, in ms (-2: no heartbeat; `keys.worker_seen`)."""
+        return int(self.client.pttl(keys.worker_seen(worker)))
+
     def read_attempts(self, call_id: str) -> int:
         """How many executions of the call have started."""
         value = self.client.get(keys.attempts(call_id))

@@ -42,7 +42,13 @@ from pydantic import ValidationError
 
 from workers.call_store import CallStore, OutcomeWrite, get_store
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
-from workers.fence import build_execution_token
+from workers.fence import (
+    TAKEOVER_CONFIRM_S,
+    build_execution_token,
+    build_worker_silence_s,
+    is_takeover_due,
+    parse_token,
+)
 from workers.outcomes import (
     build_args_digest,
     build_idempotency_key,
@@ -63,10 +69,12 @@ __all__ = ["CallStore", "Decision", "Finished", "RetryLater", "Skipped", "execut
 
 logger = logging.getLogger(__name__)
 
-# The running guard outlives the hard limit by this much: the parent kills the child by then at the latest.
-RUNNING_MARGIN_S = 5.0
-# How long a duplicate delivery waits before looking again when another execution holds the call.
-DUPLICATE_RECHECK_MAX_S = 5.0
+# The running guard outlives the hard limit by this much: the parent kills the child by then at the latest,
+# and a delivery of the same dispatch takes a dead worker's call over before then (`workers.fence`).
+RUNNING_MARGIN_S = 8.0
+# How long a duplicate delivery waits before looking again when another execution holds the call: short,
+# so that a dead worker's call is taken over well inside the guard's margin (`workers.fence`).
+DUPLICATE_RECHECK_MAX_S = 2.0
 # A call waiting for an identical one polls its stored success with a doubling pause in these bounds, and
 # gives up this long before its own soft limit, so that it answers with a clear message of its own.
 IDEMPOTENCY_POLL_MIN_S = 0.02
@@ -132,6 +140,13 @@ def execute_call(
         )
     except refusals as exc:
         return _hand_back(store, request.call_id, token, None, exc)
+    if attempt == StartResult.HELD and _take_over(store, tool, request, worker=worker, sleep=sleep):
+        try:
+            attempt, value = store.start(
+                request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
+            )
+        except refusals as exc:
+            return _hand_back(store, request.call_id, token, None, exc)
     if attempt < 0:
         return _not_started(store, request, StartResult(attempt), value)
     run = Run(store, tool, request, attempt, worker, token, now, now(), write_retry, spool)
@@ -183,6 +198,49 @@ def _not_started(store: CallStore, request: ToolCallRequest, result: StartResult
             reason = f"its turn {request.turn_id} no longer exists"
     logger.warning("%s: not run: %s", request.call_id, reason)
     return Skipped(reason)
+
+
+def _take_over(
+    store: CallStore,
+    tool: Tool[Any, Any],
+    request: ToolCallRequest,
+    *,
+    worker: str,
+    sleep: Callable[[float], None],
+) -> bool:
+    """Drop the running guard, and the idempotency lock, of a dead worker's execution of this same dispatch
+    (`workers.fence.is_takeover_due`, confirmed after `TAKEOVER_CONFIRM_S`); True when dropped, and this
+    delivery starts in its place. Any Redis error: not taken over (the delivery waits, as it would have)."""
+    try:
+        holder = store.read_holder(request.call_id)
+        if holder is None:
+            return False
+        silence_s = build_worker_silence_s(store.read_worker_pttl_ms(_holder_worker(holder)))
+        if not is_takeover_due(holder, request.attempt, worker, silence_s):
+            return False
+        sleep(TAKEOVER_CONFIRM_S)
+        silence_s = build_worker_silence_s(store.read_worker_pttl_ms(_holder_worker(holder)))
+        if not is_takeover_due(holder, request.attempt, worker, silence_s):
+            return False
+        idem_key = build_idempotency_key(tool.spec, request.arguments)
+        # Exactly that token: a guard or lock another execution took meanwhile stays its own.
+        store.release(request.call_id, holder)
+        if idem_key is not None:
+            store.release_idempotency_lock(idem_key, holder)
+    except redis.RedisError:
+        return False
+    logger.warning(
+        "%s: taking over from %s: its worker has not been heard from for %.0f s (dead, or cut off)",
+        request.call_id,
+        holder,
+        silence_s,
+    )
+    return True
+
+
+def _holder_worker(holder: str) -> str:
+    parsed = parse_token(holder)
+    return parsed[1] if parsed is not None else ""
 
 
 def _read_outcome(store: CallStore, call_id: str) -> ToolOutcome | None:

@@ -209,12 +209,19 @@ def handle_revoked(
 
     `pid` is the pool process a terminated delivery ran in (None: it never started); that process's running
     guard and idempotency lock on `idempotency_key` go too. Fenced: the revoke of a superseded dispatch
-    answers nothing. False also when Redis stayed unavailable.
+    answers nothing. A copy that never started answers nothing either while another execution holds the
+    call (a redelivered or retried copy of a call running elsewhere): that execution answers for the call.
+    False also when Redis stayed unavailable.
     """
     if _spooled(spool, request, "revoked"):
         return False
     try:
         retry = _retry()
+        if pid is None and retry.call(lambda _: store.read_holder(request.call_id), "the guard of a call"):
+            logger.warning(
+                "%s: a revoked copy answers nothing: another execution holds the call", request.call_id
+            )
+            return False
         if expired:
             kind, message = FailureKind.DEADLINE_EXCEEDED, "the deadline passed before the call started"
         else:

@@ -334,8 +334,9 @@ def _answer_lost(draft: Draft, call: CallState, at: float, *, waited: bool) -> N
     max_attempts = 1 + (spec.retries if spec is not None else 0)
     attempt = call.attempt
     if attempt < max_attempts and at < state.deadline_at and state.stop is None:
-        if call.task_id is not None:
-            draft.revokes.append(call.task_id)
+        # The old attempt is not revoked: the fence makes its deliveries harmless (one that starts after the
+        # new attempt runs nothing, one that started first answers and the new one finds the outcome), and a
+        # revoke would terminate a live delivery of it (a copy the broker redelivered) and answer `cancelled`.
         dispatch_call(draft, call, attempt + 1, at)
         draft.emit(
             "tool_redispatched",
