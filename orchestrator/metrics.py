@@ -112,6 +112,20 @@ def record_redis_error(loop: str, exc: BaseException) -> None:
     REDIS_CALL_ERRORS.labels(loop=loop, kind=type(exc).__name__).inc()
 
 
+BROKER_CALL_ERRORS = Counter(
+    "toolloop_broker_errors",
+    "Failed publishes to a Celery broker that is not the state Redis (RabbitMQ, say), retried: by loop and "
+    "exception class.",
+    ["loop", "kind"],
+)
+
+
+def record_broker_error(loop: str, exc: BaseException) -> None:
+    """Count one failed publish to a broker other than the state Redis that is retried (`loop`, `kind` as
+    `record_redis_error`'s)."""
+    BROKER_CALL_ERRORS.labels(loop=loop, kind=type(exc).__name__).inc()
+
+
 TURNS_LOST = Counter(
     "toolloop_turns_lost",
     "Turns an orchestrator ran whose keys Redis lost (it came back without its data, or its latest writes).",

@@ -9,7 +9,9 @@ all the same, as a process that exits takes every turn it owns down with it.
 
     RedisOutage     the story an operator reads: one line when an outage starts (its kind), one every
                     `report_s` while it lasts, one when it ends; every retry counted in
-                    `toolloop_redis_errors_total{loop, kind}`
+                    `toolloop_redis_errors_total{loop, kind}`. A Celery broker that is not the state Redis
+                    (RabbitMQ) has an outage of its own (`build_broker_outage`): its lines say "the broker
+                    at amqp://…", its retries count in `toolloop_broker_errors_total`
     RedisRetry      `call(loop, fn)`: `fn()` again after each failure, pausing `build_backoff_s` (0.1 s
                     doubling to 2 s), until it succeeds — or, once the process stops, re-raising the error
 """
@@ -22,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
+from urllib.parse import urlsplit
 
 import redis.exceptions
 from kombu.exceptions import OperationalError
@@ -129,8 +132,13 @@ class RedisOutage:
         report_s: float = OUTAGE_REPORT_S,
         settle_s: float = SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
+        subject: str = "Redis",
+        record: Callable[[str, BaseException], None] = metrics.record_redis_error,
     ) -> None:
+        """`subject` is what the lines name ("Redis", "the broker"); `record` counts each failure."""
         self.url = build_shown_url(redis_url)
+        self.subject = subject
+        self._record = record
         self.report_s = report_s
         self.settle_s = settle_s
         self._clock = clock
@@ -147,7 +155,7 @@ class RedisOutage:
     def failed(self, exc: BaseException, loop: str = "other") -> None:
         """A Redis call of `loop` failed and is retried: count it; tell it now, or if told `report_s` ago."""
         exc = find_redis_error(exc)
-        metrics.record_redis_error(loop, exc)
+        self._record(loop, exc)
         kind = build_outage_kind(exc)
         if kind == "unexpected":
             self._tell_unexpected(exc, loop)
@@ -157,12 +165,20 @@ class RedisOutage:
         if self._since is None or kind != self._kind:
             self._since = now if self._since is None else self._since
             self._kind, self._reported_at = kind, now
-            log.warning("Redis at %s %s%s (%s); retrying until %s", self.url, doing, why, text, until)
+            log.warning(
+                "%s at %s %s%s (%s); retrying until %s", self.subject, self.url, doing, why, text, until
+            )
         elif now - self._reported_at >= self.report_s:
             self._reported_at = now
             doing, lasted = doing.removeprefix("is "), now - self._since
             log.warning(
-                "Redis at %s still %s after %.0f s%s (%s); retrying", self.url, doing, lasted, why, text
+                "%s at %s still %s after %.0f s%s (%s); retrying",
+                self.subject,
+                self.url,
+                doing,
+                lasted,
+                why,
+                text,
             )
 
     def succeeded(self) -> None:
@@ -172,7 +188,7 @@ class RedisOutage:
         now = self._clock()
         if self._kind != "unreachable" and now - self._failed_at < self.settle_s:
             return
-        log.info("Redis at %s is back after %.1f s", self.url, now - self._since)
+        log.info("%s at %s is back after %.1f s", self.subject, self.url, now - self._since)
         self._since = self._kind = None
 
     def _tell_unexpected(self, exc: BaseException, loop: str) -> None:
@@ -180,7 +196,19 @@ class RedisOutage:
         if message in self._unexpected or len(self._unexpected) >= _UNEXPECTED_MAX:
             return
         self._unexpected.add(message)
-        log.error("unexpected Redis error in the %s loop (a bug?); retrying it", loop, exc_info=exc)
+        log.error(
+            "unexpected %s error in the %s loop (a bug?); retrying it", self.subject, loop, exc_info=exc
+        )
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether a Celery broker URL leads to Redis (`redis`, `rediss`, `sentinel` schemes) (pure)."""
+    return urlsplit(url).scheme in {"redis", "rediss", "sentinel"}
+
+
+def build_broker_outage(broker_url: str) -> RedisOutage:
+    """The outage of a Celery broker that is not the state Redis: named "the broker", counted apart."""
+    return RedisOutage(broker_url, subject="the broker", record=metrics.record_broker_error)
 
 
 class RedisRetry:

@@ -29,7 +29,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from celery import Celery
 
-from orchestrator.outage import RedisOutage, RedisRetry, build_backoff_s, is_redis_failure
+from orchestrator.outage import (
+    RedisOutage,
+    RedisRetry,
+    build_backoff_s,
+    build_broker_outage,
+    is_redis_failure,
+    is_redis_url,
+)
 from orchestrator.publishing.messages import TaskMessage, TaskSender, current_origin
 from orchestrator.publishing.wire import TaskWire, open_task_wire
 from orchestrator.store.runner import AsyncRunner
@@ -184,7 +191,15 @@ class Publisher:
         self._app = app
         self._trace_of = trace_of or _no_trace
         self._sender = TaskSender(app)
-        self._retry = retry or RedisRetry(RedisOutage(str(app.conf.broker_url or "")))
+        broker_url = str(app.conf.broker_url or "")
+        self._retry = retry or RedisRetry(RedisOutage(broker_url))
+        # A broker that is not the state Redis (RabbitMQ) is told and counted as itself: "the broker at
+        # amqp://…", never "Redis … is unreachable" while Redis answers.
+        self._outage = (
+            self._retry.outage
+            if broker is not None or is_redis_url(broker_url)
+            else build_broker_outage(broker_url)
+        )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolloop-publish")
         self._runner = AsyncRunner(broker) if broker is not None else None
         # The wire, once opened; `_wire_tried` once `open_task_wire` answered (None: kombu's path for good).
@@ -214,9 +229,9 @@ class Publisher:
             redis_errors = [exc for exc in errors.values() if is_redis_failure(exc)]
             if redis_errors:
                 down += 1
-                self._retry.outage.failed(redis_errors[0], "publish")
+                self._outage.failed(redis_errors[0], "publish")
             else:
-                self._retry.outage.succeeded()
+                self._outage.succeeded()
             if len(redis_errors) < len(errors):
                 failures += 1
             for task_id, exc in errors.items():
@@ -337,11 +352,11 @@ class Publisher:
             except Exception as exc:
                 error = exc
             else:
-                self._retry.outage.succeeded()
+                self._outage.succeeded()
                 return None
             if is_redis_failure(error):
                 down += 1
-                self._retry.outage.failed(error, "archive")
+                self._outage.failed(error, "archive")
             else:
                 failures += 1
                 log.warning("publishing %s failed (%s); attempt %d", options.get("task_id"), error, failures)

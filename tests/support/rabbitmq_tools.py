@@ -57,3 +57,19 @@ def rabbit_stubborn(seconds: float) -> str:
         except SoftTimeLimitExceeded:
             continue  # swallowed on purpose: the hard limit is the guarantee
     return "finished"
+
+
+# The worker-kill test's own queue: its two workers serve it alone, so the calls land on the worker it kills.
+KILL_QUEUE = "rabbit.kill"
+
+
+@tool(idempotency="args", retries=1, soft_time_limit=6, time_limit=8, queue=KILL_QUEUE)
+def rabbit_kill_counted(key: str, first_run_s: float = 0.0) -> str:
+    """`rabbit_counted` on the kill test's queue."""
+    return rabbit_counted(key, first_run_s)
+
+
+@tool(retries=1, soft_time_limit=6, time_limit=8, queue=KILL_QUEUE)
+def rabbit_kill_once(key: str, first_run_s: float = 0.0) -> str:
+    """`rabbit_once` on the kill test's queue."""
+    return rabbit_once(key, first_run_s)
