@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 
+from orchestrator.machine.state import DEFAULT_LOST_CALL_WAIT_S
 from orchestrator.providers.traits import MODEL_TIERS
 from workers import keys
 from workers.settings import WorkerSettings
@@ -32,7 +33,7 @@ class Settings(WorkerSettings):
     lost_call_grace_s: float = 5.0
     # How much longer a lost call waits when its worker has not reported in since the call's hard limit: cut
     # off from Redis, it may hold the result in its spool (TOOLLOOP_LOST_CALL_WAIT_S; 0: no wait).
-    lost_call_wait_s: float = Field(default=60.0, ge=0)
+    lost_call_wait_s: float = Field(default=DEFAULT_LOST_CALL_WAIT_S, ge=0)
     # A tool no live worker serves, though one did within this many seconds, is between workers (a restart,
     # a deploy): its calls are sent to wait in their queue, and a turn naming it is accepted. Only a tool no
     # worker has served for longer is answered `not_found` (TOOLLOOP_TOOL_GONE_AFTER_S).

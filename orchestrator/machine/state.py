@@ -50,6 +50,9 @@ from orchestrator.model import (
 from workers.contract import ToolOutcome, ToolSpec
 from workers.records import STORED, ForbidsUnknownFields
 
+# How long a call whose worker went silent waits for it past hard limit + grace (TOOLLOOP_LOST_CALL_WAIT_S).
+DEFAULT_LOST_CALL_WAIT_S = 60.0
+
 # Version 2: `CallState.requested` holds the whole outcome asked for (version 1 kept only its kind), so that a
 # new owner can ask for the very same outcome again (`machine.resume`). Version 1 states are upgraded on load.
 # Version 3: the history is in an append-only Redis list (`workers.keys.history`; the JSON says which,
@@ -239,8 +242,9 @@ class TurnState(_Frozen):
     deadline_at: float
     lost_grace_s: float = 5.0
     # How much longer a lost-call timer waits for a worker not heard from since the call's hard limit
-    # (TOOLLOOP_LOST_CALL_WAIT_S; 0 in states written before it: no wait).
-    lost_wait_s: float = 0.0
+    # (TOOLLOOP_LOST_CALL_WAIT_S). Its default is the setting's, so that a state at the default leaves the
+    # field out and the previous release, which refuses fields it does not know, still reads it (a rollback).
+    lost_wait_s: float = DEFAULT_LOST_CALL_WAIT_S
     model_retry_base_s: float = 1.0
     model_retry_cap_s: float = 30.0
     timers: dict[str, float] = Field(default_factory=dict)

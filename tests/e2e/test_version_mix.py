@@ -49,8 +49,9 @@ PREVIOUS_RELEASE = "a7a7286"
 PREVIOUS_CLI = "from orchestrator.cli import main; main()"
 # Limits a client of either release may set: the turn request carries them to the other release.
 LIMITS = {"max_llm_calls": 4, "max_tool_executions": 6, "deadline_s": 60.0}
-# What today's orchestrators run with while the previous release may take their turns over (a rollback).
-ROLLBACK_SAFE = {"TOOLLOOP_LOST_CALL_WAIT_S": "0"}
+# A rollback needs this release's states readable by the previous one: every setting a state carries at its
+# default (the e2e helper shortens the lost-call wait, which would write it into each state).
+ROLLBACK_SAFE = {"TOOLLOOP_LOST_CALL_WAIT_S": "60"}
 ROUNDS: list[dict[str, Any]] = [
     {"calls": [{"name": "e2e_add", "arguments": {"a": 2, "b": 3}}]},
     {"calls": [{"name": "e2e_multiply", "arguments": {"a": 4, "b": 5}}, {"name": "e2e_echo_missing"}]},

@@ -215,6 +215,20 @@ def test_a_state_of_the_same_version_with_newer_fields_loads_without_them() -> N
     assert load_state(json.dumps(data), entries, newer_log) == before
 
 
+def test_a_state_at_the_default_settings_holds_no_field_the_previous_release_lacks() -> None:
+    # The previous release refuses a static field it does not know: the lost-call wait (added since) is
+    # written only when an orchestrator runs with another value than the default.
+    from orchestrator.settings import Settings
+
+    wait_s = Settings().lost_call_wait_s
+    state = Driver().state.model_copy(update={"lost_wait_s": wait_s})
+    static = next(json.loads(e)[1] for e in dump_log(state) if json.loads(e)[0] == STATIC)
+    assert "lost_wait_s" not in static
+    changed = state.model_copy(update={"lost_wait_s": wait_s + 1})
+    static = next(json.loads(e)[1] for e in dump_log(changed) if json.loads(e)[0] == STATIC)
+    assert static["lost_wait_s"] == wait_s + 1
+
+
 def test_a_state_of_a_newer_version_is_refused_whole() -> None:
     text, entries, log = mid_round_state()
     data = {**json.loads(text), "version": 4}
