@@ -20,6 +20,7 @@ errors, and the few things a caller must handle:
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
     ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
+    ├── ApiKeysError(ValueError)             TOOLLOOP_API_KEYS is not a table of keys the API can use
     ├── RedisUnavailableError                a client's retries ran out: Redis did not answer in time
     │     (redis.ConnectionError, TimeoutError)
     ├── ApiUnavailableError(TimeoutError)    an HTTP client's retries ran out: the API did not answer in time
@@ -64,6 +65,7 @@ from workers.errors import (
 
 __all__ = [
     "ApiAuthError",
+    "ApiKeysError",
     "ApiUnavailableError",
     "BenchError",
     "CallNotWaitingError",
@@ -97,6 +99,12 @@ def build_did_you_mean(name: str, known: Iterable[str]) -> str:
     """`" (did you mean 'add'?)"` after a refused `name` when a name of `known` is close to it, else ""."""
     close = find_close_name(name, known)
     return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+class ApiKeysError(ToolloopError, ValueError):
+    """`TOOLLOOP_API_KEYS` cannot be used: not JSON, not an object of keys, or an entry that is not one key's
+    tenant, scopes and tools (`api.access.parse_api_keys`). The message starts with the setting's name and
+    never holds a key."""
 
 
 class UnknownTurnError(ToolloopError, LookupError):

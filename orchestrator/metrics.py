@@ -17,6 +17,11 @@ from workers.contract import ToolOutcome
 _DURATION_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 
 TURNS_SUBMITTED = Counter("toolloop_turns_submitted", "Turns submitted (client or HTTP API).")
+# Labelled by tenant only here, where the label is bounded: the tenants of TOOLLOOP_API_KEYS and "default";
+# a turn the admin submits for any other tenant counts as "other" (`api.access.Access.build_tenant_label`).
+API_TURNS_SUBMITTED = Counter(
+    "toolloop_api_turns_submitted", "Turns submitted through the HTTP API, by tenant.", ["tenant"]
+)
 TURNS_FINISHED = Counter(
     "toolloop_turns_finished", "Turns that reached a terminal status.", ["status", "stop_reason"]
 )

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from workers.contract import FailureKind
+from workers.contract import DEFAULT_TENANT, TENANT_PATTERN, FailureKind
 from workers.records import ForbidsUnknownFields, is_stored, read_known
 
 ParsedT = TypeVar("ParsedT", bound=BaseModel)
@@ -280,6 +280,9 @@ class TurnRequest(ForbidsUnknownFields):
     # from the caller's current span, by `POST /v1/turns` from its `traceparent` header; None: no trace.
     # Trace ids, not secrets: shown as they are, so that a person can find the turn's trace.
     trace_context: dict[str, str] | None = None
+    # Whose turn it is: an HTTP API key sees only its tenant's turns, and tools get it as `ctx.tenant`. A
+    # request stored before tenants existed reads as "default".
+    tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)
 
 
 class LLMCallRecord(BaseModel):

@@ -29,6 +29,9 @@ class Settings(WorkerSettings):
     model_smart: str | None = None
     # A blank token is no token: no client could send it, and `toolloop api` treats it as unset.
     api_token: SecretStr | None = None
+    # The API's keys, a JSON object: key (or "sha256:<hex>" of it) → {"tenant", "scopes", "tools"}. Read by
+    # `toolloop api` only (`api.access`), which refuses to start with a table it cannot use; blank is none.
+    api_keys: SecretStr | None = None
     # How long past a call's hard limit a missing outcome is declared lost (not the visibility timeout).
     lost_call_grace_s: float = 5.0
     # How much longer a lost call waits when its worker has not reported in since the call's hard limit: cut
@@ -113,7 +116,7 @@ class Settings(WorkerSettings):
     turn_ttl_s: int = Field(default=keys.TURN_TTL_S, gt=0)
     conversation_ttl_s: int = Field(default=keys.CONVERSATION_TTL_S, gt=0)
 
-    @field_validator("api_token", mode="after")
+    @field_validator("api_token", "api_keys", mode="after")
     @classmethod
     def _blank_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
         return None if token is None or not token.get_secret_value().strip() else token

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 TASK_NAME_PREFIX = "tool."
 CONTEXT_PARAM_NAMES = ("ctx", "context")
+# The tenant of a turn submitted without one, and of a call from an orchestrator that sends none.
+DEFAULT_TENANT = "default"
+# What a tenant may be called: a short identifier, safe in a metric label, a log line and a URL.
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class FailureKind(StrEnum):
@@ -115,6 +119,8 @@ class ToolCallRequest(BaseModel):
     dispatched_at: float | None = None
     # A Redis list the outcome id is pushed to, for waiters that are not an orchestrator (direct calls).
     reply_key: str | None = None
+    # The turn's tenant (the direct call's); a message of an orchestrator that predates tenants has none.
+    tenant: str = DEFAULT_TENANT
 
 
 class ToolOutcome(BaseModel):
@@ -246,7 +252,9 @@ _SENSITIVE_KEY = re.compile(
 class ToolContext:
     """What a tool receives through a parameter named `ctx` or `context` annotated with this class.
 
-    `context` is the turn's context object from the web app (never shown to the model);
+    `context` is the turn's context object from the web app (never shown to the model); `tenant` the turn's
+    tenant (`"default"` when it was submitted without one; set by whoever submitted it, an API key's
+    tenant over HTTP, so a tool may scope what it reads by it);
     `idempotency_key` is stable across retries and redeliveries of one call, to pass on to external APIs;
     `progress(...)` shows how the call is going on the turn's event stream.
     """
@@ -256,6 +264,7 @@ class ToolContext:
     attempt: int = 1
     idempotency_key: str | None = None
     context: dict[str, Any] = field(default_factory=dict)
+    tenant: str = DEFAULT_TENANT
     # Set by the worker for a call of a turn (`workers.progress`); None makes `progress` a no-op.
     _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
 
@@ -316,6 +325,7 @@ def build_task_reprs(request: ToolCallRequest) -> tuple[str, str]:
         "turn_id": request.turn_id,
         "call_id": request.call_id,
         "attempt": request.attempt,
+        "tenant": request.tenant,
         "arguments": redact(request.arguments),
         "context": dict.fromkeys(request.context, REDACTED),
     }

@@ -333,6 +333,7 @@ def _run_started(
         attempt=run.attempt,
         idempotency_key=run.idem_key_held or request.call_id,
         context=dict(request.context),
+        tenant=request.tenant,
         _progress=reporter,
     )
     try:

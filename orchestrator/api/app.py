@@ -4,8 +4,10 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GE
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
 `POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `POST /v1/tools/{name}/calls` (a tool called
 without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
-pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_TOKEN` set, every route but
-`/healthz` needs `Authorization: Bearer <token>` (401 otherwise), or for reads the pages' session cookie.
+pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
+set, every route but `/healthz` needs `Authorization: Bearer <key>` (401 otherwise), or for reads the pages'
+session cookie; a key without the route's scope gets 403, and sees only its tenant's turns: another
+tenant's turn is a 404 as an unknown turn is (`api.access`, which states every rule).
 Bodies over `max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it
 may hold what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no
 live worker serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider
@@ -17,9 +19,9 @@ What `GET /v1/turns/{id}` shows is redacted (`store.turn_view`).
 The contract is the app's `/openapi.json`: every route declares its answer's model and its error answers
 (`ErrorBody`: `detail`, and for a 409 a `code` saying which refusal it is), a tag and a stable
 `operation_id` (`submitTurn`, `getTurn`, …, what generated clients name their methods after); the events
-route its `text/event-stream` messages, one schema per event type (`api.sse.EVENT_TYPES`); the token is the
-HTTP bearer scheme `bearerToken`. A submit may carry its own `turn_id`, so a client that retries after a
-lost answer stores its turn once (`client.http_client`).
+route its `text/event-stream` messages, one schema per event type (`api.sse.EVENT_TYPES`); a key (or the
+token) is the HTTP bearer scheme `bearerToken`. A submit may carry its own `turn_id`, so a client that
+retries after a lost answer stores its turn once (`client.http_client`).
 
 Redis (`api_redis`): requests share a bounded pool, every SSE stream one events reader (`api_fanout`,
 `api_sse`), `/healthz` its own connection — 200 when Redis answers PING, 503 when it does not, whatever the
@@ -36,24 +38,34 @@ Design notes: docs/design/http-api.md.
 
 from __future__ import annotations
 
-import hmac
 import math
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, Security
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
+from orchestrator.api.access import (
+    Access,
+    Caller,
+    authenticate,
+    build_default_tools,
+    build_key_listing,
+    build_tenant,
+    find_tool_refusals,
+    require,
+    require_turn,
+)
 from orchestrator.api.connections import ApiRedis, RedisGate, build_failure_reason, build_unavailable_reply
-from orchestrator.api.pages.auth import has_session
 from orchestrator.api.pages.routes import build_listing_router, build_pages_router
 from orchestrator.api.sse import EVENTS_DESCRIPTION, build_events_content, turn_events
 from orchestrator.client.direct import DEFAULT_CALL_TIMEOUT_S
@@ -62,11 +74,12 @@ from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownTo
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
-from orchestrator.store.catalogue import aread_catalogue
+from orchestrator.store.catalogue import aread_catalogue, get_tool_catalogue
+from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import continue_http_trace
-from workers.contract import ToolOutcome, ToolSpec, build_listing
+from workers.contract import TENANT_PATTERN, FailureKind, ToolOutcome, ToolSpec, build_failure
 from workers.tracing import setup_tracing, shutdown_tracing
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -81,14 +94,6 @@ OPENAPI_TAGS = [
     {"name": "tools", "description": "The tools the live workers serve, and a call of one without a model."},
     {"name": "operations", "description": "Health and metrics, for load balancers and Prometheus."},
 ]
-BEARER = HTTPBearer(
-    auto_error=False,
-    scheme_name="bearerToken",
-    description=(
-        "`TOOLLOOP_API_TOKEN`, when the API has one (401 without it); reads also accept the turn pages' "
-        "session cookie. `/healthz` is always open."
-    ),
-)
 
 
 class TurnBody(TurnRequest):
@@ -141,7 +146,7 @@ class ErrorItem(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error's body: `detail` is one line (400, 401, 404, 409, 413, 503), or the problems (422).
+    """Every error's body: `detail` is one line (400, 401, 403, 404, 409, 413, 503), or the problems (422).
 
     `code` says which refusal a 409 is: `turn_ended` (the turn has already ended), `call_not_waiting` (no
     call with this id waits for an answer) or `call_decided` (it was answered already: the first answer
@@ -163,7 +168,8 @@ class ToolCallBody(BaseModel):
 
     `timeout_s` is how long the call may take (the request stays open for as long); `context` what the
     tool receives besides its arguments; `approve` confirms a `requires_confirmation` tool (the caller is the
-    person approving; without it the outcome is `confirmation_denied` and nothing runs)."""
+    person approving; without it the outcome is `confirmation_denied` and nothing runs); `tenant` whose call
+    it is, the tool's `ctx.tenant` (None: the key's own; another tenant's only for the admin, else 403)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -171,6 +177,7 @@ class ToolCallBody(BaseModel):
     timeout_s: float = Field(default=DEFAULT_CALL_TIMEOUT_S, allow_inf_nan=False)
     context: dict[str, Any] | None = None
     approve: bool = False
+    tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
 
 
 def build_conflict_reply(detail: str, code: str) -> JSONResponse:
@@ -187,11 +194,16 @@ _RETRY_AFTER = {
 }
 # The error answers of the routes, declared with each route that can give them.
 Responses = dict[int | str, dict[str, Any]]
-UNAUTHORIZED: Responses = {401: _error("No bearer token, or a wrong one, while the API has one.")}
+UNAUTHORIZED: Responses = {
+    401: _error("No bearer token, or a wrong one, while the API has keys or a token."),
+    403: _error("The API key lacks the scope this route needs, or names a tenant not its own."),
+}
 UNAVAILABLE: Responses = {
     503: _error("Redis did not answer (down, restarting, out of memory, read-only).", headers=_RETRY_AFTER)
 }
-UNKNOWN_TURN: Responses = {404: _error("No turn with this id (never submitted, or expired).")}
+UNKNOWN_TURN: Responses = {
+    404: _error("No turn with this id (never submitted, or expired), or another tenant's.")
+}
 TOO_LARGE: Responses = {413: _error("The body is over the API's limit (`max_body_bytes`).")}
 UNREADABLE: Responses = {400: _error("The body could not be parsed (not UTF-8, or nested too deep).")}
 REFUSED: Responses = {
@@ -215,10 +227,13 @@ class ToolInfo(BaseModel):
     time_limit_s: float
 
 
-def build_tool_listing(specs: Iterable[ToolSpec], *, include_sensitive: bool) -> list[ToolInfo]:
-    """Tools sorted by name; sensitive ones only when asked for."""
+def build_tool_listing(
+    specs: Iterable[ToolSpec], caller: Caller, *, include_sensitive: bool
+) -> list[ToolInfo]:
+    """The tools `caller` may use, sorted by name; sensitive ones only when asked for, or its key names them
+    (`access.build_key_listing`)."""
     fields = set(ToolInfo.model_fields)
-    visible = build_listing(specs, include_sensitive=include_sensitive)
+    visible = build_key_listing(caller, specs, include_sensitive=include_sensitive)
     return [ToolInfo.model_validate(spec.model_dump(include=fields)) for spec in visible]
 
 
@@ -318,25 +333,6 @@ async def hold_redis_slot(request: Request) -> AsyncIterator[None]:
         yield
 
 
-def build_auth_dependency(settings: Settings) -> Any:
-    """A dependency that checks `Authorization: Bearer <token>` in constant time when a token is set; a read
-    (GET) may instead carry the turn pages' session cookie (`orchestrator.api.pages.auth`). The schema
-    declares the token as the HTTP bearer scheme `bearerToken` (`BEARER`), so generated clients send it."""
-    token = settings.api_token.get_secret_value().encode() if settings.api_token else None
-
-    async def check_token(
-        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
-    ) -> None:
-        given = credentials.credentials.strip().encode() if credentials is not None else None
-        if token is None or (given is not None and hmac.compare_digest(given, token)):
-            return
-        if has_session(request, token):
-            return
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-    return check_token
-
-
 def _not_found(turn_id: str) -> HTTPException:
     return HTTPException(404, f"unknown turn {turn_id!r}")
 
@@ -350,6 +346,7 @@ events_router.add_api_route(
     "/{turn_id}/events",
     turn_events,
     methods=["GET"],
+    dependencies=[Depends(require_turn("read"))],
     operation_id="streamTurnEvents",
     summary="Follow a turn's events (SSE)",
     description=EVENTS_DESCRIPTION,
@@ -399,22 +396,43 @@ def build_controls_detail(refusals: Sequence[Refusal]) -> list[dict[str, Any]]:
     summary="Submit a turn",
     responses={**UNREADABLE, **TOO_LARGE, **REFUSED},
 )
-async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
+async def submit_turn(
+    body: TurnBody, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
+) -> SubmitReply:
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
-    its model controls cannot be served (`store.flows.submit`, `store.submit_checks`)."""
+    its model controls cannot be served (`store.flows.submit`, `store.submit_checks`), or it names a tool
+    its API key may not use; 403 for a tenant not the key's (`api.access`)."""
     # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
     fields = body.model_dump(exclude={"turn_id"})
-    turn_request = TurnRequest.model_validate({**fields, "trace_context": None})
+    tenant = build_tenant(caller, body.tenant if "tenant" in body.model_fields_set else None)
+    turn_request = TurnRequest.model_validate({**fields, "trace_context": None, "tenant": tenant})
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:
         raise HTTPException(422, build_safe_json(build_controls_detail(refusals)))
+    if caller.tools is not None or not caller.every_tenant:
+        catalogue = await _read_known_tools(client)
+        refused = find_tool_refusals(caller, turn_request.tools or [], catalogue)
+        if refused:
+            raise HTTPException(422, build_safe_json(refused))
+        if turn_request.tools is None:
+            turn_request = turn_request.model_copy(update={"tools": build_default_tools(caller, catalogue)})
     with continue_http_trace(request.headers, "POST /v1/turns"):
         try:
             turn_id = await client.submit_request(turn_request, turn_id=body.turn_id)
         except ValueError as exc:
             raise HTTPException(422, build_safe_json(build_refusal_detail(turn_request, exc))) from None
+    access: Access = request.app.state.access
+    metrics.API_TURNS_SUBMITTED.labels(tenant=access.build_tenant_label(tenant)).inc()
     return SubmitReply(id=turn_id)
+
+
+async def _read_known_tools(client: AsyncClient) -> dict[str, ToolSpec]:
+    # The tools live workers serve and those served within TOOLLOOP_TOOL_GONE_AFTER_S, as the submit checks
+    # know them: a sensitive tool between workers is still sensitive.
+    now = time.time()
+    catalogue = await AsyncRunner(client.store.redis).run(get_tool_catalogue(now))
+    return catalogue.known(now, client.settings.tool_gone_after_s)
 
 
 @turns_router.get(
@@ -423,6 +441,7 @@ async def submit_turn(body: TurnBody, request: Request) -> SubmitReply:
     operation_id="getTurn",
     summary="Read a turn",
     responses={**UNKNOWN_TURN, **REFUSED},
+    dependencies=[Depends(require_turn("read"))],
 )
 async def get_turn(turn_id: str, request: Request) -> Response:
     """The turn's status, request, transcript so far, the calls waiting for approval, and its outcome once
@@ -442,6 +461,7 @@ async def get_turn(turn_id: str, request: Request) -> Response:
     operation_id="cancelTurn",
     summary="Cancel a turn",
     responses={**UNKNOWN_TURN, **ENDED, **REFUSED},
+    dependencies=[Depends(require_turn("cancel"))],
 )
 async def cancel_turn(turn_id: str, request: Request) -> ControlReply | JSONResponse:
     """Ask the turn's orchestrator to cancel it; 409 (`turn_ended`) when it has already ended."""
@@ -455,6 +475,7 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply | JSONResp
     operation_id="answerApproval",
     summary="Approve or deny a tool call",
     responses={**UNREADABLE, **UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
+    dependencies=[Depends(require_turn("approve"))],
 )
 async def approve_call(
     turn_id: str, call_id: str, body: ApprovalBody, request: Request
@@ -496,10 +517,14 @@ def build_ops_router() -> APIRouter:
         summary="List the tools",
         responses={**UNAVAILABLE, **REFUSED},
     )
-    async def list_tools(request: Request, include_sensitive: bool = False) -> list[ToolInfo]:
-        """The tools the live workers serve, sorted by name; sensitive ones only with `include_sensitive`."""
+    async def list_tools(
+        request: Request, caller: Annotated[Caller, Depends(require("read"))], include_sensitive: bool = False
+    ) -> list[ToolInfo]:
+        """The tools the live workers serve that the caller may use, sorted by name: a key's `tools` (the
+        sensitive ones it names included); sensitive ones otherwise only for the admin, with
+        `include_sensitive`."""
         catalogue = await aread_catalogue(_client(request).store.redis)
-        return build_tool_listing(catalogue.values(), include_sensitive=include_sensitive)
+        return build_tool_listing(catalogue.values(), caller, include_sensitive=include_sensitive)
 
     @router.post(
         "/v1/tools/{name:path}/calls",
@@ -515,19 +540,31 @@ def build_ops_router() -> APIRouter:
             **UNAVAILABLE,
         },
     )
-    async def call_tool(name: str, body: ToolCallBody, request: Request) -> ToolOutcome:
+    async def call_tool(
+        name: str, body: ToolCallBody, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
+    ) -> ToolOutcome:
         """Run one call of tool `name` through the workers, no model involved, and answer its outcome once
         it has one (within `timeout_s`: the request stays open that long).
 
         A call that fails is an outcome too, with its `failure_kind`, as `Client.call_tool` returns it: an
         unknown tool `not_found`, arguments its schema refuses `validation`, no answer in time `timeout`
-        (and the task revoked), a `requires_confirmation` tool without `approve` `confirmation_denied`."""
+        (and the task revoked), a `requires_confirmation` tool without `approve` `confirmation_denied`, a tool
+        the API key may not use `not_allowed` (a sensitive one, for a key without `tools`: `not_found`, as
+        an unknown tool). 403 for a `tenant` not the key's."""
+        tenant = build_tenant(caller, body.tenant)
+        if caller.tools is not None or not caller.every_tenant:
+            refused = find_tool_refusals(caller, [name], await _read_known_tools(_client(request)))
+            if refused:
+                allowed_elsewhere = refused[0]["type"] == "tool_not_allowed"
+                kind = FailureKind.NOT_ALLOWED if allowed_elsewhere else FailureKind.NOT_FOUND
+                ids = (f"direct-{uuid.uuid4().hex}", name, None)
+                return build_failure(ids, kind, refused[0]["msg"], attempts=0)
         gate: RedisGate = request.app.state.direct_calls
         async with gate.slot():
             # The tool's task continues the caller's trace (`traceparent`), as a submitted turn does.
             with continue_http_trace(request.headers, "POST /v1/tools/{name}/calls"):
                 return await _client(request).call_tool(
-                    name, body.arguments, body.timeout_s, body.context, approve=body.approve
+                    name, body.arguments, body.timeout_s, body.context, approve=body.approve, tenant=tenant
                 )
 
     @router.get(
@@ -537,6 +574,7 @@ def build_ops_router() -> APIRouter:
         summary="Prometheus metrics",
         response_class=Response,
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        dependencies=[Depends(require("admin"))],
     )
     async def prometheus_metrics() -> Response:
         """This process's metrics in Prometheus's text format."""
@@ -570,7 +608,9 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         openapi_tags=OPENAPI_TAGS,
         lifespan=lifespan,
     )
-    auth = Depends(build_auth_dependency(settings))
+    # Who may call, from TOOLLOOP_API_KEYS and the token: a table it cannot use stops the app here.
+    app.state.access = Access.from_settings(settings)
+    auth = Depends(authenticate)
     app.include_router(turns_router, dependencies=[auth])
     app.include_router(events_router, dependencies=[auth])
     app.include_router(build_ops_router(), dependencies=[auth])

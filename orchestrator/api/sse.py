@@ -43,7 +43,9 @@ PAGE_EVENTS = 100
 # reader skips a name it does not know). Those `store.turn_stream` types have their `data` fields declared.
 EVENT_TYPES: dict[str, str] = {
     "turn_queued": "The turn is stored and queued.",
-    "turn_started": "An orchestrator started the turn: its model(s), the tools offered, its deadline.",
+    "turn_started": (
+        "An orchestrator started the turn: its model(s), the tools offered, its deadline, its `tenant`."
+    ),
     "turn_resumed": "Another orchestrator took the turn over and goes on from its last saved step.",
     "model_called": "A model call went out (`llm_call_index`, `model`).",
     "text_delta": "A piece of the model's answer as it is written; a call's pieces concatenate to its text.",

@@ -19,6 +19,7 @@ Redis errors (unreachable server) propagate as `redis.RedisError`; everything el
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,7 +36,15 @@ from orchestrator.store.effects import BlockingCall, Flow
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import WriteResult
 from workers import keys
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
+from workers.contract import (
+    DEFAULT_TENANT,
+    TENANT_PATTERN,
+    FailureKind,
+    ToolCallRequest,
+    ToolOutcome,
+    ToolSpec,
+    build_failure,
+)
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 # Extra wait past the caller's timeout, for an outcome written right at it. It stays below the margin by which
@@ -55,6 +64,8 @@ class DirectCall:
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     context: dict[str, Any] = field(default_factory=dict)
     approve: bool = False
+    # Whose call it is, as a turn's tenant: the tool's `ctx.tenant`.
+    tenant: str = DEFAULT_TENANT
 
 
 def build_direct_call(
@@ -64,13 +75,25 @@ def build_direct_call(
     context: Mapping[str, Any] | None = None,
     *,
     approve: bool = False,
+    tenant: str | None = None,
 ) -> DirectCall:
-    """A `DirectCall` from the arguments of `Client.call_tool` (whose signature this is)."""
-    return DirectCall(name, dict(arguments), timeout_s, dict(context or {}), approve)
+    """A `DirectCall` from the arguments of `Client.call_tool` (whose signature this is); `tenant` None is
+    "default"."""
+    if tenant is not None and not re.fullmatch(TENANT_PATTERN, tenant):
+        raise ValueError(f"'tenant' must match {TENANT_PATTERN}, not {tenant!r}")
+    return DirectCall(
+        name, dict(arguments), timeout_s, dict(context or {}), approve, tenant or DEFAULT_TENANT
+    )
 
 
 def build_direct_request(
-    name: str, arguments: Mapping[str, Any], context: Mapping[str, Any] | None, timeout_s: float, now: float
+    name: str,
+    arguments: Mapping[str, Any],
+    context: Mapping[str, Any] | None,
+    timeout_s: float,
+    now: float,
+    *,
+    tenant: str = DEFAULT_TENANT,
 ) -> ToolCallRequest:
     """The request of a direct call: its own call id, a deadline `timeout_s` away, a reply list."""
     call_id = f"direct-{uuid.uuid4().hex}"
@@ -82,6 +105,7 @@ def build_direct_request(
         deadline_at=now + timeout_s,
         dispatched_at=now,
         reply_key=keys.reply(call_id),
+        tenant=tenant,
     )
 
 
@@ -141,7 +165,9 @@ def build_call_flow(
     if rejected is not None or spec is None:
         assert rejected is not None
         return rejected
-    request = build_direct_request(call.name, call.arguments, call.context, call.timeout_s, now())
+    request = build_direct_request(
+        call.name, call.arguments, call.context, call.timeout_s, now(), tenant=call.tenant
+    )
     reply_key = request.reply_key or ""
     app = get_producer_app(settings)
     task_id = yield BlockingCall(partial(dispatch_call, app, spec, request))

@@ -75,7 +75,7 @@ from orchestrator.store.runner import DEFAULT_RETRY_S, Patience
 from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse_stream_event
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import attach_trace_context
-from workers.contract import ToolOutcome
+from workers.contract import DEFAULT_TENANT, ToolOutcome
 from workers.tracing import build_carrier
 
 __all__ = [
@@ -218,8 +218,11 @@ class HttpCall(Generic[T]):
 
 def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
     """`POST /v1/turns` of `request` under `turn_id` (chosen by the caller: a retry stores the turn once);
-    its trace context goes as the `traceparent` header, the only one the API takes."""
+    its trace context goes as the `traceparent` header, the only one the API takes. The tenant goes only when
+    it is not the default, so a client still submits to an API that predates tenants."""
     body = request.model_dump(mode="json", exclude={"trace_context"})
+    if request.tenant == DEFAULT_TENANT:
+        del body["tenant"]
 
     def read(answer: httpx.Response) -> str:
         raise_for_answer(answer)
@@ -279,6 +282,8 @@ def build_tool_call(call: DirectCall, trace: Mapping[str, str] | None = None) ->
         "context": call.context,
         "approve": call.approve,
     }
+    if call.tenant != DEFAULT_TENANT:  # as a submit's: an API that predates tenants takes the call
+        body["tenant"] = call.tenant
     # NaN and infinities go as JSON's common extension (the API reads them), so that arguments holding one
     # get the `validation` outcome the Redis clients give, not an error of the client's own.
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

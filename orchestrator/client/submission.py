@@ -75,6 +75,7 @@ def build_submission(  # noqa: PLR0917
     instructions: str | None = None,
     model_settings: ModelSettings | Mapping[str, Any] | None = None,
     output_schema: OutputSchema | None = None,
+    tenant: str | None = None,
 ) -> Submission:
     """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
     (pydantic's `ValidationError`, a `ValueError`, if bad).
@@ -83,7 +84,8 @@ def build_submission(  # noqa: PLR0917
     `instructions` is the turn's system prompt (kept out of the stored conversation); `model` a name or a list
     tried in order when one fails; `model_settings` how the model is asked (`ModelSettings`); `output_schema`
     the JSON Schema (or pydantic model class) of the answer, whose parsed JSON is the outcome's `output`
-    (`TurnOutcome.parse(Model)` gives the typed object).
+    (`TurnOutcome.parse(Model)` gives the typed object). `tenant` is whose turn it is (None: "default"), a
+    short identifier: tools get it as `ctx.tenant`, and over HTTP an API key sees only its tenant's turns.
     """
     if isinstance(tools, str):
         raise ValueError("'tools' is a list of tool names, not a string")
@@ -99,6 +101,8 @@ def build_submission(  # noqa: PLR0917
         "instructions": instructions,
         "output_schema": build_output_schema(output_schema),
     }
+    if tenant is not None:
+        raw["tenant"] = tenant
     if limits is not None:
         raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
     if model_settings is not None:

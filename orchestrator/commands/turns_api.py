@@ -155,6 +155,10 @@ def submit_command(
     ] = None,
     context: Annotated[str | None, typer.Option(help="JSON object handed to tools as their context.")] = None,
     conversation: Annotated[str | None, typer.Option(help="Conversation id: continue its history.")] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Whose turn it is (default: \"default\"): tools get it as ctx.tenant."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
     stream: Annotated[
         bool,
@@ -207,6 +211,7 @@ def submit_command(
                 limits=limits,
                 context=request_context,
                 conversation_id=conversation,
+                tenant=tenant,
                 instructions=instructions,
                 model_settings=model_settings,
                 output_schema=schema,
@@ -319,22 +324,29 @@ def api_command(
 ) -> None:
     """Serve the HTTP API (uvicorn) until SIGTERM/SIGINT.
 
-    Bound to an address other machines reach, it needs TOOLLOOP_API_TOKEN, or --allow-no-token
-    (TOOLLOOP_API_ALLOW_NO_TOKEN=1) to serve it open on purpose.
+    Bound to an address other machines reach, it needs TOOLLOOP_API_KEYS or TOOLLOOP_API_TOKEN, or
+    --allow-no-token (TOOLLOOP_API_ALLOW_NO_TOKEN=1) to serve it open on purpose. A TOOLLOOP_API_KEYS it
+    cannot use stops it at once, saying why (exit 2).
     """
     import uvicorn
 
+    from orchestrator.api.access import Access
     from orchestrator.api.app import create_app
     from orchestrator.commands.exposure import build_exposure_refusal
+    from orchestrator.errors import ApiKeysError
 
     settings = get_settings()
     token = settings.api_token.get_secret_value().strip() if settings.api_token else ""
+    try:
+        has_keys = bool(Access.from_settings(settings).keys)
+    except ApiKeysError as exc:
+        fail(str(exc), EXIT_USAGE)
     refusal = build_exposure_refusal(
         what="the API",
         host=host,
-        authenticated=bool(token),
+        authenticated=bool(token) or has_keys,
         allowed_open=allow_no_token,
-        how_to_authenticate="set TOOLLOOP_API_TOKEN",
+        how_to_authenticate="set TOOLLOOP_API_KEYS or TOOLLOOP_API_TOKEN",
         opt_out="--allow-no-token or TOOLLOOP_API_ALLOW_NO_TOKEN=1",
     )
     if refusal is not None:

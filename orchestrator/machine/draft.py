@@ -120,6 +120,7 @@ def build_dispatch(state: TurnState, call: CallState) -> Dispatch:
         task_id=call.task_id,
         deadline_at=state.deadline_at,
         context=state.context,
+        tenant=state.tenant,
     )
 
 

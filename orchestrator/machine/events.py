@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome
-from workers.contract import ToolOutcome, ToolSpec
+from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
 
 
 class _Frozen(BaseModel):
@@ -177,6 +177,7 @@ class Dispatch(_Frozen):
     task_id: str
     deadline_at: float | None = None
     context: dict[str, Any] = Field(default_factory=dict)
+    tenant: str = DEFAULT_TENANT
 
 
 class DispatchTools(_Frozen):

@@ -112,6 +112,7 @@ def start(
         output_schema=request.output_schema,
         limits=request.limits,
         context=dict(request.context),
+        tenant=request.tenant,
         tools_allowed=None if request.tools is None else list(request.tools),
         tool_choice=request.tool_choice,
         stream=request.stream,
@@ -128,7 +129,12 @@ def start(
     )
     draft = Draft(state)
     draft.emit(
-        "turn_started", model=models[0], models=models, tools=sorted(offered), deadline_at=state.deadline_at
+        "turn_started",
+        model=models[0],
+        models=models,
+        tools=sorted(offered),
+        deadline_at=state.deadline_at,
+        tenant=request.tenant,
     )
     draft.commands.append(ArmTimer(timer_id=DEADLINE_TIMER, at=state.deadline_at))
     _refuse(draft, sorted({m for m in models if m in unpriced}), refused, at)

@@ -47,7 +47,7 @@ from orchestrator.model import (
     TurnStatus,
     Usage,
 )
-from workers.contract import ToolOutcome, ToolSpec
+from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
 from workers.records import STORED, ForbidsUnknownFields
 
 # How long a call whose worker went silent waits for it past hard limit + grace (TOOLLOOP_LOST_CALL_WAIT_S).
@@ -209,6 +209,8 @@ class TurnState(_Frozen):
     output_schema: dict[str, Any] | None = None
     limits: Limits = Field(default_factory=Limits)
     context: dict[str, Any] = Field(default_factory=dict)
+    # The request's tenant, sent with every tool call (`ToolContext.tenant`); "default" in older states.
+    tenant: str = DEFAULT_TENANT
     tools_allowed: list[str] | None = None
     tool_choice: str | None = None
     stream: bool = True
@@ -305,6 +307,7 @@ class TurnChanges(TypedDict, total=False):
     output_schema: dict[str, Any] | None
     limits: Limits
     context: dict[str, Any]
+    tenant: str
     tools_allowed: list[str] | None
     tool_choice: str | None
     stream: bool

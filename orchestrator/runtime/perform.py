@@ -441,6 +441,7 @@ class Performer:
             arguments=call.arguments,
             turn_id=turn_id,
             context=call.context,
+            tenant=call.tenant,
             attempt=call.attempt,
             deadline_at=call.deadline_at,
             dispatched_at=self._clock(),

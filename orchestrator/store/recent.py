@@ -12,6 +12,9 @@ A turn's stream is mostly text deltas, and parsing stream entries is what a list
 keeps what it has read (`RecentCache`): the next listing reads only the events added since, at most
 `EVENTS_PER_READ` of them per turn (a longer stream is caught up over the next listings), and a finished
 turn's summary costs one GET of its status.
+
+A listing may keep one tenant's turns (`tenant`, from the request: a request stored before tenants is
+"default"); it then reads on through the index, page by page, until it has `limit` of them or the index ends.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from orchestrator.store import codec
 from orchestrator.store.effects import Flow, RedisCommand, Transaction, parse_reply
 from orchestrator.store.runner import AsyncRunner
 from workers import keys
+from workers.contract import DEFAULT_TENANT
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -50,6 +54,7 @@ class RecentTurn(BaseModel):
 
     turn_id: str
     status: TurnStatus
+    tenant: str = DEFAULT_TENANT
     model: str | None = None
     submitted_at: float | None = None
     started_at: float | None = None
@@ -142,8 +147,15 @@ def _data(fields: Mapping[str, str]) -> dict[str, Any]:
 
 def _start(turn_id: str, submitted_at: float, status: TurnStatus, request_raw: Any) -> RecentTurn:
     request = codec.parse_request(request_raw)
-    model = request.model if request is not None else None
-    return RecentTurn(turn_id=turn_id, status=status, submitted_at=submitted_at, model=model)
+    if request is None:
+        return RecentTurn(turn_id=turn_id, status=status, submitted_at=submitted_at)
+    return RecentTurn(
+        turn_id=turn_id,
+        status=status,
+        submitted_at=submitted_at,
+        model=request.model,
+        tenant=request.tenant,
+    )
 
 
 def _apply(turn: RecentTurn, tools: Counter[str], name: str, fields: Mapping[str, str]) -> None:
@@ -182,15 +194,20 @@ def advance(previous: Read | None, listed: tuple[str, float], reply: tuple[Any, 
     return Read(turn, cursor)
 
 
-def list_recent(limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None) -> Flow[list[RecentTurn]]:
-    """Up to `limit` recent turns, newest first; expired ones are skipped and removed from the index.
+def list_recent(
+    limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None, tenant: str | None = None
+) -> Flow[list[RecentTurn]]:
+    """Up to `limit` recent turns, newest first, of `tenant` only when one is given; expired ones are skipped
+    and removed from the index.
 
     With `cache`, only what was added since the listings that filled it is read."""
     cache = cache or RecentCache()
     found: dict[str, RecentTurn] = {}
     start = 0
     while len(found) < limit:
-        page: list[tuple[str, float]] = yield read_recent_ids(start, limit - len(found))
+        # A tenant's listing reads whole pages: the turns of other tenants in between are passed over.
+        wanted = limit - len(found) if tenant is None else limit
+        page: list[tuple[str, float]] = yield read_recent_ids(start, wanted)
         if not page:
             break
         start += len(page)
@@ -210,7 +227,8 @@ def list_recent(limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None) ->
                 continue
             cache.put(turn_id, read, after=previous)
             # setdefault: a turn submitted meanwhile shifts the ranks, so a page may repeat an id.
-            found.setdefault(turn_id, read.turn)
+            if (tenant is None or read.turn.tenant == tenant) and len(found) < limit:
+                found.setdefault(turn_id, read.turn)
         if expired:
             yield forget(expired)
             start -= len(expired)  # the ranks after them moved up
@@ -218,7 +236,10 @@ def list_recent(limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None) ->
 
 
 async def alist_recent(
-    client: aioredis.Redis, limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None
+    client: aioredis.Redis,
+    limit: int = DEFAULT_LIMIT,
+    cache: RecentCache | None = None,
+    tenant: str | None = None,
 ) -> list[RecentTurn]:
     """`list_recent` on an asyncio client."""
-    return await AsyncRunner(client).run_flow(list_recent(limit, cache))
+    return await AsyncRunner(client).run_flow(list_recent(limit, cache, tenant))

@@ -33,7 +33,7 @@ from orchestrator.model import (
 from orchestrator.store.codec import parse_request, parse_status, text
 from orchestrator.store.history import parse_outcome as parse_stored_outcome
 from workers import keys
-from workers.contract import redact
+from workers.contract import DEFAULT_TENANT, redact
 
 _MESSAGES = TypeAdapter(list[Message])
 
@@ -68,6 +68,8 @@ class TurnView(BaseModel):
 
     id: str
     status: TurnStatus
+    # Whose turn it is (the request's `tenant`; "default" for a turn stored before tenants existed).
+    tenant: str = DEFAULT_TENANT
     request: TurnRequest
     messages: list[Message] = Field(default_factory=list)
     outcome: TurnOutcome | None = None
@@ -223,7 +225,12 @@ def build_turn_view(
     if stored_outcome is not None:
         outcome = build_shown_outcome(stored_outcome)
         return TurnView(
-            id=turn_id, status=status, request=request, messages=list(outcome.messages), outcome=outcome
+            id=turn_id,
+            status=status,
+            tenant=stored_request.tenant,
+            request=request,
+            messages=list(outcome.messages),
+            outcome=outcome,
         )
     # The state is parsed once; one this code cannot read still gives its history if it has one.
     state = _read_state(state_raw, history_raw, log_raw)
@@ -231,6 +238,7 @@ def build_turn_view(
     return TurnView(
         id=turn_id,
         status=status,
+        tenant=stored_request.tenant,
         request=request,
         messages=build_shown_messages(history or build_initial_messages(stored_request)),
         pending_approvals=build_pending_approvals(state),

@@ -466,7 +466,7 @@ def test_both_clients_take_the_builders_signature() -> None:
         assert list(inspect.signature(method).parameters) == ["self", *built]
         assert method.__name__ == "submit" and method.__doc__
     assert inspect.iscoroutinefunction(AsyncClient.submit) and not inspect.iscoroutinefunction(Client.submit)
-    call_parameters = ["self", "name", "arguments", "timeout_s", "context", "approve"]
+    call_parameters = ["self", "name", "arguments", "timeout_s", "context", "approve", "tenant"]
     assert list(inspect.signature(Client.call_tool).parameters) == call_parameters
     assert inspect.signature(AsyncClient.call_tool).return_annotation == "ToolOutcome"
 

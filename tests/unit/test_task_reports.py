@@ -55,6 +55,7 @@ def test_flower_gets_ids_redacted_arguments_and_only_the_keys_of_the_context() -
         "turn_id": "t1",
         "call_id": "c1",
         "attempt": 1,
+        "tenant": "default",
         "arguments": {"q": "x", "api_token": "***", "nested": [{"password": "***"}]},
         "context": {"user_email": "***", "tenant": "***"},
     }

@@ -5,27 +5,29 @@ HTML-escaped. Everything a page shows comes from the API it calls (`GET /v1/turn
 `GET /v1/turns/{id}/events`) and is inserted as text, never as HTML: a tool's result may hold HTML. A
 Content-Security-Policy allows nothing but this server's own scripts, styles and connections.
 
-With a token set, a page answers 401 with a short explanation unless it gets the token once (`?token=`, then
-a session cookie and a redirect without it, `orchestrator.api.pages.auth`), the cookie, or the bearer header.
+With a token or keys set, a page answers 401 with a short explanation unless it gets a key once (`?token=`,
+then a session cookie and a redirect without it, `orchestrator.api.pages.auth`), the cookie, or the bearer
+header. What a page then shows is what its key may read (`GET /v1/turns` lists the key's tenant's turns).
 The static files hold no data and are served to anyone.
 """
 
 from __future__ import annotations
 
-import hmac
 from html import escape
 from importlib import resources
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
+from orchestrator.api.access import Access, Caller, require
 from orchestrator.api.connections import ApiRedis
-from orchestrator.api.pages.auth import SESSION_COOKIE, build_session_value, has_bearer, has_session
+from orchestrator.api.pages.auth import READ_METHODS, SESSION_COOKIE
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.recent import DEFAULT_LIMIT, MAX_LIMIT, RecentCache, RecentTurn, alist_recent
+from workers.contract import TENANT_PATTERN
 
 _STATIC = resources.files("orchestrator.api.pages").joinpath("static")
 # The files under /ui/static/, and their media types: nothing else is served from there.
@@ -46,10 +48,10 @@ PAGE_HEADERS = {
 }
 REFUSAL = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>toolloop: token needed</title></head>
-<body><h1>401: this page needs the API token</h1>
-<p>This toolloop API is protected by <code>TOOLLOOP_API_TOKEN</code>. Open this page once as
-<code>{path}?token=&lt;the token&gt;</code>: the page then keeps a session cookie (for reading only) and
-takes the token out of the address.</p>
+<body><h1>401: this page needs an API key</h1>
+<p>This toolloop API is protected by <code>TOOLLOOP_API_KEYS</code> or <code>TOOLLOOP_API_TOKEN</code>.
+Open this page once as <code>{path}?token=&lt;your key&gt;</code>: the page then keeps a session cookie (for
+reading only) and takes the key out of the address.</p>
 <p>{reason}</p></body></html>
 """
 
@@ -61,7 +63,8 @@ class RecentTurns(BaseModel):
 
 
 def build_listing_router() -> APIRouter:
-    """`GET /v1/turns?limit=N`: the recent turns (`store.recent`); the app adds auth and a pool slot."""
+    """`GET /v1/turns?limit=N&tenant=T`: the recent turns (`store.recent`); the app adds auth and a pool
+    slot."""
     router = APIRouter()
     cache = RecentCache()  # what this process's listings have read: the next one reads only what is new
 
@@ -69,11 +72,19 @@ def build_listing_router() -> APIRouter:
         "/v1/turns", response_model=RecentTurns, operation_id="listTurns", summary="List recent turns"
     )
     async def list_turns(
-        request: Request, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT
+        request: Request,
+        caller: Annotated[Caller, Depends(require("read"))],
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+        tenant: Annotated[str | None, Query(pattern=TENANT_PATTERN)] = None,
     ) -> RecentTurns:
-        """The most recent turns, newest first: status, model, times, duration and the tools used."""
+        """The most recent turns, newest first: tenant, status, model, times, duration and the tools used;
+        of one `tenant` when given. A key lists its own tenant's only (another `tenant` is a 403)."""
+        if not caller.every_tenant:
+            if tenant is not None and tenant != caller.tenant:
+                raise HTTPException(403, f"this API key reads tenant {caller.tenant!r} only")
+            tenant = caller.tenant
         api: ApiRedis = request.app.state.redis
-        return RecentTurns(turns=await alist_recent(api.client.store.redis, limit, cache))
+        return RecentTurns(turns=await alist_recent(api.client.store.redis, limit, cache, tenant))
 
     return router
 
@@ -102,14 +113,14 @@ def _refusal(request: Request, reason: str) -> HTMLResponse:
     return HTMLResponse(body, status_code=401, headers={**PAGE_HEADERS, "WWW-Authenticate": "Bearer"})
 
 
-def _signed_in(request: Request, token: bytes) -> Response:
-    # The token is right: a session cookie, and the same page again without the token in its address.
+def _signed_in(request: Request, session: str) -> Response:
+    # The key is right: a session cookie, and the same page again without the key in its address.
     target = request.url.remove_query_params("token")
     location = target.path + (f"?{target.query}" if target.query else "")
     response = RedirectResponse(location, status_code=303, headers=PAGE_HEADERS)
     response.set_cookie(
         SESSION_COOKIE,
-        build_session_value(token),
+        session,
         path="/",
         httponly=True,
         samesite="strict",
@@ -118,34 +129,39 @@ def _signed_in(request: Request, token: bytes) -> Response:
     return response
 
 
-def check_page(request: Request, token: bytes | None) -> Response | None:
+def check_page(request: Request, access: Access) -> Response | None:
     """The check every page passes: None to serve it, else what to answer instead (a 401, or the sign-in
     redirect of a right `?token=`)."""
-    if token is None:
+    if access.open:
         return None
     given = request.query_params.get("token")
     if given is not None:
-        if not hmac.compare_digest(given.encode(), token):
-            return _refusal(request, "The token given is not the API's token.")
-        return _signed_in(request, token)
-    if has_session(request, token) or has_bearer(request.headers.get("authorization"), token):
+        session = access.find_sign_in(given.strip())
+        if session is None:
+            return _refusal(request, "The key given is not one of the API's keys.")
+        return _signed_in(request, session)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie and request.method in READ_METHODS and access.find_session(cookie) is not None:
         return None
-    return _refusal(request, "No session yet (or it belongs to an older token).")
+    scheme, _, bearer = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and access.find_bearer(bearer.strip()) is not None:
+        return None
+    return _refusal(request, "No session yet (or it belongs to an older key).")
 
 
 def build_pages_router(settings: Settings) -> APIRouter:
     """`/ui`, `/ui/turns/{id}` and `/ui/static/{name}`."""
     router = APIRouter(include_in_schema=False)
-    token = settings.api_token.get_secret_value().encode() if settings.api_token else None
     flower_url = build_flower_url(settings.flower_url)
 
     @router.get("/ui")
     async def turns_page(request: Request) -> Response:
-        return check_page(request, token) or HTMLResponse(read_static("turns.html"), headers=PAGE_HEADERS)
+        page = HTMLResponse(read_static("turns.html"), headers=PAGE_HEADERS)
+        return check_page(request, request.app.state.access) or page
 
     @router.get("/ui/turns/{turn_id}")
     async def turn_page(turn_id: str, request: Request) -> Response:
-        refused = check_page(request, token)
+        refused = check_page(request, request.app.state.access)
         if refused is not None:
             return refused
         try:

@@ -1,7 +1,10 @@
 // The recent turns, from GET /v1/turns, refreshed every few seconds. Every value goes in as text.
+// `/ui?tenant=acme` lists one tenant's turns (a tenant cell links there).
 "use strict";
 
 const REFRESH_MS = 3000;
+const TENANT = new URLSearchParams(window.location.search).get("tenant");
+const LISTING = "/v1/turns?limit=50" + (TENANT ? "&tenant=" + encodeURIComponent(TENANT) : "");
 const tbody = document.querySelector("#turns tbody");
 const state = document.getElementById("listing-state");
 
@@ -34,6 +37,10 @@ function render(turns) {
     link.textContent = turn.turn_id;
     row.insertCell().append(link);
     cell(row, turn.status, "status").dataset.status = turn.status;
+    const tenant = document.createElement("a");
+    tenant.href = "/ui?tenant=" + encodeURIComponent(turn.tenant);
+    tenant.textContent = turn.tenant;
+    row.insertCell().append(tenant);
     cell(row, turn.model || "");
     cell(row, turn.submitted_at ? new Date(turn.submitted_at * 1000).toLocaleString() : "");
     cell(row, describeDuration(turn));
@@ -46,7 +53,7 @@ function render(turns) {
 
 async function refresh() {
   try {
-    const reply = await fetch("/v1/turns?limit=50", { credentials: "same-origin", cache: "no-store" });
+    const reply = await fetch(LISTING, { credentials: "same-origin", cache: "no-store" });
     if (!reply.ok) {
       state.textContent = "could not list the turns: HTTP " + reply.status;
     } else {
