@@ -96,6 +96,26 @@ def reply(call_id: str) -> str:
     return f"{PREFIX}reply:{call_id}"
 
 
+# --- concurrency slots (workers.concurrency) ------------------------------------------------------------
+# A slot entry lives as long as its execution's running guard (the hard limit and a margin), unless released.
+SLOT_WAITING_TOLD_TTL_S = 3600  # how long a waiting call remembers its turn was told (once per dispatch)
+
+
+def tool_slots(tool: str) -> str:
+    """Zset of the executions holding one of `@tool(max_concurrency=N)`'s N slots: token -> expiry (ms)."""
+    return f"{PREFIX}slots:{tool}"
+
+
+def tenant_slots(tool: str, tenant: str) -> str:
+    """Zset of a tenant's executions holding one of `@tool(max_concurrency_per_tenant=N)`'s N slots."""
+    return f"{PREFIX}slots:{tool}:tenant:{tenant}"
+
+
+def slot_waiting_told(call_id: str) -> str:
+    """The dispatch attempt of a call whose turn was told it waits for a slot (`tool_waiting_for_slot`)."""
+    return f"{PREFIX}slot_waiting:{call_id}"
+
+
 # --- turns -----------------------------------------------------------------------------------------------
 TURN_QUEUE = PREFIX + "turns:pending"  # list of turn ids waiting for an orchestrator
 ORCHESTRATORS = PREFIX + "orchestrators"  # zset: orchestrator id -> last heartbeat (epoch)
