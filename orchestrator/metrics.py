@@ -44,6 +44,17 @@ MODEL_CALL_DURATION = Histogram(
 MODEL_TOKENS = Counter(
     "toolloop_model_tokens", "Tokens used, by provider and direction.", ["provider", "kind"]
 )
+MODEL_THROTTLED = Counter(
+    "toolloop_model_throttled",
+    "Model calls held back by the fleet's rate limits, by model and what held them (requests_per_minute, "
+    "tokens_per_minute, provider).",
+    ["model", "limit"],
+)
+MODEL_THROTTLED_WAIT = Counter(
+    "toolloop_model_throttled_wait_seconds",
+    "Seconds model calls were told to wait by the fleet's rate limits, by model and limit.",
+    ["model", "limit"],
+)
 TOOL_CALLS = Counter(
     "toolloop_tool_calls", "Tool call outcomes by tool and kind (ok or failure kind).", ["tool", "kind"]
 )
@@ -85,6 +96,13 @@ def record_model_call(
         MODEL_TOKENS.labels(provider=provider, kind="input").inc(input_tokens)
     if output_tokens:
         MODEL_TOKENS.labels(provider=provider, kind="output").inc(output_tokens)
+
+
+def record_model_throttled(model: str, limit: str, wait_s: float) -> None:
+    """Count one model call held back by a rate limit (`model` is `provider:model`: the limits are set per
+    model, and few models run in a fleet) and the wait it was given."""
+    MODEL_THROTTLED.labels(model=model, limit=limit).inc()
+    MODEL_THROTTLED_WAIT.labels(model=model, limit=limit).inc(wait_s)
 
 
 def record_tool_outcome(outcome: ToolOutcome) -> None:

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 
 from orchestrator.machine.state import DEFAULT_LOST_CALL_WAIT_S
+from orchestrator.model_limits import ModelLimit
 from orchestrator.providers.traits import MODEL_TIERS
 from workers import keys
 from workers.settings import WorkerSettings
@@ -105,6 +106,10 @@ class Settings(WorkerSettings):
     # unset: an eighth of the window, 256 to 32,000); older history summarised by a model call before
     # exchanges are dropped (TOOLLOOP_COMPACTION, off by default).
     context_windows: dict[str, int] = Field(default_factory=dict)
+    # Model rate limits shared by the fleet (`orchestrator.model_limits`), as JSON
+    # `{"<provider:model or provider>": {"requests_per_minute": 500, "tokens_per_minute": 200000,
+    # "window_s": 60}}` (TOOLLOOP_MODEL_LIMITS; unset: only the providers' own signals pause a model).
+    model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
     context_output_reserve_tokens: int | None = Field(default=None, ge=0)
     compaction: bool = False
 

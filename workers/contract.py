@@ -89,10 +89,6 @@ class ToolSpec(BaseModel):
     idempotency: str | None = None  # None | "args" | "key:<fixed key>"
     sensitive: bool = False
     requires_confirmation: bool = False
-    # At most this many calls of the tool run at once across the fleet, and per tenant
-    # (`workers.concurrency`); None: no limit. A catalogue entry of a release before them reads as None.
-    max_concurrency: int | None = None
-    max_concurrency_per_tenant: int | None = None
 
     @model_validator(mode="before")
     @classmethod

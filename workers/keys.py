@@ -96,26 +96,6 @@ def reply(call_id: str) -> str:
     return f"{PREFIX}reply:{call_id}"
 
 
-# --- concurrency slots (workers.concurrency) ------------------------------------------------------------
-# A slot entry lives as long as its execution's running guard (the hard limit and a margin), unless released.
-SLOT_WAITING_TOLD_TTL_S = 3600  # how long a waiting call remembers its turn was told (once per dispatch)
-
-
-def tool_slots(tool: str) -> str:
-    """Zset of the executions holding one of `@tool(max_concurrency=N)`'s N slots: token -> expiry (ms)."""
-    return f"{PREFIX}slots:{tool}"
-
-
-def tenant_slots(tool: str, tenant: str) -> str:
-    """Zset of a tenant's executions holding one of `@tool(max_concurrency_per_tenant=N)`'s N slots."""
-    return f"{PREFIX}slots:{tool}:tenant:{tenant}"
-
-
-def slot_waiting_told(call_id: str) -> str:
-    """The dispatch attempt of a call whose turn was told it waits for a slot (`tool_waiting_for_slot`)."""
-    return f"{PREFIX}slot_waiting:{call_id}"
-
-
 # --- turns -----------------------------------------------------------------------------------------------
 TURN_QUEUE = PREFIX + "turns:pending"  # list of turn ids waiting for an orchestrator
 ORCHESTRATORS = PREFIX + "orchestrators"  # zset: orchestrator id -> last heartbeat (epoch)
@@ -229,3 +209,26 @@ def conversation_lock(conversation_id: str) -> str:
 # Written once under each Redis run id: a run id that changed without it means Redis came back empty.
 REDIS_MARKER = PREFIX + "redis:marker"  # string, no TTL: the run id it was written under
 REDIS_LOSSES = PREFIX + "redis:losses"  # hash: new run id -> JSON of one data loss (TURN_TTL_S)
+
+# --- model rate limits (orchestrator.store.rate_limits) -----------------------------------------------------
+# Each expires once its window or its pause is over: an idle model leaves nothing behind.
+
+
+def model_pause(model: str) -> str:
+    """A `provider:model` its provider asked the fleet to rest: the epoch ms (Redis's clock) it may go on."""
+    return f"{PREFIX}model_limits:paused:{model}"
+
+
+def model_budget_calls(key: str) -> str:
+    """Zset of the calls in the sliding window of TOOLLOOP_MODEL_LIMITS entry `key`: reservation id -> ms."""
+    return f"{PREFIX}model_limits:budget:{key}:calls"
+
+
+def model_budget_tokens(key: str) -> str:
+    """Hash of the tokens of the calls in entry `key`'s window (reservation id -> tokens, and their sum)."""
+    return f"{PREFIX}model_limits:budget:{key}:tokens"
+
+
+def model_budget_line(key: str) -> str:
+    """Zset of the calls entry `key` told to wait: call id -> the epoch ms it was told to come back."""
+    return f"{PREFIX}model_limits:budget:{key}:line"

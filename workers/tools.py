@@ -189,8 +189,6 @@ def tool(
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
     queue: str | None = None,
-    max_concurrency: int | None = None,
-    max_concurrency_per_tenant: int | None = None,
     registry: ToolRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
@@ -212,8 +210,6 @@ def tool(
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
     queue: str | None = None,
-    max_concurrency: int | None = None,
-    max_concurrency_per_tenant: int | None = None,
     registry: ToolRegistry | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Define a tool from a typed function; usable bare (`@tool`) or with guardrails (`@tool(...)`).
@@ -224,9 +220,6 @@ def tool(
     `idempotency`: None, "args" (key from the arguments) or "key:<fixed key>" (scoped to this tool).
     `queue`: the Celery queue of its calls. By default the tool's own, `tool.<name>` (`build_queue_name`),
     so a worker is only ever sent the tools it serves; tools that name one queue share it.
-    `max_concurrency`: at most this many calls of the tool run at once across the whole fleet;
-    `max_concurrency_per_tenant`: at most this many per tenant. A call past a limit waits for a slot without
-    holding a pool process (`workers.concurrency`).
     """
     target = registry if registry is not None else _DEFAULT_REGISTRY
 
@@ -243,7 +236,6 @@ def tool(
             queue=queue,
         )
         _check_idempotency(tool_name, idempotency)
-        _check_concurrency(tool_name, max_concurrency, max_concurrency_per_tenant)
         tool_queue = queue if queue is not None else build_queue_name(tool_name)
         arguments_model, context_param, input_param = build_arguments_model(tool_name, fn)
         summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
@@ -262,8 +254,6 @@ def tool(
             idempotency=idempotency,
             sensitive=bool(sensitive) or is_sensitive_name(tool_name),
             requires_confirmation=requires_confirmation,
-            max_concurrency=max_concurrency,
-            max_concurrency_per_tenant=max_concurrency_per_tenant,
         )
         built: Tool[P, R] = Tool(
             fn, spec, arguments_model, context_param=context_param, input_param=input_param
@@ -339,14 +329,6 @@ def _check_idempotency(name: str, idempotency: str | None) -> None:
     raise ToolDefinitionError(
         f"tool '{name}': idempotency must be None, 'args' or 'key:<fixed key>', not {idempotency!r}"
     )
-
-
-def _check_concurrency(name: str, fleet: int | None, per_tenant: int | None) -> None:
-    for label, value in (("max_concurrency", fleet), ("max_concurrency_per_tenant", per_tenant)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ToolDefinitionError(
-                f"tool '{name}': {label} must be a whole number of calls, 1 or more, not {value!r}"
-            )
 
 
 def _qualified(fn: Callable[..., Any]) -> str:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome
+from orchestrator.model_limits import LimitName
 from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
 
 
@@ -51,6 +52,17 @@ class ModelFailed(_Frozen):
     at: float
     llm_call_index: int | None = None
     preview: Preview = ()
+
+
+class ModelThrottled(_Frozen):
+    """The model call `llm_call_index` was not sent: `limit` holds it for `wait_s` seconds — its model's
+    budget of requests or tokens (TOOLLOOP_MODEL_LIMITS), or a rest its provider asked of the fleet."""
+
+    kind: Literal["model_throttled"] = "model_throttled"
+    limit: LimitName
+    wait_s: float
+    at: float
+    llm_call_index: int | None = None
 
 
 class ToolStarted(_Frozen):
@@ -127,6 +139,7 @@ class CancelRequested(_Frozen):
 Event = Annotated[
     ModelResponded
     | ModelFailed
+    | ModelThrottled
     | ToolStarted
     | ToolWaitingForWorker
     | ToolFinished
@@ -165,6 +178,8 @@ class CallModel(_Frozen):
     instructions: str | None = None
     settings: ModelSettings = Field(default_factory=ModelSettings)
     output_schema: dict[str, Any] | None = None
+    # The request's estimated input tokens (the view's), which a tokens budget reserves; None: not estimated.
+    estimated_tokens: int | None = None
 
 
 class Dispatch(_Frozen):

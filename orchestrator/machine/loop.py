@@ -35,6 +35,7 @@ from orchestrator.machine.events import (
     Finish,
     ModelFailed,
     ModelResponded,
+    ModelThrottled,
     Revoke,
     TimerFired,
     ToolFinished,
@@ -43,7 +44,12 @@ from orchestrator.machine.events import (
     WorkerChecked,
     WriteOutcomes,
 )
-from orchestrator.machine.model_calls import build_call_model, call_model_or_stop, on_model_responded
+from orchestrator.machine.model_calls import (
+    build_call_model,
+    call_model_or_stop,
+    on_model_responded,
+    on_model_throttled,
+)
 from orchestrator.machine.model_errors import on_model_failed
 from orchestrator.machine.state import (
     DEADLINE_TIMER,
@@ -155,10 +161,8 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             record_late(draft, event.outcome, event.at)
         return draft.state, draft.commands
     match event:
-        case ModelResponded():
-            on_model_responded(draft, event, policy)
-        case ModelFailed():
-            on_model_failed(draft, event)
+        case ModelResponded() | ModelFailed() | ModelThrottled():
+            _on_model_event(draft, event, policy)
         case ToolStarted():
             on_tool_started(draft, event)
         case ToolWaitingForWorker():
@@ -178,6 +182,20 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
     _settle(draft, event.at)
     draft.flush()
     return draft.state, draft.commands
+
+
+def _on_model_event(
+    draft: Draft, event: ModelResponded | ModelFailed | ModelThrottled, policy: Policy | None
+) -> None:
+    match event:
+        case ModelResponded():
+            on_model_responded(draft, event, policy)
+        case ModelFailed():
+            on_model_failed(draft, event)
+        case ModelThrottled():
+            on_model_throttled(draft, event)
+        case _:
+            assert_never(event)
 
 
 def resume(state: TurnState, at: float) -> tuple[TurnState, list[Command]]:

@@ -25,9 +25,9 @@ from orchestrator.context.compaction import build_compaction_messages
 from orchestrator.machine.answers import on_final_answer
 from orchestrator.machine.budgets import add_usage, check_budget
 from orchestrator.machine.draft import Draft
-from orchestrator.machine.events import CallModel, ModelResponded
+from orchestrator.machine.events import CallModel, ModelResponded, ModelThrottled
 from orchestrator.machine.model_errors import give_up_compaction, is_current
-from orchestrator.machine.state import TurnState, ViewDiagnostic, ViewRecord
+from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewDiagnostic, ViewRecord
 from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.tool_round import Policy, plan_round
 from orchestrator.machine.view import View, build_budget_tokens, build_view, fit_view
@@ -196,7 +196,42 @@ def build_call_model(state: TurnState, index: int, view: View | None = None) -> 
         instructions=state.instructions,
         settings=state.model_settings,
         output_schema=state.output_schema,
+        estimated_tokens=view.tokens,
     )
+
+
+def on_model_throttled(draft: Draft, event: ModelThrottled) -> None:
+    """A model call held back by a rate limit: it was never sent, so it is not a model call of the turn —
+    the same call is made again once the wait is over (a model retry timer), unless that is past the
+    deadline, which stops the turn now.
+
+    The wait is a timer of the persisted state, not of a process: an owner that dies while it runs leaves it
+    to the next one (`resume` re-arms it), and the call, not in flight meanwhile, is made once.
+    """
+    state = draft.state
+    index = state.awaiting_model
+    if index is None or not is_current(state, event.llm_call_index):
+        return
+    go_at = event.at + event.wait_s
+    draft.update(
+        awaiting_model=None,
+        llm_calls=index,
+        # Decided again when the call is made: the view, and whether it is a summary, may differ by then.
+        view_diagnostics=[r for r in state.view_diagnostics if r.llm_call_index != index],
+        context_budget=state.context_budget.replace(compacting=None),
+    )
+    draft.emit(
+        "model_throttled",
+        llm_call_index=index,
+        model=state.model,
+        limit=event.limit,
+        wait_ms=round(event.wait_s * 1000),
+    )
+    if go_at >= state.deadline_at:
+        detail = f"{state.model} is held by its rate limit ({event.limit}) for {event.wait_s:.1f} s"
+        begin_stop(draft, "deadline", event.at, detail=detail)
+        return
+    draft.arm(f"{MODEL_RETRY_TIMER_PREFIX}{index}", go_at)
 
 
 def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | None) -> None:

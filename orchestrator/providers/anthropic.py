@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.model import (
@@ -35,6 +35,13 @@ from orchestrator.providers.anthropic_response import PROVIDER, error_from_wire,
 from orchestrator.providers.anthropic_stream import AnthropicStreamReader
 from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
+from orchestrator.providers.rate_limits import (
+    RateLimitSignal,
+    parse_reset_at_s,
+    parse_retry_after,
+    parse_whole,
+    read_header,
+)
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from orchestrator.providers.structured import ANSWER_TOOL
 from orchestrator.providers.traits import traits_of
@@ -56,6 +63,7 @@ __all__ = [
     "error_from_wire",
     "from_stream",
     "from_wire",
+    "parse_rate_limits",
     "stream_reader",
     "to_wire",
 ]
@@ -66,6 +74,36 @@ API_VERSION = "2023-06-01"
 CONTINUE_TEXT = "Continue from the results above."
 # Sent as `max_tokens` when neither the settings nor the request say (Anthropic requires it).
 DEFAULT_MAX_TOKENS = anthropic_request.DEFAULT_MAX_TOKENS
+
+
+# --- rate limits -----------------------------------------------------------------------------------------
+
+
+# Anthropic limits tokens three ways at once; the tightest of them is the one that stops a call.
+_TOKEN_LIMITS = ("tokens", "input-tokens", "output-tokens")
+
+
+def parse_rate_limits(status: int | None, headers: Mapping[str, str], now: float) -> RateLimitSignal:
+    """Anthropic's rate-limit headers: `anthropic-ratelimit-requests-remaining` and `-reset` (an RFC 3339
+    time, read against `now`, epoch seconds), the same for `-tokens-`, `-input-tokens-` and
+    `-output-tokens-` (the one with the fewest left stands for tokens), and `retry-after` (seconds); a 429
+    is a refusal (a 529 is an overload, not a limit)."""
+    prefix = "anthropic-ratelimit-"
+    tokens: list[tuple[int, float | None]] = []
+    for kind in _TOKEN_LIMITS:
+        remaining = parse_whole(read_header(headers, f"{prefix}{kind}-remaining"))
+        if remaining is not None:
+            tokens.append((remaining, parse_reset_at_s(read_header(headers, f"{prefix}{kind}-reset"), now)))
+    # The fewest left; of two equally empty, the later reset.
+    fewest = min(tokens, key=lambda t: (t[0], -(t[1] or 0.0)), default=(None, None))
+    return RateLimitSignal(
+        refused=status == 429,
+        retry_after_s=parse_retry_after(read_header(headers, "retry-after")),
+        requests_remaining=parse_whole(read_header(headers, f"{prefix}requests-remaining")),
+        requests_reset_s=parse_reset_at_s(read_header(headers, f"{prefix}requests-reset"), now),
+        tokens_remaining=fewest[0],
+        tokens_reset_s=fewest[1],
+    )
 
 
 # --- stream -> Turn --------------------------------------------------------------------------------------

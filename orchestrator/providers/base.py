@@ -11,6 +11,10 @@ through `streaming.call_stream` (a module that can stream also has `to_wire(requ
     HTTP 4xx/5xx             -> the module's error_from_wire(status, body, headers)
     2xx with a broken body   -> ProviderError(type="invalid_response")
 
+Every HTTP answer, refusal or not, also tells of the provider's rate limits: with a request's
+`on_rate_limits`, the module's `parse_rate_limits(status, headers, now)` reads its headers into a neutral
+`RateLimitSignal` sent there (the runtime pauses the model for the fleet on it: `orchestrator.model_limits`).
+
 Retryable errors are retried here up to `max_retries` times, with capped exponential backoff and jitter,
 waiting what `Retry-After` / `retry-after-ms` say when they say it; a streamed call that already sent a
 delta is never retried here (see `streaming`). The orchestrator runtime builds its
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -32,6 +37,7 @@ from orchestrator.model import Message, ModelSettings, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
 from orchestrator.providers.deltas import DeltaSink
+from orchestrator.providers.rate_limits import RateLimitSignal, RateLimitSink
 from orchestrator.providers.stream_reader import StreamReader
 from orchestrator.providers.streaming import call_stream, read_error_body
 from orchestrator.providers.structured import read_answer_tool
@@ -94,6 +100,8 @@ class ModelRequest:
     settings: ModelSettings = field(default_factory=ModelSettings)
     output_schema: Mapping[str, Any] | None = None
     prompt_cache: bool = True
+    # Where the rate-limit signal of each HTTP answer the call gets goes (None: nowhere).
+    on_rate_limits: RateLimitSink | None = field(default=None, compare=False)
 
 
 class ModelClient(Protocol):
@@ -123,6 +131,10 @@ class WireFormat(Protocol):
         self, status: int | None, body: object, headers: Mapping[str, str] | None = None
     ) -> ProviderError: ...
 
+    def parse_rate_limits(
+        self, status: int | None, headers: Mapping[str, str], now: float
+    ) -> RateLimitSignal: ...
+
 
 @runtime_checkable
 class StreamingWireFormat(WireFormat, Protocol):
@@ -134,6 +146,8 @@ class StreamingWireFormat(WireFormat, Protocol):
 
 
 ErrorMapper = Callable[[int | None, object, Mapping[str, str] | None], ProviderError]
+AnswerHook = Callable[[int, Mapping[str, str]], None]
+"""Told the status and headers of each HTTP answer (`HttpModelClient.build_answer_hook`)."""
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -168,8 +182,10 @@ async def post_json(
     http_timeout: httpx.Timeout = DEFAULT_TIMEOUT,
     retry: RetryPolicy | None = None,
     sleep: Sleep = asyncio.sleep,
+    on_answer: AnswerHook | None = None,
 ) -> object | ProviderError:
-    """POST `body` as JSON; the decoded 2xx response body, or a ProviderError. Never raises for I/O."""
+    """POST `body` as JSON; the decoded 2xx response body, or a ProviderError. Never raises for I/O.
+    `on_answer` is told the status and headers of each answer."""
     policy = retry or RetryPolicy()
     retry_number = 0
     while True:
@@ -181,6 +197,7 @@ async def post_json(
             error_from_wire=error_from_wire,
             headers=headers,
             http_timeout=http_timeout,
+            on_answer=on_answer,
         )
         if not isinstance(result, ProviderError):
             return result
@@ -200,6 +217,7 @@ async def _post_once(
     error_from_wire: ErrorMapper,
     headers: Mapping[str, str] | None,
     http_timeout: httpx.Timeout,
+    on_answer: AnswerHook | None,
 ) -> object | ProviderError:
     try:
         response = await http.post(url, json=body, headers=dict(headers or {}), timeout=http_timeout)
@@ -208,6 +226,8 @@ async def _post_once(
         return error.model_copy(update={"type": "timeout"})
     except httpx.TransportError as exc:
         return transport_error(provider, f"request to {url} failed: {type(exc).__name__}: {exc}")
+    if on_answer is not None:
+        on_answer(response.status_code, response.headers)
     if response.status_code >= 400:
         return error_from_wire(response.status_code, read_error_body(response), response.headers)
     text = decode_text(response.content, provider)
@@ -248,11 +268,24 @@ class HttpModelClient:
             http_timeout=self.timeout,
             retry=self.retry,
             sleep=self.sleep,
+            on_answer=self.build_answer_hook(request),
         )
         if isinstance(result, ProviderError):
             return result.model_copy(update={"provider": self.provider})
         ids = IdSource(request.id_prefix) if request.id_prefix else None
         return self._own(self.wire.from_wire(result, ids=ids), request)
+
+    def build_answer_hook(self, request: ModelRequest) -> AnswerHook | None:
+        """What tells `request.on_rate_limits` of each answer: the wire module's reading of its headers."""
+        sink = request.on_rate_limits
+        if sink is None:
+            return None
+        parse = self.wire.parse_rate_limits
+
+        def answered(status: int, headers: Mapping[str, str]) -> None:
+            sink(parse(status, headers, time.time()))
+
+        return answered
 
     def _own(self, answer: Turn | ProviderError, request: ModelRequest) -> Turn | ProviderError:
         # A structured answer given through the answer tool (Anthropic) is the final answer's JSON text.

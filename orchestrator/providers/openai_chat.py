@@ -13,6 +13,7 @@ call's own text verbatim), then one `tool` message per result with its `tool_cal
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.model import (
@@ -29,6 +30,13 @@ from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
 from orchestrator.providers.openai_chat_response import PROVIDER, error_from_wire, from_wire
 from orchestrator.providers.openai_chat_stream import ChatStreamReader
+from orchestrator.providers.rate_limits import (
+    RateLimitSignal,
+    parse_duration_s,
+    parse_retry_after,
+    parse_whole,
+    read_header,
+)
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
 from orchestrator.providers.structured import build_json_schema_format
 from workers.contract import ToolSpec
@@ -47,11 +55,34 @@ __all__ = [
     "error_from_wire",
     "from_stream",
     "from_wire",
+    "parse_rate_limits",
     "stream_reader",
     "to_wire",
 ]
 
 CHAT_PATH = "/chat/completions"
+
+
+# --- rate limits -----------------------------------------------------------------------------------------
+
+
+def parse_rate_limits(status: int | None, headers: Mapping[str, str], now: float) -> RateLimitSignal:
+    """OpenAI's rate-limit headers, which the compatible servers that limit (Groq, Together, vLLM behind a
+    gateway) copy: `x-ratelimit-remaining-requests` / `-tokens` and `x-ratelimit-reset-requests` / `-tokens`
+    as a duration (`6m0s`, `1s`, `20ms`), `retry-after` (seconds) or `retry-after-ms`; a 429 is a refusal.
+    `now` is unused: OpenAI states resets as durations."""
+    del now
+    retry_after_s = parse_retry_after(read_header(headers, "retry-after"))
+    if retry_after_s is None and (millis := parse_retry_after(read_header(headers, "retry-after-ms"))):
+        retry_after_s = millis / 1000.0
+    return RateLimitSignal(
+        refused=status == 429,
+        retry_after_s=retry_after_s,
+        requests_remaining=parse_whole(read_header(headers, "x-ratelimit-remaining-requests")),
+        requests_reset_s=parse_duration_s(read_header(headers, "x-ratelimit-reset-requests")),
+        tokens_remaining=parse_whole(read_header(headers, "x-ratelimit-remaining-tokens")),
+        tokens_reset_s=parse_duration_s(read_header(headers, "x-ratelimit-reset-tokens")),
+    )
 
 
 # --- stream -> Turn --------------------------------------------------------------------------------------

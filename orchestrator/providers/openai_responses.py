@@ -27,6 +27,7 @@ from orchestrator.model import (
 )
 from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
+from orchestrator.providers.openai_chat import parse_rate_limits
 from orchestrator.providers.openai_responses_response import PROVIDER, error_from_wire, from_wire
 from orchestrator.providers.openai_responses_stream import ResponsesStreamReader
 from orchestrator.providers.stream_reader import StreamReader, read_stream_text
@@ -44,6 +45,7 @@ __all__ = [
     "error_from_wire",
     "from_stream",
     "from_wire",
+    "parse_rate_limits",
     "stream_reader",
     "to_wire",
 ]

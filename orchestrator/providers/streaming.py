@@ -102,10 +102,13 @@ async def _stream_once(
     sink: _Sink,
 ) -> Turn | ProviderError:
     url = client.url
+    on_answer = client.build_answer_hook(request)
     try:
         async with client.http.stream(
             "POST", url, json=body, headers=dict(client.headers), timeout=client.timeout
         ) as response:
+            if on_answer is not None:
+                on_answer(response.status_code, response.headers)
             if response.status_code >= 400:
                 await response.aread()
                 return wire.error_from_wire(response.status_code, read_error_body(response), response.headers)

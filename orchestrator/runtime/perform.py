@@ -9,7 +9,8 @@ another:
     Emit            at once: the turn event appended → nothing
     AwaitApproval   at once: a log line → nothing
     CallModel       later: the model's answer → ModelResponded, its usage priced (`orchestrator.pricing`),
-                    or ModelFailed (errors are values)
+                    or ModelFailed (errors are values); or, when the fleet's rate limits hold the call
+                    (`store.rate_limits`), ModelThrottled, and the call is not sent
     DispatchTools   later: routed by the live catalogue (`route_call`), published through the `Publisher`
                     → ToolWaitingForWorker of each call sent while no live worker serves its tool (one did
                     within TOOLLOOP_TOOL_GONE_AFTER_S: it waits in its queue), and ToolFinished of each call
@@ -38,6 +39,7 @@ import redis
 
 from orchestrator import metrics
 from orchestrator.context.budget import ContextBudget
+from orchestrator.context.tokens import count_request_tokens
 from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED, WINDOW_DETAIL, build_context_window
 from orchestrator.machine.events import (
     AwaitApproval,
@@ -49,6 +51,7 @@ from orchestrator.machine.events import (
     Event,
     ModelFailed,
     ModelResponded,
+    ModelThrottled,
     Revoke,
     ToolFinished,
     ToolWaitingForWorker,
@@ -58,10 +61,12 @@ from orchestrator.machine.events import (
 from orchestrator.machine.state import TurnState
 from orchestrator.machine.validation import ToolAvailability
 from orchestrator.model import ProviderError, Turn, Usage
+from orchestrator.model_limits import Granted, build_reserved_tokens, build_settlement
 from orchestrator.outage import RedisOutage, RedisRetry
 from orchestrator.pricing import PriceTable, build_price_table, cost_usd
 from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.deltas import DeltaSink
+from orchestrator.providers.rate_limits import RateLimitSignal, RateLimitSink
 from orchestrator.providers.registry import ModelClients
 from orchestrator.publishing.publisher import Publisher
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
@@ -69,6 +74,7 @@ from orchestrator.runtime.streaming import CallStream
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
 from orchestrator.store.catalogue import LiveCatalogue, ToolCatalogue
+from orchestrator.store.rate_limits import ModelLimiter
 from orchestrator.store.turns import TurnStore
 from orchestrator.tracing import trace_model_call
 from workers import keys
@@ -169,6 +175,19 @@ def build_context_budget(
     )
 
 
+class _Answers:
+    """The rate-limit signals of one model call's HTTP answers as they come, and when the last one came
+    (monotonic): the provider had counted the call by then."""
+
+    def __init__(self) -> None:
+        self.signals: list[RateLimitSignal] = []
+        self.last_at: float | None = None
+
+    def add(self, signal: RateLimitSignal) -> None:
+        self.signals.append(signal)
+        self.last_at = time.monotonic()
+
+
 class Performer:
     """Performs I/O commands for every turn of one process; owns the publisher and the model clients."""
 
@@ -186,6 +205,7 @@ class Performer:
         prices: PriceTable | None = None,
         spans: TurnSpans | None = None,
         tool_gone_after_s: float = TOOL_GONE_AFTER_S,
+        limiter: ModelLimiter | None = None,
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
         `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
@@ -194,7 +214,8 @@ class Performer:
         (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process);
         `spans` the turns' spans, parents of the model calls' (`runtime.turn_spans`; None: no turn spans);
         `tool_gone_after_s` how long after its last worker a tool's calls still wait for the next one
-        (TOOLLOOP_TOOL_GONE_AFTER_S)."""
+        (TOOLLOOP_TOOL_GONE_AFTER_S); `limiter` the fleet's model rate limits (None: calls go unmetered, and
+        no provider's signal pauses them)."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
@@ -206,6 +227,7 @@ class Performer:
         self.prices = prices if prices is not None else build_price_table()
         self.spans = spans
         self._tool_gone_after_s = tool_gone_after_s
+        self._limiter = limiter
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time.
         self.learned_windows: dict[str, int] = {}
@@ -269,6 +291,22 @@ class Performer:
     # --- model calls -----------------------------------------------------------------------------------
 
     async def _call_model(self, turn_id: str, command: CallModel) -> Sequence[Event]:
+        granted: Granted | None = None
+        if self._limiter is not None:
+            # The call's id is its place in line: the same each time it asks, on whichever orchestrator.
+            call = f"{turn_id}:{command.llm_call_index}"
+            admission = await self._limiter.admit(command.model, self._reserved_tokens(command), call)
+            if not isinstance(admission, Granted):
+                metrics.record_model_throttled(command.model, admission.limit, admission.wait_s)
+                throttled = ModelThrottled(
+                    limit=admission.limit,
+                    wait_s=admission.wait_s,
+                    at=self._clock(),
+                    llm_call_index=command.llm_call_index,
+                )
+                return (throttled,)
+            granted = admission
+        answers = _Answers()
         started = time.monotonic()
         stream = CallStream(
             functools.partial(self._store.append_events, turn_id),
@@ -279,9 +317,11 @@ class Performer:
         parent = self.spans.context(turn_id) if self.spans is not None else None
         with trace_model_call(parent, command) as traced:
             result = await self._complete(
-                command, stream.on_delta if command.stream and command.shown else None
+                command, stream.on_delta if command.stream and command.shown else None, answers.add
             )
             traced.record(result)
+        if granted is not None:
+            await self._settle(granted, result, answers)
         # The stream's last events are written with the step that records the answer (`preview`).
         preview = tuple(await stream.finish(result)) if command.shown else ()
         duration_s = time.monotonic() - started
@@ -316,6 +356,31 @@ class Performer:
             )
         return (event,)
 
+    def _reserved_tokens(self, command: CallModel) -> int:
+        # Estimated only for a tokens budget: the view's estimate came with the command, a summary's not.
+        assert self._limiter is not None
+        if not self._limiter.counts_tokens(command.model):
+            return 0
+        estimated = command.estimated_tokens
+        if estimated is None:
+            estimated = count_request_tokens(command.messages, command.tools)
+        return build_reserved_tokens(estimated, command.settings.max_output_tokens)
+
+    async def _settle(self, granted: Granted, result: Turn | ProviderError, answers: _Answers) -> None:
+        assert self._limiter is not None
+        answered_ago_s = None
+        if isinstance(result, Turn):
+            answered_ago_s = time.monotonic() - answers.last_at if answers.last_at is not None else 0.0
+        # A provider that reports no usage leaves the reservation as it was.
+        usage = result.usage if isinstance(result, Turn) else Usage()
+        used = usage.total_tokens or usage.input_tokens + usage.output_tokens or None
+        settlement = build_settlement(granted, answered_ago_s, used, answers.signals)
+        if settlement is None:
+            return
+        if settlement.pause_s > 0:
+            log.info("model %s rests %.1f s, as its provider asks", granted.model, settlement.pause_s)
+        await self._limiter.settle(granted, settlement)
+
     def unpriced(self, models: Sequence[str]) -> list[str]:
         """The models of `models` the price table has no price for (a budget in dollars cannot be kept)."""
         probe = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
@@ -337,7 +402,9 @@ class Performer:
             log.info("model %s: context window of %d tokens, as the provider states", model, window)
             self.learned_windows[model] = window
 
-    async def _complete(self, command: CallModel, on_delta: DeltaSink | None) -> Turn | ProviderError:
+    async def _complete(
+        self, command: CallModel, on_delta: DeltaSink | None, on_rate_limits: RateLimitSink | None = None
+    ) -> Turn | ProviderError:
         try:
             client = await self._models.get(command.model)
         except ValueError as exc:
@@ -356,6 +423,7 @@ class Performer:
             settings=command.settings,
             output_schema=command.output_schema,
             prompt_cache=self._prompt_caching,
+            on_rate_limits=on_rate_limits,
         )
         try:
             return await client.complete(request, on_delta)

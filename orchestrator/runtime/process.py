@@ -52,6 +52,7 @@ from orchestrator.runtime.traced import TracingTurnDriver
 from orchestrator.runtime.turn_spans import TurnSpans
 from orchestrator.settings import Settings
 from orchestrator.store.codec import ClaimedTurn
+from orchestrator.store.rate_limits import ModelLimiter
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
 from workers.keys import build_inbox_ttl_s
@@ -144,6 +145,7 @@ class Runtime:
             prices=build_price_table(settings.model_prices),
             spans=self.spans,
             tool_gone_after_s=settings.tool_gone_after_s,
+            limiter=ModelLimiter(store.redis, settings.model_limits),
         )
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None

@@ -19,6 +19,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `append_events.lua` | the stream id of the last event added                   |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
 | `write_tasks.lua`   | the number of broker commands run                        |
+| `rate_limit.lua`    | admit: (held by, ms to wait); settle: 1                 |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
 | `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
 """
@@ -35,6 +36,7 @@ __all__ = [
     "CONTROL",
     "FIND_ORPHANS",
     "KEEP_INBOX",
+    "RATE_LIMIT",
     "READ_HISTORY",
     "RELEASE",
     "RENEW",
@@ -69,6 +71,7 @@ RECORD_LOST = load_script(_PACKAGE, "record_lost")
 READ_HISTORY = load_script(_PACKAGE, "read_history")
 APPEND_EVENTS = load_script(_PACKAGE, "append_events")
 WRITE_TASKS = load_script(_PACKAGE, "write_tasks")
+RATE_LIMIT = load_script(_PACKAGE, "rate_limit")
 
 
 class SubmitResult(IntEnum):
