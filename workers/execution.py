@@ -35,12 +35,21 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
 from workers.call_store import CallStore, OutcomeWrite, get_store
+from workers.concurrency import (
+    SlotClaim,
+    SlotStore,
+    build_slot_claim,
+    build_wait_countdown_s,
+    build_wait_reason,
+    get_slot_store,
+)
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.fence import (
     TAKEOVER_CONFIRM_S,
@@ -60,7 +69,7 @@ from workers.outcomes import (
 from workers.progress import ProgressReporter
 from workers.redis_retry import RedisRetry, ignoring_unavailable, is_unavailable
 from workers.run import Decision, Finished, RetryLater, Run, Skipped, finish_write
-from workers.scripts import Fence, IdempotencyClaim, StartResult
+from workers.scripts import Fence, IdempotencyClaim, SlotResult, StartResult
 from workers.spool import Spool
 from workers.tools import Tool, ToolContext, TransientToolError
 
@@ -132,8 +141,77 @@ def execute_call(
     token = build_execution_token(request.attempt, worker, pid)
     start_wait_s = min(START_WAIT_MAX_S, soft_limit_s / 2, hard_limit_s - WRITE_MARGIN_S)
     start_retry = RedisRetry(started + start_wait_s, now, sleep)
-    running_ttl_s = hard_limit_s + RUNNING_MARGIN_S
-    refusals: tuple[type[BaseException], ...] = (redis.RedisError, *timeout_errors)
+    limits = _Limits(soft_limit_s, hard_limit_s, timeout_errors)
+
+    def start() -> Decision:
+        return _start(
+            store,
+            tool,
+            request,
+            token,
+            limits,
+            worker=worker,
+            start_retry=start_retry,
+            write_retry=write_retry,
+            spool=spool,
+            now=now,
+            sleep=sleep,
+            jitter=jitter,
+        )
+
+    claim = build_slot_claim(tool.spec, request.tenant)
+    if claim is None:
+        return start()
+    # The slots come before the start script: a call that waits for one has not started (docs/design/
+    # tool-calls.md, "Concurrency slots"); they live as long as the running guard, and go back however the
+    # execution ends.
+    slots = get_slot_store(store.client)
+    try:
+        taken, held = slots.acquire(claim, token, ttl_s=limits.running_ttl_s, retry=start_retry)
+    except limits.refusals as exc:
+        return _hand_back(store, request.call_id, token, None, exc)
+    if taken is not SlotResult.ACQUIRED:
+        return _wait_for_slot(slots, tool, request, claim, result=taken, held=held, now=now, jitter=jitter)
+    try:
+        return start()
+    finally:
+        _give_back_slots(slots, claim, token, timeout_errors)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    soft_limit_s: float
+    hard_limit_s: float
+    timeout_errors: tuple[type[BaseException], ...]
+
+    @property
+    def running_ttl_s(self) -> float:
+        return self.hard_limit_s + RUNNING_MARGIN_S
+
+    @property
+    def refusals(self) -> tuple[type[BaseException], ...]:
+        # What keeps an execution from starting: Redis, or the soft limit arriving first.
+        return (redis.RedisError, *self.timeout_errors)
+
+
+def _start(
+    store: CallStore,
+    tool: Tool[Any, Any],
+    request: ToolCallRequest,
+    token: str,
+    limits: _Limits,
+    *,
+    worker: str,
+    start_retry: RedisRetry,
+    write_retry: RedisRetry,
+    spool: Spool | None,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+    jitter: Callable[[], float],
+) -> Decision:
+    """The execution from its start script on: started, taken over, or not started at all."""
+    soft_limit_s, timeout_errors = limits.soft_limit_s, limits.timeout_errors
+    running_ttl_s, refusals = limits.running_ttl_s, limits.refusals
     try:
         attempt, value = store.start(
             request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
@@ -160,7 +238,7 @@ def execute_call(
             run,
             idem_key,
             soft_limit_s=soft_limit_s,
-            lock_ttl_s=build_lock_ttl_s(hard_limit_s),
+            lock_ttl_s=build_lock_ttl_s(limits.hard_limit_s),
             timeout_errors=timeout_errors,
             sleep=sleep,
             retry=start_retry,
@@ -181,6 +259,46 @@ def execute_call(
         )
         return Skipped("superseded by a later execution before the tool started")
     return _run_started(run, soft_limit_s=soft_limit_s, timeout_errors=timeout_errors, jitter=jitter)
+
+
+def _wait_for_slot(
+    slots: SlotStore,
+    tool: Tool[Any, Any],
+    request: ToolCallRequest,
+    claim: SlotClaim,
+    *,
+    result: SlotResult,
+    held: int,
+    now: Callable[[], float],
+    jitter: Callable[[], float],
+) -> RetryLater:
+    """No slot free: the call is handed back to Celery, unstarted, to look again shortly (never past the
+    deadline by much: the retry then answers `deadline_exceeded`); its turn is told once."""
+    reason = build_wait_reason(tool.spec.name, claim, result, held)
+    try:
+        slots.tell_waiting(request, claim, result, held)
+    except redis.RedisError as exc:
+        # The event is for people watching; the wait itself goes on without it.
+        logger.warning("%s: no tool_waiting_for_slot event: %r", request.call_id, exc)
+    current = now()
+    waited_s = current - request.dispatched_at if request.dispatched_at is not None else 0.0
+    countdown_s = build_wait_countdown_s(waited_s, jitter())
+    if request.deadline_at is not None:
+        countdown_s = min(countdown_s, max(request.deadline_at - current, 0.0) + 0.05)
+    # Celery logs each retry with its reason (and Flower shows it): only debugging needs more.
+    logger.debug("%s: %s; looking again in %.2f s", request.call_id, reason, countdown_s)
+    return RetryLater(countdown_s, reason)
+
+
+def _give_back_slots(
+    slots: SlotStore, claim: SlotClaim, token: str, timeout_errors: tuple[type[BaseException], ...]
+) -> None:
+    # Never fails the call, whose outcome is written by now: a slot Redis would not take back expires.
+    refusals: tuple[type[BaseException], ...] = (redis.RedisError, *timeout_errors)
+    try:
+        slots.release(claim.keys, token)
+    except refusals as exc:
+        logger.warning("slots of %s not given back (they expire): %r", token, exc)
 
 
 def _not_started(store: CallStore, request: ToolCallRequest, result: StartResult, value: int) -> Decision:

@@ -2,7 +2,8 @@
 
 Hard time limit (the parent killed the child), a lost child (retried, or answered `worker_lost`), a revoked
 or expired task. Each writes through the same first-writer-wins path as the child, and drops what the dead
-child held: its running guard and its idempotency lock, so that a retry or an identical call is not held up.
+child held: its running guard, its idempotency lock and its concurrency slots (`workers.concurrency`), so
+that a retry, an identical call or the next call of a limited tool is not held up.
 
 The parent names the child's execution by the prefix of its token (`workers.fence`: dispatch attempt, worker,
 pool process id), so its answer is fenced like the child's own write: when a later execution of the call has
@@ -26,6 +27,7 @@ import redis
 
 from workers import keys
 from workers.call_store import CallStore, OutcomeWrite
+from workers.concurrency import build_all_slot_keys, get_slot_store
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_failure
 from workers.fence import build_delivery_fence
 from workers.outcomes import build_idempotency_key, decide_retry, format_seconds
@@ -80,6 +82,8 @@ def _write(
         idempotency_lock=lock,
     )
     result = store.finish(write, retry=retry)
+    if fence.holder:
+        _release_slots(store, request, fence.holder, retry)
     if result is WriteResult.FENCED:
         logger.warning(
             "%s: no %s answer: a later execution of the call answers it",
@@ -87,6 +91,14 @@ def _write(
             outcome.failure_kind,
         )
     return result is WriteResult.WON
+
+
+def _release_slots(store: CallStore, request: ToolCallRequest, holder: str, retry: RedisRetry) -> None:
+    """Give back the concurrency slots (`workers.concurrency`) the executions named by the prefix `holder`
+    held: a process the parent killed or lost never gave them back itself."""
+    slots = get_slot_store(store.client)
+    slot_keys = build_all_slot_keys(request.tool, request.tenant)
+    retry.call(lambda _: slots.release(slot_keys, holder, prefix=True), "the slots of a lost child")
 
 
 def handle_hard_timeout(
@@ -177,6 +189,8 @@ def _answer_worker_lost(
             store.release_idempotency_lock(idem_key, holder, prefix=True)
 
     retry.call(release, "the guards of a lost child")
+    if holder:
+        _release_slots(store, request, holder, retry)
     attempt = _read_attempts(store, request.call_id, retry)
     delay = decide_retry(attempt, tool.spec, request.deadline_at, now(), jitter())
     if delay is not None:

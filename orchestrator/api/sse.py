@@ -68,6 +68,10 @@ EVENT_TYPES: dict[str, str] = {
         "A call was sent while no live worker serves its tool, though one did lately (`last_served_at`): it "
         "waits in its queue for the next worker, whose `tool_started` ends the wait."
     ),
+    "tool_waiting_for_slot": (
+        "A call found its tool's concurrency slots (`max_concurrency`, or per tenant) all held: it waits for "
+        "one (`limit`, `max_concurrency`, `running`, `tenant`), and its `tool_started` ends the wait."
+    ),
     "tool_started": "A worker started a call.",
     "tool_progress": "A tool's own report while it runs (`message`, `fraction`).",
     "tool_redispatched": "A call whose worker was lost was sent again.",

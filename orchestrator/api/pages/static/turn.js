@@ -277,6 +277,7 @@ const HANDLERS = {
   tool_started: onToolStarted,
   // Sent while no live worker serves the tool (a restart, a deploy): it waits in its queue; a start ends it.
   tool_waiting_for_worker: (data) => setPhase(toolCard(data.call_id, data.tool), "waiting", "waiting for a worker"),
+  tool_waiting_for_slot: (data) => setPhase(toolCard(data.call_id, data.tool), "waiting", "waiting for a slot"),
   tool_progress: onToolProgress,
   tool_finished: (data) => onToolEnded(data, false),
   tool_synthesized: (data) => onToolEnded(data, true),
