@@ -18,6 +18,7 @@ from rich.console import Console
 
 from ops.bench.cpu import read_loadavg
 from ops.bench.http_variant import run_http_variant
+from ops.bench.model_limits import run_model_limits
 from ops.bench.report import Metric, print_table
 from ops.bench.run import machine_facts, run_bench
 from ops.bench.scenarios import FULL, QUICK
@@ -51,6 +52,7 @@ def main(
     run_http_variant(sizes, emit, progress)
     if not http_only:
         run_bench(sizes, emit, progress)
+        run_model_limits(500 if quick else 2000, emit, progress)
     if not json_only:
         facts = {
             **machine_facts(),
