@@ -30,7 +30,14 @@ import redis.exceptions
 from pydantic import BaseModel, Field
 
 from orchestrator import metrics
-from orchestrator.model import AssistantMessage, Message, ToolMessage, TurnOutcome, TurnRequest
+from orchestrator.model import (
+    ApprovalDecision,
+    AssistantMessage,
+    Message,
+    ToolMessage,
+    TurnOutcome,
+    TurnRequest,
+)
 from orchestrator.outage import REDIS_ERRORS, RedisRetry, is_redis_failure
 from orchestrator.runtime.inbox import build_wire_call_id
 from orchestrator.store.flows import UNREAD, Unread
@@ -52,7 +59,8 @@ class CallRecord(BaseModel):
     """One tool call of the turn, as its outcome envelope tells it (its result is in the messages).
 
     `attempts`, `duration_ms`, `worker` and `finished_at` are None when the envelope was no longer stored;
-    the rest then comes from the call's tool message.
+    the rest then comes from the call's tool message. `approval`: how a call that waited for a person was
+    answered, by whom and why (None for a call that never waited).
     """
 
     call_id: str
@@ -64,6 +72,7 @@ class CallRecord(BaseModel):
     duration_ms: float | None = None
     worker: str | None = None
     finished_at: float | None = None
+    approval: ApprovalDecision | None = None
 
 
 class TurnRecord(BaseModel):
@@ -117,9 +126,20 @@ def build_record_wire_ids(turn_id: str, request: TurnRequest, outcome: TurnOutco
 
 
 def build_call_record(
+    call_id: str,
+    tool: str,
+    envelope: ToolOutcome | None,
+    answer: ToolMessage | None,
+    approval: ApprovalDecision | None = None,
+) -> CallRecord:
+    """A call's record from its outcome envelope, or, without one, from its tool message; with how it was
+    approved or denied when it waited for a person."""
+    return _build_call_record(call_id, tool, envelope, answer).model_copy(update={"approval": approval})
+
+
+def _build_call_record(
     call_id: str, tool: str, envelope: ToolOutcome | None, answer: ToolMessage | None
 ) -> CallRecord:
-    """A call's record from its outcome envelope, or, without one, from its tool message."""
     if envelope is not None:
         return CallRecord(
             call_id=call_id,
@@ -152,9 +172,14 @@ def build_turn_record(
     start, end = find_turn_input(outcome.messages, request)
     added = outcome.messages[end:]
     answers = {m.tool_call_id: m for m in added if isinstance(m, ToolMessage)}
+    approvals = {decision.call_id: decision for decision in outcome.approvals}
     calls = [
         build_call_record(
-            call_id, tool, envelopes.get(build_wire_call_id(turn_id, call_id)), answers.get(call_id)
+            call_id,
+            tool,
+            envelopes.get(build_wire_call_id(turn_id, call_id)),
+            answers.get(call_id),
+            approvals.get(call_id),
         )
         for call_id, tool in build_turn_calls(added)
     ]

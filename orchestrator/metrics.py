@@ -181,3 +181,15 @@ ARCHIVE_FAILURES = Counter(
 def record_archive_failure(stage: str) -> None:
     """Count one finished turn whose record was not archived; `stage` is `read`, `publish` or `stopped`."""
     ARCHIVE_FAILURES.labels(stage=stage).inc()
+
+
+ATTENTION_FAILURES = Counter(
+    "toolloop_attention_failures",
+    "Calls waiting for a person whose notice the attention task (TOOLLOOP_ATTENTION_TASK) never got: the "
+    "broker refused it, or the orchestrator stopped first.",
+)
+
+
+def record_attention_failure() -> None:
+    """Count one waiting call whose notice was not sent to the attention task."""
+    ATTENTION_FAILURES.inc()

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from workers.contract import DEFAULT_TENANT, TENANT_PATTERN, FailureKind
+from workers.contract import DEFAULT_TENANT, TENANT_PATTERN, ApprovalTimeoutAction, FailureKind
 from workers.records import ForbidsUnknownFields, is_stored, read_known
 
 ParsedT = TypeVar("ParsedT", bound=BaseModel)
@@ -208,6 +208,10 @@ LIMIT_STOP_REASONS: frozenset[str] = frozenset(
 )
 
 
+# How long a call waits for a person when neither its tool nor its turn says (24 hours).
+DEFAULT_APPROVAL_TIMEOUT_S = 86_400.0
+
+
 class Limits(ForbidsUnknownFields):
     """Per-turn limits and stop policies, each with its default. An unknown one is refused at submit, and
     ignored in a stored turn (one a newer release wrote: `workers.records`)."""
@@ -231,6 +235,11 @@ class Limits(ForbidsUnknownFields):
     # `max_cost`); None: no budget.
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)
+    # How long a call may wait for a person (seconds), and what happens then: "deny" (the model reads that no
+    # one approved it) or "approve" (it runs). None: the tool's own (`@tool(approval_timeout_s=...)`),
+    # else DEFAULT_APPROVAL_TIMEOUT_S and "deny". The wait never counts against `deadline_s`.
+    approval_timeout_s: float | None = Field(default=None, gt=0)
+    on_approval_timeout: ApprovalTimeoutAction | None = None
 
 
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
@@ -298,6 +307,26 @@ class LLMCallRecord(BaseModel):
     error: ProviderError | None = None
 
 
+class ApprovalDecision(BaseModel):
+    """How a call that waited for a person was answered, and by whom: kept in the turn's state, its outcome,
+    its view and its archive record."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    tool: str
+    approved: bool
+    # Who answered, as the answering client said (`approve(..., decided_by=...)`); None when it said
+    # nothing, and when no one answered in time (`timed_out`: the wait's `on_approval_timeout` decided).
+    decided_by: str | None = None
+    reason: str | None = None
+    edited: bool = False
+    timed_out: bool = False
+    at: float
+    # How long the call waited for the answer (seconds).
+    waited_s: float = 0.0
+
+
 class TurnOutcome(BaseModel):
     """The terminal shape of a turn: always the same fields."""
 
@@ -315,6 +344,8 @@ class TurnOutcome(BaseModel):
     llm_call_records: list[LLMCallRecord] = Field(default_factory=list)
     # With an `output_schema`: the final answer's parsed JSON, validated; None otherwise.
     output: Any = None
+    # The answers to calls that waited for a person, in the order they came (none: no call waited).
+    approvals: list[ApprovalDecision] = Field(default_factory=list)
 
     def parse(self, model: type[ParsedT]) -> ParsedT:
         """`output` as an instance of the pydantic `model` (`ValueError` when the turn has no output)."""

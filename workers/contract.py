@@ -29,6 +29,11 @@ DEFAULT_TENANT = "default"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
+ApprovalTimeoutAction = Literal["deny", "approve"]
+"""What a call that waited for a person and got no answer in time gets: denied (the model reads that no one
+approved it; the call never runs), or run as if approved."""
+
+
 class FailureKind(StrEnum):
     """Why a tool call did not succeed; stable, machine-readable (docs/design/tool-calls.md)."""
 
@@ -89,6 +94,10 @@ class ToolSpec(BaseModel):
     idempotency: str | None = None  # None | "args" | "key:<fixed key>"
     sensitive: bool = False
     requires_confirmation: bool = False
+    # How long a call of a tool that requires confirmation waits for a person (seconds), and what it gets
+    # when no one answered by then; None: the turn's limits say, else 24 hours and "deny".
+    approval_timeout_s: float | None = None
+    on_approval_timeout: ApprovalTimeoutAction | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -184,6 +184,9 @@ def history(turn_id: str, conversation_id: str | None) -> str:
 TURNS_ACTIVE = PREFIX + "turns:active"
 # list: ids moved out of TURN_QUEUE (BLMOVE) until their lease is set
 TURNS_CLAIMING = PREFIX + "turns:claiming"
+# zset: turn id -> when it must be looked at (epoch s: its earliest wait's deadline), for turns parked while
+# every call they have left waits for a person: no lease, no orchestrator; an answer, or that time, queues it
+TURNS_PARKED = PREFIX + "turns:parked"
 # zset: turn id -> submitted at (epoch), the newest RECENT_TURNS_MAX turns, for `GET /v1/turns` and `/ui`;
 # ids whose turn has expired are removed by whoever lists them
 TURNS_RECENT = PREFIX + "turns:recent"

@@ -18,7 +18,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
 
-from workers.contract import ToolContext, ToolSpec, build_listing, build_task_name
+from workers.contract import ApprovalTimeoutAction, ToolContext, ToolSpec, build_listing, build_task_name
 from workers.errors import ToolDefinitionError, TransientToolError
 from workers.tool_schema import build_arguments_model, build_schema, parse_docstring
 
@@ -188,6 +188,8 @@ def tool(
     idempotency: str | None = None,
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
+    approval_timeout_s: float | None = None,
+    on_approval_timeout: ApprovalTimeoutAction | None = None,
     queue: str | None = None,
     registry: ToolRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
@@ -209,6 +211,8 @@ def tool(
     idempotency: str | None = None,
     sensitive: bool | None = None,
     requires_confirmation: bool = False,
+    approval_timeout_s: float | None = None,
+    on_approval_timeout: ApprovalTimeoutAction | None = None,
     queue: str | None = None,
     registry: ToolRegistry | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
@@ -220,6 +224,9 @@ def tool(
     `idempotency`: None, "args" (key from the arguments) or "key:<fixed key>" (scoped to this tool).
     `queue`: the Celery queue of its calls. By default the tool's own, `tool.<name>` (`build_queue_name`),
     so a worker is only ever sent the tools it serves; tools that name one queue share it.
+    `approval_timeout_s`, `on_approval_timeout`: how long a call of a `requires_confirmation` tool waits for a
+    person (None: the turn's limit, else 24 hours), and whether it is then denied ("deny", the default) or
+    run ("approve").
     """
     target = registry if registry is not None else _DEFAULT_REGISTRY
 
@@ -236,6 +243,7 @@ def tool(
             queue=queue,
         )
         _check_idempotency(tool_name, idempotency)
+        _check_approval_wait(tool_name, approval_timeout_s, on_approval_timeout)
         tool_queue = queue if queue is not None else build_queue_name(tool_name)
         arguments_model, context_param, input_param = build_arguments_model(tool_name, fn)
         summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
@@ -254,6 +262,8 @@ def tool(
             idempotency=idempotency,
             sensitive=bool(sensitive) or is_sensitive_name(tool_name),
             requires_confirmation=requires_confirmation,
+            approval_timeout_s=approval_timeout_s,
+            on_approval_timeout=on_approval_timeout,
         )
         built: Tool[P, R] = Tool(
             fn, spec, arguments_model, context_param=context_param, input_param=input_param
@@ -319,6 +329,17 @@ def _check_guardrails(
             )
     if queue is not None and not queue.strip():
         raise ToolDefinitionError(f"tool '{name}': queue must be a non-empty name")
+
+
+def _check_approval_wait(name: str, timeout_s: float | None, action: str | None) -> None:
+    if timeout_s is not None and not timeout_s > 0:
+        raise ToolDefinitionError(
+            f"tool '{name}': approval_timeout_s must be a positive number of seconds, not {timeout_s}"
+        )
+    if action is not None and action not in ("deny", "approve"):
+        raise ToolDefinitionError(
+            f"tool '{name}': on_approval_timeout must be 'deny' or 'approve', not {action!r}"
+        )
 
 
 def _check_idempotency(name: str, idempotency: str | None) -> None:

@@ -113,13 +113,15 @@ class TurnBody(TurnRequest):
 class ApprovalBody(BaseModel):
     """The body of `POST /v1/turns/{id}/approvals/{call_id}`: approve (with `arguments` a person edited, run
     instead of the model's once validated against the tool's schema) or deny (with a `reason` the model sees
-    in the call's result)."""
+    in the call's result). `decided_by` says who answered; it is kept, with the reason, in the turn's
+    `approvals` (its events, its view, its outcome and its archive record)."""
 
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
     arguments: dict[str, Any] | None = None
     reason: str | None = None
+    decided_by: str | None = Field(default=None, max_length=200)
 
 
 class SubmitReply(BaseModel):
@@ -484,7 +486,12 @@ async def approve_call(
     edited arguments fail the tool's schema, 409 when the turn has ended or the call waits for no answer
     (an unknown call, or one answered already: the first answer stands)."""
     sending = _client(request).approve(
-        turn_id, call_id, body.approved, arguments=body.arguments, reason=body.reason
+        turn_id,
+        call_id,
+        body.approved,
+        arguments=body.arguments,
+        reason=body.reason,
+        decided_by=body.decided_by,
     )
     try:
         return await _control_reply(turn_id, sending)

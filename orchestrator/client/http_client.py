@@ -219,10 +219,12 @@ class HttpCall(Generic[T]):
 def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
     """`POST /v1/turns` of `request` under `turn_id` (chosen by the caller: a retry stores the turn once);
     its trace context goes as the `traceparent` header, the only one the API takes. The tenant goes only when
-    it is not the default, so a client still submits to an API that predates tenants."""
+    it is not the default, so a client still submits to an API that predates tenants; so does the priority."""
     body = request.model_dump(mode="json", exclude={"trace_context"})
     if request.tenant == DEFAULT_TENANT:
         del body["tenant"]
+    if request.priority == "normal":
+        del body["priority"]
 
     def read(answer: httpx.Response) -> str:
         raise_for_answer(answer)
@@ -318,19 +320,28 @@ def build_approval_call(
     approved: bool,
     arguments: Mapping[str, Any] | None,
     reason: str | None,
+    *,
+    decided_by: str | None = None,
 ) -> HttpCall[bool]:
     """`POST /v1/turns/{id}/approvals/{call_id}`. An empty `call_id` (a path with an empty segment would
     reach no route) and `arguments` JSON cannot carry are refused before anything is sent, as the Redis
-    clients refuse them."""
+    clients refuse them. `decided_by` goes only when given, so a client still answers through an API that
+    predates it."""
     if not call_id:
         raise ValueError("call_id must not be empty")
     codec.dump_control_arguments(arguments)
-    body = {"approved": approved, "arguments": dict(arguments) if arguments is not None else None}
+    body: dict[str, Any] = {
+        "approved": approved,
+        "arguments": dict(arguments) if arguments is not None else None,
+        "reason": reason,
+    }
+    if decided_by is not None:
+        body["decided_by"] = decided_by
     return HttpCall(
         "POST",
         build_turn_path(turn_id, "approvals", call_id),
         lambda a: read_control(a, turn_id, call_id),
-        {**body, "reason": reason},
+        body,
     )
 
 
@@ -633,12 +644,16 @@ class HttpClient(_HttpCore):
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
         """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended.
 
         Edited `arguments` that fail the tool's schema raise a `ValueError`; `CallNotWaitingError` when the
-        turn waits for no answer about this call (unknown, or answered already: the first answer stands)."""
-        return self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+        turn waits for no answer about this call (unknown, or answered already: the first answer stands).
+        `decided_by` (who answered) and `reason` are kept in the turn's `approvals`."""
+        return self._send(
+            build_approval_call(turn_id, call_id, approved, arguments, reason, decided_by=decided_by)
+        )
 
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
@@ -807,9 +822,13 @@ class AsyncHttpClient(_HttpCore):
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
-        """Approve (with edited `arguments`) or deny (with a `reason`) a waiting call; as `HttpClient`'s."""
-        return await self._send(build_approval_call(turn_id, call_id, approved, arguments, reason))
+        """Approve (with edited `arguments`) or deny (with a `reason`) a waiting call, as `decided_by`; as
+        `HttpClient`'s."""
+        return await self._send(
+            build_approval_call(turn_id, call_id, approved, arguments, reason, decided_by=decided_by)
+        )
 
     @takes_arguments_of(build_direct_call)
     async def call_tool(self, call: DirectCall) -> ToolOutcome:

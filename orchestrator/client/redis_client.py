@@ -202,14 +202,18 @@ class Client:
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
         """Approve (True) or deny (False) a call waiting for confirmation; False when the turn had ended.
 
         An approval may carry `arguments` a person edited, run instead of the model's (a `ValueError` when
         they fail the tool's schema); a denial a `reason`, which the model sees in the call's result.
-        `CallNotWaitingError` when the running turn waits for no answer about this call (an unknown call,
-        or one answered already: the first answer stands)."""
-        return self.store.request_approval(turn_id, call_id, approved, arguments=arguments, reason=reason)
+        `decided_by` says who answered: kept with the reason in the turn's `approvals` (its events, its
+        view, its outcome, its archive record). `CallNotWaitingError` when the running turn waits for no
+        answer about this call (an unknown call, or one answered already: the first answer stands)."""
+        return self.store.request_approval(
+            turn_id, call_id, approved, arguments=arguments, reason=reason, decided_by=decided_by
+        )
 
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
@@ -329,11 +333,18 @@ class AsyncClient:
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
-        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation; False
-        when the turn had ended. As `Client.approve`."""
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation, as
+        `decided_by`; False when the turn had ended. As `Client.approve`."""
         flow = flows.send_approval(
-            turn_id, call_id, approved, codec.now_s(), arguments=arguments, reason=reason
+            turn_id,
+            call_id,
+            approved,
+            codec.now_s(),
+            arguments=arguments,
+            reason=reason,
+            decided_by=decided_by,
         )
         return await self._runner.run_flow(flow, self._patience())
 

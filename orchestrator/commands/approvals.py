@@ -1,15 +1,21 @@
-"""`toolloop approve TURN_ID CALL_ID`: answer a tool call waiting for a person (docs/design/approvals.md).
+"""`toolloop approve TURN_ID CALL_ID`: answer a tool call waiting for a person; `toolloop pending`: every call
+that waits for one (docs/design/approvals.md).
 
 Approve as the model asked, approve with edited `--arguments` (run instead of the model's, once they pass
-the tool's schema), or `--deny` with a `--reason` the model sees in the call's result. Exit codes: 0 the
-answer was recorded; 1 the turn is unknown or had already ended; 2 usage error (arguments that are not a
-JSON object or fail the tool's schema, arguments with --deny); 3 Redis is unreachable.
+the tool's schema), or `--deny` with a `--reason` the model sees in the call's result; `--by` says who
+answers (kept with the reason in the turn's `approvals`). Exit codes: 0 the answer was recorded; 1 the turn
+is unknown or had already ended; 2 usage error (arguments that are not a JSON object or fail the tool's
+schema, arguments with --deny); 3 Redis is unreachable.
+
+`toolloop pending` prints one line per waiting call, the longest waiting first, with the command that
+answers it (`--json`: the calls as JSON); exit code 0, or 3 when Redis is unreachable.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+import time
+from typing import TYPE_CHECKING, Annotated, Any
 
 import redis
 import typer
@@ -21,7 +27,11 @@ from orchestrator.commands.exits import (
     build_redis_failure,
     fail,
 )
+from orchestrator.commands.stream_printer import build_duration
 from orchestrator.settings import get_settings
+
+if TYPE_CHECKING:
+    from orchestrator.store.turn_view import PendingApproval
 
 # A turn that has ended takes no answer: nothing was recorded, as for an unknown turn.
 EXIT_ENDED = 1
@@ -52,6 +62,9 @@ def approve_command(
     reason: Annotated[
         str | None, typer.Option(help="Why: with --deny, the model reads it in the call's result.")
     ] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Who answers (kept with the reason in the turn's approvals).")
+    ] = None,
 ) -> None:
     """Approve (or --deny) a tool call that waits for confirmation; print `approved` or `denied`."""
     from orchestrator.client.redis_client import Client, UnknownTurnError
@@ -63,7 +76,9 @@ def approve_command(
         if deny and edited is not None:
             raise ValueError("--arguments edit an approved call; a denial says why with --reason")
         with Client(settings=settings) as client:
-            accepted = client.approve(turn_id, call_id, not deny, arguments=edited, reason=reason)
+            accepted = client.approve(
+                turn_id, call_id, not deny, arguments=edited, reason=reason, decided_by=by
+            )
     except UnknownTurnError:
         fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
     except CallNotWaitingError as exc:
@@ -75,3 +90,46 @@ def approve_command(
     if not accepted:
         fail(f"turn {turn_id} has already ended", EXIT_ENDED)
     typer.echo("denied" if deny else "approved")
+
+
+def build_pending_line(turn_id: str, pending: PendingApproval, now: float) -> str:
+    """One waiting call as `toolloop pending` prints it: how long it has waited, what it is, how long it may
+    still wait, and the command that answers it."""
+    waited = f"{build_duration(now - pending.since)} ago" if pending.since is not None else "waiting"
+    arguments = json.dumps(pending.arguments, ensure_ascii=False, separators=(",", ":"))
+    left = ""
+    if pending.wait_deadline is not None:
+        then = "denied" if pending.on_timeout != "approve" else "approved"
+        left = f" ({then} in {build_duration(max(pending.wait_deadline - now, 0.0))} without an answer)"
+    return (
+        f"{waited}  {pending.tool}({arguments}){left}\n"
+        f"    toolloop approve {turn_id} {pending.call_id} [--deny]"
+    )
+
+
+def pending_command(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the calls as JSON.")] = False,
+) -> None:
+    """List every tool call waiting for a person, the longest waiting first, with the command that answers
+    it."""
+    from orchestrator.client.redis_client import Client
+    from orchestrator.store import flows
+    from orchestrator.store.runner import SyncRunner
+
+    settings = get_settings()
+    try:
+        with Client(settings=settings) as client:
+            found = SyncRunner(client.redis).run_flow(flows.list_pending())
+    except redis.RedisError as exc:
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+    if as_json:
+        listed = [{"turn_id": turn_id, **p.model_dump(mode="json")} for turn_id, p in found]
+        typer.echo(json.dumps(listed, indent=2, ensure_ascii=False))
+        return
+    if not found:
+        typer.echo("no call waits for a person")
+        return
+    now = time.time()
+    for turn_id, pending in found:
+        typer.echo(build_pending_line(turn_id, pending, now))

@@ -2,9 +2,10 @@
 
 stdout holds only the answer's text (so `toolloop submit --stream … > answer.txt` keeps just that): each model
 call's `text_delta`s as they come, a line break between two calls that both wrote. stderr tells the rest in
-short lines: the turn id first, tool calls as the model starts them, their progress and outcomes, a model call
-started again (a terminal cannot take back what it printed; the line says what to disregard), an answer that
-does not fit the output schema (the next answer follows it), and how the turn ended.
+short lines: the turn id first, tool calls as the model starts them, their progress and outcomes, a call that
+waits for a person (with the command that answers it), a model call started again (a terminal cannot take
+back what it printed; the line says what to disregard), an answer that does not fit the output schema (the
+next answer follows it), and how the turn ended.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TextIO
 
 from orchestrator.model import TurnOutcome
 from orchestrator.store.turn_stream import (
+    CallWaitingEvent,
     ModelStreamResetEvent,
     OtherEvent,
     StreamEvent,
@@ -58,6 +60,12 @@ class StreamPrinter:
             case ToolProgressEvent(tool=tool, message=message, fraction=fraction):
                 share = f" {fraction:.0%}" if fraction is not None else ""
                 self._note(f"  {tool}{share} {message}")
+            case CallWaitingEvent(turn_id=turn_id, call_id=call_id, tool=tool, wait_deadline=deadline):
+                left = max(deadline - event.at, 0.0)
+                self._note(
+                    f"⏸ {tool} waits for a person's approval ({build_duration(left)} left): "
+                    f"toolloop approve {turn_id} {call_id} [--deny]"
+                )
             case ToolFinishedEvent(tool=tool, ok=ok, failure_kind=kind):
                 self._note(f"{'✓' if ok else '✗'} {tool}{'' if ok else f' ({kind})'}")
             case ModelStreamResetEvent(llm_call=llm_call):
@@ -85,3 +93,12 @@ class StreamPrinter:
             self.out.write("\n")
             self.out.flush()
         self._writing, self._wrote = None, False
+
+
+def build_duration(seconds: float) -> str:
+    """A span of time (a wait, what is left of one) in the unit a person reads at a glance."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"

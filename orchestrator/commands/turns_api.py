@@ -1,4 +1,4 @@
-"""`toolloop submit`, `show`, `approve`, `api`: turns from the command line, and the HTTP API server.
+"""`toolloop submit`, `show`, `approve`, `pending`, `api`: turns from the command line, and the HTTP API.
 
 Exit codes: 0 ok (for `submit --wait`: the turn completed); 1 the turn ended without completing (stopped,
 failed or cancelled: its outcome is printed all the same), or `show` of an unknown turn; 2 usage error (bad
@@ -21,7 +21,7 @@ import redis
 import typer
 from pydantic import ValidationError
 
-from orchestrator.commands.approvals import approve_command
+from orchestrator.commands.approvals import approve_command, pending_command
 from orchestrator.commands.controls import (
     build_model_names,
     build_model_settings,
@@ -37,7 +37,7 @@ from orchestrator.commands.exits import (
     describe_validation_error,
     fail,
 )
-from orchestrator.model import TurnOutcome, TurnStatus
+from orchestrator.model import TurnOutcome, TurnPriority, TurnStatus
 from orchestrator.settings import get_settings
 
 
@@ -159,6 +159,10 @@ def submit_command(
         str | None,
         typer.Option(help="Whose turn it is (default: \"default\"): tools get it as ctx.tenant."),
     ] = None,
+    priority: Annotated[
+        TurnPriority | None,
+        typer.Option(help="The turn's lane: interactive, normal (default) or batch."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
     stream: Annotated[
         bool,
@@ -212,6 +216,7 @@ def submit_command(
                 context=request_context,
                 conversation_id=conversation,
                 tenant=tenant,
+                priority=priority,
                 instructions=instructions,
                 model_settings=model_settings,
                 output_schema=schema,
@@ -365,8 +370,9 @@ def api_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `submit`, `show`, `approve` and `api` to `app`."""
+    """Add `submit`, `show`, `approve`, `pending` and `api` to `app`."""
     app.command("submit")(submit_command)
     app.command("show")(show_command)
     app.command("approve")(approve_command)
+    app.command("pending")(pending_command)
     app.command("api")(api_command)

@@ -20,7 +20,7 @@ from orchestrator.machine.events import (
     Revoke,
     WriteOutcomes,
 )
-from orchestrator.machine.state import CallState, RoundState, TurnChanges, TurnState
+from orchestrator.machine.state import CallState, RoundState, TurnChanges, TurnState, wait_timer_id
 from workers.contract import FailureKind, ToolOutcome, build_failure
 
 
@@ -101,7 +101,12 @@ class Draft:
             finished_at=at,
         )
         self.writes.append(outcome)
-        self.replace_call(call.replace(requested=outcome, waiting_approval=False))
+        self.end_wait(call)
+        self.replace_call(call.replace(requested=outcome, waiting_approval=False, wait=None))
+
+    def end_wait(self, call: CallState) -> None:
+        """Disarm the timer of a call's wait for a person, if it has one (answered, run, or stopped)."""
+        self.disarm(wait_timer_id(call.call_id))
 
 
 def build_task_id(state: TurnState, call: CallState, attempt: int) -> str:

@@ -123,9 +123,11 @@ class ApprovalGiven(_Frozen):
     approved: bool
     at: float
     # Denied: what the person said, which the model sees. Approved: arguments the person edited, to be run
-    # instead of the model's (validated against the tool's schema first).
+    # instead of the model's (validated against the tool's schema first). Either: who answered, as the
+    # answering client said (kept with the reason in the turn's `approvals`).
     reason: str | None = None
     arguments: dict[str, Any] | None = None
+    decided_by: str | None = None
 
 
 class CancelRequested(_Frozen):
@@ -247,6 +249,28 @@ class AwaitApproval(_Frozen):
     call_ids: list[str]
 
 
+class WaitingCall(_Frozen):
+    """A call that started waiting outside the turn, as whoever is asked to answer it is told."""
+
+    call_id: str
+    tool: str
+    # Redacted (`workers.contract.redact`).
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    waiting_for: str = "approval"
+    # When the wait ends without an answer (epoch seconds), and what the call then gets.
+    wait_deadline: float
+    on_timeout: str = "deny"
+
+
+class AskAttention(_Frozen):
+    """These calls of the turn (of `tenant`) just started waiting for a person: tell someone, once
+    (TOOLLOOP_ATTENTION_TASK). Issued when the wait starts, never again by `machine.resume`."""
+
+    kind: Literal["ask_attention"] = "ask_attention"
+    calls: list[WaitingCall]
+    tenant: str = DEFAULT_TENANT
+
+
 class Emit(_Frozen):
     """Publish one turn event; `data` is JSON-ready and already redacted."""
 
@@ -271,6 +295,7 @@ Command = Annotated[
     | CheckWorker
     | Revoke
     | AwaitApproval
+    | AskAttention
     | Emit
     | Finish,
     Field(discriminator="kind"),

@@ -54,6 +54,7 @@ from orchestrator.machine.model_errors import on_model_failed
 from orchestrator.machine.state import (
     DEADLINE_TIMER,
     MODEL_RETRY_TIMER_PREFIX,
+    WAIT_TIMER_PREFIX,
     CallState,
     TurnState,
     parse_lost_timer_id,
@@ -67,14 +68,16 @@ from orchestrator.machine.tool_round import (
     on_tool_finished,
     on_tool_started,
     on_tool_waiting_for_worker,
+    on_wait_timeout,
     on_worker_checked,
     record_late,
 )
 from orchestrator.machine.validation import check_output_schema, offered_tools
+from orchestrator.machine.waits import keep_clock, parkable
 from orchestrator.model import Message, ProviderError, TurnRequest, TurnStatus, UserMessage
 from workers.contract import ToolSpec
 
-__all__ = ["Policy", "resume", "start", "step"]
+__all__ = ["Policy", "parkable", "resume", "start", "step"]
 
 
 def start(
@@ -296,14 +299,17 @@ def _on_timer(draft: Draft, event: TimerFired) -> None:
     lost = parse_lost_timer_id(timer_id)
     if lost is not None:
         on_lost_timer(draft, lost[0], lost[1], event.at)
+    elif timer_id.startswith(WAIT_TIMER_PREFIX):
+        on_wait_timeout(draft, timer_id.removeprefix(WAIT_TIMER_PREFIX), event.at)
     # A model retry timer needs nothing here: with it gone, _settle calls the model again.
 
 
 def _settle(draft: Draft, at: float) -> None:
     """Move the turn on as far as it can go without a new event."""
-    state = draft.state
-    if state.terminal:
+    if draft.state.terminal:
         return
+    keep_clock(draft, at)
+    state = draft.state
     if state.current is not None:
         if not state.current.complete:
             waiting = any(call.waiting_approval for call in state.current.calls)

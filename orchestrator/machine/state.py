@@ -36,6 +36,7 @@ from orchestrator.machine.layout import (
     upgrade_from_v1,
 )
 from orchestrator.model import (
+    ApprovalDecision,
     AssistantMessage,
     Limits,
     LLMCallRecord,
@@ -47,7 +48,7 @@ from orchestrator.model import (
     TurnStatus,
     Usage,
 )
-from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
+from workers.contract import DEFAULT_TENANT, ApprovalTimeoutAction, ToolOutcome, ToolSpec
 from workers.records import STORED, ForbidsUnknownFields
 
 # How long a call whose worker went silent waits for it past hard limit + grace (TOOLLOOP_LOST_CALL_WAIT_S).
@@ -68,11 +69,17 @@ _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 DEADLINE_TIMER = "deadline"
 MODEL_RETRY_TIMER_PREFIX = "model_retry:"
 LOST_TIMER_PREFIX = "lost:"
+WAIT_TIMER_PREFIX = "wait:"
 
 
 def lost_timer_id(call_id: str, attempt: int) -> str:
     """The timer that fires when attempt `attempt` of a call has run past its hard limit plus grace."""
     return f"{LOST_TIMER_PREFIX}{call_id}:{attempt}"
+
+
+def wait_timer_id(call_id: str) -> str:
+    """The timer that ends a call's wait for a person (`CallWait.deadline_at`)."""
+    return f"{WAIT_TIMER_PREFIX}{call_id}"
 
 
 def parse_lost_timer_id(timer_id: str) -> tuple[str, int] | None:
@@ -87,6 +94,27 @@ class _Frozen(ForbidsUnknownFields):
     # A field a newer release added without a new `version` is one this release may ignore (`load_state`
     # reads with the `STORED` context); one it must not ignore comes with a new version.
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+WaitingFor = Literal["approval"]
+"""What a call waits for outside the turn: a person's approval. (One kind today; a wait is described by
+`CallWait` whatever its kind, so that another — a result the client sends — takes the same path: the event
+`call_waiting`, the clock that pauses, parking.)"""
+
+
+class CallWait(_Frozen):
+    """What a call waits for, since when, and until when (epoch seconds): past `deadline_at` the wait's
+    `on_timeout` answers it."""
+
+    waiting_for: WaitingFor = "approval"
+    since: float
+    deadline_at: float
+    on_timeout: ApprovalTimeoutAction = "deny"
+
+    @property
+    def timeout_s(self) -> float:
+        """The wait's limit, in seconds."""
+        return self.deadline_at - self.since
 
 
 class CallState(_Frozen):
@@ -107,6 +135,9 @@ class CallState(_Frozen):
     started_at: float | None = None
     worker: str | None = None
     waiting_approval: bool = False
+    # The wait of a call waiting for a person (with `waiting_approval`); None once answered, and in states
+    # written before waits had limits.
+    wait: CallWait | None = None
     # Sent while no live worker served its tool (a restart, a deploy): since when it waits in its queue for
     # one; None once a worker starts it (`ToolWaitingForWorker`, `ToolStarted`).
     waiting_for_worker_since: float | None = None
@@ -117,6 +148,11 @@ class CallState(_Frozen):
     def finished(self) -> bool:
         """True once the call's one outcome is known."""
         return self.outcome is not None
+
+    @property
+    def waiting(self) -> bool:
+        """True while the call waits for a person, no answer decided yet."""
+        return self.waiting_approval and self.requested is None and self.outcome is None
 
     @property
     def in_flight(self) -> bool:
@@ -250,6 +286,11 @@ class TurnState(_Frozen):
     model_retry_base_s: float = 1.0
     model_retry_cap_s: float = 30.0
     timers: dict[str, float] = Field(default_factory=dict)
+    # Since when the turn's running clock is paused: every call it has left waits for a person. The deadline
+    # moves out by the pause when it ends (`machine.waits`); None while the turn runs.
+    paused_at: float | None = None
+    # The answers to calls that waited for a person, in order (the outcome's `approvals`).
+    approvals: list[ApprovalDecision] = Field(default_factory=list)
     # Audit.
     view_diagnostics: list[ViewRecord] = Field(default_factory=list)
     late_outcomes: list[LateOutcome] = Field(default_factory=list)
@@ -281,6 +322,7 @@ class CallChanges(TypedDict, total=False):
     started_at: float | None
     worker: str | None
     waiting_approval: bool
+    wait: CallWait | None
     waiting_for_worker_since: float | None
     requested: ToolOutcome | None
     outcome: ToolOutcome | None
@@ -335,6 +377,8 @@ class TurnChanges(TypedDict, total=False):
     model_retry_base_s: float
     model_retry_cap_s: float
     timers: dict[str, float]
+    paused_at: float | None
+    approvals: list[ApprovalDecision]
     view_diagnostics: list[ViewRecord]
     late_outcomes: list[LateOutcome]
     stop: PendingStop | None

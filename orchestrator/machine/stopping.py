@@ -149,6 +149,7 @@ def finish_turn(draft: Draft, at: float, output: Any = None) -> None:
         error=None if stop is None else stop.error,
         llm_call_records=list(state.llm_call_records),
         output=output if stop is None else None,
+        approvals=list(state.approvals),
     )
     for timer_id in list(state.timers):
         draft.disarm(timer_id)

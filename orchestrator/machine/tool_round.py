@@ -25,7 +25,13 @@ TOOLLOOP_TOOL_GONE_AFTER_S (`validation.classify_tool`), is marked so (`on_tool_
 a worker reports its start. Its limits count from that start, as always: the wait is queue time, ended only
 by the turn's deadline.
 
-Design notes: docs/design/tool-calls.md, "Time limits and lost work".
+Waiting for a person: a call of a tool that requires confirmation is not dispatched; it waits (`CallWait`,
+`machine.waits`) with a limit of its own, announced once (`call_waiting`, `AskAttention`). A person's answer
+(`on_approval`) runs it, edited or not, or denies it; past the limit `on_wait_timeout` denies it (synthetic:
+no stop policy counts it) or runs it, as the wait's `on_timeout` says. Either way the answer, who gave it and
+why go into the turn's `approvals`.
+
+Design notes: docs/design/tool-calls.md, "Time limits and lost work"; docs/design/approvals.md.
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from orchestrator.machine.budgets import check_budget
 from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, round_of
 from orchestrator.machine.events import (
     ApprovalGiven,
+    AskAttention,
     AwaitApproval,
     CheckWorker,
     ToolFinished,
     ToolStarted,
     ToolWaitingForWorker,
+    WaitingCall,
     WorkerChecked,
 )
 from orchestrator.machine.state import (
@@ -53,10 +61,13 @@ from orchestrator.machine.state import (
     TurnState,
     find_call,
     lost_timer_id,
+    wait_timer_id,
 )
 from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.validation import validate_call
+from orchestrator.machine.waits import build_wait, keep_clock
 from orchestrator.model import (
+    ApprovalDecision,
     AssistantMessage,
     StopReason,
     ToolCall,
@@ -101,20 +112,45 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
         begin_stop(draft, stop[0], at, detail=stop[1])
         return
     slots = state.limits.max_tool_executions - state.tool_executions
-    parked: list[str] = []
+    waiting: list[CallState] = []
     for index in valid[: max(slots, 0)]:
         call = round_of(draft.state).calls[index]
         if state.offered[call.tool].requires_confirmation:
-            draft.replace_call(call.replace(waiting_approval=True))
-            parked.append(call.call_id)
+            call = call.replace(waiting_approval=True, wait=build_wait(state, call.tool, at))
+            draft.replace_call(call)
+            waiting.append(call)
         else:
             dispatch_call(draft, call, 1, at)
     if len(valid) > slots:
         # No overshoot: the calls past the limit are answered `skipped` and the turn stops.
         begin_stop(draft, "max_tool_executions", at)
-    if parked and draft.state.stop is None:
-        draft.commands.append(AwaitApproval(call_ids=parked))
-        draft.emit("approval_requested", call_ids=parked)
+    if waiting and draft.state.stop is None:
+        _start_waits(draft, waiting)
+
+
+def _start_waits(draft: Draft, calls: Sequence[CallState]) -> None:
+    """Calls start waiting for a person: arm each wait's timer, say so on the turn's stream (`call_waiting`),
+    and ask the runtime to tell someone — once: `machine.resume` never asks again."""
+    waiting = [
+        WaitingCall(
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=redact(call.arguments),
+            waiting_for=call.wait.waiting_for,
+            wait_deadline=call.wait.deadline_at,
+            on_timeout=call.wait.on_timeout,
+        )
+        for call in calls
+        if call.wait is not None
+    ]
+    for shown in waiting:
+        draft.arm(wait_timer_id(shown.call_id), shown.wait_deadline)
+    call_ids = [call.call_id for call in calls]
+    draft.commands.append(AwaitApproval(call_ids=call_ids))
+    draft.emit("approval_requested", call_ids=call_ids)
+    for shown in waiting:
+        draft.emit("call_waiting", **shown.model_dump(mode="json"))
+    draft.commands.append(AskAttention(calls=waiting, tenant=draft.state.tenant))
 
 
 def _unique_ids(state: TurnState, calls: Sequence[ToolCall]) -> list[ToolCall]:
@@ -199,6 +235,7 @@ def dispatch_call(draft: Draft, call: CallState, attempt: int, at: float) -> Non
     """Send attempt `attempt` of a call to the workers (batched into the step's DispatchTools)."""
     state = draft.state
     task_id = build_task_id(state, call, attempt)
+    draft.end_wait(call)
     updated = call.replace(
         attempt=attempt,
         task_id=task_id,
@@ -206,12 +243,16 @@ def dispatch_call(draft: Draft, call: CallState, attempt: int, at: float) -> Non
         started_at=None,
         worker=None,
         waiting_approval=False,
+        wait=None,
         waiting_for_worker_since=None,
     )
     draft.replace_call(updated)
     if attempt == 1:
         draft.update(tool_executions=state.tool_executions + 1)
-    draft.dispatches.append(build_dispatch(state, updated))
+    # A call that waited for a person runs: the turn's clock runs again (its deadline moved out by the
+    # pause) before that deadline goes with the task.
+    keep_clock(draft, at)
+    draft.dispatches.append(build_dispatch(draft.state, updated))
     draft.emit(
         "tool_dispatched",
         call_id=call.call_id,
@@ -358,12 +399,32 @@ def _answer_lost(draft: Draft, call: CallState, at: float, *, waited: bool) -> N
 
 def on_approval(draft: Draft, event: ApprovalGiven) -> None:
     """A person approved (dispatch now), maybe with edited arguments, or denied (`confirmation_denied`, with
-    what they said for the model to read) a parked call."""
+    what they said for the model to read) a waiting call; who and why go into the turn's `approvals`."""
     call = find_call(draft.state, event.call_id)
-    if call is None or not call.waiting_approval or call.requested is not None or call.finished:
+    if call is None or not call.waiting:
         return
     edited = event.approved and event.arguments is not None
-    draft.emit("approval_given", call_id=call.call_id, tool=call.tool, approved=event.approved, edited=edited)
+    decision = ApprovalDecision(
+        call_id=call.call_id,
+        tool=call.tool,
+        approved=event.approved,
+        decided_by=event.decided_by,
+        reason=event.reason,
+        edited=edited,
+        at=event.at,
+        waited_s=_waited_s(call, event.at),
+    )
+    draft.update(approvals=[*draft.state.approvals, decision])
+    draft.emit(
+        "approval_given",
+        call_id=call.call_id,
+        tool=call.tool,
+        approved=event.approved,
+        edited=edited,
+        decided_by=event.decided_by,
+        reason=event.reason,
+        waited_s=decision.waited_s,
+    )
     if not event.approved:
         message = "the call was denied by a person" + (f": {event.reason}" if event.reason else "")
         draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, event.at, synthetic=False)
@@ -374,6 +435,43 @@ def on_approval(draft: Draft, event: ApprovalGiven) -> None:
             return
         call = edited_call
     dispatch_call(draft, call, 1, event.at)
+
+
+def on_wait_timeout(draft: Draft, call_id: str, at: float) -> None:
+    """No one answered a waiting call within its wait's limit: its `on_timeout` does. "deny" answers it
+    `confirmation_denied`, synthetic (toolloop said no, not a person: no stop policy counts it) with a
+    message the model reads; "approve" runs it as if a person had approved it."""
+    call = find_call(draft.state, call_id)
+    if call is None or not call.waiting or call.wait is None:
+        return
+    wait = call.wait
+    approved = wait.on_timeout == "approve"
+    decision = ApprovalDecision(
+        call_id=call.call_id,
+        tool=call.tool,
+        approved=approved,
+        timed_out=True,
+        at=at,
+        waited_s=_waited_s(call, at),
+    )
+    draft.update(approvals=[*draft.state.approvals, decision])
+    draft.emit(
+        "approval_timed_out",
+        call_id=call.call_id,
+        tool=call.tool,
+        approved=approved,
+        timeout_s=round(wait.timeout_s, 3),
+    )
+    if approved:
+        dispatch_call(draft, call, 1, at)
+        return
+    message = f"no one approved the call within {wait.timeout_s:g} s; it was not run"
+    draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, at, synthetic=True)
+
+
+def _waited_s(call: CallState, at: float) -> float:
+    # How long a call waited for its answer (0 for a state written before waits were recorded).
+    return max(round(at - call.wait.since, 3), 0.0) if call.wait is not None else 0.0
 
 
 def _edit_arguments(draft: Draft, call: CallState, arguments: dict[str, Any], at: float) -> CallState | None:
@@ -409,7 +507,8 @@ def on_tool_finished(draft: Draft, event: ToolFinished) -> None:
     if call is None or call.finished:
         record_late(draft, outcome, event.at)
         return
-    draft.replace_call(call.replace(outcome=outcome, waiting_approval=False))
+    draft.end_wait(call)
+    draft.replace_call(call.replace(outcome=outcome, waiting_approval=False, wait=None))
     _disarm_lost_timers(draft, call.call_id)
     draft.emit(
         "tool_synthesized" if outcome.synthetic else "tool_finished",
@@ -429,6 +528,8 @@ def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: f
     kind = outcome.failure_kind
     if kind in _NOT_TOOL_FAILURES:
         return
+    if kind is FailureKind.CONFIRMATION_DENIED and outcome.synthetic:
+        return  # a wait that timed out: no person denied the call, and the model was told
     signature = f"{tool}\0{(outcome.error or outcome.content).strip().lower()}"
     seen = signature in draft.state.failure_signatures
     if not seen:

@@ -337,8 +337,12 @@ class Publisher:
         return errors
 
     async def publish_archive(self, options: Mapping[str, Any]) -> Exception | None:
+        """`publish_hook` of a finished turn's archive record (`orchestrator.archive.build_archive_send`)."""
+        return await self.publish_hook(options, "archive")
+
+    async def publish_hook(self, options: Mapping[str, Any], purpose: str) -> Exception | None:
         """Send one task that is no tool call (`send_task` keyword arguments: a finished turn's archive
-        record, `orchestrator.archive.build_archive_send`) from the publishing thread.
+        record, a call waiting for a person) from the publishing thread; `purpose` names it in the log.
 
         Retried like a tool call — for want of Redis until it goes out, otherwise PUBLISH_ATTEMPTS times —
         except that a stop ends the retries: nothing waits on it, so it must not hold the process up.
@@ -356,7 +360,7 @@ class Publisher:
                 return None
             if is_redis_failure(error):
                 down += 1
-                self._outage.failed(error, "archive")
+                self._outage.failed(error, purpose)
             else:
                 failures += 1
                 log.warning("publishing %s failed (%s); attempt %d", options.get("task_id"), error, failures)

@@ -7,8 +7,12 @@ each turn the driver holds a `TurnHandle` (its lock, its state parsed or parked 
 - steps it (`_advance`) under its lock: every event at hand through `machine.step`, one save of the state
   and its Emit events, then the commands — timers and `Finish` here, the rest through the `Performer`, whose
   events (at once, or from a task when slow work ends) are stepped in turn;
-- parks it (`HydratedTurns`): beyond the `hydrated_turns` most recently stepped, a turn keeps its JSON only;
-- drops it: finished, lease lost, or stopping.
+- keeps it light (`HydratedTurns`): beyond the `hydrated_turns` most recently stepped, a turn keeps its JSON
+  only;
+- parks it in Redis once it does nothing but wait for people (`machine.parkable`): its lease given up, the
+  turn in the parked set until an answer or its earliest wait's deadline queues it again (`store.park`), and
+  forgotten here — a waiting turn costs no orchestrator anything;
+- drops it: finished, parked, lease lost, or stopping.
 Steps of one turn are serialised by its lock; different turns interleave freely. Events come in through
 `deliver` / `defer` (inbox notifications, batched on the handle) and the timer heap (`TimerFired`). Redis
 failing never abandons a turn: each Redis call of a step is retried (`RedisRetry`) under its lock, its state
@@ -26,8 +30,10 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from orchestrator import machine, metrics
+from orchestrator.attention import AttentionSender
 from orchestrator.machine.events import (
     ArmTimer,
+    AskAttention,
     CancelTimer,
     Command,
     Emit,
@@ -57,6 +63,7 @@ from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
 from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.history import Prior
+from orchestrator.store.scripts import ParkResult
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
 from workers.records import warn_once
@@ -65,6 +72,9 @@ log = logging.getLogger("toolloop.orchestrator")
 
 # How long a notification that moves nothing on may wait for what follows, to be stepped with it (`defer`).
 STARTED_DELAY_S = 0.05
+# A turn whose earliest wait ends sooner than this is not parked: its timer fires here, where it is armed,
+# rather than the turn leaving and being woken again for it (a parked turn is woken WAKE_AHEAD_S early).
+PARK_AHEAD_S = 5.0
 
 
 def _one_line(exc: Exception) -> str:
@@ -87,6 +97,7 @@ class TurnDriver:
         lost_call_wait_s: float = 0.0,
         policy: machine.Policy | None = None,
         retry: RedisRetry | None = None,
+        attention: AttentionSender | None = None,
     ) -> None:
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage(settings.redis_url))
@@ -96,6 +107,8 @@ class TurnDriver:
         self._lost_grace_s = lost_call_grace_s
         self._lost_wait_s = lost_call_wait_s
         self._policy = policy
+        # Told of each call that starts waiting for a person (TOOLLOOP_ATTENTION_TASK); None: nobody is.
+        self._attention = attention
         self.turns: dict[str, TurnHandle] = {}
         self._hydrated = HydratedTurns(hydrated_turns)
         self.timers = TimerHeap(self._on_timer)
@@ -331,6 +344,9 @@ class TurnDriver:
             pending = await self._perform(handle, state, [c for c in todo if not isinstance(c, Emit)])
             todo = []
             if not pending:
+                look_at = machine.parkable(state)
+                if look_at is not None and not handle.dropped:
+                    await self._park(handle, look_at)
                 return
 
     async def _persist(
@@ -368,6 +384,9 @@ class TurnDriver:
                 self.timers.arm(handle.turn_id, command.timer_id, command.at)
             elif isinstance(command, CancelTimer):
                 self.timers.cancel(handle.turn_id, command.timer_id)
+            elif isinstance(command, AskAttention):
+                if self._attention is not None:
+                    self._attention.ask(handle.turn_id, command)
             elif isinstance(command, Finish):
                 # Retried until stored: a second try after a lost reply finds the turn terminal (False).
                 save = functools.partial(
@@ -426,6 +445,31 @@ class TurnDriver:
 
     # --- parking and dropping --------------------------------------------------------------------------
 
+    async def _park(self, handle: TurnHandle, look_at: float) -> None:
+        """Give up a turn that does nothing but wait for people: parked in Redis until an answer or `look_at`
+        (its earliest wait's deadline) queues it for any orchestrator. Its state is saved; a turn with work in
+        hand (events held back, a task still running) stays until that work steps it again. A control request
+        this process has not read yet keeps it here: read now (its notice may be on its way too)."""
+        current = asyncio.current_task()
+        if handle.deferred or handle.feeding is not None or any(t is not current for t in handle.tasks or ()):
+            return
+        if look_at - time.time() < PARK_AHEAD_S:
+            return
+        park = functools.partial(
+            self._store.park, self._orchestrator_id, handle.turn_id, look_at, handle.control_after
+        )
+        result = await self._retry.call("park", park)
+        if result is ParkResult.PARKED:
+            log.info(
+                "turn %s parked: it waits for a person (looked at again by %.0f)", handle.turn_id, look_at
+            )
+            await self._drop(handle, release=False, parked=True)
+        elif result is ParkResult.UNREAD:
+            await self._read_control(handle)
+        else:
+            log.warning("turn %s: lease lost while parking it; dropping it", handle.turn_id)
+            await self._drop(handle, release=False)
+
     async def _finished(self, handle: TurnHandle) -> None:
         # The turn's outcome is stored (Finish), and its lease released with it: count it, forget the turn.
         outcome = handle.state.outcome
@@ -433,8 +477,9 @@ class TurnDriver:
             metrics.record_turn_finished(outcome, time.monotonic() - handle.claimed_at)
         await self._drop(handle, release=False)
 
-    async def _drop(self, handle: TurnHandle, *, release: bool) -> None:
-        """Forget a turn locally (finished, lost, or stopping); the caller holds its lock."""
+    async def _drop(self, handle: TurnHandle, *, release: bool, parked: bool = False) -> None:
+        """Forget a turn locally (finished, parked, lost, or stopping); the caller holds its lock. `parked`:
+        its lease went with the parking (for those who tell why a turn left)."""
         if handle.dropped:
             return
         handle.dropped = True

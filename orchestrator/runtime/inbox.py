@@ -84,6 +84,7 @@ def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGi
         at=request.at,
         reason=request.reason,
         arguments=request.arguments if request.approved else None,
+        decided_by=request.decided_by,
     )
 
 

@@ -38,6 +38,7 @@ import httpx
 from celery import Celery
 
 from orchestrator.archive import ArchivingTurnStore, TurnArchiver
+from orchestrator.attention import AttentionSender
 from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
 from orchestrator.pricing import build_price_table
@@ -54,6 +55,7 @@ from orchestrator.settings import Settings
 from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.rate_limits import ModelLimiter
 from orchestrator.store.turns import TurnStore
+from orchestrator.tenant_limits import build_running_caps
 from workers.contract import ToolOutcome
 from workers.keys import build_inbox_ttl_s
 from workers.tracing import setup_tracing, shutdown_tracing
@@ -76,6 +78,11 @@ INBOX_ACK_S = 1.0  # how often the inbox stream is trimmed up to what was handle
 # is left to expire, and its turn is taken over as after a crash.
 STOP_REDIS_S = 3.0
 CANCEL_AGAIN_S = 0.5  # how often a stopping process cancels again a loop that has not ended
+# How often parked turns due are woken (queued for any orchestrator), and how early: a wait's timer then fires
+# on time in the orchestrator that claims the turn (the driver never parks a turn due within PARK_AHEAD_S).
+WAKE_SCAN_S = 1.0
+WAKE_AHEAD_S = 1.0
+WAKE_BATCH = 100
 
 
 def build_orchestrator_id() -> str:
@@ -145,14 +152,23 @@ class Runtime:
             prices=build_price_table(settings.model_prices),
             spans=self.spans,
             tool_gone_after_s=settings.tool_gone_after_s,
-            limiter=ModelLimiter(store.redis, settings.model_limits),
+            limiter=ModelLimiter(store.redis, settings.model_limits, settings.tenant_limits),
         )
+        # What the claim holds each tenant's running turns to (TOOLLOOP_TENANT_LIMITS' max_running_turns).
+        self.running_caps = build_running_caps(settings.tenant_limits)
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None
         if settings.archive_task:
             self.archiver = TurnArchiver(
                 store, publisher, self.retry, task=settings.archive_task, queue=settings.archive_queue
             )
+        # With an attention task configured, each call that starts waiting for a person is told to it.
+        attention = None
+        if settings.attention_task:
+            attention = AttentionSender(
+                publisher, task=settings.attention_task, queue=settings.attention_queue
+            )
+        self.attention = attention
         self.driver = TracingTurnDriver(
             store=store if self.archiver is None else ArchivingTurnStore(store, self.archiver),
             performer=self.performer,
@@ -162,6 +178,7 @@ class Runtime:
             lost_call_grace_s=self.options.lost_call_grace_s,
             lost_call_wait_s=self.options.lost_call_wait_s,
             retry=self.retry,
+            attention=attention,
         )
         self.turns = self.driver.turns
         self.durability = DurabilityWatcher(
@@ -210,6 +227,7 @@ class Runtime:
             asyncio.create_task(self._inbox_loop(), name="inbox"),
             asyncio.create_task(self._lease_loop(), name="leases"),
             asyncio.create_task(self._orphan_loop(), name="orphans"),
+            asyncio.create_task(self._wake_loop(), name="wake"),
             asyncio.create_task(self.driver.timers.run(), name="timers"),
             asyncio.create_task(self.durability.run(), name="durability"),
         ]
@@ -248,6 +266,8 @@ class Runtime:
         if self.archiver is not None:
             # Records of turns that just finished go out before the publishing thread ends.
             await self.archiver.aclose(deadline - asyncio.get_running_loop().time())
+        if self.attention is not None:
+            await self.attention.aclose(deadline - asyncio.get_running_loop().time())
         self.spans.end_all(how="released")  # those a stop did not reach in time
         await self.performer.aclose()
         with contextlib.suppress(*REDIS_ERRORS):
@@ -265,7 +285,10 @@ class Runtime:
                 continue
             try:
                 claimed = await self.store.claim_turn(
-                    self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
+                    self.orchestrator_id,
+                    timeout_s=BLOCK_S,
+                    lease_ttl_s=self.options.lease_ttl_s,
+                    caps=self.running_caps,
                 )
             except REDIS_ERRORS as exc:
                 await self.retry.pause(backoff.failed(exc))
@@ -309,6 +332,21 @@ class Runtime:
                 backoff.failed(exc)
             else:
                 backoff.succeeded()
+
+    async def _wake_loop(self) -> None:
+        # Parked turns hold no lease and are in no orchestrator: an answer queues its turn at once
+        # (control.lua); a wait that ends unanswered is queued here, by whichever orchestrator looks first.
+        backoff = Backoff(self.retry, "wake")
+        while True:
+            await asyncio.sleep(WAKE_SCAN_S)
+            try:
+                woken = await self.store.wake_parked(time.time() + WAKE_AHEAD_S, WAKE_BATCH)
+            except REDIS_ERRORS as exc:
+                backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            if woken:
+                log.info("woke %d parked turn(s) whose wait ends: %s", len(woken), ", ".join(woken[:5]))
 
     async def _lease_loop(self) -> None:
         # A failed renewal is tried again after a short backoff, a successful one a period later: a Redis that

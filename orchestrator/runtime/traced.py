@@ -33,13 +33,15 @@ class TracingTurnDriver(TurnDriver):
         if spans is not None and turn_id not in self.turns:
             spans.end(turn_id, None, how="not_adopted")
 
-    async def _drop(self, handle: TurnHandle, *, release: bool) -> None:
+    async def _drop(self, handle: TurnHandle, *, release: bool, parked: bool = False) -> None:
         spans = self.spans
         if spans is not None and not handle.dropped and handle.turn_id in spans:
             state = handle.state if handle.hydrated or handle.state_json is not None else None
             if state is not None and state.terminal:
                 how = "finished"
+            elif parked:
+                how = "parked"
             else:
                 how = "released" if release else "lease_lost"
             spans.end(handle.turn_id, state, how=how)
-        await super()._drop(handle, release=release)
+        await super()._drop(handle, release=release, parked=parked)

@@ -7,10 +7,11 @@ What a turn looks like to a reader (`TurnView`) is built in `orchestrator.store.
 Layout (keys from `workers.keys`):
 - `turn_request` (JSON `TurnRequest`), `turn_status` (a `TurnStatus` value), `turn_state` (opaque JSON of the
   machine's state), `turn_outcome` (JSON `TurnOutcome`), `turn_events` (stream: name, at, data JSON),
-  `turn_control` (stream: kind, call, approved, at, arguments JSON, reason), `turn_lease` (orchestrator id,
-  with a TTL).
+  `turn_control` (stream: kind, call, approved, at, arguments JSON, reason, by), `turn_lease` (orchestrator
+  id, with a TTL).
 - `TURN_QUEUE` (list of claimable ids), `TURNS_CLAIMING` (ids between BLMOVE and their lease),
-  `TURNS_ACTIVE` (zset of non-terminal ids, for orphan detection without SCAN).
+  `TURNS_ACTIVE` (zset of non-terminal ids, for orphan detection without SCAN), `TURNS_PARKED` (zset of the
+  turns that only wait for people, held by no orchestrator, by when each must be looked at).
 - Conversations: `conversation_lock` holds the id of the conversation's one queued-or-running turn; later
   turns wait in `conversation_waiting` and are pushed onto `TURN_QUEUE` by the outcome write of the previous
   one, so a claimer never sees them early and never busy-loops.
@@ -62,6 +63,8 @@ class ControlRequest(BaseModel):
     # a denial tells the model); None in entries written before approvals carried them.
     arguments: dict[str, Any] | None = None
     reason: str | None = None
+    # Who answered, as the answering client said; None when it did not (and in older entries).
+    decided_by: str | None = None
 
 
 # --- builders (pure) -------------------------------------------------------------------------------------
@@ -252,6 +255,7 @@ def _parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlR
             "at": float(decoded.get("at", "0")),
             "arguments": json.loads(arguments) if arguments else None,
             "reason": decoded.get("reason") or None,
+            "decided_by": decoded.get("by") or None,
         }
     )
 
@@ -279,12 +283,22 @@ class ClaimedTurn:
     unreadable: str | None = None
 
 
-def parse_claim(turn_id: str, reply: Any) -> ClaimedTurn | None:
-    """`claim.lua`'s reply: None when it skipped the turn. A request that does not parse is reported in the
-    claim (`unreadable`), never raised: the claim loop must go on, and the lease it holds be released."""
+class ClaimAgain:
+    """The type of `CLAIM_AGAIN`."""
+
+
+# `claim.lua` passed over many ids that ended or are leased, and stopped short: claim again at once.
+CLAIM_AGAIN = ClaimAgain()
+
+
+def parse_claim(reply: Any) -> ClaimedTurn | ClaimAgain | None:
+    """`claim.lua`'s reply: None when nothing was claimable, `CLAIM_AGAIN` when it stopped short. A request
+    that does not parse is reported in the claim (`unreadable`), never raised: the claim loop must go on, and
+    the lease it holds be released."""
     if not isinstance(reply, list):
-        return None
-    _, raw, has_state = reply
+        return CLAIM_AGAIN if int(reply or 0) == 2 else None
+    _, raw_id, raw, has_state = reply
+    turn_id = text(raw_id)
     try:
         request = parse_request(raw or None)
     except ValueError as exc:

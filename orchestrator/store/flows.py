@@ -23,12 +23,16 @@ from orchestrator.store.effects import Flow, Item, Stream, Transaction
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ControlResult, FinishResult, WriteResult
 from orchestrator.store.submit_checks import ModelNames, check_refusals
-from orchestrator.store.turn_view import TurnView
+from orchestrator.store.turn_view import PendingApproval, TurnView
+from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.keys import DEFAULT_RETENTION, Retention
 
 Clock = Callable[[], float]
+
+# The longest a claimer with nothing to claim blocks before it looks again without a ready token.
+READY_POLL_MS = 500
 
 
 class Unread:
@@ -90,22 +94,34 @@ def submit(
 
 
 def claim(
-    orchestrator_id: str, *, timeout_s: float, ttl_ms: int, cap_ms: int, clock: Clock
+    orchestrator_id: str,
+    *,
+    timeout_s: float,
+    ttl_ms: int,
+    cap_ms: int,
+    clock: Clock,
+    caps: RunningCaps = NO_CAPS,
 ) -> Flow[codec.ClaimedTurn | None]:
     """The next queued turn, leased to `orchestrator_id`, with what adopting it reads first; None when none
     came within `timeout_s`.
 
-    Pops into the claiming list (a claimer dying here leaves a trace `find_orphans` reports) in steps of at
-    most `cap_ms`; terminal or already leased ids are skipped."""
+    One script picks and leases it (`operations.claim`: lanes in order, tenants in turn, a tenant at its cap
+    passed over); with nothing to claim, the flow blocks on the ready tokens a submit or a turn's end
+    pushes, in steps of at most `READY_POLL_MS` — a turn queued by a script that pushes none (a woken
+    parked turn, a previous release's submit) is claimed by the next step — and tries again."""
     deadline = clock() + timeout_s
-    while (step_ms := build_step_ms(deadline, clock(), cap_ms)) is not None:
-        turn_id: str | None = yield operations.pop_queued(step_ms / 1000)
-        if turn_id is None:
-            continue
-        claimed: codec.ClaimedTurn | None = yield operations.claim(turn_id, orchestrator_id, ttl_ms)
-        if claimed is not None:
+    while True:
+        claimed: codec.ClaimedTurn | codec.ClaimAgain | None = yield operations.claim(
+            orchestrator_id, ttl_ms, caps
+        )
+        if isinstance(claimed, codec.ClaimedTurn):
             return claimed
-    return None
+        if isinstance(claimed, codec.ClaimAgain):
+            continue
+        step_ms = build_step_ms(deadline, clock(), min(cap_ms, READY_POLL_MS))
+        if step_ms is None:
+            return None
+        yield operations.wait_ready(step_ms / 1000)
 
 
 def wait_reply(reply_key: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[bool]:
@@ -168,11 +184,12 @@ def send_control(
     *,
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
+    decided_by: str | None = None,
 ) -> Flow[bool]:
-    """Record a cancel or an approval for the turn's owner: False when the turn had ended already;
-    `CallNotWaitingError` for an approval of a call answered already."""
+    """Record a cancel or an approval for the turn's owner (a parked turn is woken): False when the turn had
+    ended already; `CallNotWaitingError` for an approval of a call answered already."""
     result = yield operations.control(
-        turn_id, kind, call_id, approved, now, arguments=arguments, reason=reason
+        turn_id, kind, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
     )
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
@@ -189,9 +206,11 @@ def send_approval(
     *,
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
+    decided_by: str | None = None,
 ) -> Flow[bool]:
     """Approve (with the person's edited `arguments`, run instead of the model's) or deny (with a `reason`
-    the model sees) a call waiting for confirmation; False when the turn had ended already.
+    the model sees) a call waiting for confirmation; False when the turn had ended already. `decided_by` (who
+    answered) and `reason` are kept in the turn's `approvals`, for either answer.
 
     A running turn must be waiting for this call (`CallNotWaitingError` otherwise: an unknown call, or one
     answered already — the first answer stands). Edited arguments are checked first, when they can be,
@@ -210,7 +229,16 @@ def send_approval(
             raise CallNotWaitingError(turn_id, call_id)
         if arguments is not None:
             yield from check_edited_arguments(waiting.tool, arguments, now)
-    flow = send_control(turn_id, "approval", call_id, approved, now, arguments=arguments, reason=reason)
+    flow = send_control(
+        turn_id,
+        "approval",
+        call_id,
+        approved,
+        now,
+        arguments=arguments,
+        reason=reason,
+        decided_by=decided_by,
+    )
     return (yield from flow)
 
 
@@ -278,6 +306,23 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
             after = batch[-1].id
         elif ended:
             return  # ended (or expired) and its turn_finished is not in the stream any more
+
+
+def list_pending(limit: int = 1000) -> Flow[list[tuple[str, PendingApproval]]]:
+    """Every call waiting for a person, with its turn's id, the longest waiting first (`toolloop pending`):
+    the active turns' statuses in one round trip, then the view of each waiting one (at most `limit`)."""
+    statuses: list[tuple[str, TurnStatus | None]] = yield operations.read_active_statuses()
+    found: list[tuple[str, PendingApproval]] = []
+    for turn_id, status in statuses:
+        if status is not TurnStatus.WAITING:
+            continue
+        view: TurnView | None = yield operations.get_view(turn_id)
+        if view is not None:
+            found += [(turn_id, pending) for pending in view.pending_approvals]
+        if len(found) >= limit:
+            break
+    found.sort(key=lambda item: item[1].since if item[1].since is not None else 0.0)
+    return found[:limit]
 
 
 def check_edited_arguments(tool: str, arguments: Mapping[str, Any], now: float) -> Flow[None]:

@@ -24,6 +24,7 @@ from orchestrator.store.history import Appended
 from orchestrator.store.scripts import (
     ControlResult,
     FinishResult,
+    ParkResult,
     ReleaseResult,
     SaveResult,
     SubmitResult,
@@ -149,9 +150,61 @@ def find_orphans(limit: int) -> ScriptCall[list[str]]:
     args: list[str | int] = [limit, status_prefix, status_suffix, lease_prefix, lease_suffix, LEASED_STATUSES]
     return _script(
         scripts.FIND_ORPHANS,
-        [keys.TURNS_ACTIVE, keys.TURNS_CLAIMING],
+        [keys.TURNS_ACTIVE, keys.TURNS_CLAIMING, keys.TURNS_PARKED],
         args,
         lambda found: [codec.text(t) for t in found],
+    )
+
+
+def park(orchestrator_id: str, turn_id: str, look_at: float, control_after: str) -> ScriptCall[ParkResult]:
+    """Give up the lease of a turn that only waits for people and put it in the parked set, to be queued by
+    an answer or at `look_at` (epoch s); not when its control stream has a request past `control_after`
+    (`park.lua`)."""
+    keys_ = [keys.turn_lease(turn_id), keys.TURNS_PARKED, keys.turn_control(turn_id)]
+    args: list[str | int] = [orchestrator_id, turn_id, repr(look_at), control_after]
+    return _script(scripts.PARK, keys_, args, lambda reply: ParkResult(int(reply)))
+
+
+def _parse_scored(reply: Any) -> list[tuple[str, float]]:
+    # WITHSCORES: pairs (RESP3, or a client that pairs them) or a flat member, score, member, … list (RESP2).
+    items = list(reply or [])
+    if items and not isinstance(items[0], list | tuple):
+        items = list(zip(items[::2], items[1::2], strict=True))
+    return [(codec.text(member), float(score)) for member, score in items]
+
+
+def wake_parked(due_by: float, limit: int) -> ScriptCall[list[str]]:
+    """Queue the parked turns to be looked at by `due_by` (epoch s), at most `limit` (`wake.lua`)."""
+    return _script(
+        scripts.WAKE,
+        [keys.TURNS_PARKED, keys.TURN_QUEUE],
+        [repr(due_by), limit],
+        lambda woken: [codec.text(t) for t in woken],
+    )
+
+
+def read_active_statuses() -> ScriptCall[list[tuple[str, TurnStatus | None]]]:
+    """Every non-terminal turn (oldest submitted first) with its status, in one round trip."""
+    status_prefix, status_suffix = keys.turn_status("\0").split("\0")
+
+    def status(raw: Any) -> TurnStatus | None:
+        try:
+            return codec.parse_status(raw or None)
+        except ValueError:  # a status a newer release added: not one this listing looks for
+            return None
+
+    def parse(reply: Any) -> list[tuple[str, TurnStatus | None]]:
+        items = list(reply or [])
+        return [(codec.text(t), status(s)) for t, s in zip(items[::2], items[1::2], strict=True)]
+
+    return _script(scripts.READ_STATUSES, [keys.TURNS_ACTIVE], [status_prefix, status_suffix], parse)
+
+
+def list_parked() -> RedisCommand[list[tuple[str, float]]]:
+    """Every parked turn and when it must be looked at (epoch s), soonest first."""
+    return RedisCommand(
+        ("ZRANGE", keys.TURNS_PARKED, 0, -1, "WITHSCORES"),
+        _parse_scored,
     )
 
 
@@ -315,16 +368,19 @@ def control(
     *,
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
+    decided_by: str | None = None,
 ) -> ScriptCall[ControlResult]:
-    """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner (`control.lua`); an
-    approval may carry edited `arguments` (stored as JSON) and a `reason` (what a denial tells the model)."""
+    """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner, or waking the turn
+    when it is parked (`control.lua`); an approval may carry edited `arguments` (stored as JSON), a `reason`
+    (what a denial tells the model) and who decided (`decided_by`)."""
     if kind == "approval" and not call_id:
         raise ValueError("call_id must not be empty")
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
+    keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE]
     approved_arg = "" if approved is None else ("1" if approved else "0")
     args: list[str | int] = [keys.INBOX_PREFIX, turn_id, kind, call_id or "", approved_arg, repr(now)]
     args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
-    args += [codec.dump_control_arguments(arguments), reason or ""]
+    args += [codec.dump_control_arguments(arguments), reason or "", decided_by or ""]
     return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
 
 

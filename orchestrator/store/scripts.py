@@ -18,6 +18,9 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `read_history.lua`  | the values read, then the history they reference        |
 | `append_events.lua` | the stream id of the last event added                   |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
+| `park.lua`          | `ParkResult`: PARKED / UNREAD / LEASE_LOST               |
+| `wake.lua`          | the parked turn ids queued                               |
+| `read_statuses.lua` | each active turn id and its status ('' when it has none) |
 | `write_tasks.lua`   | the number of broker commands run                        |
 | `rate_limit.lua`    | admit: (held by, ms to wait); settle: 1                 |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
@@ -36,18 +39,22 @@ __all__ = [
     "CONTROL",
     "FIND_ORPHANS",
     "KEEP_INBOX",
+    "PARK",
     "RATE_LIMIT",
     "READ_HISTORY",
+    "READ_STATUSES",
     "RELEASE",
     "RENEW",
     "SAVE_OUTCOME",
     "SAVE_STEP",
     "SUBMIT",
     "TAKE_OVER",
+    "WAKE",
     "WRITE_OUTCOME",
     "WRITE_TASKS",
     "ControlResult",
     "FinishResult",
+    "ParkResult",
     "ReleaseResult",
     "SaveResult",
     "Script",
@@ -69,6 +76,9 @@ SAVE_OUTCOME = load_script(_PACKAGE, "save_outcome")
 CONTROL = load_script(_PACKAGE, "control")
 RECORD_LOST = load_script(_PACKAGE, "record_lost")
 READ_HISTORY = load_script(_PACKAGE, "read_history")
+PARK = load_script(_PACKAGE, "park")
+WAKE = load_script(_PACKAGE, "wake")
+READ_STATUSES = load_script(_PACKAGE, "read_statuses")
 APPEND_EVENTS = load_script(_PACKAGE, "append_events")
 WRITE_TASKS = load_script(_PACKAGE, "write_tasks")
 RATE_LIMIT = load_script(_PACKAGE, "rate_limit")
@@ -103,6 +113,14 @@ class FinishResult(IntEnum):
 
     ALREADY_TERMINAL = 0  # an earlier terminal write won
     FINISHED = 1
+
+
+class ParkResult(IntEnum):
+    """What `park.lua` did with a turn that only waits for people."""
+
+    LEASE_LOST = -1  # another orchestrator holds the lease: drop the turn
+    UNREAD = 0  # a control request came that its owner has not read: read it, the turn stays
+    PARKED = 1  # lease given up, in the parked set: forget the turn
 
 
 class ControlResult(IntEnum):

@@ -125,11 +125,14 @@ class SyncTurnStore:
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
-        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation
-        (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation, as
+        `decided_by` (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
         now = codec.now_s()
-        flow = flows.send_approval(turn_id, call_id, approved, now, arguments=arguments, reason=reason)
+        flow = flows.send_approval(
+            turn_id, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
+        )
         return self._runner.run_flow(flow, self._patience())
 
     def ping(self) -> bool:

@@ -103,6 +103,19 @@ class ToolFinishedEvent(StreamEvent):
     synthetic: bool = False
 
 
+class CallWaitingEvent(StreamEvent):
+    """A call waits for something outside the turn — `waiting_for` "approval": a person's answer
+    (`approve`) — until `wait_deadline` (epoch seconds), when `on_timeout` ("deny", "approve") answers it."""
+
+    call_id: str
+    tool: str
+    # Redacted, as every view of the turn shows them.
+    arguments: dict[str, Any] = {}
+    waiting_for: str = "approval"
+    wait_deadline: float
+    on_timeout: str = "deny"
+
+
 class OtherEvent(StreamEvent):
     """Any other event of the turn, by its name, with its data as stored."""
 
@@ -125,6 +138,7 @@ TYPED: dict[str, type[StreamEvent]] = {
     "tool_started": ToolStartedEvent,
     "tool_finished": ToolFinishedEvent,
     "tool_synthesized": ToolFinishedEvent,
+    "call_waiting": CallWaitingEvent,
 }
 
 

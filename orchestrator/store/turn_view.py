@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from orchestrator.machine.state import TurnState, load_state
 from orchestrator.model import (
+    ApprovalDecision,
     AssistantMessage,
     Message,
     ToolCall,
@@ -45,6 +46,12 @@ class PendingApproval(BaseModel):
     tool: str
     # Redacted with `workers.contract.redact`: whoever renders the buttons never sees a secret.
     arguments: dict[str, Any] = Field(default_factory=dict)
+    waiting_for: str = "approval"
+    # Since when it waits, and the wait's own deadline (epoch seconds), past which `on_timeout` answers it
+    # ("deny" or "approve"); None for a call of a state written before waits had limits.
+    since: float | None = None
+    wait_deadline: float | None = None
+    on_timeout: str | None = None
 
 
 class WaitingForWorker(BaseModel):
@@ -62,8 +69,14 @@ class TurnView(BaseModel):
     """What `Client.get` returns: status, request, the transcript so far, and the outcome once ended.
 
     `pending_approvals` lists the calls a waiting turn needs an answer for, so a page can render its
-    approve/deny buttons from one GET, without following the events stream. `waiting_for_worker` lists
-    the calls of a running turn that wait in their queue for a worker of their tool to come up.
+    approve/deny buttons from one GET, without following the events stream, with each wait's own deadline.
+    `waiting_for_worker` lists the calls of a running turn that wait in their queue for a worker of their
+    tool to come up. `approvals` says how each call that waited was answered, by whom and why.
+
+    `deadline_at` is the turn's running deadline (epoch seconds). Waiting for a person does not count against
+    it: while the turn does nothing but wait, its clock is paused (`paused_at`, since when), and when it runs
+    again the deadline moves out by the pause — until then it stands `deadline_at - paused_at` seconds after
+    the wait's end. Both are None once the turn has ended.
     """
 
     id: str
@@ -75,6 +88,9 @@ class TurnView(BaseModel):
     outcome: TurnOutcome | None = None
     pending_approvals: list[PendingApproval] = Field(default_factory=list)
     waiting_for_worker: list[WaitingForWorker] = Field(default_factory=list)
+    approvals: list[ApprovalDecision] = Field(default_factory=list)
+    deadline_at: float | None = None
+    paused_at: float | None = None
 
 
 def build_initial_messages(request: TurnRequest) -> list[Message]:
@@ -136,9 +152,16 @@ def build_pending_approvals(state: TurnState | None) -> list[PendingApproval]:
     if state is None or state.current is None:
         return []
     return [
-        PendingApproval(call_id=call.call_id, tool=call.tool, arguments=redact(call.arguments))
+        PendingApproval(
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=redact(call.arguments),
+            since=call.wait.since if call.wait is not None else None,
+            wait_deadline=call.wait.deadline_at if call.wait is not None else None,
+            on_timeout=call.wait.on_timeout if call.wait is not None else None,
+        )
         for call in state.current.calls
-        if call.waiting_approval and call.requested is None and call.outcome is None
+        if call.waiting
     ]
 
 
@@ -231,6 +254,7 @@ def build_turn_view(
             request=request,
             messages=list(outcome.messages),
             outcome=outcome,
+            approvals=list(outcome.approvals),
         )
     # The state is parsed once; one this code cannot read still gives its history if it has one.
     state = _read_state(state_raw, history_raw, log_raw)
@@ -243,6 +267,9 @@ def build_turn_view(
         messages=build_shown_messages(history or build_initial_messages(stored_request)),
         pending_approvals=build_pending_approvals(state),
         waiting_for_worker=build_waiting_for_worker(state),
+        approvals=list(state.approvals) if state is not None else [],
+        deadline_at=state.deadline_at if state is not None else None,
+        paused_at=state.paused_at if state is not None else None,
     )
 
 

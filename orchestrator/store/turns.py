@@ -46,7 +46,8 @@ from orchestrator.store.connection import (
 from orchestrator.store.flows import UNREAD, Unread
 from orchestrator.store.history import Appended, Prior, StoredState
 from orchestrator.store.runner import AsyncRunner
-from orchestrator.store.scripts import FinishResult, SaveResult, TakeOverResult
+from orchestrator.store.scripts import FinishResult, ParkResult, SaveResult, TakeOverResult
+from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from orchestrator.store.turn_view import TurnView
 from workers.contract import ToolOutcome
 from workers.keys import DEFAULT_RETENTION, TOOL_GONE_AFTER_S, Retention
@@ -134,14 +135,16 @@ class TurnStore:
         return None if claimed is None else claimed.turn_id
 
     async def claim_turn(
-        self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None
+        self,
+        orchestrator_id: str,
+        *,
+        timeout_s: float,
+        lease_ttl_s: float | None = None,
+        caps: RunningCaps = NO_CAPS,
     ) -> ClaimedTurn | None:
-        """The next queued turn, leased to `orchestrator_id`, with its request read in the same script; None
-        when none came within `timeout_s`.
-
-        Blocks on the queue (BLMOVE into the claiming list, so a claimer dying here leaves a trace that
-        `find_orphans` reports), in steps of at most `block_cap_ms`; terminal or leased ids are skipped.
-        """
+        """The next queued turn — by lane, then tenant by tenant, a tenant at its cap in `caps` passed over —
+        leased to `orchestrator_id`, with its request read in the same script; None when none came within
+        `timeout_s` (`flows.claim`)."""
         ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
         flow = flows.claim(
             orchestrator_id,
@@ -149,6 +152,7 @@ class TurnStore:
             ttl_ms=ttl_ms,
             cap_ms=self.block_cap_ms,
             clock=time.monotonic,
+            caps=caps,
         )
         return await self._runner.run_flow(flow)
 
@@ -169,6 +173,17 @@ class TurnStore:
     async def release(self, orchestrator_id: str, turn_id: str) -> None:
         """Give up the lease on a turn (only if this orchestrator holds it)."""
         await self._runner.run(operations.release(orchestrator_id, turn_id))
+
+    async def park(
+        self, orchestrator_id: str, turn_id: str, look_at: float, control_after: str
+    ) -> ParkResult:
+        """Give up the lease of a turn that only waits for people, parked until an answer or `look_at`
+        (epoch s) queues it; UNREAD when a control request past `control_after` came first (`park.lua`)."""
+        return await self._runner.run(operations.park(orchestrator_id, turn_id, look_at, control_after))
+
+    async def wake_parked(self, due_by: float, limit: int = 100) -> list[str]:
+        """Queue the parked turns to be looked at by `due_by` (epoch s); their ids."""
+        return await self._runner.run(operations.wake_parked(due_by, limit))
 
     async def find_orphans(self, limit: int = 100) -> list[str]:
         """Non-terminal turns that nobody leases: running/waiting ones, and ids a dead claimer left behind."""
@@ -356,11 +371,14 @@ class TurnStore:
         *,
         arguments: Mapping[str, Any] | None = None,
         reason: str | None = None,
+        decided_by: str | None = None,
     ) -> bool:
-        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation
-        (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
+        """Approve (with edited `arguments`) or deny (with a `reason`) a call waiting for confirmation, as
+        `decided_by` (`flows.send_approval`). False if terminal; UnknownTurnError if unknown."""
         now = codec.now_s()
-        flow = flows.send_approval(turn_id, call_id, approved, now, arguments=arguments, reason=reason)
+        flow = flows.send_approval(
+            turn_id, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
+        )
         return await self._runner.run_flow(flow)
 
     async def read_control(self, turn_id: str, after: str = "0") -> list[ControlRequest]:

@@ -231,6 +231,43 @@ def test_write_tasks_runs_kombus_commands_in_order(runner: SyncRunner) -> None:
     assert client.exists("q3") == 0
 
 
+def test_park_wake_and_an_answer_that_wakes_a_parked_turn(runner: SyncRunner) -> None:
+    run, client = runner.run, runner.client
+    for turn_id in ("p1", "p2"):
+        run(operations.submit(TurnRequest(prompt="a"), turn_id, 1.0))
+        assert run(operations.pop_queued(0.1)) == turn_id
+        assert run(operations.claim(turn_id, "orch-a", 100_000)) is not None
+        client.set(keys.turn_status(turn_id), TurnStatus.WAITING.value)
+    assert run(operations.park("orch-b", "p1", 50.0, "0")) is lua.ParkResult.LEASE_LOST
+    # A request its owner has not read keeps the turn with it; once read past, the turn parks.
+    assert run(operations.control("p1", "cancel", None, None, 2.0)) is lua.ControlResult.RECORDED
+    assert run(operations.park("orch-a", "p1", 50.0, "0")) is lua.ParkResult.UNREAD
+    (request,) = run(operations.read_control("p1", "0"))
+    assert run(operations.park("orch-a", "p1", 50.0, request.id)) is lua.ParkResult.PARKED
+    assert run(operations.park("orch-a", "p2", 90.0, "0")) is lua.ParkResult.PARKED
+    assert not client.exists(keys.turn_lease("p1"), keys.turn_lease("p2"))
+    assert run(operations.list_parked()) == [("p1", 50.0), ("p2", 90.0)]
+    # Parked turns hold no lease, and no orphan scan takes them over.
+    assert run(operations.find_orphans(10)) == []
+    client.delete(keys.TURN_QUEUE)
+    # An answer queues a parked turn at once (at the front); the next answer finds it queued, not parked.
+    run(operations.control("p2", "approval", "c1", True, 3.0, decided_by="ana"))
+    assert run(operations.control("p2", "approval", "c2", True, 3.0)) is lua.ControlResult.RECORDED
+    assert [codec_text(t) for t in client.lrange(keys.TURN_QUEUE, 0, -1)] == ["p2"]
+    requests = run(operations.read_control("p2", "0"))
+    assert [(r.call_id, r.decided_by) for r in requests] == [("c1", "ana"), ("c2", None)]
+    # A wait that ends unanswered: woken by whoever scans first, once.
+    assert run(operations.wake_parked(49.0, 10)) == []
+    assert run(operations.wake_parked(51.0, 10)) == ["p1"]
+    assert run(operations.wake_parked(99.0, 10)) == []
+    assert [codec_text(t) for t in client.lrange(keys.TURN_QUEUE, 0, -1)] == ["p1", "p2"]
+    assert run(operations.list_parked()) == []
+
+
+def codec_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 # Which test above runs each script file (with each value of its result).
 RUN_BY: dict[str, object] = {
     "submit": test_submit_claim_take_over_and_find_orphans,
@@ -241,6 +278,8 @@ RUN_BY: dict[str, object] = {
     "save_step": test_save_step_save_outcome_release_and_control,
     "save_outcome": test_save_step_save_outcome_release_and_control,
     "control": test_save_step_save_outcome_release_and_control,
+    "park": test_park_wake_and_an_answer_that_wakes_a_parked_turn,
+    "wake": test_park_wake_and_an_answer_that_wakes_a_parked_turn,
     "release": test_save_step_save_outcome_release_and_control,
     "write_outcome": test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit,
     "start": test_the_fence_refuses_a_superseded_execution_and_a_gone_turn,

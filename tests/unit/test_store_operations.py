@@ -45,7 +45,7 @@ def lua_files() -> list[tuple[str, str]]:
 
 def test_every_script_is_a_lua_file_loaded_once() -> None:
     names = [name for name, _ in lua_files()]
-    assert len(names) == 18, names
+    assert len(names) == 22, names
     assert SUBMIT.source == resources.files("orchestrator.store").joinpath("lua/submit.lua").read_text()
 
 
@@ -166,11 +166,15 @@ def test_control_needs_a_call_id_for_an_approval_and_caps_the_inbox() -> None:
         TERMINAL,
         "",
         "",
+        "",
     )
+    assert op.keys[3:] == (keys.TURNS_PARKED, keys.TURN_QUEUE)  # a parked turn is woken
     assert [op.parse(n) for n in (-1, 0, 1, 2)] == list(ControlResult)
     assert operations.control("t", "cancel", None, None, 2.0).args[3:5] == ("", "")
-    edited = operations.control("t", "approval", "c", True, 2.0, arguments={"to": "bob"}, reason="why")
-    assert edited.args[8:] == ('{"to":"bob"}', "why")
+    edited = operations.control(
+        "t", "approval", "c", True, 2.0, arguments={"to": "bob"}, reason="why", decided_by="ana"
+    )
+    assert edited.args[8:] == ('{"to":"bob"}', "why", "ana")
     with pytest.raises(ValueError, match="arguments"):
         operations.control("t", "approval", "c", True, 2.0, arguments={"x": float("nan")})
     with pytest.raises(ValueError, match="call_id"):

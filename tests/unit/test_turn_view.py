@@ -56,14 +56,19 @@ def view_of(driver: Driver) -> TurnView:
 def test_a_waiting_turn_lists_its_calls_in_order_with_arguments_redacted() -> None:
     view = view_of(waiting_driver())
     assert view.status is TurnStatus.WAITING
+    # Each with its wait's own deadline (24 hours by default) and what it gets then.
+    wait = {"since": 1001.0, "wait_deadline": 1001.0 + 86_400, "on_timeout": "deny"}
     assert view.pending_approvals == [
         PendingApproval(
             call_id="call_0",
             tool="delete",
             arguments={"id": 7, "api_key": REDACTED, "options": {"password": REDACTED, "force": True}},
+            **wait,
         ),
-        PendingApproval(call_id="call_2", tool="delete", arguments={"id": 8}),
+        PendingApproval(call_id="call_2", tool="delete", arguments={"id": 8}, **wait),
     ]
+    # The `add` call runs meanwhile: the running clock runs too.
+    assert (view.paused_at, view.deadline_at) == (None, 1300.0)
     dumped = view.model_dump_json()
     assert "sk-live-1" not in dumped and "hunter2" not in dumped
     # The JSON a page reads from GET /v1/turns/{id}.
@@ -75,9 +80,15 @@ def test_an_answered_call_leaves_the_list() -> None:
     driver = waiting_driver()
     driver.feed(ApprovalGiven(call_id="call_0", approved=True, at=1002.0))
     assert [p.call_id for p in view_of(driver).pending_approvals] == ["call_2"]
-    driver.feed(ApprovalGiven(call_id="call_2", approved=False, at=1002.5))
+    driver.feed(ApprovalGiven(call_id="call_2", approved=False, at=1002.5, decided_by="ana", reason="no"))
     # The denial is decided (its outcome requested) even before it comes back as written: nothing waits.
-    assert view_of(driver).pending_approvals == []
+    view = view_of(driver)
+    assert view.pending_approvals == []
+    # Who answered, and why, for the turn page.
+    assert [(a.call_id, a.approved, a.decided_by, a.reason) for a in view.approvals] == [
+        ("call_0", True, None, None),
+        ("call_2", False, "ana", "no"),
+    ]
 
 
 def test_a_running_turn_and_a_finished_one_list_nothing() -> None:

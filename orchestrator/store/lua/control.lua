@@ -1,10 +1,12 @@
--- Record a cancel or approval request for a turn and tell its owner, if it has one.
+-- Record a cancel or approval request for a turn and tell its owner, if it has one; a parked turn (no owner: it
+-- only waits for people, park.lua) is woken instead: queued at the front, for any orchestrator to claim.
 -- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED,
 -- 2 DECIDED (an approval of this call was recorded already: the first answer stands).
--- KEYS: control stream, lease, status.
+-- KEYS: control stream, lease, status, parked zset, turn queue.
 -- ARGV: inbox prefix, turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
---       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none).
--- Entries written before arguments and reasons existed lack both fields: readers take them as none.
+--       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none), who decided
+--       ('' for not said).
+-- Entries written before arguments, reasons and deciders existed lack those fields: readers take them as none.
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[3])
@@ -24,10 +26,12 @@ if ARGV[3] == 'approval' then
 end
 local id = redis.call('XADD', KEYS[1], '*',
                       'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6],
-                      'arguments', ARGV[9] or '', 'reason', ARGV[10] or '')
+                      'arguments', ARGV[9] or '', 'reason', ARGV[10] or '', 'by', ARGV[11] or '')
 local owner = redis.call('GET', KEYS[2])
 if owner then
   redis.call('XADD', ARGV[1] .. owner, 'MAXLEN', '~', ARGV[7], '*', 'kind', 'control', 'turn', ARGV[2],
              'control', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'id', id)
+elseif KEYS[4] and redis.call('ZREM', KEYS[4], ARGV[2]) == 1 then
+  redis.call('LPUSH', KEYS[5], ARGV[2])
 end
 return 1

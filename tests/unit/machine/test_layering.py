@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"model_calls"}),
     frozenset({"answers", "model_errors"}),
     frozenset({"tool_round"}),
-    frozenset({"stopping"}),
+    frozenset({"stopping", "waits"}),
     frozenset({"draft"}),
     frozenset({"validation", "view", "budgets"}),
     frozenset({"state", "events"}),
@@ -87,7 +87,7 @@ def test_imports_go_downwards_only() -> None:
 def test_the_face_is_the_loop() -> None:
     _, tree, _ = next(m for m in machine_modules() if m[0] == "__init__")
     assert {name.rsplit(".", 1)[0] for name in imported(tree)} == {f"{PACKAGE}.loop"}
-    assert sorted(orchestrator.machine.__all__) == ["Policy", "resume", "start", "step"]
+    assert sorted(orchestrator.machine.__all__) == ["Policy", "parkable", "resume", "start", "step"]
 
 
 def test_no_io_clock_randomness_or_other_orchestrator_packages() -> None:

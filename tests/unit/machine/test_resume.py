@@ -121,7 +121,8 @@ RESUME_TABLE: list[tuple[str, Callable[[Driver], None], list[str]]] = [
     (
         "waiting_for_approval",
         _waiting_for_approval,
-        ["emit", "arm_timer", "dispatch_tools", "await_approval"],
+        # The deadline's timer and the wait's own.
+        ["emit", "arm_timer", "arm_timer", "dispatch_tools", "await_approval"],
     ),
     ("cancelled_while_waiting", _cancelled_while_waiting, ["emit", "arm_timer", "write_outcomes"]),
 ]
