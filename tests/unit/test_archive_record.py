@@ -16,6 +16,7 @@ from orchestrator.archive import (
     find_turn_input,
 )
 from orchestrator.model import (
+    ApprovalDecision,
     AssistantMessage,
     Message,
     SystemMessage,
@@ -126,6 +127,7 @@ def test_a_record_holds_the_turn_whole_and_its_calls_as_their_envelopes_say() ->
             "duration_ms": 12.5,
             "worker": "w1@host",
             "finished_at": 1700.0,
+            "approval": None,
         },
         {
             "call_id": "c2",
@@ -137,6 +139,7 @@ def test_a_record_holds_the_turn_whole_and_its_calls_as_their_envelopes_say() ->
             "duration_ms": None,
             "worker": None,
             "finished_at": None,
+            "approval": None,
         },
     ]
 
@@ -179,3 +182,20 @@ def test_the_send_is_json_ready_and_shows_flower_no_content() -> None:
     assert TurnRecord.model_validate(sent["record"]) == record
     assert "secret plans" not in options["argsrepr"] + options["kwargsrepr"]
     assert json.loads(options["kwargsrepr"]) == {"turn_id": TURN, "status": "completed"}
+
+
+def test_a_call_that_waited_for_a_person_says_who_answered_and_why() -> None:
+    messages: list[Message] = [
+        UserMessage(content="refund"),
+        AssistantMessage(tool_calls=[ToolCall(id="c1", name="refund", arguments={"amount": 5})]),
+        ToolMessage(tool_call_id="c1", name="refund", content="done"),
+        AssistantMessage(content="refunded"),
+    ]
+    decision = ApprovalDecision(
+        call_id="c1", tool="refund", approved=True, decided_by="ana", reason="known customer", at=5.0
+    )
+    outcome = outcome_of(messages).model_copy(update={"approvals": [decision]})
+    record = build_turn_record(TURN, TurnRequest(prompt="refund"), outcome, {}, 99.0)
+    (call,) = record.calls
+    assert call.approval == decision
+    assert record.model_dump(mode="json")["calls"][0]["approval"]["decided_by"] == "ana"
