@@ -185,6 +185,10 @@ class TurnStatus(StrEnum):
         return self in {TurnStatus.COMPLETED, TurnStatus.STOPPED, TurnStatus.FAILED, TurnStatus.CANCELLED}
 
 
+TurnPriority = Literal["interactive", "normal", "batch"]
+"""A turn's lane (`TurnRequest.priority`), in the order they are claimed (`workers.keys.TURN_LANES`)."""
+
+
 StopReason = Literal[
     "max_llm_calls",
     "max_tool_executions",
@@ -201,10 +205,19 @@ StopReason = Literal[
     "invalid_output",
     "max_total_tokens",
     "max_cost",
+    "quota_exceeded",
 ]
 
 LIMIT_STOP_REASONS: frozenset[str] = frozenset(
-    {"max_llm_calls", "max_tool_executions", "max_tool_rounds", "deadline", "max_total_tokens", "max_cost"}
+    {
+        "max_llm_calls",
+        "max_tool_executions",
+        "max_tool_rounds",
+        "deadline",
+        "max_total_tokens",
+        "max_cost",
+        "quota_exceeded",
+    }
 )
 
 
@@ -292,6 +305,9 @@ class TurnRequest(ForbidsUnknownFields):
     # Whose turn it is: an HTTP API key sees only its tenant's turns, and tools get it as `ctx.tenant`. A
     # request stored before tenants existed reads as "default".
     tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)
+    # Which lane the turn waits in, and its tool calls' message priority: "interactive" turns are claimed
+    # before "normal" ones, and those before "batch" ones (round robin across tenants within a lane).
+    priority: TurnPriority = "normal"
 
 
 class LLMCallRecord(BaseModel):

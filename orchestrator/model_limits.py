@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.providers.rate_limits import RateLimitSignal
 
-LimitName = Literal["requests_per_minute", "tokens_per_minute", "provider"]
-"""What held a call: its requests budget, its tokens budget, or a pause its provider asked for."""
+LimitName = Literal["requests_per_minute", "tokens_per_minute", "provider", "tenant_tokens_per_minute"]
+"""What held a call: its requests budget, its tokens budget, a pause its provider asked for, or its tenant's
+tokens budget (`orchestrator.tenant_limits`)."""
 
 # A 429 that names no wait at all pauses the model this long.
 REFUSED_PAUSE_S = 1.0
@@ -64,13 +65,14 @@ class ModelLimit(BaseModel):
 
 @dataclass(frozen=True)
 class Budget:
-    """One window a call draws from: the entry's name (`provider:model` or `provider`), its length, and what
-    it holds (None: not limited that way)."""
+    """One window a call draws from: the entry's name (`provider:model` or `provider`; `tenant:<name>` for a
+    tenant's, `tenant` True), its length, and what it holds (None: not limited that way)."""
 
     key: str
     window_s: float
     requests: int | None
     tokens: int | None
+    tenant: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from orchestrator.machine.state import DEFAULT_LOST_CALL_WAIT_S
 from orchestrator.model_limits import ModelLimit
 from orchestrator.providers.traits import MODEL_TIERS
+from orchestrator.tenant_limits import TenantLimit
 from workers import keys
 from workers.settings import WorkerSettings
 
@@ -115,6 +116,10 @@ class Settings(WorkerSettings):
     # `{"<provider:model or provider>": {"requests_per_minute": 500, "tokens_per_minute": 200000,
     # "window_s": 60}}` (TOOLLOOP_MODEL_LIMITS; unset: only the providers' own signals pause a model).
     model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
+    # Limits per tenant (`orchestrator.tenant_limits`), as JSON `{"<tenant or default>": {"max_running_turns":
+    # 2, "tokens_per_minute": 100000, "tokens_per_day": 5000000}}` (TOOLLOOP_TENANT_LIMITS; "default" is the
+    # limit of each tenant without an entry; unset: no tenant is limited).
+    tenant_limits: dict[str, TenantLimit] = Field(default_factory=dict)
     context_output_reserve_tokens: int | None = Field(default=None, ge=0)
     compaction: bool = False
 

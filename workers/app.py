@@ -61,6 +61,11 @@ class ToolloopCelery(Celery):
         raise SystemExit(exitcode or returned or 0)
 
 
+# kombu's Redis transport keeps a list per step and serves the lowest first (its default steps, stated here
+# because publisher and workers must agree: `orchestrator.publishing.publisher.REDIS_PRIORITIES`).
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
 def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """The Celery configuration of every toolloop process (pure: a dict of Celery settings)."""
     config: dict[str, Any] = {
@@ -77,6 +82,8 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
         # An unacked message is redelivered after this; it must exceed the longest hard limit + queue wait.
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
+            # Redis: a list per priority step, the lowest served first (the publisher's lanes use 0, 3, 6).
+            "priority_steps": list(PRIORITY_STEPS),
             **build_sentinel_options(settings.effective_broker_url, settings),
         },
         "result_backend_transport_options": {

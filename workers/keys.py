@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.contract import DEFAULT_TENANT
+
 PREFIX = "toolloop:"
 
 # --- retention -------------------------------------------------------------------------------------------
@@ -97,7 +99,16 @@ def reply(call_id: str) -> str:
 
 
 # --- turns -----------------------------------------------------------------------------------------------
-TURN_QUEUE = PREFIX + "turns:pending"  # list of turn ids waiting for an orchestrator
+# list of turn ids waiting for an orchestrator: the queue of the previous releases, and today the queue of the
+# "default" tenant's "normal" turns (`turn_queue`); ids of other tenants pushed here (a woken parked turn, a
+# release that knows no tenants) are moved to their own queue by the claim (`claim.lua`)
+TURN_QUEUE = PREFIX + "turns:pending"
+# The queue lanes, claimed in this order (`TurnRequest.priority`).
+TURN_LANES = ("interactive", "normal", "batch")
+# list: one token per turn queued or running turn ended, capped at READY_TOKENS_MAX; claimers with nothing to
+# claim block on it (BLPOP), so that a submit or a freed place wakes one at once
+TURNS_READY = PREFIX + "turns:ready"
+READY_TOKENS_MAX = 1000
 ORCHESTRATORS = PREFIX + "orchestrators"  # zset: orchestrator id -> last heartbeat (epoch)
 INBOX_PREFIX = PREFIX + "inbox:"  # + orchestrator id: stream of outcome/started notifications
 
@@ -121,6 +132,31 @@ def worker_seen(worker_id: str) -> str:
 
 def turn_request(turn_id: str) -> str:
     return f"{PREFIX}turn:{turn_id}:request"
+
+def turn_queue(lane: str, tenant: str) -> str:
+    """List of a tenant's queued turn ids in one lane (FIFO); `TURN_QUEUE` for the default tenant's normal
+    turns, so that a release that knows neither reads and writes the same queue."""
+    if lane == "normal" and tenant == DEFAULT_TENANT:
+        return TURN_QUEUE
+    return f"{PREFIX}turns:queue:{lane}:{tenant}"
+
+
+def lane_tenants(lane: str) -> str:
+    """List of the tenants with turns queued in `lane`, each once, in the order the claim visits them (the
+    one served goes to the back: round robin)."""
+    return f"{PREFIX}turns:lane:{lane}"
+
+
+def tenant_running(tenant: str) -> str:
+    """Set of a tenant's turn ids claimed and not ended, counted against its `max_running_turns`; ended or
+    expired ones are removed by the turn's terminal write, or by the claim when it counts."""
+    return f"{PREFIX}tenant:{tenant}:running"
+
+
+def tenant_tokens_day(tenant: str, day: str) -> str:
+    """The tokens a tenant's model calls used on `day` (UTC, YYYY-MM-DD), against its `tokens_per_day`."""
+    return f"{PREFIX}tenant:{tenant}:tokens:{day}"
+
 
 
 def turn_state(turn_id: str) -> str:
@@ -235,3 +271,18 @@ def model_budget_tokens(key: str) -> str:
 def model_budget_line(key: str) -> str:
     """Zset of the calls entry `key` told to wait: call id -> the epoch ms it was told to come back."""
     return f"{PREFIX}model_limits:budget:{key}:line"
+def tenant_budget_calls(key: str) -> str:
+    """Zset of the calls in the sliding window of a tenant's tokens budget (`key`: `tenant:<name>`)."""
+    return f"{PREFIX}tenant_limits:budget:{key}:calls"
+
+
+def tenant_budget_tokens(key: str) -> str:
+    """Hash of the tokens of the calls in a tenant's window (reservation id -> tokens, and their sum)."""
+    return f"{PREFIX}tenant_limits:budget:{key}:tokens"
+
+
+def tenant_budget_line(key: str) -> str:
+    """Zset of the calls a tenant's budget told to wait: call id -> the epoch ms it was told to come back."""
+    return f"{PREFIX}tenant_limits:budget:{key}:line"
+
+

@@ -219,10 +219,12 @@ class HttpCall(Generic[T]):
 def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
     """`POST /v1/turns` of `request` under `turn_id` (chosen by the caller: a retry stores the turn once);
     its trace context goes as the `traceparent` header, the only one the API takes. The tenant goes only when
-    it is not the default, so a client still submits to an API that predates tenants."""
+    it is not the default, so a client still submits to an API that predates tenants; so does the priority."""
     body = request.model_dump(mode="json", exclude={"trace_context"})
     if request.tenant == DEFAULT_TENANT:
         del body["tenant"]
+    if request.priority == "normal":
+        del body["priority"]
 
     def read(answer: httpx.Response) -> str:
         raise_for_answer(answer)

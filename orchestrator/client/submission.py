@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pydantic import BaseModel
 
-from orchestrator.model import Limits, Message, ModelSettings, TurnRequest
+from orchestrator.model import Limits, Message, ModelSettings, TurnPriority, TurnRequest
 from orchestrator.store import codec
 
 P = ParamSpec("P")
@@ -76,6 +76,7 @@ def build_submission(  # noqa: PLR0917
     model_settings: ModelSettings | Mapping[str, Any] | None = None,
     output_schema: OutputSchema | None = None,
     tenant: str | None = None,
+    priority: TurnPriority | None = None,
 ) -> Submission:
     """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
     (pydantic's `ValidationError`, a `ValueError`, if bad).
@@ -86,6 +87,8 @@ def build_submission(  # noqa: PLR0917
     the JSON Schema (or pydantic model class) of the answer, whose parsed JSON is the outcome's `output`
     (`TurnOutcome.parse(Model)` gives the typed object). `tenant` is whose turn it is (None: "default"), a
     short identifier: tools get it as `ctx.tenant`, and over HTTP an API key sees only its tenant's turns.
+    `priority` is its lane (None: "normal"): "interactive" turns are claimed before "normal" ones and those
+    before "batch" ones, and their tool calls go before theirs in the tools' queues.
     """
     if isinstance(tools, str):
         raise ValueError("'tools' is a list of tool names, not a string")
@@ -103,6 +106,8 @@ def build_submission(  # noqa: PLR0917
     }
     if tenant is not None:
         raw["tenant"] = tenant
+    if priority is not None:
+        raw["priority"] = priority
     if limits is not None:
         raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
     if model_settings is not None:

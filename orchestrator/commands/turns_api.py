@@ -37,7 +37,7 @@ from orchestrator.commands.exits import (
     describe_validation_error,
     fail,
 )
-from orchestrator.model import TurnOutcome, TurnStatus
+from orchestrator.model import TurnOutcome, TurnPriority, TurnStatus
 from orchestrator.settings import get_settings
 
 
@@ -159,6 +159,10 @@ def submit_command(
         str | None,
         typer.Option(help="Whose turn it is (default: \"default\"): tools get it as ctx.tenant."),
     ] = None,
+    priority: Annotated[
+        TurnPriority | None,
+        typer.Option(help="The turn's lane: interactive, normal (default) or batch."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the outcome as JSON.")] = False,
     stream: Annotated[
         bool,
@@ -212,6 +216,7 @@ def submit_command(
                 context=request_context,
                 conversation_id=conversation,
                 tenant=tenant,
+                priority=priority,
                 instructions=instructions,
                 model_settings=model_settings,
                 output_schema=schema,

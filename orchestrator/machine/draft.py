@@ -126,6 +126,7 @@ def build_dispatch(state: TurnState, call: CallState) -> Dispatch:
         deadline_at=state.deadline_at,
         context=state.context,
         tenant=state.tenant,
+        priority=state.priority,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome
+from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome, TurnPriority
 from orchestrator.model_limits import LimitName
 from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
 
@@ -61,6 +61,19 @@ class ModelThrottled(_Frozen):
     kind: Literal["model_throttled"] = "model_throttled"
     limit: LimitName
     wait_s: float
+    at: float
+    llm_call_index: int | None = None
+
+
+class QuotaExceeded(_Frozen):
+    """The model call `llm_call_index` was not sent: the turn's tenant has used `used` tokens of its quota of
+    `limit` (`quota`, TOOLLOOP_TENANT_LIMITS) — the turn ends as `quota_exceeded`."""
+
+    kind: Literal["quota_exceeded"] = "quota_exceeded"
+    tenant: str
+    quota: Literal["tokens_per_day"] = "tokens_per_day"
+    limit: int
+    used: int
     at: float
     llm_call_index: int | None = None
 
@@ -142,6 +155,7 @@ Event = Annotated[
     ModelResponded
     | ModelFailed
     | ModelThrottled
+    | QuotaExceeded
     | ToolStarted
     | ToolWaitingForWorker
     | ToolFinished
@@ -182,6 +196,8 @@ class CallModel(_Frozen):
     output_schema: dict[str, Any] | None = None
     # The request's estimated input tokens (the view's), which a tokens budget reserves; None: not estimated.
     estimated_tokens: int | None = None
+    # The turn's tenant, whose limits the call draws from too (TOOLLOOP_TENANT_LIMITS).
+    tenant: str = DEFAULT_TENANT
 
 
 class Dispatch(_Frozen):
@@ -195,6 +211,8 @@ class Dispatch(_Frozen):
     deadline_at: float | None = None
     context: dict[str, Any] = Field(default_factory=dict)
     tenant: str = DEFAULT_TENANT
+    # The turn's lane: the Celery message priority of the task (`publishing.publisher.build_send_options`).
+    priority: TurnPriority = "normal"
 
 
 class DispatchTools(_Frozen):

@@ -36,6 +36,7 @@ from orchestrator.machine.events import (
     ModelFailed,
     ModelResponded,
     ModelThrottled,
+    QuotaExceeded,
     Revoke,
     TimerFired,
     ToolFinished,
@@ -49,6 +50,7 @@ from orchestrator.machine.model_calls import (
     call_model_or_stop,
     on_model_responded,
     on_model_throttled,
+    on_quota_exceeded,
 )
 from orchestrator.machine.model_errors import on_model_failed
 from orchestrator.machine.state import (
@@ -122,6 +124,7 @@ def start(
         limits=request.limits,
         context=dict(request.context),
         tenant=request.tenant,
+        priority=request.priority,
         tools_allowed=None if request.tools is None else list(request.tools),
         tool_choice=request.tool_choice,
         stream=request.stream,
@@ -164,7 +167,7 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             record_late(draft, event.outcome, event.at)
         return draft.state, draft.commands
     match event:
-        case ModelResponded() | ModelFailed() | ModelThrottled():
+        case ModelResponded() | ModelFailed() | ModelThrottled() | QuotaExceeded():
             _on_model_event(draft, event, policy)
         case ToolStarted():
             on_tool_started(draft, event)
@@ -188,7 +191,9 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
 
 
 def _on_model_event(
-    draft: Draft, event: ModelResponded | ModelFailed | ModelThrottled, policy: Policy | None
+    draft: Draft,
+    event: ModelResponded | ModelFailed | ModelThrottled | QuotaExceeded,
+    policy: Policy | None,
 ) -> None:
     match event:
         case ModelResponded():
@@ -197,6 +202,8 @@ def _on_model_event(
             on_model_failed(draft, event)
         case ModelThrottled():
             on_model_throttled(draft, event)
+        case QuotaExceeded():
+            on_quota_exceeded(draft, event)
         case _:
             assert_never(event)
 

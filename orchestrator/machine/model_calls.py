@@ -25,7 +25,7 @@ from orchestrator.context.compaction import build_compaction_messages
 from orchestrator.machine.answers import on_final_answer
 from orchestrator.machine.budgets import add_usage, check_budget
 from orchestrator.machine.draft import Draft
-from orchestrator.machine.events import CallModel, ModelResponded, ModelThrottled
+from orchestrator.machine.events import CallModel, ModelResponded, ModelThrottled, QuotaExceeded
 from orchestrator.machine.model_errors import give_up_compaction, is_current
 from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, TurnState, ViewDiagnostic, ViewRecord
 from orchestrator.machine.stopping import begin_stop
@@ -167,6 +167,7 @@ def build_compaction_call(state: TurnState, index: int) -> CallModel:
         stream=False,
         shown=False,
         settings=build_summary_settings(state.model_settings),
+        tenant=state.tenant,
     )
 
 
@@ -195,6 +196,7 @@ def build_call_model(state: TurnState, index: int, view: View | None = None) -> 
         stream=state.stream,
         instructions=state.instructions,
         settings=state.model_settings,
+        tenant=state.tenant,
         output_schema=state.output_schema,
         estimated_tokens=view.tokens,
     )
@@ -232,6 +234,26 @@ def on_model_throttled(draft: Draft, event: ModelThrottled) -> None:
         begin_stop(draft, "deadline", event.at, detail=detail)
         return
     draft.arm(f"{MODEL_RETRY_TIMER_PREFIX}{index}", go_at)
+
+
+def on_quota_exceeded(draft: Draft, event: QuotaExceeded) -> None:
+    """A model call its tenant's quota held back: never sent, so not a model call of the turn; the turn
+    stops as `quota_exceeded`, its message naming the tenant and the quota."""
+    state = draft.state
+    index = state.awaiting_model
+    if index is None or not is_current(state, event.llm_call_index):
+        return
+    draft.update(
+        awaiting_model=None,
+        llm_calls=index,
+        view_diagnostics=[r for r in state.view_diagnostics if r.llm_call_index != index],
+        context_budget=state.context_budget.replace(compacting=None),
+    )
+    message = (
+        f"tenant {event.tenant!r} has used {event.used:,} tokens today, past its quota of {event.limit:,} "
+        f"({event.quota}, TOOLLOOP_TENANT_LIMITS)"
+    )
+    begin_stop(draft, "quota_exceeded", event.at, message=message)
 
 
 def on_model_responded(draft: Draft, event: ModelResponded, policy: Policy | None) -> None:

@@ -45,6 +45,7 @@ from orchestrator.model import (
     ProviderError,
     StopReason,
     TurnOutcome,
+    TurnPriority,
     TurnStatus,
     Usage,
 )
@@ -247,6 +248,8 @@ class TurnState(_Frozen):
     context: dict[str, Any] = Field(default_factory=dict)
     # The request's tenant, sent with every tool call (`ToolContext.tenant`); "default" in older states.
     tenant: str = DEFAULT_TENANT
+    # The request's lane: its tool calls' message priority (left out at "normal", as in older states).
+    priority: TurnPriority = "normal"
     tools_allowed: list[str] | None = None
     tool_choice: str | None = None
     stream: bool = True
@@ -350,6 +353,7 @@ class TurnChanges(TypedDict, total=False):
     limits: Limits
     context: dict[str, Any]
     tenant: str
+    priority: TurnPriority
     tools_allowed: list[str] | None
     tool_choice: str | None
     stream: bool

@@ -51,6 +51,7 @@ def describe_stop(draft: Draft, reason: StopReason, detail: str | None = None) -
         "invalid_output": "the model's answer did not match the output schema",
         "max_total_tokens": f"the budget of {limits.max_total_tokens or 0:,} tokens was spent",
         "max_cost": f"the budget of ${limits.max_cost_usd or 0:g} was spent",
+        "quota_exceeded": f"tenant {draft.state.tenant!r} has used up its quota",
     }
     text = texts[reason]
     return f"{text}: {detail}" if detail else text

@@ -133,6 +133,9 @@ class TaskSender:
                 properties[key] = options[key]
         if expires is not None:
             properties["expiration"] = _expiration_s(expires)
+        if options.get("priority") is not None:
+            # kombu files it by priority: the list of its step on Redis, the queue's order on AMQP.
+            properties["priority"] = options["priority"]
         return TaskMessage(
             task_id=task_id,
             name=name,

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from celery import Celery
 
+from orchestrator.model import TurnPriority
 from orchestrator.outage import (
     RedisOutage,
     RedisRetry,
@@ -60,8 +61,28 @@ PUBLISH_ATTEMPTS = 4
 # Revocations asked for within this window go out in one broadcast.
 REVOKE_BATCH_S = 0.02
 
-Send = tuple[ToolSpec, ToolCallRequest, str]
-"""One call to publish: its tool's spec, the request, and the Celery task id the machine named it by."""
+
+class Send(NamedTuple):
+    """One call to publish: its tool's spec, the request, the Celery task id the machine named it by, and its
+    turn's lane (`TurnRequest.priority`: the message's priority)."""
+
+    spec: ToolSpec
+    request: ToolCallRequest
+    task_id: str
+    priority: TurnPriority = "normal"
+
+
+# The message priority of each lane. kombu's Redis transport keeps a list per step of `priority_steps` (0 3 6
+# 9, `workers.app.PRIORITY_STEPS`) and serves the lowest step first; AMQP serves the highest priority first,
+# on a queue declared with `x-max-priority` (elsewhere the property is ignored).
+REDIS_PRIORITIES: Mapping[str, int] = {"interactive": 0, "normal": 3, "batch": 6}
+AMQP_PRIORITIES: Mapping[str, int] = {"interactive": 9, "normal": 5, "batch": 1}
+
+
+def build_message_priority(priority: TurnPriority, broker_url: str) -> int:
+    """The Celery message priority of a call of a turn in lane `priority`, for the broker at `broker_url`."""
+    table = REDIS_PRIORITIES if is_redis_url(broker_url) else AMQP_PRIORITIES
+    return table[priority]
 
 
 def build_task_id(request: ToolCallRequest) -> str:
@@ -94,6 +115,7 @@ def build_send_options(
     *,
     task_id: str | None = None,
     trace: Mapping[str, str] | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for `Celery.send_task` that publish `request` (pure).
 
@@ -122,6 +144,8 @@ def build_send_options(
     }
     if request.deadline_at is not None:
         options["expires"] = datetime.fromtimestamp(request.deadline_at, tz=UTC)
+    if priority is not None:
+        options["priority"] = priority
     return options
 
 
@@ -250,13 +274,13 @@ class Publisher:
             return {}
         # Read here, on the event loop that opens and closes the turns' spans.
         traces = {
-            task_id: self._trace_of(request.turn_id) for _, request, task_id in sends if request.turn_id
+            send.task_id: self._trace_of(send.request.turn_id) for send in sends if send.request.turn_id
         }
         if self._runner is not None:
             try:
                 wire = await self._open_wire()
             except Exception as exc:
-                return {task_id: exc for _, _, task_id in sends}
+                return {send.task_id: exc for send in sends}
             errors = None if wire is None else await self._publish_by_wire(wire, self._runner, sends, traces)
             if errors is not None:
                 return errors
@@ -302,7 +326,7 @@ class Publisher:
         except Exception as exc:
             # Redis did not answer, or refused the batch (out of memory, read-only: before its first write).
             # Any message of it may be out, as with kombu's batch: publishing one again is harmless.
-            return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
+            return {send.task_id: errors.get(send.task_id, exc) for send in sends}
         return errors
 
     def _build_messages(
@@ -312,10 +336,12 @@ class Publisher:
         sender, origin = self._sender, current_origin()
         messages: list[TaskMessage] = []
         errors: dict[str, Exception] = {}
-        for spec, request, task_id in sends:
+        broker_url = str(self._app.conf.broker_url or "")
+        for spec, request, task_id, lane in sends:
             try:
+                priority = build_message_priority(lane, broker_url)
                 options = build_send_options(
-                    spec, request, time.time(), task_id=task_id, trace=traces.get(task_id)
+                    spec, request, time.time(), task_id=task_id, trace=traces.get(task_id), priority=priority
                 )
                 messages.append(sender.build(options, origin=origin))
             except Exception as exc:
@@ -333,7 +359,7 @@ class Publisher:
         except Exception as exc:
             # The flush failed: any message of the batch may be lost. Publishing one again is harmless (a
             # second delivery of a call never runs it twice), losing one is not.
-            return {task_id: errors.get(task_id, exc) for _, _, task_id in sends}
+            return {send.task_id: errors.get(send.task_id, exc) for send in sends}
         return errors
 
     async def publish_archive(self, options: Mapping[str, Any]) -> Exception | None:

@@ -52,6 +52,7 @@ from orchestrator.machine.events import (
     ModelFailed,
     ModelResponded,
     ModelThrottled,
+    QuotaExceeded,
     Revoke,
     ToolFinished,
     ToolWaitingForWorker,
@@ -68,7 +69,7 @@ from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.rate_limits import RateLimitSignal, RateLimitSink
 from orchestrator.providers.registry import ModelClients
-from orchestrator.publishing.publisher import Publisher
+from orchestrator.publishing.publisher import Publisher, Send
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome, to_wire_outcome
 from orchestrator.runtime.streaming import CallStream
 from orchestrator.runtime.turn_spans import TurnSpans
@@ -293,9 +294,13 @@ class Performer:
     async def _call_model(self, turn_id: str, command: CallModel) -> Sequence[Event]:
         granted: Granted | None = None
         if self._limiter is not None:
+            exceeded = await self._check_quota(command)
+            if exceeded is not None:
+                return (exceeded,)
             # The call's id is its place in line: the same each time it asks, on whichever orchestrator.
             call = f"{turn_id}:{command.llm_call_index}"
-            admission = await self._limiter.admit(command.model, self._reserved_tokens(command), call)
+            tokens = self._reserved_tokens(command)
+            admission = await self._limiter.admit(command.model, tokens, call, command.tenant)
             if not isinstance(admission, Granted):
                 metrics.record_model_throttled(command.model, admission.limit, admission.wait_s)
                 throttled = ModelThrottled(
@@ -322,6 +327,10 @@ class Performer:
             traced.record(result)
         if granted is not None:
             await self._settle(granted, result, answers)
+        if self._limiter is not None and isinstance(result, Turn):
+            usage = result.usage
+            used_tokens = usage.total_tokens or usage.input_tokens + usage.output_tokens
+            await self._limiter.count_day_tokens(command.tenant, used_tokens, self._clock())
         # The stream's last events are written with the step that records the answer (`preview`).
         preview = tuple(await stream.finish(result)) if command.shown else ()
         duration_s = time.monotonic() - started
@@ -356,10 +365,24 @@ class Performer:
             )
         return (event,)
 
+    async def _check_quota(self, command: CallModel) -> QuotaExceeded | None:
+        # A tenant past its tokens a day: the call is not made, and the turn ends (`quota_exceeded`).
+        assert self._limiter is not None
+        quota = self._limiter.day_quota(command.tenant)
+        if quota is None:
+            return None
+        now = self._clock()
+        used = await self._limiter.used_today(command.tenant, now)
+        if used < quota:
+            return None
+        return QuotaExceeded(
+            tenant=command.tenant, limit=quota, used=used, at=now, llm_call_index=command.llm_call_index
+        )
+
     def _reserved_tokens(self, command: CallModel) -> int:
         # Estimated only for a tokens budget: the view's estimate came with the command, a summary's not.
         assert self._limiter is not None
-        if not self._limiter.counts_tokens(command.model):
+        if not self._limiter.counts_tokens(command.model, command.tenant):
             return 0
         estimated = command.estimated_tokens
         if estimated is None:
@@ -447,7 +470,7 @@ class Performer:
             for call in calls
         }
         sends = [
-            (route.spec, self._build_request(turn_id, call), call.task_id)
+            Send(route.spec, self._build_request(turn_id, call), call.task_id, call.priority)
             for call in calls
             if isinstance(route := routes[call.task_id], Route)
         ]

@@ -55,6 +55,7 @@ from orchestrator.settings import Settings
 from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.rate_limits import ModelLimiter
 from orchestrator.store.turns import TurnStore
+from orchestrator.tenant_limits import build_running_caps
 from workers.contract import ToolOutcome
 from workers.keys import build_inbox_ttl_s
 from workers.tracing import setup_tracing, shutdown_tracing
@@ -151,8 +152,10 @@ class Runtime:
             prices=build_price_table(settings.model_prices),
             spans=self.spans,
             tool_gone_after_s=settings.tool_gone_after_s,
-            limiter=ModelLimiter(store.redis, settings.model_limits),
+            limiter=ModelLimiter(store.redis, settings.model_limits, settings.tenant_limits),
         )
+        # What the claim holds each tenant's running turns to (TOOLLOOP_TENANT_LIMITS' max_running_turns).
+        self.running_caps = build_running_caps(settings.tenant_limits)
         # With an archive task configured, each turn's outcome, once stored, is sent on to it.
         self.archiver: TurnArchiver | None = None
         if settings.archive_task:
@@ -282,7 +285,10 @@ class Runtime:
                 continue
             try:
                 claimed = await self.store.claim_turn(
-                    self.orchestrator_id, timeout_s=BLOCK_S, lease_ttl_s=self.options.lease_ttl_s
+                    self.orchestrator_id,
+                    timeout_s=BLOCK_S,
+                    lease_ttl_s=self.options.lease_ttl_s,
+                    caps=self.running_caps,
                 )
             except REDIS_ERRORS as exc:
                 await self.retry.pause(backoff.failed(exc))

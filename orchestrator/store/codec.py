@@ -283,12 +283,22 @@ class ClaimedTurn:
     unreadable: str | None = None
 
 
-def parse_claim(turn_id: str, reply: Any) -> ClaimedTurn | None:
-    """`claim.lua`'s reply: None when it skipped the turn. A request that does not parse is reported in the
-    claim (`unreadable`), never raised: the claim loop must go on, and the lease it holds be released."""
+class ClaimAgain:
+    """The type of `CLAIM_AGAIN`."""
+
+
+# `claim.lua` passed over many ids that ended or are leased, and stopped short: claim again at once.
+CLAIM_AGAIN = ClaimAgain()
+
+
+def parse_claim(reply: Any) -> ClaimedTurn | ClaimAgain | None:
+    """`claim.lua`'s reply: None when nothing was claimable, `CLAIM_AGAIN` when it stopped short. A request
+    that does not parse is reported in the claim (`unreadable`), never raised: the claim loop must go on, and
+    the lease it holds be released."""
     if not isinstance(reply, list):
-        return None
-    _, raw, has_state = reply
+        return CLAIM_AGAIN if int(reply or 0) == 2 else None
+    _, raw_id, raw, has_state = reply
+    turn_id = text(raw_id)
     try:
         request = parse_request(raw or None)
     except ValueError as exc:

@@ -24,11 +24,15 @@ from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ControlResult, FinishResult, WriteResult
 from orchestrator.store.submit_checks import ModelNames, check_refusals
 from orchestrator.store.turn_view import PendingApproval, TurnView
+from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.keys import DEFAULT_RETENTION, Retention
 
 Clock = Callable[[], float]
+
+# The longest a claimer with nothing to claim blocks before it looks again without a ready token.
+READY_POLL_MS = 500
 
 
 class Unread:
@@ -90,22 +94,34 @@ def submit(
 
 
 def claim(
-    orchestrator_id: str, *, timeout_s: float, ttl_ms: int, cap_ms: int, clock: Clock
+    orchestrator_id: str,
+    *,
+    timeout_s: float,
+    ttl_ms: int,
+    cap_ms: int,
+    clock: Clock,
+    caps: RunningCaps = NO_CAPS,
 ) -> Flow[codec.ClaimedTurn | None]:
     """The next queued turn, leased to `orchestrator_id`, with what adopting it reads first; None when none
     came within `timeout_s`.
 
-    Pops into the claiming list (a claimer dying here leaves a trace `find_orphans` reports) in steps of at
-    most `cap_ms`; terminal or already leased ids are skipped."""
+    One script picks and leases it (`operations.claim`: lanes in order, tenants in turn, a tenant at its cap
+    passed over); with nothing to claim, the flow blocks on the ready tokens a submit or a turn's end
+    pushes, in steps of at most `READY_POLL_MS` — a turn queued by a script that pushes none (a woken
+    parked turn, a previous release's submit) is claimed by the next step — and tries again."""
     deadline = clock() + timeout_s
-    while (step_ms := build_step_ms(deadline, clock(), cap_ms)) is not None:
-        turn_id: str | None = yield operations.pop_queued(step_ms / 1000)
-        if turn_id is None:
-            continue
-        claimed: codec.ClaimedTurn | None = yield operations.claim(turn_id, orchestrator_id, ttl_ms)
-        if claimed is not None:
+    while True:
+        claimed: codec.ClaimedTurn | codec.ClaimAgain | None = yield operations.claim(
+            orchestrator_id, ttl_ms, caps
+        )
+        if isinstance(claimed, codec.ClaimedTurn):
             return claimed
-    return None
+        if isinstance(claimed, codec.ClaimAgain):
+            continue
+        step_ms = build_step_ms(deadline, clock(), min(cap_ms, READY_POLL_MS))
+        if step_ms is None:
+            return None
+        yield operations.wait_ready(step_ms / 1000)
 
 
 def wait_reply(reply_key: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[bool]:

@@ -32,6 +32,7 @@ from orchestrator.store.scripts import (
     WriteResult,
 )
 from orchestrator.store.turn_view import TurnView
+from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import ToolOutcome, build_consumed_stub, dump_tool_outcome
 from workers.records import warn_once
@@ -69,21 +70,32 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     conversation = request.conversation_id
     event = {"turn_id": turn_id, "conversation_id": conversation, "model": request.model}
     keys_ = [keys.turn_request(turn_id), keys.turn_status(turn_id), keys.TURNS_ACTIVE]
-    keys_ += [keys.turn_events(turn_id), keys.TURN_QUEUE]
+    keys_ += [keys.turn_events(turn_id), keys.turn_queue(request.priority, request.tenant)]
     keys_ += [keys.conversation_lock(conversation) if conversation else ""]
     keys_ += [keys.conversation_waiting(conversation) if conversation else "", keys.TURNS_RECENT]
+    keys_ += [keys.lane_tenants(request.priority), keys.TURNS_READY]
     args: list[str | int] = [turn_id, codec.dump_request(request), repr(now), json.dumps(event)]
     args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
+    args += [request.tenant, keys.READY_TOKENS_MAX]
     return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
 
 
-def pop_queued(block_s: float) -> RedisCommand[str | None]:
-    """Move the next queued turn id to the claiming list, blocking up to `block_s` (None: none came).
+def wait_ready(block_s: float) -> RedisCommand[bool]:
+    """Block up to `block_s` for a ready token (a turn queued, a running turn ended); True when one came.
 
-    By hand rather than redis-py's `blmove`, which types the timeout as int: Redis takes fractional seconds.
-    """
-    words = ("BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", f"{block_s:.3f}")
-    return RedisCommand(words, _text_or_none)
+    By hand rather than redis-py's `blpop`, whose timeout the stubs type as int: Redis takes fractional
+    seconds."""
+    return RedisCommand(("BLPOP", keys.TURNS_READY, f"{block_s:.3f}"), lambda reply: reply is not None)
+
+
+def _split(key_of: Callable[[str], str]) -> list[str | int]:
+    # A key function's prefix and suffix around the id, for a script that builds the keys of many ids.
+    prefix, suffix = key_of("\0").split("\0")
+    return [prefix, suffix]
+
+
+# The claim's bound on ids it moves or passes over in one call (claim.lua answers "again" past it).
+CLAIM_SKIP_BUDGET = 100
 
 
 def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | int]:
@@ -98,13 +110,21 @@ def _lease_args(turn_id: str, orchestrator_id: str, ttl_ms: int) -> list[str | i
     ]
 
 
-def claim(turn_id: str, orchestrator_id: str, ttl_ms: int) -> ScriptCall[codec.ClaimedTurn | None]:
-    """Lease a popped turn to `orchestrator_id`, with the request adopting it starts from; None when
-    skipped (`claim.lua`)."""
-    keys_ = [keys.TURNS_CLAIMING, keys.turn_lease(turn_id), keys.turn_status(turn_id)]
-    keys_ += [keys.turn_request(turn_id), keys.turn_state(turn_id)]
-    args = _lease_args(turn_id, orchestrator_id, ttl_ms)
-    return _script(scripts.CLAIM, keys_, args, lambda reply: codec.parse_claim(turn_id, reply))
+def claim(
+    orchestrator_id: str, ttl_ms: int, caps: RunningCaps = NO_CAPS
+) -> ScriptCall[codec.ClaimedTurn | codec.ClaimAgain | None]:
+    """Lease the next queued turn to `orchestrator_id` — lanes in order, tenants in turn within a lane, a
+    tenant at its cap (`caps`) passed over — with the request adopting it starts from; None when nothing is
+    claimable, `CLAIM_AGAIN` when the script passed over many ended ids and should be called again now
+    (`claim.lua`)."""
+    keys_ = [keys.TURN_QUEUE, keys.TURNS_PARKED, *(keys.lane_tenants(lane) for lane in keys.TURN_LANES)]
+    args: list[str | int] = [orchestrator_id, ttl_ms, TurnStatus.QUEUED.value, TurnStatus.RUNNING.value]
+    args += [TERMINAL_STATUSES, *_split(keys.turn_status), *_split(keys.turn_lease)]
+    args += [*_split(keys.turn_request), *_split(keys.turn_state), " ".join(keys.TURN_LANES)]
+    lane_queue_prefix = keys.turn_queue("batch", "\0").split("batch:\0")[0]
+    args += [lane_queue_prefix, *_split(keys.tenant_running)]
+    args += [" ".join(f"{t} {n}" for t, n in caps.by_tenant.items()), caps.others, CLAIM_SKIP_BUDGET]
+    return _script(scripts.CLAIM, keys_, args, codec.parse_claim)
 
 
 def take_over(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[TakeOverResult]:
@@ -317,6 +337,7 @@ def save_outcome(
         history_key,
         keys.turn_log(turn_id),
         keys.turn_lease(turn_id) if orchestrator_id else "",
+        keys.TURNS_READY,
     ]
     summary = codec.build_turn_summary(turn_id, outcome)
     stored = history.dump_outcome(outcome, history_key)
@@ -324,6 +345,9 @@ def save_outcome(
     args: list[str | int] = [turn_id, stored, outcome.status, retention.turn_ttl_s]
     args += [json.dumps(summary), keys.EVENTS_MAXLEN, repr(now), TERMINAL_STATUSES, codec.TURN_FINISHED]
     args += [retention.conversation_ttl_s, head, orchestrator_id or ""]
+    lane_queue_prefix = keys.turn_queue("batch", "\0").split("batch:\0")[0]
+    args += [*_split(keys.tenant_running), lane_queue_prefix, keys.lane_tenants(""), keys.READY_TOKENS_MAX]
+    args += _split(keys.turn_request)
     return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
 
 

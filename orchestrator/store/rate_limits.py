@@ -34,9 +34,11 @@ from orchestrator.model_limits import (
     spread_pause_wait_s,
 )
 from orchestrator.store import scripts
-from orchestrator.store.effects import ScriptCall
+from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.runner import AsyncRunner
+from orchestrator.tenant_limits import TenantLimit, build_quota_day, build_tenant_budget, find_tenant_limit
 from workers import keys
+from workers.contract import DEFAULT_TENANT
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -45,8 +47,15 @@ _HELD_BY: Mapping[int, LimitName] = {1: "provider", 2: "requests_per_minute", 3:
 
 
 def _budget_keys(model: str, budgets: Sequence[Budget]) -> tuple[str, ...]:
+    # A tenant's budget (`tenant_limits.build_tenant_budget`) has keys of its own: no model entry meets it.
     each = [
         (keys.model_budget_calls(b.key), keys.model_budget_tokens(b.key), keys.model_budget_line(b.key))
+        if not b.tenant
+        else (
+            keys.tenant_budget_calls(b.key),
+            keys.tenant_budget_tokens(b.key),
+            keys.tenant_budget_line(b.key),
+        )
         for b in budgets
     ]
     return (keys.model_pause(model), *(key for three in each for key in three))
@@ -64,6 +73,9 @@ def admit(model: str, budgets: Sequence[Budget], reservation: str, tokens: int) 
         if held == 0:
             return Granted(model, reservation, tuple(budgets), tokens)
         limit = _HELD_BY[held]
+        which = int(reply[2]) if len(reply) > 2 else 0
+        if limit == "tokens_per_minute" and 0 < which <= len(budgets) and budgets[which - 1].tenant:
+            limit = "tenant_tokens_per_minute"
         # A budget gives each waiter its own slot; a pause gives them all its end: spread them.
         wait_s = wait_ms / 1000.0
         if limit == "provider":
@@ -86,19 +98,34 @@ def settle(granted: Granted, settlement: Settlement) -> ScriptCall[int]:
 class ModelLimiter:
     """The rate limits of one orchestrator's model calls, shared with the fleet through Redis."""
 
-    def __init__(self, client: aioredis.Redis, limits: Mapping[str, ModelLimit]) -> None:
-        """`limits`: TOOLLOOP_MODEL_LIMITS, by `provider:model` or `provider`."""
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        limits: Mapping[str, ModelLimit],
+        tenant_limits: Mapping[str, TenantLimit] | None = None,
+    ) -> None:
+        """`limits`: TOOLLOOP_MODEL_LIMITS, by `provider:model` or `provider`; `tenant_limits`:
+        TOOLLOOP_TENANT_LIMITS, by tenant (`"default"` for the others)."""
         self._runner = AsyncRunner(client)
         self._limits = dict(limits)
-        self._budgets: dict[str, tuple[Budget, ...]] = {}
+        self._tenant_limits = dict(tenant_limits or {})
+        self._budgets: dict[tuple[str, str], tuple[Budget, ...]] = {}
 
-    async def admit(self, model: str, tokens: int, call: str | None = None) -> Admission:
-        """May call `call` (an id the same each time it asks; None: a new one) of `model` (`provider:model`)
-        that may use `tokens` go now? Granted (and counted), or Throttled; Granted unmetered when Redis
-        does not answer."""
-        budgets = self._budgets.get(model)
+    def _budgets_of(self, model: str, tenant: str) -> tuple[Budget, ...]:
+        budgets = self._budgets.get((model, tenant))
         if budgets is None:
-            budgets = self._budgets[model] = build_budgets(model, self._limits)
+            own = build_tenant_budget(tenant, find_tenant_limit(tenant, self._tenant_limits))
+            budgets = build_budgets(model, self._limits) + (() if own is None else (own,))
+            self._budgets[(model, tenant)] = budgets
+        return budgets
+
+    async def admit(
+        self, model: str, tokens: int, call: str | None = None, tenant: str = DEFAULT_TENANT
+    ) -> Admission:
+        """May call `call` (an id the same each time it asks; None: a new one) of `model` (`provider:model`)
+        that may use `tokens` go now, for `tenant`? Granted (and counted), or Throttled; Granted unmetered
+        when Redis does not answer."""
+        budgets = self._budgets_of(model, tenant)
         reservation = call or uuid.uuid4().hex
         try:
             return await self._runner.run(admit(model, budgets, reservation, tokens))
@@ -113,6 +140,47 @@ class ModelLimiter:
         except redis.RedisError as exc:
             log.warning("model %s: rate limits not updated, Redis did not answer (%r)", granted.model, exc)
 
-    def counts_tokens(self, model: str) -> bool:
-        """True when a tokens budget counts the calls of `model` (they need an estimate of their tokens)."""
-        return any(b.tokens is not None for b in build_budgets(model, self._limits))
+    def counts_tokens(self, model: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """True when a tokens budget counts the calls of `model` for `tenant` (they need an estimate of their
+        tokens)."""
+        return any(b.tokens is not None for b in self._budgets_of(model, tenant))
+
+    def day_quota(self, tenant: str) -> int | None:
+        """The tokens `tenant` may use a day (its `tokens_per_day`); None: no quota."""
+        limit = find_tenant_limit(tenant, self._tenant_limits)
+        return None if limit is None else limit.tokens_per_day
+
+    async def used_today(self, tenant: str, now: float) -> int:
+        """The tokens `tenant`'s model calls used on the UTC day of `now`; 0 when Redis does not answer
+        (the call goes: a quota is a courtesy, as the rate limits are)."""
+        try:
+            used = await self._runner.run(read_day_tokens(tenant, now))
+        except redis.RedisError as exc:
+            log.warning("tenant %s: quota not checked, Redis did not answer (%r)", tenant, exc)
+            return 0
+        return used
+
+    async def count_day_tokens(self, tenant: str, tokens: int, now: float) -> None:
+        """Add what a call of `tenant` used to its day; a Redis that does not answer loses it (logged)."""
+        if tokens <= 0 or self.day_quota(tenant) is None:
+            return
+        try:
+            await self._runner.run(add_day_tokens(tenant, tokens, now))
+        except redis.RedisError as exc:
+            log.warning("tenant %s: %d tokens not counted, Redis did not answer (%r)", tenant, tokens, exc)
+
+
+# A day's count outlives its day by one, so that a call counted near midnight is not lost to the reader.
+DAY_TOKENS_TTL_S = 2 * 86_400
+
+
+def read_day_tokens(tenant: str, now: float) -> RedisCommand[int]:
+    """The tokens `tenant` used on the UTC day of `now`."""
+    key = keys.tenant_tokens_day(tenant, build_quota_day(now))
+    return RedisCommand(("GET", key), lambda reply: int(reply or 0))
+
+
+def add_day_tokens(tenant: str, tokens: int, now: float) -> Transaction[Any]:
+    """Count `tokens` in `tenant`'s UTC day of `now`."""
+    key = keys.tenant_tokens_day(tenant, build_quota_day(now))
+    return Transaction((("INCRBY", key, tokens), ("EXPIRE", key, DAY_TOKENS_TTL_S)), parse_reply)

@@ -48,6 +48,7 @@ from orchestrator.store.history import Appended, Prior, StoredState
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.scripts import FinishResult, ParkResult, SaveResult, TakeOverResult
 from orchestrator.store.turn_view import TurnView
+from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers.contract import ToolOutcome
 from workers.keys import DEFAULT_RETENTION, TOOL_GONE_AFTER_S, Retention
 
@@ -134,14 +135,16 @@ class TurnStore:
         return None if claimed is None else claimed.turn_id
 
     async def claim_turn(
-        self, orchestrator_id: str, *, timeout_s: float, lease_ttl_s: float | None = None
+        self,
+        orchestrator_id: str,
+        *,
+        timeout_s: float,
+        lease_ttl_s: float | None = None,
+        caps: RunningCaps = NO_CAPS,
     ) -> ClaimedTurn | None:
-        """The next queued turn, leased to `orchestrator_id`, with its request read in the same script; None
-        when none came within `timeout_s`.
-
-        Blocks on the queue (BLMOVE into the claiming list, so a claimer dying here leaves a trace that
-        `find_orphans` reports), in steps of at most `block_cap_ms`; terminal or leased ids are skipped.
-        """
+        """The next queued turn — by lane, then tenant by tenant, a tenant at its cap in `caps` passed over —
+        leased to `orchestrator_id`, with its request read in the same script; None when none came within
+        `timeout_s` (`flows.claim`)."""
         ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
         flow = flows.claim(
             orchestrator_id,
@@ -149,6 +152,7 @@ class TurnStore:
             ttl_ms=ttl_ms,
             cap_ms=self.block_cap_ms,
             clock=time.monotonic,
+            caps=caps,
         )
         return await self._runner.run_flow(flow)
 

@@ -243,7 +243,7 @@ async def test_async_wait_events_claim_and_inbox_outlast_the_socket_timeout(redi
         # The orchestrator's blocking reads: claiming a turn queued later, and its inbox.
         assert await store.claim("orch-quiet", timeout_s=0.2) is None
         claiming = asyncio.create_task(store.claim("orch-quiet", timeout_s=DEFAULT_TIMEOUT_S))
-        await _quiet_once_blocked(store, "blmove", claiming)
+        await _quiet_once_blocked(store, "blpop", claiming)
         later_id = await quiet.submit(prompt="queued later")
         assert await claiming == later_id
         reading = asyncio.create_task(store.read_inbox("orch-quiet", "$", block_ms=60_000))

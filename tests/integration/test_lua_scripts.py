@@ -16,6 +16,7 @@ import redis
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import operations
 from orchestrator.store import scripts as lua
+from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.task_queue import BrokerCommand, write_tasks
 from tests.support.store_db import store_db_url
@@ -45,6 +46,11 @@ def call_store(redis_url: str) -> Iterator[CallStore]:
     client.close()
 
 
+def claim_one(runner: SyncRunner, ttl_ms: int = 10_000) -> str | None:
+    claimed = runner.run(operations.claim("orch-a", ttl_ms))
+    return claimed.turn_id if isinstance(claimed, ClaimedTurn) else None
+
+
 def done(turn_id: str) -> TurnOutcome:
     return TurnOutcome(turn_id=turn_id, status="completed", text="ok")
 
@@ -60,12 +66,10 @@ def test_submit_claim_take_over_and_find_orphans(runner: SyncRunner) -> None:
         run(operations.submit(TurnRequest(prompt="b", conversation_id="c"), "t2", 2.0))
         is lua.SubmitResult.WAITING
     )
-    assert run(operations.pop_queued(0.1)) == "t1"
-    claimed = run(operations.claim("t1", "orch-a", 100))
-    assert claimed is not None and claimed.request is not None and not claimed.has_state
-    assert claimed.request.prompt == "a"
-    assert run(operations.claim("t1", "orch-b", 100)) is None  # leased already
-    assert run(operations.claim("t_unknown", "orch-b", 100)) is None
+    claimed = run(operations.claim("orch-a", 100))
+    assert isinstance(claimed, ClaimedTurn) and claimed.turn_id == "t1"
+    assert claimed.request is not None and not claimed.has_state and claimed.request.prompt == "a"
+    assert run(operations.claim("orch-b", 100)) is None  # t2 waits behind t1
     assert run(operations.take_over("orch-b", "t2", 10_000)) is lua.TakeOverResult.REFUSED  # waiting its turn
     runner.client.delete(keys.turn_lease("t1"))
     assert run(operations.find_orphans(10)) == ["t1"]
@@ -77,7 +81,7 @@ def test_submit_claim_take_over_and_find_orphans(runner: SyncRunner) -> None:
 def test_save_step_save_outcome_release_and_control(runner: SyncRunner) -> None:
     run = runner.run
     run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))
-    assert run(operations.pop_queued(0.1)) == "t1" and run(operations.claim("t1", "orch-a", 10_000))
+    assert claim_one(runner) == "t1"
     events = [("round_completed", {"n": 1})]
     step = operations.save_step("t1", "{}", TurnStatus.WAITING, events, orchestrator_id="orch-a", now=2.0)
     assert run(step) is lua.SaveResult.SAVED
@@ -104,7 +108,7 @@ def test_save_outcome_releases_the_finishing_owners_lease_and_no_one_elses(runne
     run = runner.run
     for turn_id in ("t2", "t3"):
         run(operations.submit(TurnRequest(prompt="a"), turn_id, 1.0))
-        assert run(operations.pop_queued(0.1)) == turn_id and run(operations.claim(turn_id, "orch-a", 10_000))
+        assert claim_one(runner) == turn_id
     # A stale copy finishing t2 leaves the owner's lease alone; the owner finishing t3 releases its own —
     # and so does its retry after a lost reply, which finds the turn terminal already.
     assert run(operations.save_outcome("t2", done("t2"), None, 2.0, orchestrator_id="orch-b")) is (
@@ -125,7 +129,7 @@ def test_save_outcome_releases_the_finishing_owners_lease_and_no_one_elses(runne
 def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: SyncRunner) -> None:
     run = runner.run
     run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))
-    assert run(operations.pop_queued(0.1)) == "t1" and run(operations.claim("t1", "orch-a", 10_000))
+    assert claim_one(runner) == "t1"
     small = ToolOutcome(call_id="c1", tool="echo", turn_id="t1", ok=True, result="x", content="x")
     big = small.model_copy(update={"call_id": "c2", "content": "y" * keys.INBOX_OUTCOME_MAX_BYTES})
     assert run(operations.write_outcome(small)) is scripts.WriteResult.WON
@@ -235,8 +239,7 @@ def test_park_wake_and_an_answer_that_wakes_a_parked_turn(runner: SyncRunner) ->
     run, client = runner.run, runner.client
     for turn_id in ("p1", "p2"):
         run(operations.submit(TurnRequest(prompt="a"), turn_id, 1.0))
-        assert run(operations.pop_queued(0.1)) == turn_id
-        assert run(operations.claim(turn_id, "orch-a", 100_000)) is not None
+        assert claim_one(runner, ttl_ms=100_000) == turn_id
         client.set(keys.turn_status(turn_id), TurnStatus.WAITING.value)
     assert run(operations.park("orch-b", "p1", 50.0, "0")) is lua.ParkResult.LEASE_LOST
     # A request its owner has not read keeps the turn with it; once read past, the turn parks.
@@ -271,7 +274,8 @@ def codec_text(value: bytes | str) -> str:
 # Which test above runs each script file (with each value of its result).
 RUN_BY: dict[str, object] = {
     "submit": test_submit_claim_take_over_and_find_orphans,
-    "claim": test_submit_claim_take_over_and_find_orphans,
+    # Lanes, tenants in turn, caps, parked and ended turns, the previous releases' queue.
+    "claim": "tests/integration/test_claim_order.py",
     "take_over": test_submit_claim_take_over_and_find_orphans,
     "find_orphans": test_submit_claim_take_over_and_find_orphans,
     "renew": test_submit_claim_take_over_and_find_orphans,

@@ -103,7 +103,7 @@ async def test_a_blocked_claimer_wakes_up_on_submit(store: TurnStore, redis_url:
     try:
         # A claim that would block for far longer than the test: it returns the turn only if it woke on it.
         claiming = asyncio.create_task(store.claim("orch-a", timeout_s=DEFAULT_TIMEOUT_S))
-        await wait_blocked(store.redis, "blmove", claiming)
+        await wait_blocked(store.redis, "blpop", claiming)
         turn_id = await submitter.submit(TurnRequest(prompt="wake"))
         assert await claiming == turn_id
     finally:
@@ -255,7 +255,7 @@ async def test_turns_of_one_conversation_wait_their_turn(store: TurnStore) -> No
     assert await store.claim("orch-a", timeout_s=0.2) is None  # the second waits for the first
     assert await store.get_status(second) == TurnStatus.QUEUED
     waiting = asyncio.create_task(store.claim("orch-b", timeout_s=DEFAULT_TIMEOUT_S))
-    await wait_blocked(store.redis, "blmove", waiting)
+    await wait_blocked(store.redis, "blpop", waiting)
     # The outcome references the messages its steps appended to the conversation's list.
     done = finished(first, "answer one")
     append = Appended(keys.conversation_history("conv-1"), 0, tuple(dump_entries(done.messages)))

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus, UserMessage
 from orchestrator.store import codec, operations
-from orchestrator.store.codec import ClaimedTurn
+from orchestrator.store.codec import CLAIM_AGAIN, ClaimedTurn
 from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
 from orchestrator.store.scripts import (
     CLAIM,
@@ -26,6 +26,7 @@ from orchestrator.store.scripts import (
     SubmitResult,
     TakeOverResult,
 )
+from orchestrator.tenant_limits import RunningCaps
 from workers import keys, scripts
 from workers.contract import ToolOutcome
 
@@ -64,6 +65,8 @@ def test_submit_queues_with_the_status_event_and_cap_from_python() -> None:
     queue_keys = (keys.TURN_QUEUE, keys.conversation_lock("conv"), keys.conversation_waiting("conv"))
     assert op.keys[4:7] == queue_keys
     assert op.keys[7] == keys.TURNS_RECENT and op.args[7] == str(keys.RECENT_TURNS_MAX)
+    assert op.keys[8:] == (keys.lane_tenants("normal"), keys.TURNS_READY)
+    assert op.args[8:] == ("default", str(keys.READY_TOKENS_MAX))
     assert op.args[0] == "turn_1" and op.args[2] == "12.5"
     assert json.loads(op.args[3]) == {"turn_id": "turn_1", "conversation_id": "conv", "model": None}
     assert op.args[4:7] == (str(keys.EVENTS_MAXLEN), "queued", "turn_queued")
@@ -73,31 +76,36 @@ def test_submit_queues_with_the_status_event_and_cap_from_python() -> None:
 
 
 def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:
-    claim = operations.claim("turn_1", "orch", 1500)
+    caps = RunningCaps({"acme": 2, "default": 0}, 3)
+    claim = operations.claim("orch", 1500, caps)
     assert claim.script is CLAIM
-    assert claim.keys == (
-        keys.TURNS_CLAIMING,
-        keys.turn_lease("turn_1"),
-        keys.turn_status("turn_1"),
-        keys.turn_request("turn_1"),
-        keys.turn_state("turn_1"),
+    lanes = tuple(keys.lane_tenants(lane) for lane in ("interactive", "normal", "batch"))
+    assert claim.keys == (keys.TURN_QUEUE, keys.TURNS_PARKED, *lanes)
+    assert claim.args[:5] == ("orch", "1500", "queued", "running", TERMINAL)
+    assert claim.args[13:] == (
+        "interactive normal batch",
+        "toolloop:turns:queue:",
+        "toolloop:tenant:",
+        ":running",
+        "acme 2 default 0",
+        "3",
+        str(operations.CLAIM_SKIP_BUDGET),
     )
-    assert claim.args == ("turn_1", "orch", "1500", "queued", "running", TERMINAL)
-    assert claim.parse(0) is None
+    assert claim.parse(0) is None and claim.parse(2) is CLAIM_AGAIN
     request = TurnRequest(prompt="p").model_dump_json().encode()
-    claimed = claim.parse([1, request, 1])
-    assert claimed is not None and claimed.turn_id == "turn_1" and claimed.has_state
+    claimed = claim.parse([1, b"turn_1", request, 1])
+    assert isinstance(claimed, ClaimedTurn) and claimed.turn_id == "turn_1" and claimed.has_state
     assert claimed.request == TurnRequest(prompt="p")
-    assert claim.parse([1, False, 0]) == ClaimedTurn("turn_1", None, False)
+    assert claim.parse([1, "turn_1", False, 0]) == ClaimedTurn("turn_1", None, False)
     take = operations.take_over("orch", "turn_1", 9000)
-    assert take.args == (*claim.args[:2], "9000", *claim.args[3:])
+    assert take.args == ("turn_1", "orch", "9000", "queued", "running", TERMINAL)
     assert take.parse(b"1") is TakeOverResult.TAKEN
 
 
-def test_pop_queued_blocks_for_fractional_seconds() -> None:
-    op = operations.pop_queued(0.25)
-    assert op.args == ("BLMOVE", keys.TURN_QUEUE, keys.TURNS_CLAIMING, "LEFT", "RIGHT", "0.250")
-    assert op.parse(None) is None and op.parse(b"turn_9") == "turn_9"
+def test_a_claimer_waits_on_the_ready_tokens_for_fractional_seconds() -> None:
+    op = operations.wait_ready(0.25)
+    assert op.args == ("BLPOP", keys.TURNS_READY, "0.250")
+    assert op.parse(None) is False and op.parse([b"k", b"1"]) is True
 
 
 def test_renew_leases_reads_back_the_ids_it_lost() -> None:
@@ -136,11 +144,20 @@ def test_save_step_carries_the_events_but_never_turn_finished() -> None:
 def test_save_outcome_passes_ttl_caps_statuses_and_the_event_name() -> None:
     outcome = TurnOutcome(turn_id="t", status="completed", text="ok")
     op = operations.save_outcome("t", outcome, None, 7.0)
-    assert op.keys[8:] == ("", "", "", keys.turn_history("t"), keys.turn_log("t"), "")
+    assert op.keys[8:] == ("", "", "", keys.turn_history("t"), keys.turn_log("t"), "", keys.TURNS_READY)
     assert op.args[3] == str(keys.TURN_TTL_S)
-    assert op.args[-1] == ""  # no owner's lease to release
+    assert op.args[11] == ""  # no owner's lease to release
     owned = operations.save_outcome("t", outcome, None, 7.0, orchestrator_id="orch-a")
-    assert (owned.keys[-1], owned.args[-1]) == (keys.turn_lease("t"), "orch-a")
+    assert (owned.keys[13], owned.args[11]) == (keys.turn_lease("t"), "orch-a")
+    assert op.args[12:] == (
+        "toolloop:tenant:",
+        ":running",
+        "toolloop:turns:queue:",
+        "toolloop:turns:lane:",
+        str(keys.READY_TOKENS_MAX),
+        "toolloop:turn:",
+        ":request",
+    )
     assert op.args[5:9] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
     assert op.args[9] == str(keys.CONVERSATION_TTL_S)
     assert json.loads(op.args[4])["status"] == "completed"

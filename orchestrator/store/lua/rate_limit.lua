@@ -7,7 +7,8 @@
 -- KEYS: the model's pause key, then per budget its calls (zset), its tokens (hash) and its line (zset).
 -- ARGV[1] = 'admit': reservation id, tokens wanted, then per budget: window ms, max requests, max tokens
 --   (0: not limited that way). Returns {0, 0} when every budget had room (the call is counted in each), else
---   {what held it, ms to wait}: 1 the pause, 2 requests, 3 tokens; of several, the longest wait.
+--   {what held it, ms to wait, which budget (1-based; 0 for the pause)}: 1 the pause, 2 requests, 3 tokens;
+--   of several, the longest wait.
 -- ARGV[1] = 'settle': reservation id, 'refund' | 'count', ms since the answer began, used tokens ('': as
 --   reserved), pause ms. A refund takes the call out of each window; a count moves it to when its answer
 --   began (the provider counted it by then) and sets its tokens to those used. A pause (> 0 ms) holds the
@@ -62,9 +63,9 @@ end
 
 local function admit()
   local paused = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if paused > now then return {1, paused - now} end
+  if paused > now then return {1, paused - now, 0} end
   local want = tonumber(ARGV[3])
-  local held, wait = 0, 0
+  local held, wait, which = 0, 0, 0
   for b = 1, budgets do
     local calls, tokens, line = KEYS[3 * b - 1], KEYS[3 * b], KEYS[3 * b + 1]
     local window = tonumber(ARGV[1 + 3 * b])
@@ -99,14 +100,14 @@ local function admit()
       local after = wait_for_tokens(calls, tokens, window, used + want - max_tokens)
       if after > this then this, why = after, 3 end
     end
-    if why > 0 and math.max(this, 1) > wait then held, wait = why, math.max(this, 1) end
+    if why > 0 and math.max(this, 1) > wait then held, wait, which = why, math.max(this, 1), b end
   end
   if held > 0 then
     for b = 1, budgets do
       redis.call('ZADD', KEYS[3 * b + 1], now + wait, id)
       redis.call('PEXPIRE', KEYS[3 * b + 1], wait + LATE_MS)
     end
-    return {held, wait}
+    return {held, wait, which}
   end
   for b = 1, budgets do
     local calls, tokens = KEYS[3 * b - 1], KEYS[3 * b]

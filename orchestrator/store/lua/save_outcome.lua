@@ -2,10 +2,14 @@
 -- Returns orchestrator.store.scripts.FinishResult: 1 FINISHED, 0 ALREADY_TERMINAL (the first write won).
 -- KEYS: outcome, status, active, events, request, state, control, queue, conversation head, lock, waiting
 --       ('' for the three conversation keys when the turn has none), history list, log list, lease ('' to keep
---       it).
+--       it), ready tokens.
 -- ARGV: turn id, outcome JSON (its messages referenced: history key and length), status, turn TTL s, event
 --       data JSON, events maxlen, now, terminal statuses (spaced), finished event name, conversation TTL s,
---       head JSON (the same reference, for the conversation's next turn), the finishing orchestrator's id.
+--       head JSON (the same reference, for the conversation's next turn), the finishing orchestrator's id,
+--       running prefix, running suffix, lane queue prefix, lane tenants prefix, how many ready tokens are kept,
+--       request prefix, request suffix.
+-- The turn leaves its tenant's running set (claim.lua), and a ready token wakes a claimer for the place it
+-- freed; the conversation's next turn goes to the queue of its own lane and tenant (as submit.lua's).
 -- The lease is released here when that orchestrator holds it, whichever terminal write won: the turn is over
 -- for its owner either way, and a separate release would cost it one more round trip per turn.
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
@@ -20,6 +24,20 @@ local ttl = tonumber(ARGV[4])
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ttl)
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
 redis.call('ZREM', KEYS[3], ARGV[1])
+local function tenant_and_lane(raw)
+  local ok, request = pcall(cjson.decode, raw or '')
+  if not ok or type(request) ~= 'table' then return 'default', 'normal' end
+  local tenant, lane = request['tenant'], request['priority']
+  if type(tenant) ~= 'string' then tenant = 'default' end
+  if lane ~= 'interactive' and lane ~= 'batch' then lane = 'normal' end
+  return tenant, lane
+end
+local function ring()
+  redis.call('RPUSH', KEYS[15], '1')
+  redis.call('LTRIM', KEYS[15], -tonumber(ARGV[17]), -1)
+end
+local tenant = tenant_and_lane(redis.call('GET', KEYS[5]))
+if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 then ring() end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'name', ARGV[9], 'at', ARGV[7], 'data', ARGV[5])
 for i = 4, 7 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('EXPIRE', KEYS[13], ttl)
@@ -31,7 +49,12 @@ if KEYS[9] ~= '' then
     local nxt = redis.call('LPOP', KEYS[11])
     if nxt then
       redis.call('SET', KEYS[10], nxt)
-      redis.call('RPUSH', KEYS[8], nxt)
+      local next_tenant, lane = tenant_and_lane(redis.call('GET', ARGV[18] .. nxt .. ARGV[19]))
+      local queue, lane_key = KEYS[8], ARGV[16] .. lane
+      if next_tenant ~= 'default' or lane ~= 'normal' then queue = ARGV[15] .. lane .. ':' .. next_tenant end
+      redis.call('RPUSH', queue, nxt)
+      if not redis.call('LPOS', lane_key, next_tenant) then redis.call('RPUSH', lane_key, next_tenant) end
+      ring()
     else
       redis.call('DEL', KEYS[10])
     end

@@ -1,10 +1,11 @@
 -- Store a turn and queue it, or park it behind its conversation's queued-or-running turn.
 -- Returns orchestrator.store.scripts.SubmitResult: 0 EXISTS (a retried submit), 1 QUEUED, 2 WAITING.
--- KEYS: request, status, active, events, queue, conversation lock ('' if none), conversation waiting (''),
---       recent turns.
+-- KEYS: request, status, active, events, the queue of its lane and tenant, conversation lock ('' if none),
+--       conversation waiting (''), recent turns, the lane's tenants, the ready tokens.
 -- ARGV: turn id, request JSON, now, event data JSON, events maxlen, queued status, queued event name, how many
---       recent turns are kept.
+--       recent turns are kept, tenant, how many ready tokens are kept.
 -- The recent turns (a zset by submit time, trimmed to the newest ARGV[8]) are what `GET /v1/turns` lists.
+-- A queued turn puts its tenant in its lane's rotation (once) and a ready token for a blocked claimer.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[6])
@@ -12,13 +13,19 @@ redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[1])
 redis.call('ZADD', KEYS[8], tonumber(ARGV[3]), ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -(tonumber(ARGV[8]) + 1))
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'name', ARGV[7], 'at', ARGV[3], 'data', ARGV[4])
+local function queue()
+  redis.call('RPUSH', KEYS[5], ARGV[1])
+  if not redis.call('LPOS', KEYS[9], ARGV[9]) then redis.call('RPUSH', KEYS[9], ARGV[9]) end
+  redis.call('RPUSH', KEYS[10], '1')
+  redis.call('LTRIM', KEYS[10], -tonumber(ARGV[10]), -1)
+end
 if KEYS[6] ~= '' then
   if redis.call('SET', KEYS[6], ARGV[1], 'NX') then
-    redis.call('RPUSH', KEYS[5], ARGV[1])
+    queue()
     return 1
   end
   redis.call('RPUSH', KEYS[7], ARGV[1])
   return 2
 end
-redis.call('RPUSH', KEYS[5], ARGV[1])
+queue()
 return 1
