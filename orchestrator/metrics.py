@@ -4,14 +4,34 @@ The runtime calls the `record_*` functions; the API renders `render_latest()`; a
 own with `serve_metrics(port)` (`TOOLLOOP_METRICS_PORT`). Metrics live in prometheus-client's default
 registry, one per process, which is how Prometheus scrapes a fleet of processes.
 Label values stay bounded: statuses, stop reasons, provider names, tool names and failure kinds.
+
+The backlog gauges (`BacklogCollector`: tool queues, turns by tenant and priority, model calls waiting) are
+a view of what Redis holds for the whole fleet, not of one process: only the API exports them, by passing
+its last read (`orchestrator.store.backlog`) to `render_latest`, so no orchestrator or worker replica
+counts them again.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest, start_http_server
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from orchestrator.model import TurnOutcome
 from workers.contract import ToolOutcome
+
+if TYPE_CHECKING:  # the store's reads import the runtime's outage reporting, which counts here
+    from orchestrator.store.backlog import Backlog
 
 # Model calls take seconds and tools from milliseconds to minutes: buckets cover both ends.
 _DURATION_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -112,9 +132,61 @@ def record_tool_outcome(outcome: ToolOutcome) -> None:
     TOOL_CALL_DURATION.labels(tool=outcome.tool, kind=kind).observe(outcome.duration_ms / 1000.0)
 
 
-def render_latest() -> tuple[bytes, str]:
-    """The exposition text of this process's metrics and its content type."""
-    return generate_latest(), CONTENT_TYPE_LATEST
+class BacklogCollector(Collector):
+    """The backlog gauges of one read of Redis (`orchestrator.store.backlog.Backlog`): the fleet's, so
+    exported by the API alone (see the module's docstring)."""
+
+    def __init__(self, backlog: Backlog) -> None:
+        self._backlog = backlog
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        backlog = self._backlog
+        length = GaugeMetricFamily(
+            "toolloop_tool_queue_length",
+            "Tool calls waiting in a tool queue for a worker (every priority list of it).",
+            labels=["queue"],
+        )
+        age = GaugeMetricFamily(
+            "toolloop_tool_queue_oldest_age_seconds",
+            "Seconds since the oldest call waiting in a tool queue was dispatched (0 when it is empty).",
+            labels=["queue"],
+        )
+        for queue in backlog.tool_queues.values():
+            length.add_metric([queue.queue], queue.length)
+            age.add_metric([queue.queue], queue.oldest_age_s)
+        queued = GaugeMetricFamily(
+            "toolloop_turns_queued",
+            "Turns submitted that no orchestrator runs yet, by tenant and priority.",
+            labels=["tenant", "priority"],
+        )
+        running = GaugeMetricFamily(
+            "toolloop_turns_running",
+            "Turns an orchestrator runs now, by tenant and priority.",
+            labels=["tenant", "priority"],
+        )
+        for (tenant, priority), count in backlog.turns.items():
+            queued.add_metric([tenant, priority], count.queued)
+            running.add_metric([tenant, priority], count.running)
+        waiting = GaugeMetricFamily(
+            "toolloop_model_calls_waiting",
+            "Model calls told to wait by a TOOLLOOP_MODEL_LIMITS budget, by its entry (provider:model or "
+            "provider).",
+            labels=["limit"],
+        )
+        for key, calls in backlog.model_calls_waiting.items():
+            waiting.add_metric([key], calls)
+        yield from (length, age, queued, running, waiting)
+
+
+def render_latest(backlog: Backlog | None = None) -> tuple[bytes, str]:
+    """The exposition text of this process's metrics and its content type; with `backlog`, the backlog
+    gauges of that read too (`BacklogCollector`)."""
+    body = generate_latest()
+    if backlog is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(BacklogCollector(backlog))
+        body += generate_latest(registry)
+    return body, CONTENT_TYPE_LATEST
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:

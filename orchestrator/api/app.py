@@ -38,6 +38,7 @@ Design notes: docs/design/http-api.md.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -74,6 +75,7 @@ from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownTo
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
+from orchestrator.store.backlog import Backlog, BacklogReader
 from orchestrator.store.catalogue import aread_catalogue, get_tool_catalogue
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
@@ -81,6 +83,8 @@ from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import continue_http_trace
 from workers.contract import TENANT_PATTERN, FailureKind, ToolOutcome, ToolSpec, build_failure
 from workers.tracing import setup_tracing, shutdown_tracing
+
+log = logging.getLogger("toolloop.api")
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 # A turn id a caller may choose over HTTP: one path segment, never a dot segment, nothing to percent-encode.
@@ -583,9 +587,17 @@ def build_ops_router() -> APIRouter:
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
         dependencies=[Depends(require("admin"))],
     )
-    async def prometheus_metrics() -> Response:
-        """This process's metrics in Prometheus's text format."""
-        body, content_type = metrics.render_latest()
+    async def prometheus_metrics(request: Request) -> Response:
+        """This process's metrics in Prometheus's text format, and the fleet's backlog (tool queues, turns
+        by tenant and priority, model calls waiting: `store.backlog`), read from Redis at most every few
+        seconds; without Redis, the process's metrics alone."""
+        reader: BacklogReader = request.app.state.backlog
+        try:
+            backlog: Backlog | None = await reader.read(_client(request).store.redis)
+        except (RedisError, OSError) as exc:
+            log.warning("/metrics without the backlog gauges: Redis did not answer (%s)", exc)
+            backlog = None
+        body, content_type = metrics.render_latest(backlog)
         return Response(body, media_type=content_type)
 
     return router
@@ -617,6 +629,10 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
     )
     # Who may call, from TOOLLOOP_API_KEYS and the token: a table it cannot use stops the app here.
     app.state.access = Access.from_settings(settings)
+    # The backlog gauges of `/metrics`; the tool queues are lists of this Redis only when it is the broker.
+    app.state.backlog = BacklogReader(
+        app.state.access.tenants, settings.model_limits, tool_queues=settings.broker_url is None
+    )
     auth = Depends(authenticate)
     app.include_router(turns_router, dependencies=[auth])
     app.include_router(events_router, dependencies=[auth])
