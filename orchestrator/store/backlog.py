@@ -6,8 +6,9 @@ API's `/metrics`, `orchestrator.metrics.render_latest`), never by every replica 
 - a tool queue's length and the age of its oldest message. A tool queue (`ToolSpec.queue`, `tool.<name>`)
   is a Redis list of kombu's Redis transport when the broker is the state Redis (no `TOOLLOOP_BROKER_URL`):
   kombu LPUSHes and its consumers BRPOP, so the oldest message is the list's last; a message published with
-  a priority goes to a list of its own, `<queue>\\x06\\x16<step>` (`build_queue_lists`). The oldest
-  message's age is read from the call itself: the orchestrator stamps every `ToolCallRequest` with
+  a priority goes to a list of its own, `<queue>\\x06\\x16<step>` (`build_queue_lists`; a call's lane is its
+  priority: interactive calls go to the queue's own list, normal ones to step 3, batch ones to step 6). The
+  oldest message's age is read from the call itself: the orchestrator stamps every `ToolCallRequest` with
   `dispatched_at` when it sends it (so does a direct call), and the request is the task's kwargs, in the
   message's body. One LINDEX per list, one message decoded per queue: no header of our own, nothing added
   to the publish path. A call handed back to wait for a concurrency slot keeps its `dispatched_at`, so its
@@ -37,13 +38,14 @@ from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 import redis.asyncio as aioredis
-from kombu.transport.redis import PRIORITY_STEPS, Channel
+from kombu.transport.redis import Channel
 
 from orchestrator.model import TurnRequest, TurnStatus
 from orchestrator.store.catalogue import get_tool_catalogue
 from orchestrator.store.codec import text
 from orchestrator.store.runner import AsyncRunner
 from workers import keys
+from workers.app import PRIORITY_STEPS
 from workers.contract import DEFAULT_TENANT
 
 # A scrape every 15 s reads Redis at most once per this; several scrapers (or API replicas behind one
@@ -61,7 +63,8 @@ _REQUEST_CHUNK = 100
 
 def build_queue_lists(queue: str, priority_steps: Sequence[int] = PRIORITY_STEPS) -> tuple[str, ...]:
     """The Redis lists kombu's Redis transport keeps a queue's messages in: the queue's own name (priority
-    0, and every message published without one) and one per other priority step."""
+    0, and every message published without one) and one per other priority step of the Celery app's
+    (`workers.app.PRIORITY_STEPS`). An autoscaler watching a queue watches each of them."""
     return (queue, *(f"{queue}{Channel.sep}{step}" for step in priority_steps if step))
 
 
