@@ -187,6 +187,7 @@ class TurnStatus(StrEnum):
 
 TurnPriority = Literal["interactive", "normal", "batch"]
 """A turn's lane (`TurnRequest.priority`), in the order they are claimed (`workers.keys.TURN_LANES`)."""
+TURN_PRIORITIES: frozenset[str] = frozenset(("interactive", "normal", "batch"))
 
 
 StopReason = Literal[
@@ -308,6 +309,14 @@ class TurnRequest(ForbidsUnknownFields):
     # Which lane the turn waits in, and its tool calls' message priority: "interactive" turns are claimed
     # before "normal" ones, and those before "batch" ones (round robin across tenants within a lane).
     priority: TurnPriority = "normal"
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _known_lane(cls, value: Any, info: ValidationInfo) -> Any:
+        # A lane a newer release added reads as "normal" in a stored request; a person's is refused.
+        if is_stored(info) and value not in TURN_PRIORITIES:
+            return "normal"
+        return value
 
 
 class LLMCallRecord(BaseModel):

@@ -82,7 +82,7 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
         # An unacked message is redelivered after this; it must exceed the longest hard limit + queue wait.
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
-            # Redis: a list per priority step, the lowest served first (the publisher's lanes use 0, 3, 6).
+            # Redis: a list per priority step, the lowest served first (the publisher's lanes use 0 and 6).
             "priority_steps": list(PRIORITY_STEPS),
             **build_sentinel_options(settings.effective_broker_url, settings),
         },

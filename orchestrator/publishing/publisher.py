@@ -73,9 +73,11 @@ class Send(NamedTuple):
 
 
 # The message priority of each lane. kombu's Redis transport keeps a list per step of `priority_steps` (0 3 6
-# 9, `workers.app.PRIORITY_STEPS`) and serves the lowest step first; AMQP serves the highest priority first,
-# on a queue declared with `x-max-priority` (elsewhere the property is ignored).
-REDIS_PRIORITIES: Mapping[str, int] = {"interactive": 0, "normal": 3, "batch": 6}
+# 9, `workers.app.PRIORITY_STEPS`) and serves the lowest step first; step 0 is the queue's own list, where
+# every release and every tool that reads a queue's length has always found its calls, so interactive and
+# normal calls stay there and batch calls wait behind them. AMQP serves the highest priority first, on a
+# queue declared with `x-max-priority` (elsewhere the property is ignored).
+REDIS_PRIORITIES: Mapping[str, int] = {"interactive": 0, "normal": 0, "batch": 6}
 AMQP_PRIORITIES: Mapping[str, int] = {"interactive": 9, "normal": 5, "batch": 1}
 
 
@@ -238,7 +240,9 @@ class Publisher:
         """Whether tool calls are written by `broker`'s client (`task_wire`), not sent through kombu."""
         return self._wire is not None
 
-    async def publish(self, sends: Sequence[Send]) -> dict[str, Exception]:
+    async def publish(
+        self, sends: Sequence[Send | tuple[ToolSpec, ToolCallRequest, str]]
+    ) -> dict[str, Exception]:
         """Publish each (spec, request, task id), retrying failures with capped backoff.
 
         A send that fails for want of Redis (unreachable, out of memory, read-only) is retried until it goes
@@ -247,9 +251,11 @@ class Publisher:
         Returns the last error of each send given up, by task id (empty when all went out).
         """
         lost: dict[str, Exception] = {}
+        # A (spec, request, task id) without a lane is a normal turn's.
+        pending = [Send(*send) for send in sends]
         failures = down = 0  # rounds with another failure; rounds with Redis failing
-        while sends:
-            errors = await self._publish_once(sends)
+        while pending:
+            errors = await self._publish_once(pending)
             redis_errors = [exc for exc in errors.values() if is_redis_failure(exc)]
             if redis_errors:
                 down += 1
@@ -263,8 +269,8 @@ class Publisher:
                     log.warning("publishing %s failed (%s); attempt %d", task_id, exc, failures)
                     if failures >= PUBLISH_ATTEMPTS:
                         lost[task_id] = exc
-            sends = [send for send in sends if send[2] in errors and send[2] not in lost]
-            if sends:
+            pending = [send for send in pending if send.task_id in errors and send.task_id not in lost]
+            if pending:
                 # Not cut short by a stop: the task is cancelled then, if its turn is dropped.
                 await asyncio.sleep(build_backoff_s(max(failures, down)))
         return lost

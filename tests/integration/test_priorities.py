@@ -44,7 +44,7 @@ def test_an_interactive_call_overtakes_a_batch_backlog_on_the_same_tool(
     client = Client(own_redis.url)
     try:
         batch = [call_turn(client, runs_file, f"batch-{n}", "batch") for n in range(BATCH)]
-        # Every batch call is in the queue's batch list (priority 6) but the one running.
+        # Every batch call is in the queue's batch list (step 6) but the one running.
         batch_list = f"{QUEUE}\x06\x166"
         wait_until(lambda: client.redis.llen(batch_list) >= BATCH - 2, "the batch calls to be queued")
         started_before = len(read_notes(runs_file))

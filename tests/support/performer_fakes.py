@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.machine.events import CallModel, Event
 from orchestrator.model import UserMessage
+from orchestrator.publishing.publisher import Send
 from orchestrator.store.catalogue import ToolCatalogue
 from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
 
@@ -35,12 +36,14 @@ class FakePublisher:
     def __init__(self, failing: Mapping[str, Exception] = {}) -> None:
         self.failing = dict(failing)
         self.published: list[tuple[ToolSpec, ToolCallRequest, str]] = []
+        self.priorities: list[str] = []
         self.revoked: list[str] = []
         self.closed = False
 
-    async def publish(self, sends: Sequence[tuple[ToolSpec, ToolCallRequest, str]]) -> dict[str, Exception]:
-        self.published += sends
-        return {task_id: self.failing[task_id] for _, _, task_id in sends if task_id in self.failing}
+    async def publish(self, sends: Sequence[Send]) -> dict[str, Exception]:
+        self.published += [(send.spec, send.request, send.task_id) for send in sends]
+        self.priorities += [send.priority for send in sends]
+        return {send.task_id: self.failing[send.task_id] for send in sends if send.task_id in self.failing}
 
     async def revoke(self, task_ids: list[str]) -> None:
         self.revoked += task_ids

@@ -123,10 +123,10 @@ def test_a_stored_request_writes_only_the_limits_and_settings_it_sets() -> None:
 
 def test_a_claimed_request_that_does_not_parse_is_reported_not_raised() -> None:
     newer = json.dumps({"prompt": "hi", "model_settings": {"reasoning_effort": "extreme"}})
-    claimed = codec.parse_claim("turn1", [1, newer, 0])
-    assert claimed is not None and claimed.request is None and not claimed.has_state
+    claimed = codec.parse_claim([1, "turn1", newer, 0])
+    assert isinstance(claimed, codec.ClaimedTurn) and claimed.request is None and not claimed.has_state
     assert claimed.unreadable is not None and "reasoning_effort" in claimed.unreadable
-    assert codec.parse_claim("turn1", [1, json.dumps(OLD_REQUEST), 1]) == codec.ClaimedTurn(
+    assert codec.parse_claim([1, "turn1", json.dumps(OLD_REQUEST), 1]) == codec.ClaimedTurn(
         "turn1", codec.parse_request(json.dumps(OLD_REQUEST)), True
     )
 
