@@ -249,8 +249,8 @@ class Limits(ForbidsUnknownFields):
     # `max_cost`); None: no budget.
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)
-    # How long a call may wait for a person (seconds), and what happens then: "deny" (the model reads that no
-    # one approved it) or "approve" (it runs). None: the tool's own (`@tool(approval_timeout_s=...)`),
+    # How long a call may wait for a person (seconds), and what happens then: "deny" (the model reads that
+    # no one approved it) or "approve" (it runs). None: the tool's own (`@tool(approval_timeout_s=...)`),
     # else DEFAULT_APPROVAL_TIMEOUT_S and "deny". The wait never counts against `deadline_s`.
     approval_timeout_s: float | None = Field(default=None, gt=0)
     on_approval_timeout: ApprovalTimeoutAction | None = None

@@ -12,7 +12,7 @@ resource is taken:
 - `tokens_per_day` before each model call: past it, the call is not made and the turn ends as
   `quota_exceeded` (`machine.events.QuotaExceeded`), counted per UTC day (`build_quota_day`).
 
-Design notes: docs/design/orchestrators.md, "Claiming".
+Design notes: docs/design/orchestrators.md, "Claiming a turn".
 """
 
 from __future__ import annotations

@@ -98,6 +98,10 @@ class ToolSpec(BaseModel):
     # when no one answered by then; None: the turn's limits say, else 24 hours and "deny".
     approval_timeout_s: float | None = None
     on_approval_timeout: ApprovalTimeoutAction | None = None
+    # At most this many calls of the tool run at once across the fleet, and per tenant
+    # (`workers.concurrency`); None: no limit. A catalogue entry of a release before them reads as None.
+    max_concurrency: int | None = None
+    max_concurrency_per_tenant: int | None = None
 
     @model_validator(mode="before")
     @classmethod

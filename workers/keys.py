@@ -98,6 +98,26 @@ def reply(call_id: str) -> str:
     return f"{PREFIX}reply:{call_id}"
 
 
+# --- concurrency slots (workers.concurrency) ------------------------------------------------------------
+# A slot entry lives as long as its execution's running guard (the hard limit and a margin), unless released.
+SLOT_WAITING_TOLD_TTL_S = 3600  # how long a waiting call remembers its turn was told (once per dispatch)
+
+
+def tool_slots(tool: str) -> str:
+    """Zset of the executions holding one of `@tool(max_concurrency=N)`'s N slots: token -> expiry (ms)."""
+    return f"{PREFIX}slots:{tool}"
+
+
+def tenant_slots(tool: str, tenant: str) -> str:
+    """Zset of a tenant's executions holding one of `@tool(max_concurrency_per_tenant=N)`'s N slots."""
+    return f"{PREFIX}slots:{tool}:tenant:{tenant}"
+
+
+def slot_waiting_told(call_id: str) -> str:
+    """The dispatch attempt of a call whose turn was told it waits for a slot (`tool_waiting_for_slot`)."""
+    return f"{PREFIX}slot_waiting:{call_id}"
+
+
 # --- turns -----------------------------------------------------------------------------------------------
 # list of turn ids waiting for an orchestrator: the queue of the previous releases, and today the queue of the
 # "default" tenant's "normal" turns (`turn_queue`); ids of other tenants pushed here (a woken parked turn, a
@@ -112,26 +132,6 @@ READY_TOKENS_MAX = 1000
 ORCHESTRATORS = PREFIX + "orchestrators"  # zset: orchestrator id -> last heartbeat (epoch)
 INBOX_PREFIX = PREFIX + "inbox:"  # + orchestrator id: stream of outcome/started notifications
 
-
-def inbox(orchestrator_id: str) -> str:
-    """An orchestrator's notifications; its expiry (`build_inbox_ttl_s`) is pushed back while it lives."""
-    return INBOX_PREFIX + orchestrator_id
-
-
-def build_inbox_ttl_s(lease_ttl_s: float) -> float:
-    """How long an inbox outlives its orchestrator's last lease renewal: longer than its leases, so that
-    no notification reaches the inbox of a dead orchestrator after it expired (the lease names the inbox)."""
-    return 2 * lease_ttl_s + 10
-
-
-def worker_seen(worker_id: str) -> str:
-    """When a worker (its Celery hostname) last reported in, with its spool drained: epoch seconds of its
-    clock (WORKER_SEEN_TTL_S). Written by its main process (`workers.spool.SpoolDrainer`)."""
-    return f"{PREFIX}worker:{worker_id}:seen"
-
-
-def turn_request(turn_id: str) -> str:
-    return f"{PREFIX}turn:{turn_id}:request"
 
 def turn_queue(lane: str, tenant: str) -> str:
     """List of a tenant's queued turn ids in one lane (FIFO); `TURN_QUEUE` for the default tenant's normal
@@ -157,6 +157,26 @@ def tenant_tokens_day(tenant: str, day: str) -> str:
     """The tokens a tenant's model calls used on `day` (UTC, YYYY-MM-DD), against its `tokens_per_day`."""
     return f"{PREFIX}tenant:{tenant}:tokens:{day}"
 
+
+def inbox(orchestrator_id: str) -> str:
+    """An orchestrator's notifications; its expiry (`build_inbox_ttl_s`) is pushed back while it lives."""
+    return INBOX_PREFIX + orchestrator_id
+
+
+def build_inbox_ttl_s(lease_ttl_s: float) -> float:
+    """How long an inbox outlives its orchestrator's last lease renewal: longer than its leases, so that
+    no notification reaches the inbox of a dead orchestrator after it expired (the lease names the inbox)."""
+    return 2 * lease_ttl_s + 10
+
+
+def worker_seen(worker_id: str) -> str:
+    """When a worker (its Celery hostname) last reported in, with its spool drained: epoch seconds of its
+    clock (WORKER_SEEN_TTL_S). Written by its main process (`workers.spool.SpoolDrainer`)."""
+    return f"{PREFIX}worker:{worker_id}:seen"
+
+
+def turn_request(turn_id: str) -> str:
+    return f"{PREFIX}turn:{turn_id}:request"
 
 
 def turn_state(turn_id: str) -> str:
@@ -249,6 +269,7 @@ def conversation_lock(conversation_id: str) -> str:
 REDIS_MARKER = PREFIX + "redis:marker"  # string, no TTL: the run id it was written under
 REDIS_LOSSES = PREFIX + "redis:losses"  # hash: new run id -> JSON of one data loss (TURN_TTL_S)
 
+
 # --- model rate limits (orchestrator.store.rate_limits) -----------------------------------------------------
 # Each expires once its window or its pause is over: an idle model leaves nothing behind.
 
@@ -268,9 +289,6 @@ def model_budget_tokens(key: str) -> str:
     return f"{PREFIX}model_limits:budget:{key}:tokens"
 
 
-def model_budget_line(key: str) -> str:
-    """Zset of the calls entry `key` told to wait: call id -> the epoch ms it was told to come back."""
-    return f"{PREFIX}model_limits:budget:{key}:line"
 def tenant_budget_calls(key: str) -> str:
     """Zset of the calls in the sliding window of a tenant's tokens budget (`key`: `tenant:<name>`)."""
     return f"{PREFIX}tenant_limits:budget:{key}:calls"
@@ -286,3 +304,6 @@ def tenant_budget_line(key: str) -> str:
     return f"{PREFIX}tenant_limits:budget:{key}:line"
 
 
+def model_budget_line(key: str) -> str:
+    """Zset of the calls entry `key` told to wait: call id -> the epoch ms it was told to come back."""
+    return f"{PREFIX}model_limits:budget:{key}:line"

@@ -13,6 +13,8 @@ synthetic outcomes through the same first-writer-wins step) and `RELEASE` (a tur
 - `claim_idempotency.lua` → `IdempotencyClaim`: CLAIMED / STORED / BUSY.
 - `release.lua` → `ReleaseResult`: RELEASED / NOT_HELD.
 - `progress.lua` → `ProgressResult`: ADDED / ENDED / CALL_DONE (a tool's `ctx.progress`, `workers.progress`).
+- `slots.lua` → `SlotResult`: ACQUIRED / TOOL_FULL / TENANT_FULL, and releases (`workers.concurrency`).
+- `slot_waiting.lua` → `SlotWaitingResult`: ADDED / ENDED / CALL_DONE / TOLD (`tool_waiting_for_slot`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ START = load_script("workers", "start")
 CLAIM_IDEMPOTENCY = load_script("workers", "claim_idempotency")
 RELEASE = load_script("workers", "release")
 PROGRESS = load_script("workers", "progress")
+SLOTS = load_script("workers", "slots")
+SLOT_WAITING = load_script("workers", "slot_waiting")
 
 
 class WriteResult(IntEnum):
@@ -88,6 +92,23 @@ class ProgressResult(IntEnum):
     ENDED = 0  # the turn is gone or finished: nothing added, and nothing more will be
     ADDED = 1
     CALL_DONE = 2  # the call has its outcome, or a later execution superseded this one: nothing added
+
+
+class SlotResult(IntEnum):
+    """What `slots.lua` did with an acquire: a slot taken in each of the call's limits, or none."""
+
+    TOOL_FULL = 0  # the tool's `max_concurrency` slots are all held
+    ACQUIRED = 1
+    TENANT_FULL = 2  # the tenant's `max_concurrency_per_tenant` slots of the tool are all held
+
+
+class SlotWaitingResult(IntEnum):
+    """What `slot_waiting.lua` did with a `tool_waiting_for_slot` event."""
+
+    ENDED = 0  # the turn is gone or finished
+    ADDED = 1
+    CALL_DONE = 2  # the call has its outcome
+    TOLD = 3  # this dispatch attempt of the call was told already
 
 
 @dataclass(frozen=True)

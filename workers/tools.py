@@ -191,6 +191,8 @@ def tool(
     approval_timeout_s: float | None = None,
     on_approval_timeout: ApprovalTimeoutAction | None = None,
     queue: str | None = None,
+    max_concurrency: int | None = None,
+    max_concurrency_per_tenant: int | None = None,
     registry: ToolRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
@@ -214,6 +216,8 @@ def tool(
     approval_timeout_s: float | None = None,
     on_approval_timeout: ApprovalTimeoutAction | None = None,
     queue: str | None = None,
+    max_concurrency: int | None = None,
+    max_concurrency_per_tenant: int | None = None,
     registry: ToolRegistry | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Define a tool from a typed function; usable bare (`@tool`) or with guardrails (`@tool(...)`).
@@ -227,6 +231,9 @@ def tool(
     `approval_timeout_s`, `on_approval_timeout`: how long a call of a `requires_confirmation` tool waits for a
     person (None: the turn's limit, else 24 hours), and whether it is then denied ("deny", the default) or
     run ("approve").
+    `max_concurrency`: at most this many calls of the tool run at once across the whole fleet;
+    `max_concurrency_per_tenant`: at most this many per tenant. A call past a limit waits for a slot without
+    holding a pool process (`workers.concurrency`).
     """
     target = registry if registry is not None else _DEFAULT_REGISTRY
 
@@ -244,6 +251,7 @@ def tool(
         )
         _check_idempotency(tool_name, idempotency)
         _check_approval_wait(tool_name, approval_timeout_s, on_approval_timeout)
+        _check_concurrency(tool_name, max_concurrency, max_concurrency_per_tenant)
         tool_queue = queue if queue is not None else build_queue_name(tool_name)
         arguments_model, context_param, input_param = build_arguments_model(tool_name, fn)
         summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
@@ -264,6 +272,8 @@ def tool(
             requires_confirmation=requires_confirmation,
             approval_timeout_s=approval_timeout_s,
             on_approval_timeout=on_approval_timeout,
+            max_concurrency=max_concurrency,
+            max_concurrency_per_tenant=max_concurrency_per_tenant,
         )
         built: Tool[P, R] = Tool(
             fn, spec, arguments_model, context_param=context_param, input_param=input_param
@@ -350,6 +360,14 @@ def _check_idempotency(name: str, idempotency: str | None) -> None:
     raise ToolDefinitionError(
         f"tool '{name}': idempotency must be None, 'args' or 'key:<fixed key>', not {idempotency!r}"
     )
+
+
+def _check_concurrency(name: str, fleet: int | None, per_tenant: int | None) -> None:
+    for label, value in (("max_concurrency", fleet), ("max_concurrency_per_tenant", per_tenant)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ToolDefinitionError(
+                f"tool '{name}': {label} must be a whole number of calls, 1 or more, not {value!r}"
+            )
 
 
 def _qualified(fn: Callable[..., Any]) -> str:

@@ -157,7 +157,7 @@ def submit_command(
     conversation: Annotated[str | None, typer.Option(help="Conversation id: continue its history.")] = None,
     tenant: Annotated[
         str | None,
-        typer.Option(help="Whose turn it is (default: \"default\"): tools get it as ctx.tenant."),
+        typer.Option(help='Whose turn it is (default: "default"): tools get it as ctx.tenant.'),
     ] = None,
     priority: Annotated[
         TurnPriority | None,

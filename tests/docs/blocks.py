@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXCLUDED = ("docs/design/",)
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<language>[\w+-]*)(?P<attrs>[^`\n]*)$")
+# An output line's marker, `#>` or (as `ruff format` writes it) `# >`.
+OUTPUT_MARKER = re.compile(r"^# ?>")
 _TITLE = re.compile(r'title="(?P<title>[^"]+)"')
 _MARKER = re.compile(r"^\s*<!-- example: (?P<marker>.+?) -->\s*$")
 
@@ -59,12 +61,15 @@ class Block:
 
     @property
     def expected_output(self) -> list[str]:
-        """The `#> ` lines: what running the block prints, in order."""
-        return [line.strip()[3:] if line.strip() != "#>" else "" for line in self._output_lines()]
+        """The `#> ` lines: what running the block prints, in order. `ruff format` writes the marker as `# >`
+        in the blocks it formats; both are markers."""
+        return [
+            OUTPUT_MARKER.sub("", line.strip(), count=1).removeprefix(" ") for line in self._output_lines()
+        ]
 
     def _output_lines(self) -> Iterator[str]:
         for line in self.code.splitlines():
-            if line.lstrip().startswith("#>"):
+            if OUTPUT_MARKER.match(line.lstrip()):
                 yield line.lstrip()
 
 

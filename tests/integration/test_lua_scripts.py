@@ -297,6 +297,15 @@ RUN_BY: dict[str, object] = {
     # Run with a batch that holds `turn_finished` and a redacted value, read back in order.
     "append_events": "tests/integration/test_store.py",
     "write_tasks": test_write_tasks_runs_kombus_commands_in_order,
+    # Acquired, refused, expired and released by token and by prefix; the waiting event told once.
+    "slots": "tests/unit/test_tool_slots.py",
+    "slot_waiting": "tests/unit/test_tool_slots.py",
+    # Run by a live orchestrator's registration and renewals, and against a dead one's inbox left to expire.
+    "keep_inbox": "tests/integration/test_process_keys.py",
+    # Reserve, settle, refund, the waiting line and a pause, on a real Redis.
+    "rate_limit": "tests/integration/test_rate_limit_script.py",
+    # Read by the API's backlog gauges against queued, running and finished turns of real processes.
+    "read_statuses": "tests/integration/test_backlog_metrics.py",
 }
 
 

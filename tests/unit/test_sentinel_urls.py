@@ -13,7 +13,7 @@ from kombu import Connection
 from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.connection import MAX_BLOCK_MS, block_cap_ms, connect_async, connect_sync
-from workers.app import build_celery_config, create_app
+from workers.app import PRIORITY_STEPS, build_celery_config, create_app
 from workers.connect import (
     MASTER_NAME_VARIABLE,
     AsyncMasterCheckingPool,
@@ -90,7 +90,11 @@ def test_the_broker_url_names_the_database_and_credentials_on_every_part() -> No
 def test_the_broker_and_the_backend_are_told_the_master_name() -> None:
     settings = WorkerSettings(redis_url=URL, redis_master_name="mymaster", visibility_timeout_s=60)
     config = build_celery_config(settings)
-    assert config["broker_transport_options"] == {"visibility_timeout": 60, "master_name": "mymaster"}
+    assert config["broker_transport_options"] == {
+        "visibility_timeout": 60,
+        "master_name": "mymaster",
+        "priority_steps": list(PRIORITY_STEPS),
+    }
     assert config["result_backend_transport_options"]["master_name"] == "mymaster"
     assert config["result_backend"] == "sentinel://h1:26379/0;sentinel://h2:26380/0"
     app = create_app(settings)

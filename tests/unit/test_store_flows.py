@@ -19,8 +19,9 @@ from orchestrator.providers.base import check_model_name
 from orchestrator.settings import Settings
 from orchestrator.store import flows, operations
 from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue
-from orchestrator.store.codec import ClaimedTurn, TurnEvent
+from orchestrator.store.codec import CLAIM_AGAIN, ClaimedTurn, TurnEvent
 from orchestrator.store.effects import BlockingCall, Item, RedisCommand, ScriptCall, Transaction
+from orchestrator.store.flows import READY_POLL_MS
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ControlResult, FinishResult, SubmitResult, TakeOverResult, WriteResult
@@ -54,14 +55,17 @@ def words(steps: list[Any]) -> list[Any]:
 DONE = TurnOutcome(turn_id="t", status="completed", text="4")
 
 
-def test_claim_skips_empty_pops_and_lost_claims_in_capped_steps() -> None:
-    flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0, 1.0, 4.5))
+def test_claim_waits_for_a_ready_token_in_capped_steps_and_claims_again_when_told() -> None:
+    flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0))
     claimed = ClaimedTurn("t2", TurnRequest(prompt="x"), False)
-    steps, result = drive(flow, [None, "t1", None, "t2", claimed])
-    assert words(steps) == ["BLMOVE", "BLMOVE", "claim", "BLMOVE", "claim"]
-    assert [s.args[-1] for s in steps if isinstance(s, RedisCommand)] == ["2.000", "2.000", "0.500"]
-    assert steps[4].args[:3] == ("t2", "orch", "9000") and result is claimed
-    assert drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), []) == ([], None)
+    steps, result = drive(flow, [None, True, CLAIM_AGAIN, claimed])
+    assert words(steps) == ["claim", "BLPOP", "claim", "claim"]
+    # A step blocks no longer than the poll that finds turns queued without a ready token.
+    assert steps[1].args[-1] == f"{READY_POLL_MS / 1000:.3f}"
+    assert steps[0].args[:2] == ("orch", "9000") and result is claimed
+    assert words(
+        drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), [None])[0]
+    ) == ["claim"]
 
 
 def test_wait_outcome_reads_the_outcome_only_when_there_is_one() -> None:
