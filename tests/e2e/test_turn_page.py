@@ -1,10 +1,10 @@
 """The turn page in a real browser, on the real stack (issue 14): a Redis, a prefork worker, `toolloop
 orchestrator` whose scripted model writes its answer slowly (TOOLLOOP_SCRIPTED_STREAM_DELAY_S), and `toolloop
-api` with a token. Headless Chromium (Debian's, driven by Playwright, `tests.support.browser`) opens
-`/ui/turns/{id}` while the turn runs and must see the answer grow while the turn is still running, then the
-tool call finished with its outcome kind, its progress and its Flower link, then the final status; the
-answer on the page is the outcome's text exactly, and no secret (the API token, a sensitive argument)
-appears on it. Conditions are waited for, never timed.
+api` with a token. Headless Chromium (Debian's, driven by Playwright, `tests.support.browser`) signs in with
+the form and opens `/ui/turns/{id}` while the turn runs; it must see the answer grow while the turn is still
+running, then the tool call finished with its outcome kind, its progress and its Flower link, then the final
+status; the answer on the page is the outcome's text exactly, and no secret (the API token, a sensitive
+argument) appears on it. Conditions are waited for, never timed.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ def api_url(module_redis: RedisServer) -> Iterator[str]:
         yield base
 
 
+def sign_in(page: Page, url: str) -> None:
+    """Open `url`, answered by the sign-in form, and sign in there with the token (never in an address)."""
+    refused = page.goto(url)
+    assert refused is not None and refused.status == 401
+    page.locator("#key").fill(TOKEN)
+    with page.expect_navigation():
+        page.locator("#sign-in button[type=submit]").click()
+    assert page.url == url and TOKEN not in page.url
+
+
 def answer_text(page: Page) -> str:
     """The text the page shows for the turn's last model call (its answer, as it is written)."""
     texts = page.locator("#transcript .llm-call .text")
@@ -91,10 +101,8 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
             turn_id = submit_turn(client)  # once the browser is up, so that the page opens while it runs
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            # The token once: the page answers with a session cookie and itself again, without the token.
-            response = page.goto(f"{api_url}/ui/turns/{turn_id}?token={TOKEN}")
-            assert response is not None and response.status == 200
-            assert page.url == f"{api_url}/ui/turns/{turn_id}"
+            # The sign-in form once: it POSTs the token, and the page comes back with a session cookie.
+            sign_in(page, f"{api_url}/ui/turns/{turn_id}")
             assert turn_status(page) not in TERMINAL, "the page must be open while the turn runs"
 
             # The answer grows: seen at two moments, the second longer, while the turn still runs (the status

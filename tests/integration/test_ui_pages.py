@@ -1,12 +1,13 @@
 """The turn pages and the recent-turns listing over a real redis-server and the API app (issue 14): the pages
 and their files are served, `GET /v1/turns` lists what was submitted (newest first, expired turns skipped
-and forgotten, the index capped), and with a token the pages ask for it once, keep a read-only session
-cookie, and never show the token."""
+and forgotten, the index capped), and with a token the pages ask for it with a sign-in form (never in an
+address, nor in the access log), keep a read-only session cookie, and never show the token."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.api.pages.auth import SESSION_COOKIE
+from orchestrator.api.pages.auth import SESSION_COOKIE, build_redacted_path
 from orchestrator.client.redis_client import Client
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.settings import Settings
@@ -146,43 +147,94 @@ def test_submit_keeps_only_the_newest_turns_in_the_index(client: Client, db_url:
         r.close()
 
 
-def test_with_a_token_a_page_asks_for_it_once_and_keeps_a_read_only_session(
+def sign_in(http: httpx.Client, key: str, next_path: str = "/ui") -> httpx.Response:
+    """The sign-in form's POST, as a browser sends it."""
+    return http.post("/ui/session", data={"key": key, "next": next_path})
+
+
+def test_with_a_token_a_page_asks_to_sign_in_with_a_form_and_keeps_a_read_only_session(
     secured: httpx.Client, client: Client, db_url: str
 ) -> None:
     turn_id = client.submit(prompt="2+2?", model="scripted:demo")
     play_turn(db_url, turn_id)
 
     refused = secured.get("/ui")
-    assert refused.status_code == 401 and "?token=" in refused.text and "TOOLLOOP_API_TOKEN" in refused.text
-    assert secured.get(f"/ui/turns/{turn_id}").status_code == 401
+    assert refused.status_code == 401 and 'action="/ui/session"' in refused.text
+    assert 'name="key"' in refused.text
+    page_refused = secured.get(f"/ui/turns/{turn_id}")
+    assert page_refused.status_code == 401 and f'value="/ui/turns/{turn_id}"' in page_refused.text
     assert secured.get("/v1/turns").status_code == 401
-    wrong = secured.get("/ui", params={"token": "guess"})
+    assert "form-action 'self'" in refused.headers["content-security-policy"]
+    form = secured.get("/ui/session", params={"next": f"/ui/turns/{turn_id}"})
+    assert form.status_code == 200 and f'value="/ui/turns/{turn_id}"' in form.text
+
+    wrong = sign_in(secured, "guess")
     assert (
         wrong.status_code == 401
         and "guess" not in wrong.text
+        and "not one of the API" in wrong.text
         and SESSION_COOKIE not in wrong.headers.get("set-cookie", "")
     )
 
-    signed_in = secured.get(f"/ui/turns/{turn_id}", params={"token": TOKEN})
+    signed_in = sign_in(secured, TOKEN, f"/ui/turns/{turn_id}")
     assert signed_in.status_code == 303 and signed_in.headers["location"] == f"/ui/turns/{turn_id}"
     cookie = signed_in.headers["set-cookie"]
     assert cookie.startswith(f"{SESSION_COOKIE}=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert TOKEN not in cookie  # the cookie holds a value derived from the token, not the token
     session = signed_in.cookies[SESSION_COOKIE]
+    # Only this server's pages are where a sign-in goes on to.
+    for elsewhere in ("https://evil.test/ui", "//evil.test/ui", "/v1/turns", "/ui/../v1/turns"):
+        assert sign_in(secured, TOKEN, elsewhere).headers["location"] == "/ui"
+    # A sign-in posted by another site's page is refused (it would sign a person in with another's key).
+    cross = secured.post("/ui/session", data={"key": TOKEN}, headers={"Origin": "https://evil.test"})
+    assert cross.status_code == 403 and SESSION_COOKIE not in cross.headers.get("set-cookie", "")
+    cross = secured.post("/ui/session", data={"key": TOKEN}, headers={"Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403
 
     with httpx.Client(base_url=str(secured.base_url), cookies={SESSION_COOKIE: session}) as browser:
         page = browser.get(f"/ui/turns/{turn_id}")
-        assert page.status_code == 200 and TOKEN not in page.text
+        assert page.status_code == 200 and TOKEN not in page.text and 'action="/ui/session/end"' in page.text
         assert browser.get("/ui").status_code == 200
         assert [t["turn_id"] for t in browser.get("/v1/turns").json()["turns"]] == [turn_id]
         assert browser.get(f"/v1/turns/{turn_id}").json()["status"] == "completed"
         events = browser.get(f"/v1/turns/{turn_id}/events")  # the finished turn's stream ends by itself
         assert events.status_code == 200 and "event: turn_finished" in events.text
-        # Reads only: the session cannot submit, cancel or approve.
+        # Reads only: the session cannot submit or cancel.
         assert browser.post("/v1/turns", json={"prompt": "x"}).status_code == 401
         assert browser.post(f"/v1/turns/{turn_id}/cancel").status_code == 401
+
+        signed_out = browser.post("/ui/session/end")
+        assert signed_out.status_code == 303
+        assert signed_out.headers["location"] == "/ui/session?why=signed-out"
+        assert f'{SESSION_COOKIE}=""' in signed_out.headers["set-cookie"]
+        assert "Max-Age=0" in signed_out.headers["set-cookie"]  # a browser drops the cookie at once
     with httpx.Client(base_url=str(secured.base_url), cookies={SESSION_COOKIE: "0" * 64}) as forger:
         assert forger.get("/ui").status_code == 401 and forger.get("/v1/turns").status_code == 401
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     assert secured.get("/v1/turns", headers=bearer).status_code == 200
     assert secured.get("/ui", headers=bearer).status_code == 200
+
+
+def test_a_key_in_the_address_is_no_longer_taken_nor_logged(
+    secured: httpx.Client, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    turn_id = client.submit(prompt="2+2?", model="scripted:demo")
+    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+        sent = secured.get(f"/ui/turns/{turn_id}", params={"token": TOKEN})
+    # To the form, saying why, with the page to go back to and without the key; no session from it.
+    assert sent.status_code == 303
+    assert sent.headers["location"] == f"/ui/session?why=token-in-url&next=/ui/turns/{turn_id}"
+    assert SESSION_COOKIE not in sent.headers.get("set-cookie", "")
+    form = secured.get(sent.headers["location"])
+    assert "no longer taken from the address" in form.text and TOKEN not in form.text
+    assert secured.get("/ui", params={"token": TOKEN}).headers["location"].endswith("next=/ui")
+    lines = [record.getMessage() for record in caplog.records if record.name == "uvicorn.access"]
+    assert any("token=***" in line for line in lines), lines
+    assert not any(TOKEN in line for line in lines)
+    # An open API has no key to take: the address is cleaned and the page served.
+    assert build_redacted_path(f"/ui?a=1&token={TOKEN}&b=2") == "/ui?a=1&token=***&b=2"
+
+
+def test_an_open_api_needs_no_sign_in(api: httpx.Client) -> None:
+    assert api.get("/ui", params={"token": "x", "tenant": "acme"}).headers["location"] == "/ui?tenant=acme"
+    assert api.get("/ui/session").headers["location"] == "/ui"

@@ -5,9 +5,12 @@ HTML-escaped. Everything a page shows comes from the API it calls (`GET /v1/turn
 `GET /v1/turns/{id}/events`) and is inserted as text, never as HTML: a tool's result may hold HTML. A
 Content-Security-Policy allows nothing but this server's own scripts, styles and connections.
 
-With a token or keys set, a page answers 401 with a short explanation unless it gets a key once (`?token=`,
-then a session cookie and a redirect without it, `orchestrator.api.pages.auth`), the cookie, or the bearer
-header. What a page then shows is what its key may read (`GET /v1/turns` lists the key's tenant's turns).
+With a token or keys set, a page answers 401 with the sign-in form unless it gets the session cookie or
+the bearer header. The form (`GET /ui/session`) POSTs the key (`POST /ui/session`, field `key`), which sets
+the cookie and goes back to the page; `POST /ui/session/end` signs out. A page opened with `?token=` (how
+keys were once given) is sent to the form, saying why, with the key out of the address
+(`orchestrator.api.pages.auth`). What a page then shows is what its key may read (`GET /v1/turns` lists the
+key's tenant's turns).
 The static files hold no data and are served to anyone.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 from html import escape
 from importlib import resources
 from typing import Annotated
+from urllib.parse import parse_qs, quote, urlsplit
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -23,7 +27,13 @@ from pydantic import BaseModel
 
 from orchestrator.api.access import Access, Caller, require
 from orchestrator.api.connections import ApiRedis
-from orchestrator.api.pages.auth import READ_METHODS, SESSION_COOKIE
+from orchestrator.api.pages.auth import (
+    READ_METHODS,
+    SESSION_COOKIE,
+    TOKEN_PARAMETER,
+    build_next_path,
+    install_access_log_filter,
+)
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.recent import DEFAULT_LIMIT, MAX_LIMIT, RecentCache, RecentTurn, alist_recent
@@ -40,20 +50,24 @@ STATIC_FILES = {
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     ),
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
-REFUSAL = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>toolloop: token needed</title></head>
-<body><h1>401: this page needs an API key</h1>
-<p>This toolloop API is protected by <code>TOOLLOOP_API_KEYS</code> or <code>TOOLLOOP_API_TOKEN</code>.
-Open this page once as <code>{path}?token=&lt;your key&gt;</code>: the page then keeps a session cookie (for
-reading only) and takes the key out of the address.</p>
-<p>{reason}</p></body></html>
-"""
+# What the sign-in form says, by the `why` of its address (a fixed text: nothing given is echoed).
+NOTICES = {
+    "token-in-url": (
+        "Keys are no longer taken from the address (?token=): an address is written to logs and histories. "
+        "Sign in here instead; the key you put in the address may have been logged, so consider changing it."
+    ),
+    "wrong-key": "The key given is not one of the API's keys.",
+    "signed-out": "Signed out.",
+    "no-session": "No session yet (or it belongs to an older key): sign in.",
+}
+# The largest sign-in form body read: a key and a page's path.
+MAX_FORM_BYTES = 8192
 
 
 class RecentTurns(BaseModel):
@@ -108,50 +122,111 @@ def build_turn_page(turn_id: str, flower_url: str) -> str:
     return page.replace("{{flower_url}}", escape(flower_url, quote=True))
 
 
-def _refusal(request: Request, reason: str) -> HTMLResponse:
-    body = REFUSAL.format(path=escape(request.url.path), reason=escape(reason))
-    return HTMLResponse(body, status_code=401, headers={**PAGE_HEADERS, "WWW-Authenticate": "Bearer"})
+def build_sign_in_page(next_path: str, why: str | None) -> str:
+    """The sign-in form, going back to `next_path` once signed in, with the notice of `why` (`NOTICES`)."""
+    page = read_static("signin.html").replace("{{next}}", escape(build_next_path(next_path), quote=True))
+    return page.replace("{{notice}}", escape(NOTICES.get(why or "", "")))
 
 
-def _signed_in(request: Request, session: str) -> Response:
-    # The key is right: a session cookie, and the same page again without the key in its address.
-    target = request.url.remove_query_params("token")
-    location = target.path + (f"?{target.query}" if target.query else "")
-    response = RedirectResponse(location, status_code=303, headers=PAGE_HEADERS)
-    response.set_cookie(
-        SESSION_COOKIE,
-        session,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-    return response
+def _sign_in_form(next_path: str, why: str, status_code: int) -> HTMLResponse:
+    headers = {**PAGE_HEADERS, "WWW-Authenticate": "Bearer"} if status_code == 401 else PAGE_HEADERS
+    return HTMLResponse(build_sign_in_page(next_path, why), status_code=status_code, headers=headers)
+
+
+def _redirect(location: str) -> RedirectResponse:
+    return RedirectResponse(location, status_code=303, headers=PAGE_HEADERS)
+
+
+def build_page_path(request: Request) -> str:
+    """The page's path and query, without any `token` parameter."""
+    target = request.url.remove_query_params(TOKEN_PARAMETER)
+    return target.path + (f"?{target.query}" if target.query else "")
 
 
 def check_page(request: Request, access: Access) -> Response | None:
-    """The check every page passes: None to serve it, else what to answer instead (a 401, or the sign-in
-    redirect of a right `?token=`)."""
+    """The check every page passes: None to serve it, else what to answer instead (the sign-in form, 401,
+    or for an address holding `?token=` a redirect to the form that says why)."""
+    if TOKEN_PARAMETER in request.query_params:
+        if access.open:
+            return _redirect(build_page_path(request))
+        next_path = quote(build_next_path(urlsplit(build_page_path(request)).path), safe="/")
+        return _redirect(f"/ui/session?why=token-in-url&next={next_path}")
     if access.open:
         return None
-    given = request.query_params.get("token")
-    if given is not None:
-        session = access.find_sign_in(given.strip())
-        if session is None:
-            return _refusal(request, "The key given is not one of the API's keys.")
-        return _signed_in(request, session)
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and request.method in READ_METHODS and access.find_session(cookie) is not None:
         return None
     scheme, _, bearer = (request.headers.get("authorization") or "").partition(" ")
     if scheme.lower() == "bearer" and access.find_bearer(bearer.strip()) is not None:
         return None
-    return _refusal(request, "No session yet (or it belongs to an older key).")
+    return _sign_in_form(request.url.path, "no-session", 401)
+
+
+def is_same_origin(request: Request) -> bool:
+    """False when a browser says the request comes from another site's page: by `Sec-Fetch-Site` when it
+    sends one (every current browser), else by `Origin` (which is "null" under our `no-referrer` policy, so
+    not enough alone). A request without either (a script, curl) is no forged form."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None:
+        return fetch_site in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+def _set_session(response: Response, request: Request, session: str) -> None:
+    secure = request.url.scheme == "https"
+    response.set_cookie(SESSION_COOKIE, session, path="/", httponly=True, samesite="strict", secure=secure)
+
+
+def build_session_router() -> APIRouter:
+    """`GET /ui/session` (the form), `POST /ui/session` (sign in) and `POST /ui/session/end` (sign out)."""
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/ui/session")
+    async def sign_in_form(request: Request) -> Response:
+        if request.app.state.access.open:
+            return _redirect("/ui")
+        why = request.query_params.get("why")
+        return _sign_in_form(request.query_params.get("next") or "/ui", why or "", 200)
+
+    @router.post("/ui/session")
+    async def sign_in(request: Request) -> Response:
+        # The form's body is read here (two fields): no multipart parser is needed for it.
+        if not is_same_origin(request):
+            raise HTTPException(403, "a sign-in from another site")
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise HTTPException(413, "the sign-in form is larger than it can be")
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+        next_path = build_next_path((fields.get("next") or ["/ui"])[0])
+        access: Access = request.app.state.access
+        if access.open:
+            return _redirect(next_path)
+        session = access.find_sign_in((fields.get("key") or [""])[0].strip())
+        if session is None:
+            return _sign_in_form(next_path, "wrong-key", 401)
+        response = _redirect(next_path)
+        _set_session(response, request, session)
+        return response
+
+    @router.post("/ui/session/end")
+    async def sign_out(request: Request) -> Response:
+        if not is_same_origin(request):
+            raise HTTPException(403, "a sign-out from another site")
+        response = _redirect("/ui/session?why=signed-out")
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    return router
 
 
 def build_pages_router(settings: Settings) -> APIRouter:
-    """`/ui`, `/ui/turns/{id}` and `/ui/static/{name}`."""
+    """`/ui`, `/ui/turns/{id}`, `/ui/static/{name}` and the session's routes (`build_session_router`)."""
+    install_access_log_filter()
     router = APIRouter(include_in_schema=False)
+    router.include_router(build_session_router())
     flower_url = build_flower_url(settings.flower_url)
 
     @router.get("/ui")
