@@ -1,11 +1,12 @@
 """Who calls the HTTP API and what they may do: the API keys of tenants (`TOOLLOOP_API_KEYS`) and the one
 admin token (`TOOLLOOP_API_TOKEN`).
 
-`TOOLLOOP_API_KEYS` is a JSON object mapping each key to `{"tenant", "scopes", "tools"}` (`KeyEntry`). A
-key is written as itself, or as `"sha256:<64 hex digits>"`, its SHA-256, so that the setting holds no
-secret. A caller is a `Caller`: its tenant, its scopes (`SCOPES`) and, when its entry names them, the only
-tools it may use. The token is an admin key of the tenant "default": every scope, every tenant, every tool.
-With neither setting the API is open, and every request is the admin's.
+`TOOLLOOP_API_KEYS` is a JSON object mapping each key to `{"tenant", "scopes", "tools", "name"}` (`KeyEntry`).
+A key is written as itself, or as `"sha256:<64 hex digits>"`, its SHA-256, so that the setting holds no
+secret. A caller is a `Caller`: its tenant, its scopes (`SCOPES`), when its entry names them the only tools it
+may use, and its name (who decided an approval given from the pages). The token is an admin key of the tenant
+"default": every scope, every tenant, every tool. With neither setting the API is open, and every request is
+the admin's.
 
 The rules, written once here and applied by the routes (`api.app`, `api.pages.routes`):
 
@@ -24,11 +25,15 @@ A page session (`api.pages.auth`) is an HMAC per key, mapped back to the key's c
 its key sees. For a key written as itself it is an HMAC of the key; a key given by its hash leaves the API
 nothing secret of its own, so its sessions are an HMAC of the hash under the token when there is one, else
 under a secret drawn when the process starts (its page sessions then end with the process, and one API
-replica's are not another's).
+replica's are not another's). A page session is for reads, and for one write: an approval from the turn
+page (`require_turn("approve", page_writes=True)`) with the session's CSRF token in its
+`X-Toolloop-CSRF` header (`api.pages.auth.build_csrf_token`, double submit), which another site's page
+cannot read nor send; submits and cancels stay bearer-only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -42,7 +47,13 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.api.pages.auth import READ_METHODS, SESSION_COOKIE, build_session_value
+from orchestrator.api.pages.auth import (
+    CSRF_HEADER,
+    READ_METHODS,
+    SESSION_COOKIE,
+    build_csrf_token,
+    build_session_value,
+)
 from orchestrator.errors import ApiKeysError
 from orchestrator.settings import Settings
 from workers.contract import DEFAULT_TENANT, TENANT_PATTERN, ToolSpec, build_listing
@@ -66,23 +77,33 @@ BEARER = HTTPBearer(
 
 
 class KeyEntry(BaseModel):
-    """One key's entry in `TOOLLOOP_API_KEYS`: its tenant, its scopes, and the only tools it may use (None:
-    every tool but the sensitive ones)."""
+    """One key's entry in `TOOLLOOP_API_KEYS`: its tenant, its scopes, the only tools it may use (None:
+    every tool but the sensitive ones), and a name for whoever holds it (who decided an approval given from
+    the pages)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant: str = Field(pattern=TENANT_PATTERN)
     scopes: list[Scope] = Field(min_length=1)
     tools: list[str] | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=100)
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: a key's tenant, scopes and tools (None: every tool its scopes allow)."""
+    """Who sent a request: a key's tenant, scopes, tools (None: every tool its scopes allow) and name;
+    `page_session` when it came with a page's session cookie rather than a bearer token."""
 
     tenant: str
     scopes: frozenset[str]
     tools: frozenset[str] | None = None
+    name: str | None = None
+    page_session: bool = False
+
+    @property
+    def label(self) -> str:
+        """Who this is, as an approval's `decided_by` says: `tenant/name`, or the tenant alone."""
+        return f"{self.tenant}/{self.name}" if self.name else self.tenant
 
     def can(self, scope: Scope) -> bool:
         """True when the caller has `scope`."""
@@ -99,7 +120,7 @@ class Caller:
 
 
 # The token's caller, and every request's when the API has neither a token nor keys.
-ADMIN = Caller(DEFAULT_TENANT, frozenset(SCOPES))
+ADMIN = Caller(DEFAULT_TENANT, frozenset(SCOPES), name="admin")
 
 
 @dataclass(frozen=True)
@@ -187,6 +208,7 @@ class Access:
                 entry.tenant,
                 frozenset(entry.scopes),
                 frozenset(entry.tools) if entry.tools is not None else None,
+                entry.name,
             )
             if plain is None:
                 session = hmac.new(session_secret, b"sha256:" + digest, hashlib.sha256).hexdigest()
@@ -239,27 +261,48 @@ class Access:
         return tenant if tenant in self.tenants else OTHER_TENANTS
 
 
-async def authenticate(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
-) -> Caller:
-    """The request's caller: by its bearer token, or for a read its page session; 401 without either. The
-    schema declares the token as the HTTP bearer scheme `bearerToken` (`BEARER`)."""
+def find_caller(request: Request, bearer: str | None) -> Caller | None:
+    """The request's caller: by its bearer token, else by its page session for a read, or for a write when
+    it carries the session's CSRF token (`CSRF_HEADER`; which writes a session may do, `require` says);
+    None for none."""
     access: Access = request.app.state.access
     if access.open:
         return ADMIN
-    caller = access.find_bearer(credentials.credentials.strip()) if credentials is not None else None
-    if caller is None and request.method in READ_METHODS:
-        cookie = request.cookies.get(SESSION_COOKIE)
-        caller = access.find_session(cookie) if cookie else None
+    caller = access.find_bearer(bearer.strip()) if bearer is not None else None
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if caller is not None or not cookie:
+        return caller
+    if request.method not in READ_METHODS:
+        given = request.headers.get(CSRF_HEADER, "").encode()
+        if not hmac.compare_digest(given, build_csrf_token(cookie).encode()):
+            return None
+    found = access.find_session(cookie)
+    return dataclasses.replace(found, page_session=True) if found is not None else None
+
+
+def _unauthenticated() -> HTTPException:
+    return HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def authenticate(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+) -> Caller:
+    """The request's caller: by its bearer token, or its page session (`find_caller`); 401 without either.
+    The schema declares the token as the HTTP bearer scheme `bearerToken` (`BEARER`)."""
+    caller = find_caller(request, credentials.credentials if credentials is not None else None)
     if caller is None:
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise _unauthenticated()
     return caller
 
 
-def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
-    """A dependency answering the caller when it has `scope`, else a 403."""
+def require(scope: Scope, *, page_writes: bool = False) -> Callable[..., Awaitable[Caller]]:
+    """A dependency answering the caller when it has `scope`, else a 403. A page's session writes only
+    where `page_writes` says it may (an approval from the turn page); elsewhere a write needs a bearer
+    token (401)."""
 
-    async def check(caller: Annotated[Caller, Depends(authenticate)]) -> Caller:
+    async def check(request: Request, caller: Annotated[Caller, Depends(authenticate)]) -> Caller:
+        if caller.page_session and request.method not in READ_METHODS and not page_writes:
+            raise _unauthenticated()
         if not caller.can(scope):
             raise HTTPException(403, f"this API key lacks the {scope!r} scope")
         return caller
@@ -267,12 +310,13 @@ def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
     return check
 
 
-def require_turn(scope: Scope) -> Callable[..., Awaitable[Caller]]:
+def require_turn(scope: Scope, *, page_writes: bool = False) -> Callable[..., Awaitable[Caller]]:
     """A dependency for a route of one turn (`turn_id` in its path): the caller when it has `scope` and the
-    turn is its tenant's; a 404 as for an unknown turn when it is another tenant's (or unknown)."""
+    turn is its tenant's; a 404 as for an unknown turn when it is another tenant's (or unknown). With
+    `page_writes`, a page's session may write (`require`)."""
 
     # A default, not an annotation: annotations are text (PEP 563), resolved in the module, without `scope`.
-    scoped = Depends(require(scope))
+    scoped = Depends(require(scope, page_writes=page_writes))
 
     async def check(turn_id: str, request: Request, caller: Caller = scoped) -> Caller:
         if caller.every_tenant:

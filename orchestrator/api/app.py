@@ -6,8 +6,9 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GE
 without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
 pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
 set, every route but `/healthz` needs `Authorization: Bearer <key>` (401 otherwise), or for reads the pages'
-session cookie; a key without the route's scope gets 403, and sees only its tenant's turns: another
-tenant's turn is a 404 as an unknown turn is (`api.access`, which states every rule).
+session cookie (and for an approval, the cookie with its CSRF token: the turn page's buttons); a key
+without the route's scope gets 403, and sees only its tenant's turns: another tenant's turn is a 404 as an
+unknown turn is (`api.access`, which states every rule).
 Bodies over `max_body_bytes` get 413, malformed ones 422 with pydantic's messages (never echoing the body: it
 may hold what JSON cannot render, such as NaN or an unpaired surrogate, or secrets); a turn naming tools no
 live worker serves, or a model name that is neither `provider:model` nor a tier, a model setting its provider
@@ -481,21 +482,25 @@ async def cancel_turn(turn_id: str, request: Request) -> ControlReply | JSONResp
     operation_id="answerApproval",
     summary="Approve or deny a tool call",
     responses={**UNREADABLE, **UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
-    dependencies=[Depends(require_turn("approve"))],
 )
 async def approve_call(
-    turn_id: str, call_id: str, body: ApprovalBody, request: Request
+    turn_id: str,
+    call_id: str,
+    body: ApprovalBody,
+    request: Request,
+    caller: Annotated[Caller, Depends(require_turn("approve", page_writes=True))],
 ) -> ControlReply | JSONResponse:
     """Approve (with edited arguments) or deny (with a reason) a call that waits for confirmation; 422 when
     edited arguments fail the tool's schema, 409 when the turn has ended or the call waits for no answer
-    (an unknown call, or one answered already: the first answer stands)."""
+    (an unknown call, or one answered already: the first answer stands). From a turn page (its session and
+    CSRF token), `decided_by` is the key's `tenant/name` whatever the body says."""
     sending = _client(request).approve(
         turn_id,
         call_id,
         body.approved,
         arguments=body.arguments,
         reason=body.reason,
-        decided_by=body.decided_by,
+        decided_by=caller.label if caller.page_session else body.decided_by,
     )
     try:
         return await _control_reply(turn_id, sending)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 TOKEN = "page-test-token-4f1c"
+APPROVER_KEY = "page-approver-key-83d0"
 SECRET = "sk-page-secret-9d2e"
 FLOWER = "http://flower.test:5555"
 # Between two chunks of a streamed answer (about a word each): the answer below takes seconds to write.
@@ -41,7 +42,8 @@ TERMINAL = ("completed", "stopped", "failed", "cancelled")
 
 @pytest.fixture(scope="module")
 def page_worker(module_redis: RedisServer) -> Iterator[WorkerHandle]:
-    handle = start_worker(module_redis.url, ["tests.support.progress_tools"], concurrency=1)
+    tools = ["tests.support.progress_tools", "tests.support.e2e_tools"]
+    handle = start_worker(module_redis.url, tools, concurrency=1)
     yield handle
     handle.stop()
 
@@ -57,19 +59,20 @@ def slow_orchestrator(module_redis: RedisServer, page_worker: WorkerHandle) -> I
 
 @pytest.fixture(scope="module")
 def api_url(module_redis: RedisServer) -> Iterator[str]:
-    env = {"TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER}
+    keys = {APPROVER_KEY: {"tenant": "default", "scopes": ["read", "approve"], "name": "ana"}}
+    env = {"TOOLLOOP_API_TOKEN": TOKEN, "TOOLLOOP_FLOWER_URL": FLOWER, "TOOLLOOP_API_KEYS": json.dumps(keys)}
     with served.serving_api(module_redis.url, env=env) as base:
         yield base
 
 
-def sign_in(page: Page, url: str) -> None:
-    """Open `url`, answered by the sign-in form, and sign in there with the token (never in an address)."""
+def sign_in(page: Page, url: str, key: str = TOKEN) -> None:
+    """Open `url`, answered by the sign-in form, and sign in there with `key` (never in an address)."""
     refused = page.goto(url)
     assert refused is not None and refused.status == 401
-    page.locator("#key").fill(TOKEN)
+    page.locator("#key").fill(key)
     with page.expect_navigation():
         page.locator("#sign-in button[type=submit]").click()
-    assert page.url == url and TOKEN not in page.url
+    assert page.url == url and key not in page.url
 
 
 def answer_text(page: Page) -> str:
@@ -171,3 +174,57 @@ def dispatched_task_id(client: Client, turn_id: str) -> str:
     """The Celery task id of the turn's one tool call, from its `tool_dispatched` event."""
     (dispatched,) = event_data(client.redis, turn_id, "tool_dispatched")
     return str(dispatched["task_id"])
+
+
+def test_the_approve_button_approves_a_waiting_call_with_edited_arguments_and_the_turn_completes(
+    module_redis: RedisServer, slow_orchestrator: OrchestratorHandle, api_url: str, tmp_path: Path
+) -> None:
+    client = Client(module_redis.url)
+    plan = [
+        {"calls": [{"name": "e2e_transfer", "arguments": {"amount": 50, "to": "page-bob"}}]},
+        {"text": "sent"},
+    ]
+    try:
+        with open_chromium(tmp_path / "profile") as browser:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            turn_id = client.submit(
+                prompt=json.dumps({"plan": plan}), model="scripted:plan", tools=["e2e_transfer"]
+            )
+            sign_in(page, f"{api_url}/ui/turns/{turn_id}", APPROVER_KEY)
+
+            card = page.locator(".approval[data-state=waiting]")
+            card.wait_for(timeout=60_000)
+            (waiting,) = client.get(turn_id).pending_approvals
+            assert page.locator("#waiting-for").inner_text() == "waiting for approval of e2e_transfer"
+            assert card.get_attribute("data-call-id") == waiting.call_id
+            assert card.locator(".call-id").inner_text() == waiting.call_id
+            assert json.loads(card.locator("textarea.arguments").input_value()) == {
+                "amount": 50,
+                "to": "page-bob",
+            }
+            wait_until(lambda: card.locator(".waited").inner_text().startswith("waiting "), "the wait shown")
+
+            # What is not a JSON object is refused on the page, before anything is sent.
+            card.locator("textarea.arguments").fill("{not json")
+            card.locator("button.approve").click()
+            assert "not JSON" in card.locator(".error").inner_text()
+            assert client.get(turn_id).status == "waiting"
+
+            card.locator("textarea.arguments").fill(json.dumps({"amount": 20, "to": "page-bob"}))
+            card.locator("input.message").fill("smaller, as agreed")
+            card.locator("button.approve").click()
+            page.locator("#turn-status[data-status=completed]").wait_for(timeout=60_000)
+            assert page.locator("#approvals-section").is_hidden()
+            page.screenshot(path=str(tmp_path / "turn-approved.png"), full_page=True)
+            assert errors == []
+        outcome = client.outcome(turn_id)
+        assert outcome is not None and outcome.status == "completed"
+        (decision,) = outcome.approvals
+        assert decision.approved and decision.edited and decision.reason == "smaller, as agreed"
+        assert decision.decided_by == "default/ana"  # the key's tenant and name, not what a page could claim
+        (finished,) = event_data(client.redis, turn_id, "tool_finished")
+        assert finished["ok"] is True
+    finally:
+        client.redis.close()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 
@@ -16,7 +18,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.api.pages.auth import SESSION_COOKIE, build_redacted_path
+from orchestrator.api.pages.auth import CSRF_HEADER, SESSION_COOKIE, build_csrf_token, build_redacted_path
 from orchestrator.client.redis_client import Client
 from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.settings import Settings
@@ -238,3 +240,63 @@ def test_a_key_in_the_address_is_no_longer_taken_nor_logged(
 def test_an_open_api_needs_no_sign_in(api: httpx.Client) -> None:
     assert api.get("/ui", params={"token": "x", "tenant": "acme"}).headers["location"] == "/ui?tenant=acme"
     assert api.get("/ui/session").headers["location"] == "/ui"
+
+
+APPROVER_KEY = "ui-approver-key-7a1"
+READER_KEY = "ui-reader-key-2b9"
+
+
+@pytest.fixture
+def keyed(db_url: str) -> Iterator[httpx.Client]:
+    keys_setting = {
+        APPROVER_KEY: {"tenant": "default", "scopes": ["read", "approve"], "name": "ana"},
+        READER_KEY: {"tenant": "default", "scopes": ["read"]},
+    }
+    settings = Settings(redis_url=db_url, api_keys=SecretStr(json.dumps(keys_setting)))
+    with api_client(settings) as http:
+        yield http
+
+
+def page_attribute(page: str, name: str) -> str:
+    found = re.search(rf'{name}="([^"]*)"', page)
+    assert found is not None, name
+    return found.group(1)
+
+
+def test_a_page_session_approves_only_with_its_csrf_token_and_only_with_the_approve_scope(
+    keyed: httpx.Client, client: Client
+) -> None:
+    turn_id = client.submit(prompt="2+2?", model="scripted:demo")
+    approval = f"/v1/turns/{turn_id}/approvals/call_x"
+    base = str(keyed.base_url)
+
+    approver = sign_in(keyed, APPROVER_KEY).cookies[SESSION_COOKIE]
+    with httpx.Client(base_url=base, cookies={SESSION_COOKIE: approver}) as browser:
+        page = browser.get(f"/ui/turns/{turn_id}").text
+        token = page_attribute(page, "data-csrf-token")
+        assert token == build_csrf_token(approver) and page_attribute(page, "data-can-approve") == "true"
+        # Without the token, or with another, the session writes nothing: another site cannot send it.
+        assert browser.post(approval, json={"approved": True}).status_code == 401
+        wrong = {CSRF_HEADER: "0" * 64}
+        assert browser.post(approval, json={"approved": True}, headers=wrong).status_code == 401
+        # With it the approval reaches the turn (which waits for no such call: 409, past authentication).
+        sent = browser.post(approval, json={"approved": True}, headers={CSRF_HEADER: token})
+        assert sent.status_code == 409 and sent.json()["code"] == "call_not_waiting"
+        # Submits and cancels stay bearer-only, token or not.
+        assert (
+            browser.post("/v1/turns", json={"prompt": "x"}, headers={CSRF_HEADER: token}).status_code == 401
+        )
+        assert browser.post(f"/v1/turns/{turn_id}/cancel", headers={CSRF_HEADER: token}).status_code == 401
+
+    reader = sign_in(keyed, READER_KEY).cookies[SESSION_COOKIE]
+    with httpx.Client(base_url=base, cookies={SESSION_COOKIE: reader}) as browser:
+        page = browser.get(f"/ui/turns/{turn_id}").text
+        assert page_attribute(page, "data-can-approve") == "false"
+        token = page_attribute(page, "data-csrf-token")
+        refused = browser.post(approval, json={"approved": True}, headers={CSRF_HEADER: token})
+        assert refused.status_code == 403 and "approve" in refused.json()["detail"]
+    # One session's token is no other's.
+    with httpx.Client(base_url=base, cookies={SESSION_COOKIE: approver}) as browser:
+        assert (
+            browser.post(approval, json={"approved": True}, headers={CSRF_HEADER: token}).status_code == 401
+        )

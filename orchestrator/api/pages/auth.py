@@ -7,8 +7,10 @@ an address: a page opened with `?token=` is sent to the form instead, and the ac
 The cookie holds an HMAC of the key, not the key: what a browser keeps (or a cookie jar leaks) is no bearer
 token for the API. The API maps it back to its key (`orchestrator.api.access.Access.find_session`), so a
 session sees what its key sees: its tenant's turns only, every tenant's for the admin. It is good until the
-key changes, and for reads only (`GET`, `HEAD`): the API accepts it for them, never for a submit, a cancel
-or an approval, so a page session cannot be made to write by another site.
+key changes, and for reads (`GET`, `HEAD`); its one write is an approval from the turn page, which must
+carry the session's CSRF token (`build_csrf_token`, an HMAC of the session value: double submit, in the
+page and in the `X-Toolloop-CSRF` header) that another site's page can neither read nor send. Submits and
+cancels stay bearer-only, so a page session cannot be made to do them by another site.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ SESSION_COOKIE = "toolloop_session"
 READ_METHODS = frozenset({"GET", "HEAD"})
 # The query parameter pages once took a key from: refused now, and redacted in the access log.
 TOKEN_PARAMETER = "token"
+# The header a page's write carries its session's CSRF token in.
+CSRF_HEADER = "X-Toolloop-CSRF"
 _SESSION_LABEL = b"toolloop ui session v1"
+_CSRF_LABEL = b"toolloop ui csrf v1"
 _TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
 _UI_PATH = re.compile(r"^/ui(/[A-Za-z0-9_./:-]*)?$")
 
@@ -32,6 +37,12 @@ _UI_PATH = re.compile(r"^/ui(/[A-Za-z0-9_./:-]*)?$")
 def build_session_value(key: bytes) -> str:
     """The cookie's value for this key (or token)."""
     return hmac.new(key, _SESSION_LABEL, hashlib.sha256).hexdigest()
+
+
+def build_csrf_token(session: str) -> str:
+    """The CSRF token of a page session: derived from its (HttpOnly, secret) value, so it needs no store,
+    and telling nothing of it."""
+    return hmac.new(session.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
 
 
 def build_redacted_path(path: str) -> str:

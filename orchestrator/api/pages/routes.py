@@ -31,6 +31,7 @@ from orchestrator.api.pages.auth import (
     READ_METHODS,
     SESSION_COOKIE,
     TOKEN_PARAMETER,
+    build_csrf_token,
     build_next_path,
     install_access_log_filter,
 )
@@ -115,11 +116,27 @@ def build_flower_url(url: str | None) -> str:
     return url.rstrip("/")
 
 
-def build_turn_page(turn_id: str, flower_url: str) -> str:
-    """The turn page, its turn id and Flower address escaped into attributes."""
+def build_turn_page(turn_id: str, flower_url: str, csrf_token: str = "", can_approve: bool = False) -> str:
+    """The turn page, its turn id, Flower address, CSRF token and whether its reader may approve escaped
+    into attributes."""
     page = read_static("turn.html")
     page = page.replace("{{turn_id}}", escape(turn_id, quote=True))
+    page = page.replace("{{csrf_token}}", escape(csrf_token, quote=True))
+    page = page.replace("{{can_approve}}", "true" if can_approve else "false")
     return page.replace("{{flower_url}}", escape(flower_url, quote=True))
+
+
+def find_approver(request: Request, access: Access) -> tuple[str, bool]:
+    """The turn page's CSRF token (its session's; "" without one) and whether its reader may approve from
+    it: an open API's reader, or a session whose key has `approve` (a bearer header is no session a page's
+    script can send again)."""
+    if access.open:
+        return "", True
+    cookie = request.cookies.get(SESSION_COOKIE)
+    caller = access.find_session(cookie) if cookie else None
+    if caller is None or cookie is None:
+        return "", False
+    return build_csrf_token(cookie), caller.can("approve")
 
 
 def build_sign_in_page(next_path: str, why: str | None) -> str:
@@ -243,7 +260,10 @@ def build_pages_router(settings: Settings) -> APIRouter:
             codec.validate_turn_id(turn_id)
         except ValueError:
             raise HTTPException(404, "not a turn id") from None
-        return HTMLResponse(build_turn_page(turn_id, flower_url), headers=PAGE_HEADERS)
+        access: Access = request.app.state.access
+        csrf_token, can_approve = find_approver(request, access)
+        page = build_turn_page(turn_id, flower_url, csrf_token, can_approve)
+        return HTMLResponse(page, headers=PAGE_HEADERS)
 
     @router.get("/ui/static/{name}")
     async def static_file(name: str) -> Response:

@@ -8,6 +8,8 @@ const TERMINAL = new Set(["completed", "stopped", "failed", "cancelled"]);
 const LOG_LIMIT = 500;
 const turnId = document.body.dataset.turnId;
 const flowerUrl = document.body.dataset.flowerUrl || "";
+const csrfToken = document.body.dataset.csrfToken || "";
+const canApprove = document.body.dataset.canApprove === "true";
 const base = "/v1/turns/" + encodeURIComponent(turnId);
 const byId = (id) => document.getElementById(id);
 
@@ -217,6 +219,188 @@ function onToolRedispatched(data) {
 
 function onApprovalRequested(data) {
   for (const callId of data.call_ids || []) setPhase(toolCard(callId, "?"), "waiting", "waiting for approval");
+  refreshApprovals();
+}
+
+// --- approvals --------------------------------------------------------------------------------------------
+// The calls the turn waits on come from its view (GET /v1/turns/{id}: redacted arguments, since when they
+// wait), read again whenever an event says the waits changed. A reader whose key may approve gets a form per
+// call: its arguments as JSON to edit (checked here, then against the tool's schema by the API), a message,
+// and approve / deny, POSTed with the session's CSRF token.
+
+const approvalCards = new Map(); // call id -> its card
+let approvalsRead = null; // the read in flight, so that bursts of events read the view once
+
+function describeWait(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + (s % 60) + " s";
+  return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+}
+
+function tickApprovals() {
+  const now = Date.now() / 1000;
+  for (const card of approvalCards.values()) {
+    if (card.since !== null) card.waited.textContent = "waiting " + describeWait(now - card.since);
+    if (card.deadline !== null) {
+      card.deadline.textContent = "· answered " + (card.onTimeout || "denied") + " by itself in " + describeWait(card.deadlineAt - now);
+    }
+  }
+}
+
+// The edited arguments: null when unchanged (the model's own are run: the shown ones are redacted), else
+// the object typed; an Error saying what is wrong with what was typed.
+function parseEdited(card) {
+  const text = card.args.value;
+  if (text.trim() === card.original.trim()) return null;
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new Error("the arguments are not JSON: " + error.message);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new Error("the arguments must be a JSON object");
+  }
+  if (text.includes('"***"')) throw new Error('replace the redacted "***" values, or leave the arguments as they were');
+  return value;
+}
+
+function describeRefusal(status, body) {
+  const detail = body && body.detail;
+  if (Array.isArray(detail)) return detail.map((item) => item.msg).join("; ");
+  if (typeof detail === "string") return detail;
+  return "HTTP " + status;
+}
+
+async function answer(card, approved) {
+  card.error.textContent = "";
+  const body = { approved };
+  try {
+    if (approved) {
+      const edited = parseEdited(card);
+      if (edited !== null) body.arguments = edited;
+    }
+  } catch (error) {
+    card.error.textContent = error.message;
+    return;
+  }
+  if (card.message.value.trim()) body.reason = card.message.value.trim();
+  for (const button of card.buttons) button.disabled = true;
+  try {
+    const reply = await fetch(base + "/approvals/" + encodeURIComponent(card.callId), {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-Toolloop-CSRF": csrfToken },
+      body: JSON.stringify(body),
+    });
+    if (reply.ok) {
+      card.root.dataset.state = approved ? "approved" : "denied";
+      card.state.textContent = approved ? "approved" : "denied";
+      return;
+    }
+    const refusal = await reply.json().catch(() => null);
+    card.error.textContent = "refused: " + describeRefusal(reply.status, refusal);
+  } catch (error) {
+    card.error.textContent = "could not send: " + error;
+  }
+  for (const button of card.buttons) button.disabled = false;
+}
+
+function approvalCard(pending) {
+  const root = element("div", "approval");
+  root.dataset.callId = pending.call_id;
+  root.dataset.state = "waiting";
+  const head = element("div", "head");
+  const state = element("span", "state status", "waiting");
+  const waited = element("span", "waited muted");
+  const deadline = element("span", "deadline muted");
+  head.append(element("strong", "name", pending.tool), element("code", "call-id", pending.call_id), state, waited, deadline);
+  const original = JSON.stringify(pending.arguments || {}, null, 2);
+  const card = {
+    root, state, waited, callId: pending.call_id, original, since: pending.since ?? null,
+    deadline: pending.wait_deadline ? deadline : null, deadlineAt: pending.wait_deadline, onTimeout: pending.on_timeout,
+    buttons: [],
+  };
+  root.append(head);
+  if (!canApprove) {
+    root.append(element("pre", "arguments", original));
+    root.append(element("p", "muted", "This key may not approve: answer with a key that has the approve scope."));
+    return card;
+  }
+  const args = element("textarea", "arguments");
+  args.value = original;
+  args.rows = Math.min(12, original.split("\n").length + 1);
+  args.spellcheck = false;
+  args.setAttribute("aria-label", "arguments (JSON)");
+  const message = element("input", "message");
+  message.type = "text";
+  message.placeholder = "message (a denial's reason, which the model reads)";
+  message.maxLength = 2000;
+  const approve = element("button", "approve", "Approve");
+  const deny = element("button", "deny", "Deny");
+  approve.type = deny.type = "button";
+  const error = element("p", "error");
+  Object.assign(card, { args, message, error, buttons: [approve, deny] });
+  approve.addEventListener("click", () => answer(card, true));
+  deny.addEventListener("click", () => answer(card, false));
+  args.addEventListener("input", () => {
+    try {
+      parseEdited(card);
+      error.textContent = "";
+    } catch (problem) {
+      error.textContent = problem.message;
+    }
+  });
+  const actions = element("div", "actions");
+  actions.append(approve, " ", deny);
+  root.append(args, message, actions, error);
+  return card;
+}
+
+function describeWaitingFor(pending) {
+  const approvals = pending.filter((p) => p.waiting_for === "approval").map((p) => p.tool);
+  const results = pending.filter((p) => p.waiting_for !== "approval").map((p) => p.tool);
+  const parts = [];
+  if (approvals.length) parts.push("approval of " + approvals.join(", "));
+  if (results.length) parts.push("the result of " + results.join(", "));
+  return parts.length ? "waiting for " + parts.join(" and ") : "";
+}
+
+function showApprovals(view) {
+  const pending = finished ? [] : view.pending_approvals || [];
+  const waitingFor = byId("waiting-for");
+  waitingFor.textContent = describeWaitingFor(pending);
+  waitingFor.hidden = !waitingFor.textContent;
+  const waiting = pending.filter((p) => p.waiting_for === "approval");
+  const ids = new Set(waiting.map((p) => p.call_id));
+  for (const [callId, card] of approvalCards) {
+    if (!ids.has(callId)) {
+      card.root.remove();
+      approvalCards.delete(callId);
+    }
+  }
+  for (const item of waiting) {
+    if (!approvalCards.has(item.call_id)) {
+      const card = approvalCard(item);
+      approvalCards.set(item.call_id, card);
+      byId("approvals").append(card.root);
+    }
+  }
+  byId("approvals-section").hidden = approvalCards.size === 0;
+  tickApprovals();
+}
+
+function refreshApprovals() {
+  if (approvalsRead) return;
+  approvalsRead = readView()
+    .then((view) => {
+      if (!view.missing) showApprovals(view);
+    })
+    .catch(() => {})
+    .finally(() => {
+      approvalsRead = null;
+    });
 }
 
 // --- the turn ---------------------------------------------------------------------------------------------
@@ -240,6 +424,7 @@ function showAnswer(outcome) {
 async function finish(status, summary) {
   finished = true;
   if (source) source.close();
+  showApprovals({});
   setStatus(status);
   byId("stream-state").textContent = "";
   if (summary) byId("turn-summary").textContent = summary;
@@ -284,7 +469,11 @@ const HANDLERS = {
   tool_redispatched: onToolRedispatched,
   tool_synthesis_requested: (data) => setPhase(toolCard(data.call_id, data.tool), "ending", "ending: " + data.failure_kind),
   approval_requested: onApprovalRequested,
-  approval_given: (data) => setPhase(toolCard(data.call_id, data.tool), "dispatched", data.approved ? "approved" : "denied"),
+  approval_given: (data) => {
+    setPhase(toolCard(data.call_id, data.tool), "dispatched", data.approved ? "approved" : "denied");
+    refreshApprovals();
+  },
+  call_waiting: () => refreshApprovals(),
   late_outcome: () => {},
   turn_stopping: (data) => {
     byId("turn-summary").textContent = "· stopping: " + (data.message || data.reason);
@@ -343,6 +532,8 @@ async function start() {
   // A status that says the turn ended is set by its turn_finished event, once everything before it is shown.
   setStatus(TERMINAL.has(view.status) ? "" : view.status, view.status + ", loading its events…");
   showModel(view.request.model);
+  showApprovals(view);
+  setInterval(tickApprovals, 1000);
   source = new EventSource(base + "/events", { withCredentials: true });
   source.onopen = () => {
     if (!finished) byId("stream-state").textContent = "· live";
