@@ -13,8 +13,9 @@ keeps what it has read (`RecentCache`): the next listing reads only the events a
 `EVENTS_PER_READ` of them per turn (a longer stream is caught up over the next listings), and a finished
 turn's summary costs one GET of its status.
 
-A listing may keep one tenant's turns (`tenant`, from the request: a request stored before tenants is
-"default"); it then reads on through the index, page by page, until it has `limit` of them or the index ends.
+A listing may keep only the turns a `TurnFilter` matches: one tenant's (from the request: a request stored
+before tenants is "default"), one status, one model (the summary's: what `turn_started` resolved, else the
+request's); it then reads on through the index, page by page, until it has `limit` of them or the index ends.
 """
 
 from __future__ import annotations
@@ -62,6 +63,28 @@ class RecentTurn(BaseModel):
     duration_s: float | None = None
     stop_reason: str | None = None
     tools: dict[str, int] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnFilter:
+    """Which turns a listing keeps: each field None for any."""
+
+    tenant: str | None = None
+    status: TurnStatus | None = None
+    model: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        """True when it keeps every turn."""
+        return self.tenant is None and self.status is None and self.model is None
+
+    def matches(self, turn: RecentTurn) -> bool:
+        """True when `turn` is one the listing keeps."""
+        return (
+            (self.tenant is None or turn.tenant == self.tenant)
+            and (self.status is None or turn.status == self.status)
+            and (self.model is None or turn.model == self.model)
+        )
 
 
 @dataclass(frozen=True)
@@ -195,18 +218,24 @@ def advance(previous: Read | None, listed: tuple[str, float], reply: tuple[Any, 
 
 
 def list_recent(
-    limit: int = DEFAULT_LIMIT, cache: RecentCache | None = None, tenant: str | None = None
+    limit: int = DEFAULT_LIMIT,
+    cache: RecentCache | None = None,
+    tenant: str | None = None,
+    *,
+    status: TurnStatus | None = None,
+    model: str | None = None,
 ) -> Flow[list[RecentTurn]]:
-    """Up to `limit` recent turns, newest first, of `tenant` only when one is given; expired ones are skipped
-    and removed from the index.
+    """Up to `limit` recent turns, newest first, of `tenant`, with `status`, of `model`, each only when
+    given (`TurnFilter`); expired ones are skipped and removed from the index.
 
     With `cache`, only what was added since the listings that filled it is read."""
     cache = cache or RecentCache()
+    kept = TurnFilter(tenant, status, model)
     found: dict[str, RecentTurn] = {}
     start = 0
     while len(found) < limit:
-        # A tenant's listing reads whole pages: the turns of other tenants in between are passed over.
-        wanted = limit - len(found) if tenant is None else limit
+        # A filtered listing reads whole pages: the turns it does not keep in between are passed over.
+        wanted = limit - len(found) if kept.empty else limit
         page: list[tuple[str, float]] = yield read_recent_ids(start, wanted)
         if not page:
             break
@@ -227,7 +256,7 @@ def list_recent(
                 continue
             cache.put(turn_id, read, after=previous)
             # setdefault: a turn submitted meanwhile shifts the ranks, so a page may repeat an id.
-            if (tenant is None or read.turn.tenant == tenant) and len(found) < limit:
+            if kept.matches(read.turn) and len(found) < limit:
                 found.setdefault(turn_id, read.turn)
         if expired:
             yield forget(expired)
@@ -240,6 +269,9 @@ async def alist_recent(
     limit: int = DEFAULT_LIMIT,
     cache: RecentCache | None = None,
     tenant: str | None = None,
+    *,
+    status: TurnStatus | None = None,
+    model: str | None = None,
 ) -> list[RecentTurn]:
     """`list_recent` on an asyncio client."""
-    return await AsyncRunner(client).run_flow(list_recent(limit, cache, tenant))
+    return await AsyncRunner(client).run_flow(list_recent(limit, cache, tenant, status=status, model=model))

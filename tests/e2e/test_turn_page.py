@@ -206,6 +206,20 @@ def test_the_approve_button_approves_a_waiting_call_with_edited_arguments_and_th
             }
             wait_until(lambda: card.locator(".waited").inner_text().startswith("waiting "), "the wait shown")
 
+            # The listing puts the waiting turn first, before a newer one, and filters by status.
+            newer = client.submit(prompt="hello", model="scripted:echo")
+            listing = browser.new_page()
+            listing.goto(f"{api_url}/ui")
+            listing.locator(f'tr[data-turn-id="{newer}"]').wait_for(timeout=30_000)
+            rows = listing.locator("#turns tbody tr")
+            assert rows.first.get_attribute("data-turn-id") == turn_id
+            assert rows.first.get_attribute("data-status") == "waiting"
+            listing.goto(f"{api_url}/ui?status=waiting")
+            listing.locator(f'tr[data-turn-id="{turn_id}"]').wait_for(timeout=30_000)
+            assert listing.locator(f'tr[data-turn-id="{newer}"]').count() == 0
+            assert listing.locator("#filter-status").input_value() == "waiting"
+            listing.close()
+
             # What is not a JSON object is refused on the page, before anything is sent.
             card.locator("textarea.arguments").fill("{not json")
             card.locator("button.approve").click()

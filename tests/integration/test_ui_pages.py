@@ -122,6 +122,33 @@ def test_the_listing_shows_each_turn_newest_first_with_its_status_times_and_tool
     assert api.get("/v1/turns", params={"limit": 0}).status_code == 422
 
 
+def test_the_listing_filters_by_status_tenant_and_model(
+    api: httpx.Client, client: Client, db_url: str
+) -> None:
+    done = client.submit(prompt="2+3, times 4?", model="scripted:demo")
+    echo = client.submit(prompt="hello", model="scripted:echo")
+    acme = client.submit_request(TurnRequest(prompt="hello", model="scripted:echo", tenant="acme"))
+    play_turn(db_url, done)
+
+    def listed(**filters: str) -> list[str]:
+        reply = api.get("/v1/turns", params=filters)
+        assert reply.status_code == 200, reply.text
+        return [t["turn_id"] for t in reply.json()["turns"]]
+
+    assert listed() == [acme, echo, done]
+    assert listed(status="completed") == [done]
+    assert listed(status="queued") == [acme, echo]
+    assert listed(model="scripted:echo") == [acme, echo]
+    assert listed(model="scripted:demo", status="queued") == []
+    assert listed(tenant="acme", model="scripted:echo", status="queued") == [acme]
+    assert listed(status="queued", limit="1") == [acme]
+    assert listed(status="waiting") == []
+    assert api.get("/v1/turns", params={"status": "sleeping"}).status_code == 422
+    assert api.get("/v1/turns", params={"model": ""}).status_code == 422
+    page = api.get("/ui", params={"status": "completed"})
+    assert page.status_code == 200 and 'id="filter-status"' in page.text and 'name="model"' in page.text
+
+
 def test_an_expired_turn_is_skipped_and_removed_from_the_index(
     api: httpx.Client, client: Client, db_url: str
 ) -> None:

@@ -35,6 +35,7 @@ from orchestrator.api.pages.auth import (
     build_next_path,
     install_access_log_filter,
 )
+from orchestrator.model import TurnStatus
 from orchestrator.settings import Settings
 from orchestrator.store import codec
 from orchestrator.store.recent import DEFAULT_LIMIT, MAX_LIMIT, RecentCache, RecentTurn, alist_recent
@@ -78,8 +79,8 @@ class RecentTurns(BaseModel):
 
 
 def build_listing_router() -> APIRouter:
-    """`GET /v1/turns?limit=N&tenant=T`: the recent turns (`store.recent`); the app adds auth and a pool
-    slot."""
+    """`GET /v1/turns?limit=N&tenant=T&status=S&model=M`: the recent turns (`store.recent`); the app adds
+    auth and a pool slot."""
     router = APIRouter()
     cache = RecentCache()  # what this process's listings have read: the next one reads only what is new
 
@@ -88,18 +89,24 @@ def build_listing_router() -> APIRouter:
     )
     async def list_turns(
         request: Request,
+        *,
         caller: Annotated[Caller, Depends(require("read"))],
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
         tenant: Annotated[str | None, Query(pattern=TENANT_PATTERN)] = None,
+        status: TurnStatus | None = None,
+        model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     ) -> RecentTurns:
         """The most recent turns, newest first: tenant, status, model, times, duration and the tools used;
-        of one `tenant` when given. A key lists its own tenant's only (another `tenant` is a 403)."""
+        only those of one `tenant`, with one `status`, of one `model` (the model that ran it), when given.
+        A key lists its own tenant's only (another `tenant` is a 403)."""
         if not caller.every_tenant:
             if tenant is not None and tenant != caller.tenant:
                 raise HTTPException(403, f"this API key reads tenant {caller.tenant!r} only")
             tenant = caller.tenant
         api: ApiRedis = request.app.state.redis
-        return RecentTurns(turns=await alist_recent(api.client.store.redis, limit, cache, tenant))
+        redis = api.client.store.redis
+        turns = await alist_recent(redis, limit, cache, tenant, status=status, model=model)
+        return RecentTurns(turns=turns)
 
     return router
 

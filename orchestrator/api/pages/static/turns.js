@@ -1,10 +1,18 @@
-// The recent turns, from GET /v1/turns, refreshed every few seconds. Every value goes in as text.
-// `/ui?tenant=acme` lists one tenant's turns (a tenant cell links there).
+// The recent turns, from GET /v1/turns, refreshed every few seconds; the turns waiting for someone first,
+// then newest first. Every value goes in as text. `/ui?status=waiting&tenant=acme&model=m` lists only the
+// turns with that status, of that tenant, of that model (the filter form, or a tenant or model cell's link).
 "use strict";
 
 const REFRESH_MS = 3000;
-const TENANT = new URLSearchParams(window.location.search).get("tenant");
-const LISTING = "/v1/turns?limit=50" + (TENANT ? "&tenant=" + encodeURIComponent(TENANT) : "");
+const FILTERS = ["status", "tenant", "model"];
+const given = new URLSearchParams(window.location.search);
+const listing = new URLSearchParams({ limit: "50" });
+for (const name of FILTERS) {
+  const value = (given.get(name) || "").trim();
+  if (value) listing.set(name, value);
+  document.getElementById("filter-" + name).value = value;
+}
+const LISTING = "/v1/turns?" + listing.toString();
 const tbody = document.querySelector("#turns tbody");
 const state = document.getElementById("listing-state");
 
@@ -28,27 +36,43 @@ function describeTools(tools) {
   return Object.entries(tools).map(([name, count]) => (count > 1 ? name + " ×" + count : name)).join(", ");
 }
 
-function render(turns) {
+// A link to this listing with one more filter: the cell's value.
+function filterLink(name, value) {
+  const query = new URLSearchParams(listing);
+  query.delete("limit");
+  query.set(name, value);
+  const link = document.createElement("a");
+  link.href = "/ui?" + query.toString();
+  link.textContent = value;
+  return link;
+}
+
+// Waiting turns first (someone has to act on them), each group newest first as listed.
+function byAttention(turns) {
+  return [...turns.filter((t) => t.status === "waiting"), ...turns.filter((t) => t.status !== "waiting")];
+}
+
+function render(listed) {
+  const turns = byAttention(listed);
   const rows = turns.map((turn) => {
     const row = document.createElement("tr");
     row.dataset.turnId = turn.turn_id;
+    row.dataset.status = turn.status;
     const link = document.createElement("a");
     link.href = "/ui/turns/" + encodeURIComponent(turn.turn_id);
     link.textContent = turn.turn_id;
     row.insertCell().append(link);
     cell(row, turn.status, "status").dataset.status = turn.status;
-    const tenant = document.createElement("a");
-    tenant.href = "/ui?tenant=" + encodeURIComponent(turn.tenant);
-    tenant.textContent = turn.tenant;
-    row.insertCell().append(tenant);
-    cell(row, turn.model || "");
+    row.insertCell().append(filterLink("tenant", turn.tenant));
+    if (turn.model) row.insertCell().append(filterLink("model", turn.model));
+    else cell(row, "");
     cell(row, turn.submitted_at ? new Date(turn.submitted_at * 1000).toLocaleString() : "");
     cell(row, describeDuration(turn));
     cell(row, describeTools(turn.tools));
     return row;
   });
   tbody.replaceChildren(...rows);
-  state.textContent = turns.length ? "" : "no turns yet";
+  state.textContent = turns.length ? "" : [...listing.keys()].length > 1 ? "no turns match these filters" : "no turns yet";
 }
 
 async function refresh() {
