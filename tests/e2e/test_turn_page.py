@@ -145,6 +145,18 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
             task_id = dispatched_task_id(client, turn_id)
             assert card.locator("a.flower").get_attribute("href") == f"{FLOWER}/task/{task_id}"
             assert '"api_key": "***"' in (card.locator(".arguments pre").text_content() or "")
+            # The timeline, above the transcript: a bar per model call and one for the tool call, its time in
+            # the queue shaded on it.
+            timeline = page.locator("#timeline svg")
+            assert timeline.is_visible()
+            bars = page.locator("#timeline rect.tl-bar")
+            assert bars.and_(page.locator("[data-kind=model]")).count() == outcome.llm_calls == 2
+            assert bars.and_(page.locator("[data-kind=tool]")).count() == 1
+            assert page.locator("#timeline rect.tl-wait[data-why=queue]").count() == 1
+            assert "progress_steps" in (timeline.text_content() or "")
+            above = page.locator("#timeline-section").bounding_box()
+            below = page.locator("#transcript").bounding_box()
+            assert above is not None and below is not None and above["y"] < below["y"]
             page.screenshot(path=str(tmp_path / "turn-finished.png"), full_page=True)
             # The prompt is the user's own text (this one spells the tool's arguments): anything else shown
             # comes from events, where a sensitive argument is redacted, in arguments and in progress alike.
@@ -231,6 +243,8 @@ def test_the_approve_button_approves_a_waiting_call_with_edited_arguments_and_th
             card.locator("button.approve").click()
             page.locator("#turn-status[data-status=completed]").wait_for(timeout=60_000)
             assert page.locator("#approvals-section").is_hidden()
+            # The wait for the person is shaded on the call's bar.
+            assert page.locator("#timeline rect.tl-wait[data-why=approval]").count() == 1
             page.screenshot(path=str(tmp_path / "turn-approved.png"), full_page=True)
             assert errors == []
         outcome = client.outcome(turn_id)

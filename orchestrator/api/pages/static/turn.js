@@ -222,6 +222,165 @@ function onApprovalRequested(data) {
   refreshApprovals();
 }
 
+// --- timeline -------------------------------------------------------------------------------------------
+// The model calls and tool calls as bars on one time axis (from the turn's first event), the waits shaded
+// on their call's row: a call in its queue or waiting for a worker or a slot, a call waiting for approval.
+// Drawn as SVG from the events (every text as a text node), redrawn at most once a frame.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const TL_WIDTH = 960;
+const TL_LABEL = 170;
+const TL_ROW = 20;
+const TL_AXIS = 22;
+const timeline = { start: null, end: null, lastAt: null, rows: new Map(), openModel: null };
+let timelineQueued = false;
+
+function timelineRow(key, kind, label) {
+  let row = timeline.rows.get(key);
+  if (!row) {
+    row = { key, kind, label, start: null, end: null, waits: [] };
+    timeline.rows.set(key, row);
+  }
+  if (label && (!row.label || row.label === "?")) row.label = label;
+  return row;
+}
+
+function openWait(row, at, why) {
+  if (row.start === null) row.start = at;
+  if (!row.waits.some((wait) => wait.end === null)) row.waits.push({ start: at, end: null, why });
+}
+
+function closeWaits(row, at) {
+  for (const wait of row.waits) if (wait.end === null) wait.end = at;
+}
+
+function toolRow(data) {
+  return timelineRow("tool:" + data.call_id, "tool", data.tool ? data.tool + " " + data.call_id : "");
+}
+
+function recordTimeline(event) {
+  const at = event.at;
+  const data = event.data || {};
+  if (typeof at !== "number") return;
+  if (timeline.start === null) timeline.start = at;
+  timeline.lastAt = Math.max(timeline.lastAt ?? at, at);
+  switch (event.name) {
+    case "model_called": {
+      const index = Number(data.llm_call_index);
+      const label = "model call " + (index + 1) + (data.purpose === "compaction" ? " (summary)" : "");
+      const row = timelineRow("model:" + index, "model", label);
+      if (row.start === null) row.start = at;
+      row.end = null;
+      timeline.openModel = row;
+      break;
+    }
+    case "model_responded":
+    case "model_failed": {
+      const index = data.llm_call_index;
+      const row = index !== undefined && index !== null ? timelineRow("model:" + Number(index), "model") : timeline.openModel;
+      if (row) row.end = at;
+      break;
+    }
+    case "approval_requested":
+      for (const callId of data.call_ids || []) openWait(toolRow({ call_id: callId }), at, "approval");
+      break;
+    case "call_waiting":
+      toolRow(data);
+      break;
+    case "approval_given":
+      closeWaits(toolRow(data), at);
+      break;
+    case "tool_dispatched":
+    case "tool_redispatched":
+      openWait(toolRow(data), at, "queue");
+      break;
+    case "tool_waiting_for_worker":
+      openWait(toolRow(data), at, "worker");
+      break;
+    case "tool_waiting_for_slot":
+      openWait(toolRow(data), at, "slot");
+      break;
+    case "tool_started":
+      closeWaits(toolRow(data), at);
+      break;
+    case "tool_finished":
+    case "tool_synthesized": {
+      const row = toolRow(data);
+      if (row.start === null) row.start = at;
+      closeWaits(row, at);
+      row.end = at;
+      break;
+    }
+    case "turn_finished":
+      timeline.end = at;
+      break;
+    default:
+      return;
+  }
+  queueTimeline();
+}
+
+function queueTimeline() {
+  if (timelineQueued) return;
+  timelineQueued = true;
+  requestAnimationFrame(() => {
+    timelineQueued = false;
+    drawTimeline();
+  });
+}
+
+function svg(tag, attributes, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
+function drawTimeline() {
+  const rows = [...timeline.rows.values()].filter((row) => row.start !== null);
+  if (timeline.start === null || rows.length === 0) return;
+  // While the turn runs its bars grow to now (never before its last event, whatever this machine's clock).
+  const now = timeline.end ?? Math.max(timeline.lastAt, finished ? timeline.lastAt : Date.now() / 1000);
+  const span = Math.max(now - timeline.start, 0.001);
+  const x = (at) => TL_LABEL + ((Math.min(at, now) - timeline.start) / span) * (TL_WIDTH - TL_LABEL - 4);
+  const height = rows.length * TL_ROW + TL_AXIS;
+  const root = svg("svg", { viewBox: `0 0 ${TL_WIDTH} ${height}`, width: "100%", role: "img" });
+  root.append(svg("title", {}, "model calls and tool calls over " + formatMs(span * 1000)));
+  rows.sort((a, b) => a.start - b.start);
+  rows.forEach((row, index) => {
+    const y = index * TL_ROW;
+    const group = svg("g", { class: "tl-row", "data-key": row.key });
+    group.append(svg("text", { class: "tl-label", x: 0, y: y + TL_ROW * 0.7 }, row.label || row.key));
+    const end = row.end ?? now;
+    const bar = svg("rect", {
+      class: "tl-bar tl-" + row.kind + (row.end === null ? " tl-open" : ""),
+      "data-kind": row.kind,
+      x: x(row.start), y: y + 3, width: Math.max(1.5, x(end) - x(row.start)), height: TL_ROW - 6,
+    });
+    bar.append(svg("title", {}, (row.label || row.key) + ": " + formatMs((end - row.start) * 1000)));
+    group.append(bar);
+    for (const wait of row.waits) {
+      const waitEnd = wait.end ?? now;
+      const shade = svg("rect", {
+        class: "tl-wait", "data-why": wait.why,
+        x: x(wait.start), y: y + 3, width: Math.max(1.5, x(waitEnd) - x(wait.start)), height: TL_ROW - 6,
+      });
+      shade.append(svg("title", {}, "waiting for " + wait.why + ": " + formatMs((waitEnd - wait.start) * 1000)));
+      group.append(shade);
+    }
+    root.append(group);
+  });
+  const axisY = rows.length * TL_ROW;
+  root.append(svg("line", { class: "tl-axis", x1: TL_LABEL, x2: TL_WIDTH - 4, y1: axisY + 2, y2: axisY + 2 }));
+  for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
+    const at = TL_LABEL + fraction * (TL_WIDTH - TL_LABEL - 4);
+    const anchor = fraction === 0 ? "start" : fraction === 1 ? "end" : "middle";
+    root.append(svg("text", { class: "tl-tick", x: at, y: axisY + 17, "text-anchor": anchor }, formatMs(fraction * span * 1000)));
+  }
+  byId("timeline").replaceChildren(root);
+  byId("timeline-section").hidden = false;
+}
+
 // --- approvals --------------------------------------------------------------------------------------------
 // The calls the turn waits on come from its view (GET /v1/turns/{id}: redacted arguments, since when they
 // wait), read again whenever an event says the waits changed. A reader whose key may approve gets a form per
@@ -499,6 +658,7 @@ function logEvent(event) {
 function receive(message) {
   const event = JSON.parse(message.data);
   logEvent(event);
+  recordTimeline(event);
   HANDLERS[event.name](event.data || {}, event);
 }
 
@@ -533,7 +693,10 @@ async function start() {
   setStatus(TERMINAL.has(view.status) ? "" : view.status, view.status + ", loading its events…");
   showModel(view.request.model);
   showApprovals(view);
-  setInterval(tickApprovals, 1000);
+  setInterval(() => {
+    tickApprovals();
+    if (!finished) queueTimeline();
+  }, 1000);
   source = new EventSource(base + "/events", { withCredentials: true });
   source.onopen = () => {
     if (!finished) byId("stream-state").textContent = "· live";
