@@ -254,6 +254,25 @@ class Limits(ForbidsUnknownFields):
     # else DEFAULT_APPROVAL_TIMEOUT_S and "deny". The wait never counts against `deadline_s`.
     approval_timeout_s: float | None = Field(default=None, gt=0)
     on_approval_timeout: ApprovalTimeoutAction | None = None
+    # How long a call of a client-side tool waits for its caller's result (seconds); past it the call's
+    # outcome is `timeout`. None: DEFAULT_CLIENT_TOOL_TIMEOUT_S. Never counts against `deadline_s` either.
+    client_tool_timeout_s: float | None = Field(default=None, gt=0)
+
+
+# How long a call of a client-side tool waits for its result when the turn does not say (24 hours).
+DEFAULT_CLIENT_TOOL_TIMEOUT_S = DEFAULT_APPROVAL_TIMEOUT_S
+
+
+class ClientTool(ForbidsUnknownFields):
+    """A tool the turn's caller runs itself (a browser action, a local file): offered to the model beside
+    the workers' tools, and answered with `submit_tool_result`. Its name must not be a catalogue tool's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    # The JSON Schema of its arguments, which the model sees and the machine validates calls against.
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
@@ -285,6 +304,8 @@ class TurnRequest(ForbidsUnknownFields):
     prompt: str | None = None
     messages: list[Message] = Field(default_factory=list)
     tools: list[str] | None = None
+    # Tools the caller runs (`ClientTool`): a call of one waits, parked, for `submit_tool_result`.
+    client_tools: list[ClientTool] = Field(default_factory=list)
     # A model (`provider:model` or a tier), or several: the first that answers, in order (fallback).
     model: str | list[str] | None = None
     limits: Limits = Field(default_factory=Limits)
@@ -309,6 +330,15 @@ class TurnRequest(ForbidsUnknownFields):
     # Which lane the turn waits in, and its tool calls' message priority: "interactive" turns are claimed
     # before "normal" ones, and those before "batch" ones (round robin across tenants within a lane).
     priority: TurnPriority = "normal"
+
+    @field_validator("client_tools")
+    @classmethod
+    def _distinct_client_tools(cls, value: list[ClientTool]) -> list[ClientTool]:
+        names = [tool.name for tool in value]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"client tools named twice: {', '.join(repeated)}")
+        return value
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
-`POST /v1/turns/{id}/approvals/{call_id}`, `GET /v1/tools`, `POST /v1/tools/{name}/calls` (a tool called
+`POST /v1/turns/{id}/approvals/{call_id}`, `POST /v1/turns/{id}/calls/{call_id}/result` (a client-side
+tool's answer), `GET /v1/tools`, `POST /v1/tools/{name}/calls` (a tool called
 without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
 pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
 set, every route but `/healthz` needs `Authorization: Bearer <key>` (401 otherwise), or for reads the pages'
@@ -127,6 +128,23 @@ class ApprovalBody(BaseModel):
     arguments: dict[str, Any] | None = None
     reason: str | None = None
     decided_by: str | None = Field(default=None, max_length=200)
+
+
+class ToolResultBody(BaseModel):
+    """The body of `POST /v1/turns/{id}/calls/{call_id}/result`: a client-side tool's `result` (any JSON,
+    which the model reads as the tool's output) or an `error` (a message, which it reads as the tool's
+    failure); exactly one of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    result: Any = None
+    error: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> ToolResultBody:
+        if ("result" in self.model_fields_set) == ("error" in self.model_fields_set):
+            raise ValueError("send either 'result' or 'error'")
+        return self
 
 
 class SubmitReply(BaseModel):
@@ -508,6 +526,31 @@ async def approve_call(
         return build_conflict_reply(str(exc), "call_decided" if exc.decided else "call_not_waiting")
     except ValueError as exc:
         detail = [{"type": "value_error", "loc": ["body", "arguments"], "msg": str(exc)}]
+        raise HTTPException(422, build_safe_json(detail)) from None
+
+
+@turns_router.post(
+    "/{turn_id}/calls/{call_id}/result",
+    status_code=202,
+    response_model=ControlReply,
+    operation_id="submitToolResult",
+    summary="Answer a client-side tool's call",
+    responses={**UNREADABLE, **UNKNOWN_TURN, **ENDED, **TOO_LARGE, **REFUSED},
+    dependencies=[Depends(require_turn("submit"))],
+)
+async def submit_tool_result(
+    turn_id: str, call_id: str, body: ToolResultBody, request: Request
+) -> ControlReply | JSONResponse:
+    """Answer a call of one of the turn's client-side tools with its result or an error; the turn goes on.
+    422 for a result JSON cannot carry or over the tool's size limit, 409 when the turn has ended or the
+    call waits for no result (an unknown call, or one answered already: the first answer stands)."""
+    sending = _client(request).submit_tool_result(turn_id, call_id, result=body.result, error=body.error)
+    try:
+        return await _control_reply(turn_id, sending)
+    except CallNotWaitingError as exc:
+        return build_conflict_reply(str(exc), "call_decided" if exc.decided else "call_not_waiting")
+    except ValueError as exc:
+        detail = [{"type": "value_error", "loc": ["body", "result"], "msg": str(exc)}]
         raise HTTPException(422, build_safe_json(detail)) from None
 
 

@@ -296,6 +296,28 @@ def build_tool_call(call: DirectCall, trace: Mapping[str, str] | None = None) ->
     return HttpCall("POST", path, read, content=content, headers=headers, timeout=timeout, resend=False)
 
 
+def build_tool_result_call(turn_id: str, call_id: str, result: Any, error: str | None) -> HttpCall[bool]:
+    """`POST /v1/turns/{id}/calls/{call_id}/result`: `{"result": ...}` or `{"error": "..."}`. What the Redis
+    clients refuse before sending is refused here too (`flows` checks the same)."""
+    if not call_id:
+        raise ValueError("call_id must not be empty")
+    if error is not None:
+        if result is not None:
+            raise ValueError("send either 'result' or 'error', not both")
+        if not error.strip():
+            raise ValueError("'error' must not be blank")
+        body: dict[str, Any] = {"error": error}
+    else:
+        codec.dump_client_result(result, codec.CLIENT_RESULT_MAX_BYTES)
+        body = {"result": result}
+    return HttpCall(
+        "POST",
+        build_turn_path(turn_id, "calls", call_id, "result"),
+        lambda a: read_control(a, turn_id, call_id),
+        body,
+    )
+
+
 def read_control(answer: httpx.Response, turn_id: str, call_id: str | None = None) -> bool:
     """A cancel's or an approval's answer: True when accepted, False when the turn had ended (409
     `turn_ended`); `CallNotWaitingError` for a call that waits for no answer."""
@@ -655,6 +677,14 @@ class HttpClient(_HttpCore):
             build_approval_call(turn_id, call_id, approved, arguments, reason, decided_by=decided_by)
         )
 
+    def submit_tool_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of a client-side tool with its `result` (any JSON) or an `error` message; False when
+        the turn had ended. A `ValueError` for a refused answer; `CallNotWaitingError` when the turn waits
+        for no result of this call (unknown, or answered already: the first answer stands)."""
+        return self._send(build_tool_result_call(turn_id, call_id, result, error))
+
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers, no model involved; returns its outcome (a failure one for
@@ -829,6 +859,12 @@ class AsyncHttpClient(_HttpCore):
         return await self._send(
             build_approval_call(turn_id, call_id, approved, arguments, reason, decided_by=decided_by)
         )
+
+    async def submit_tool_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of a client-side tool with its `result` or an `error`; as `HttpClient`'s."""
+        return await self._send(build_tool_result_call(turn_id, call_id, result, error))
 
     @takes_arguments_of(build_direct_call)
     async def call_tool(self, call: DirectCall) -> ToolOutcome:

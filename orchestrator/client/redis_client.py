@@ -215,6 +215,16 @@ class Client:
             turn_id, call_id, approved, arguments=arguments, reason=reason, decided_by=decided_by
         )
 
+    def submit_tool_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of one of the turn's client-side tools: its `result` (any JSON, which the model reads
+        as the tool's output) or an `error` message (which it reads as the tool's failure); False when the
+        turn had ended. A `ValueError` for both, a blank error, or a result JSON cannot carry or over the
+        tool's size limit; `CallNotWaitingError` when the running turn waits for no result of this call (an
+        unknown call, or one answered already: the first answer stands)."""
+        return self.store.request_client_result(turn_id, call_id, result=result, error=error)
+
     @takes_arguments_of(build_direct_call)
     def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers, no model involved; returns its outcome.
@@ -346,6 +356,14 @@ class AsyncClient:
             reason=reason,
             decided_by=decided_by,
         )
+        return await self._runner.run_flow(flow, self._patience())
+
+    async def submit_tool_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of a client-side tool with its `result` or an `error`; False when the turn had
+        ended. As `Client.submit_tool_result`."""
+        flow = flows.send_client_result(turn_id, call_id, codec.now_s(), result=result, error=error)
         return await self._runner.run_flow(flow, self._patience())
 
     @takes_arguments_of(build_direct_call)

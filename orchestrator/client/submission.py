@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pydantic import BaseModel
 
-from orchestrator.model import Limits, Message, ModelSettings, TurnPriority, TurnRequest
+from orchestrator.model import ClientTool, Limits, Message, ModelSettings, TurnPriority, TurnRequest
 from orchestrator.store import codec
 
 P = ParamSpec("P")
@@ -77,6 +77,7 @@ def build_submission(  # noqa: PLR0917
     output_schema: OutputSchema | None = None,
     tenant: str | None = None,
     priority: TurnPriority | None = None,
+    client_tools: Sequence[ClientTool | Mapping[str, Any]] | None = None,
 ) -> Submission:
     """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
     (pydantic's `ValidationError`, a `ValueError`, if bad).
@@ -88,7 +89,9 @@ def build_submission(  # noqa: PLR0917
     (`TurnOutcome.parse(Model)` gives the typed object). `tenant` is whose turn it is (None: "default"), a
     short identifier: tools get it as `ctx.tenant`, and over HTTP an API key sees only its tenant's turns.
     `priority` is its lane (None: "normal"): "interactive" turns are claimed before "normal" ones and those
-    before "batch" ones, and their tool calls go before theirs in the tools' queues.
+    before "batch" ones, and their tool calls go before theirs in the tools' queues. `client_tools` are tools
+    the caller runs itself (`ClientTool`: name, description, JSON Schema `parameters`): a call of one waits
+    for `submit_tool_result`.
     """
     if isinstance(tools, str):
         raise ValueError("'tools' is a list of tool names, not a string")
@@ -108,6 +111,8 @@ def build_submission(  # noqa: PLR0917
         raw["tenant"] = tenant
     if priority is not None:
         raw["priority"] = priority
+    if client_tools:
+        raw["client_tools"] = [t.model_dump() if isinstance(t, BaseModel) else dict(t) for t in client_tools]
     if limits is not None:
         raw["limits"] = limits.model_dump() if isinstance(limits, BaseModel) else limits
     if model_settings is not None:

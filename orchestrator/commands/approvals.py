@@ -7,6 +7,9 @@ answers (kept with the reason in the turn's `approvals`). Exit codes: 0 the answ
 is unknown or had already ended; 2 usage error (arguments that are not a JSON object or fail the tool's
 schema, arguments with --deny); 3 Redis is unreachable.
 
+`toolloop result TURN_ID CALL_ID (--result JSON | --error MSG)` answers a call of a client-side tool (one the
+turn's caller runs): its result, which the model reads as the tool's output, or an error. Same exit codes.
+
 `toolloop pending` prints one line per waiting call, the longest waiting first, with the command that
 answers it (`--json`: the calls as JSON); exit code 0, or 3 when Redis is unreachable.
 """
@@ -105,6 +108,42 @@ def build_pending_line(turn_id: str, pending: PendingApproval, now: float) -> st
         f"{waited}  {pending.tool}({arguments}){left}\n"
         f"    toolloop approve {turn_id} {pending.call_id} [--deny]"
     )
+
+
+def result_command(
+    turn_id: Annotated[str, typer.Argument(help="The turn waiting for the result.")],
+    call_id: Annotated[str, typer.Argument(help="The client-side tool's call id (from `call_waiting`).")],
+    *,
+    result: Annotated[str | None, typer.Option("--result", help="The tool's result (any JSON).")] = None,
+    error: Annotated[
+        str | None, typer.Option("--error", help="The tool failed: what the model reads.")
+    ] = None,
+) -> None:
+    """Answer a call of a client-side tool with --result or --error; print `recorded`."""
+    from orchestrator.client.redis_client import Client, UnknownTurnError
+    from orchestrator.errors import CallNotWaitingError
+
+    settings = get_settings()
+    try:
+        if (result is None) == (error is None):
+            raise ValueError("give exactly one of --result and --error")
+        try:
+            value = json.loads(result) if result is not None else None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--result is not valid JSON: {exc}") from exc
+        with Client(settings=settings) as client:
+            accepted = client.submit_tool_result(turn_id, call_id, result=value, error=error)
+    except UnknownTurnError:
+        fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
+    except CallNotWaitingError as exc:
+        fail(str(exc), EXIT_ENDED)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except redis.RedisError as exc:
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+    if not accepted:
+        fail(f"turn {turn_id} has already ended", EXIT_ENDED)
+    typer.echo("recorded")
 
 
 def pending_command(

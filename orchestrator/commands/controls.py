@@ -45,6 +45,28 @@ def parse_output_schema(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def parse_client_tools(text: str | None) -> list[dict[str, Any]] | None:
+    """`--client-tools` as a JSON list of tools the caller runs (`ClientTool`): the text, or the file after
+    `@`."""
+    if text is None:
+        return None
+    source = "--client-tools"
+    if text.startswith("@"):
+        path = Path(text[1:])
+        source = f"--client-tools file {path}"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise ValueError(f"{source} must be a JSON list of tools (name, description, parameters)")
+    return value
+
+
 def build_model_settings(
     *,
     temperature: float | None,

@@ -60,6 +60,18 @@ class StreamPrinter:
             case ToolProgressEvent(tool=tool, message=message, fraction=fraction):
                 share = f" {fraction:.0%}" if fraction is not None else ""
                 self._note(f"  {tool}{share} {message}")
+            case CallWaitingEvent(
+                turn_id=turn_id,
+                call_id=call_id,
+                tool=tool,
+                wait_deadline=deadline,
+                waiting_for="client_result",
+            ):
+                left = max(deadline - event.at, 0.0)
+                self._note(
+                    f"⏸ {tool} waits for your result ({build_duration(left)} left): "
+                    f"toolloop result {turn_id} {call_id} (--result JSON | --error MSG)"
+                )
             case CallWaitingEvent(turn_id=turn_id, call_id=call_id, tool=tool, wait_deadline=deadline):
                 left = max(deadline - event.at, 0.0)
                 self._note(

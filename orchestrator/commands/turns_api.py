@@ -21,10 +21,11 @@ import redis
 import typer
 from pydantic import ValidationError
 
-from orchestrator.commands.approvals import approve_command, pending_command
+from orchestrator.commands.approvals import approve_command, pending_command, result_command
 from orchestrator.commands.controls import (
     build_model_names,
     build_model_settings,
+    parse_client_tools,
     parse_output_schema,
 )
 from orchestrator.commands.exits import (
@@ -147,6 +148,14 @@ def submit_command(
         list[str] | None,
         typer.Option(help="Tool names the model may call: comma-separated, or the option repeated."),
     ] = None,
+    client_tools: Annotated[
+        str | None,
+        typer.Option(
+            "--client-tools",
+            help="Tools you run yourself (a JSON list of {name, description, parameters}, or @file.json); "
+            "answer their calls with `toolloop result`.",
+        ),
+    ] = None,
     max_llm_calls: Annotated[
         int | None, typer.Option("--max-llm-calls", help="Limit on model calls.")
     ] = None,
@@ -220,6 +229,7 @@ def submit_command(
                 instructions=instructions,
                 model_settings=model_settings,
                 output_schema=schema,
+                client_tools=parse_client_tools(client_tools),
             )
             if stream:
                 typer.echo(turn_id, err=True)
@@ -370,9 +380,10 @@ def api_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `submit`, `show`, `approve`, `pending` and `api` to `app`."""
+    """Add `submit`, `show`, `approve`, `result`, `pending` and `api` to `app`."""
     app.command("submit")(submit_command)
     app.command("show")(show_command)
     app.command("approve")(approve_command)
+    app.command("result")(result_command)
     app.command("pending")(pending_command)
     app.command("api")(api_command)

@@ -100,6 +100,11 @@ class Draft:
             worker=call.worker,
             finished_at=at,
         )
+        self.request_outcome(call, outcome)
+
+    def request_outcome(self, call: CallState, outcome: ToolOutcome) -> None:
+        """Ask the runtime to write `outcome` for `call` (a failure, or a client-side tool's result), first
+        writer wins: the call stays unanswered until the winner comes back."""
         self.writes.append(outcome)
         self.end_wait(call)
         self.replace_call(call.replace(requested=outcome, waiting_approval=False, wait=None))

@@ -143,6 +143,17 @@ class ApprovalGiven(_Frozen):
     decided_by: str | None = None
 
 
+class ClientResultGiven(_Frozen):
+    """The caller answered a call of a client-side tool: its `result` (any JSON, what the model reads as the
+    tool's output), or an `error` message (what the model reads as the tool's failure)."""
+
+    kind: Literal["client_result_given"] = "client_result_given"
+    call_id: str
+    at: float
+    result: Any = None
+    error: str | None = None
+
+
 class CancelRequested(_Frozen):
     """Someone cancelled the turn."""
 
@@ -162,6 +173,7 @@ Event = Annotated[
     | TimerFired
     | WorkerChecked
     | ApprovalGiven
+    | ClientResultGiven
     | CancelRequested,
     Field(discriminator="kind"),
 ]

@@ -43,6 +43,7 @@ STATIC_FIELDS = frozenset(
         "stream",
         "offered",
         "catalogue_names",
+        "client_tools",
         "lost_grace_s",
         "lost_wait_s",
         "model_retry_base_s",

@@ -28,6 +28,7 @@ from orchestrator.machine.events import (
     ArmTimer,
     AwaitApproval,
     CancelRequested,
+    ClientResultGiven,
     Command,
     DispatchTools,
     Emit,
@@ -66,6 +67,7 @@ from orchestrator.machine.tool_round import (
     Policy,
     complete_round,
     on_approval,
+    on_client_result,
     on_lost_timer,
     on_tool_finished,
     on_tool_started,
@@ -112,7 +114,13 @@ def start(
     history: list[Message] = [*prior_history, *request.messages]
     if request.prompt is not None:
         history.append(UserMessage(content=request.prompt))
-    offered = offered_tools(catalogue, request.tools)
+    # A client-side tool is offered beside the catalogue's (the submit refused a name clash; one a catalogue
+    # published since is the caller's here: the turn asked for its own).
+    client = {
+        tool.name: ToolSpec(name=tool.name, description=tool.description, parameters=tool.parameters)
+        for tool in request.client_tools
+    }
+    offered = {**offered_tools(catalogue, request.tools), **client}
     state = TurnState(
         turn_id=turn_id,
         model=models[0],
@@ -129,7 +137,8 @@ def start(
         tool_choice=request.tool_choice,
         stream=request.stream,
         offered=offered,
-        catalogue_names=sorted(catalogue),
+        catalogue_names=sorted({*catalogue, *client}),
+        client_tools=sorted(client),
         history=history,
         status=TurnStatus.RUNNING,
         started_at=at,
@@ -181,6 +190,8 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             on_worker_checked(draft, event)
         case ApprovalGiven():
             on_approval(draft, event)
+        case ClientResultGiven():
+            on_client_result(draft, event)
         case CancelRequested():
             begin_stop(draft, "cancelled", event.at, detail=event.reason)
         case _:

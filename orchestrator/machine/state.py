@@ -97,10 +97,9 @@ class _Frozen(ForbidsUnknownFields):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-WaitingFor = Literal["approval"]
-"""What a call waits for outside the turn: a person's approval. (One kind today; a wait is described by
-`CallWait` whatever its kind, so that another — a result the client sends — takes the same path: the event
-`call_waiting`, the clock that pauses, parking.)"""
+WaitingFor = Literal["approval", "client_result"]
+"""What a call waits for outside the turn: a person's approval, or the result of a client-side tool its
+caller runs. Either takes the same path: the event `call_waiting`, the clock that pauses, parking."""
 
 
 class CallWait(_Frozen):
@@ -257,6 +256,9 @@ class TurnState(_Frozen):
     # tool (so an unknown tool and a tool not offered are told apart without storing all specs).
     offered: dict[str, ToolSpec] = Field(default_factory=dict)
     catalogue_names: list[str] = Field(default_factory=list)
+    # The offered tools the turn's caller runs (`TurnRequest.client_tools`): a call of one waits for its
+    # result (`CallWait` "client_result"). Empty, and left out, for an ordinary turn.
+    client_tools: list[str] = Field(default_factory=list)
     # Append-only conversation.
     history: list[Message] = Field(default_factory=list)
     status: TurnStatus = TurnStatus.RUNNING
@@ -359,6 +361,7 @@ class TurnChanges(TypedDict, total=False):
     stream: bool
     offered: dict[str, ToolSpec]
     catalogue_names: list[str]
+    client_tools: list[str]
     history: list[Message]
     status: TurnStatus
     llm_calls: int

@@ -31,6 +31,10 @@ Waiting for a person: a call of a tool that requires confirmation is not dispatc
 no stop policy counts it) or runs it, as the wait's `on_timeout` says. Either way the answer, who gave it and
 why go into the turn's `approvals`.
 
+Waiting for the caller: a call of a client-side tool (`TurnState.client_tools`) is never dispatched either;
+it waits the same way for the result its caller runs it for (`on_client_result`), or past its limit is
+answered `timeout` (synthetic).
+
 Design notes: docs/design/tool-calls.md, "Time limits and lost work"; docs/design/approvals.md.
 """
 
@@ -47,6 +51,7 @@ from orchestrator.machine.events import (
     AskAttention,
     AwaitApproval,
     CheckWorker,
+    ClientResultGiven,
     ToolFinished,
     ToolStarted,
     ToolWaitingForWorker,
@@ -65,7 +70,7 @@ from orchestrator.machine.state import (
 )
 from orchestrator.machine.stopping import begin_stop
 from orchestrator.machine.validation import validate_call
-from orchestrator.machine.waits import build_wait, keep_clock
+from orchestrator.machine.waits import build_client_wait, build_wait, keep_clock
 from orchestrator.model import (
     ApprovalDecision,
     AssistantMessage,
@@ -76,7 +81,7 @@ from orchestrator.model import (
     TurnStatus,
     assistant_message_from_turn,
 )
-from workers.contract import FailureKind, ToolOutcome, ToolSpec, redact
+from workers.contract import FailureKind, ToolOutcome, ToolSpec, derive_content, redact
 
 # Outcomes that say the turn (or an operator) stopped a call, not that the tool failed: no stop policy
 # counts them (a call revoked from Flower is just an outcome).
@@ -115,7 +120,11 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
     waiting: list[CallState] = []
     for index in valid[: max(slots, 0)]:
         call = round_of(draft.state).calls[index]
-        if state.offered[call.tool].requires_confirmation:
+        if call.tool in state.client_tools:
+            call = call.replace(waiting_approval=True, wait=build_client_wait(state, at))
+            draft.replace_call(call)
+            waiting.append(call)
+        elif state.offered[call.tool].requires_confirmation:
             call = call.replace(waiting_approval=True, wait=build_wait(state, call.tool, at))
             draft.replace_call(call)
             waiting.append(call)
@@ -129,8 +138,9 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
 
 
 def _start_waits(draft: Draft, calls: Sequence[CallState]) -> None:
-    """Calls start waiting for a person: arm each wait's timer, say so on the turn's stream (`call_waiting`),
-    and ask the runtime to tell someone — once: `machine.resume` never asks again."""
+    """Calls start waiting outside the turn: arm each wait's timer and say so on the turn's stream
+    (`call_waiting`); for those that wait for a person, ask the runtime to tell someone — once:
+    `machine.resume` never asks again. A client-side tool's caller follows its turn: no one else is told."""
     waiting = [
         WaitingCall(
             call_id=call.call_id,
@@ -145,12 +155,15 @@ def _start_waits(draft: Draft, calls: Sequence[CallState]) -> None:
     ]
     for shown in waiting:
         draft.arm(wait_timer_id(shown.call_id), shown.wait_deadline)
-    call_ids = [call.call_id for call in calls]
-    draft.commands.append(AwaitApproval(call_ids=call_ids))
-    draft.emit("approval_requested", call_ids=call_ids)
+    people = [shown for shown in waiting if shown.waiting_for == "approval"]
+    call_ids = [shown.call_id for shown in people]
+    if call_ids:
+        draft.commands.append(AwaitApproval(call_ids=call_ids))
+        draft.emit("approval_requested", call_ids=call_ids)
     for shown in waiting:
         draft.emit("call_waiting", **shown.model_dump(mode="json"))
-    draft.commands.append(AskAttention(calls=waiting, tenant=draft.state.tenant))
+    if people:
+        draft.commands.append(AskAttention(calls=people, tenant=draft.state.tenant))
 
 
 def _unique_ids(state: TurnState, calls: Sequence[ToolCall]) -> list[ToolCall]:
@@ -401,7 +414,7 @@ def on_approval(draft: Draft, event: ApprovalGiven) -> None:
     """A person approved (dispatch now), maybe with edited arguments, or denied (`confirmation_denied`, with
     what they said for the model to read) a waiting call; who and why go into the turn's `approvals`."""
     call = find_call(draft.state, event.call_id)
-    if call is None or not call.waiting:
+    if call is None or not call.waiting or _waits_for_client(call):
         return
     edited = event.approved and event.arguments is not None
     decision = ApprovalDecision(
@@ -445,6 +458,11 @@ def on_wait_timeout(draft: Draft, call_id: str, at: float) -> None:
     if call is None or not call.waiting or call.wait is None:
         return
     wait = call.wait
+    if wait.waiting_for == "client_result":
+        draft.emit("client_result_timed_out", call_id=call.call_id, tool=call.tool, timeout_s=wait.timeout_s)
+        message = f"the caller sent no result for '{call.tool}' within {wait.timeout_s:g} s"
+        draft.request_failure(call, FailureKind.TIMEOUT, message, at, synthetic=True)
+        return
     approved = wait.on_timeout == "approve"
     decision = ApprovalDecision(
         call_id=call.call_id,
@@ -467,6 +485,46 @@ def on_wait_timeout(draft: Draft, call_id: str, at: float) -> None:
         return
     message = f"no one approved the call within {wait.timeout_s:g} s; it was not run"
     draft.request_failure(call, FailureKind.CONFIRMATION_DENIED, message, at, synthetic=True)
+
+
+def _waits_for_client(call: CallState) -> bool:
+    return call.wait is not None and call.wait.waiting_for == "client_result"
+
+
+def on_client_result(draft: Draft, event: ClientResultGiven) -> None:
+    """The caller answered a call of a client-side tool: its result becomes the call's outcome (shown to the
+    model as a worker's would be), its error a failed one (`execution_error`, the message for the model). A
+    result over the tool's `max_result_bytes`, or one JSON cannot carry, is answered `invalid_result`."""
+    call = find_call(draft.state, event.call_id)
+    if call is None or not call.waiting or not _waits_for_client(call):
+        return
+    waited_s = _waited_s(call, event.at)
+    draft.emit(
+        "client_result_given", call_id=call.call_id, tool=call.tool, ok=event.error is None, waited_s=waited_s
+    )
+    if event.error is not None:
+        draft.request_failure(call, FailureKind.EXECUTION_ERROR, event.error, event.at, synthetic=False)
+        return
+    content = derive_content(event.result)
+    spec = draft.state.offered.get(call.tool)
+    limit = spec.max_result_bytes if spec is not None else ToolSpec(name=call.tool).max_result_bytes
+    if content is None or len(content.encode()) > limit:
+        problem = "is not JSON" if content is None else f"is over {limit} bytes"
+        message = f"the result the caller sent for '{call.tool}' {problem}"
+        draft.request_failure(call, FailureKind.INVALID_RESULT, message, event.at, synthetic=False)
+        return
+    outcome = ToolOutcome(
+        call_id=call.call_id,
+        tool=call.tool,
+        turn_id=draft.state.turn_id,
+        ok=True,
+        result=event.result,
+        content=content,
+        attempts=0,
+        duration_ms=round(waited_s * 1000.0, 3),
+        finished_at=event.at,
+    )
+    draft.request_outcome(call, outcome)
 
 
 def _waited_s(call: CallState, at: float) -> float:

@@ -11,6 +11,10 @@ Waiting is not running. While every call the turn has left waits for a person, i
 pause (`keep_clock`), and the turn runs on with the running time it had left. Such a turn holds nothing
 worth keeping in memory: `parkable` tells the runtime so, and when its earliest wait ends.
 
+A call of a client-side tool (`TurnState.client_tools`) waits the same way for its caller's result
+(`build_client_wait`: the turn's `limits.client_tool_timeout_s`, else DEFAULT_CLIENT_TOOL_TIMEOUT_S); when
+its limit passes, its outcome is `timeout`.
+
 A call waiting in a state written before waits had limits (no `wait`) keeps the old rule: the turn's clock
 runs, and its deadline answers the call.
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from orchestrator.machine.draft import Draft
 from orchestrator.machine.state import DEADLINE_TIMER, CallState, CallWait, TurnState
-from orchestrator.model import DEFAULT_APPROVAL_TIMEOUT_S
+from orchestrator.model import DEFAULT_APPROVAL_TIMEOUT_S, DEFAULT_CLIENT_TOOL_TIMEOUT_S
 
 
 def build_wait(state: TurnState, tool: str, at: float) -> CallWait:
@@ -36,6 +40,12 @@ def build_wait(state: TurnState, tool: str, at: float) -> CallWait:
     )
     action = limits.on_approval_timeout or (spec.on_approval_timeout if spec is not None else None) or "deny"
     return CallWait(waiting_for="approval", since=at, deadline_at=at + timeout_s, on_timeout=action)
+
+
+def build_client_wait(state: TurnState, at: float) -> CallWait:
+    """The wait of a call of a client-side tool for its caller's result, from `at`."""
+    timeout_s = state.limits.client_tool_timeout_s or DEFAULT_CLIENT_TOOL_TIMEOUT_S
+    return CallWait(waiting_for="client_result", since=at, deadline_at=at + timeout_s)
 
 
 def waiting_calls(state: TurnState) -> list[CallState]:

@@ -7,18 +7,20 @@ entry arrive there:
   comes with it (its JSON, written by the same script: exactly the winner); a large one is read from its key
   (one MGET per batch), so the stream stays small. A lost notification loses nothing: the key is the record.
 - `started` (turn, call, attempt, worker, at): a worker began an attempt of a call.
-- `control` (turn, control=cancel|approval, call, approved, id): a client asked to cancel or approve; the
-  request itself is read from the turn's control stream, which is the record (with an approval's edited
-  arguments and a denial's reason).
+- `control` (turn, control=cancel|approval|client_result, call, approved, id): a client asked to cancel,
+  approve, or answered a client-side tool's call; the request itself is read from the turn's control stream,
+  which is the record (with an approval's edited arguments and a denial's reason, a client-side tool's result
+  or error).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.machine.events import ApprovalGiven, CancelRequested, ToolStarted
+from orchestrator.machine.events import ApprovalGiven, CancelRequested, ClientResultGiven, ToolStarted
 from orchestrator.store.codec import ControlRequest
 from workers.contract import ToolOutcome, parse_tool_outcome
 
@@ -68,8 +70,10 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
     return batch
 
 
-def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGiven | None:
-    """The machine event of one control request; None for an approval that names no call, and for an entry
+def build_control_event(
+    request: ControlRequest,
+) -> CancelRequested | ApprovalGiven | ClientResultGiven | None:
+    """The machine event of one control request; None for an answer that names no call, and for an entry
     this release cannot read."""
     if request.kind == "unreadable":
         return None
@@ -77,6 +81,10 @@ def build_control_event(request: ControlRequest) -> CancelRequested | ApprovalGi
         return CancelRequested(at=request.at, reason=request.reason)
     if not request.call_id:
         return None
+    if request.kind == "client_result":
+        if request.result is None:
+            return ClientResultGiven(call_id=request.call_id, at=request.at, error=request.reason or "error")
+        return ClientResultGiven(call_id=request.call_id, at=request.at, result=json.loads(request.result))
     # A denial's reason reaches the model in the call's answer; the machine validates edited arguments.
     return ApprovalGiven(
         call_id=request.call_id,

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from workers.contract import ToolOutcome, redact
+from workers.contract import ToolOutcome, ToolSpec, redact
 from workers.contract import parse_tool_outcome as read_tool_outcome
 from workers.records import STORED
 
@@ -55,7 +55,7 @@ class ControlRequest(BaseModel):
     entry this release cannot read, never written as such)."""
 
     id: str
-    kind: Literal["cancel", "approval", "unreadable"]
+    kind: Literal["cancel", "approval", "client_result", "unreadable"]
     call_id: str | None = None
     approved: bool | None = None
     at: float
@@ -65,6 +65,8 @@ class ControlRequest(BaseModel):
     reason: str | None = None
     # Who answered, as the answering client said; None when it did not (and in older entries).
     decided_by: str | None = None
+    # A client-side tool's result, as JSON text (None: none sent; an error travels in `reason`).
+    result: str | None = None
 
 
 # --- builders (pure) -------------------------------------------------------------------------------------
@@ -149,6 +151,27 @@ def dump_control_arguments(arguments: Mapping[str, Any] | None) -> str:
     if problem is not None:
         raise ValueError(f"arguments: {problem}")
     return json.dumps(dict(arguments), ensure_ascii=False, separators=(",", ":"))
+
+
+# The largest result a client-side tool's caller may send (as the model reads it): a tool's default
+# `max_result_bytes`, past which a worker's result would be cut.
+CLIENT_RESULT_MAX_BYTES: int = ToolSpec.model_fields["max_result_bytes"].default
+
+
+def dump_client_result(result: Any, max_bytes: int) -> str:
+    """A client-side tool's result as the control stream stores it (JSON text); `ValueError` for a value
+    JSON cannot carry, or one over `max_bytes` as the model would read it."""
+    problem = find_unstorable_value(result)
+    if problem is not None:
+        raise ValueError(f"result: {problem}")
+    try:
+        text = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"result: not JSON ({exc})") from None
+    shown = result if isinstance(result, str) else text
+    if len(shown.encode()) > max_bytes:
+        raise ValueError(f"result: {len(shown.encode())} bytes, over the tool's limit of {max_bytes}")
+    return text
 
 
 def build_inbox_ack_id(entry_id: str) -> str:
@@ -246,6 +269,8 @@ def _parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlR
     decoded = parse_fields(fields)
     approved = decoded.get("approved", "")
     arguments = decoded.get("arguments") or ""
+    if decoded.get("result"):
+        json.loads(decoded["result"])  # a result that is not JSON makes the entry unreadable, here
     return ControlRequest.model_validate(
         {
             "id": text(entry_id),
@@ -256,6 +281,7 @@ def _parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlR
             "arguments": json.loads(arguments) if arguments else None,
             "reason": decoded.get("reason") or None,
             "decided_by": decoded.get("by") or None,
+            "result": decoded.get("result") or None,
         }
     )
 

@@ -61,6 +61,14 @@ def check_tool_names(requested: Sequence[str] | None, catalogue: Mapping[str, To
         raise UnknownToolError(unknown, (spec.name for spec in build_listing(catalogue.values())))
 
 
+def check_client_tools(request: TurnRequest, catalogue: Mapping[str, ToolSpec]) -> None:
+    """A client-side tool may not take a catalogue tool's name (`ValueError` naming them): a call's name
+    says who runs it."""
+    clash = sorted(tool.name for tool in request.client_tools if tool.name in catalogue)
+    if clash:
+        raise ValueError(f"client tools named as catalogue tools: {', '.join(clash)}; rename them")
+
+
 def submit(
     request: TurnRequest,
     turn_id: str | None,
@@ -76,19 +84,22 @@ def submit(
     model settings against each model's provider (`submit_checks`, tiers resolved with `names`: the
     submitting process's), and its tools against the catalogue (`check_tool_names`: served now or within
     `tool_gone_after_s`, TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when
-    `recent`, the caller's last read, has them all)."""
+    `recent`, the caller's last read, has them all), and its client-side tools' names
+    (`check_client_tools`)."""
     codec.check_turn_request(request)
     check_model_name(request.model)
     check_refusals(request, names)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
-    if request.tools:
-        catalogue = recent.serving(request.tools, now, tool_gone_after_s) if recent is not None else None
+    if request.tools or request.client_tools:
+        requested = request.tools or []
+        catalogue = recent.serving(requested, now, tool_gone_after_s) if recent is not None else None
         if catalogue is None:
             tools: ToolCatalogue = yield get_tool_catalogue(now)
             if recent is not None:
                 recent.keep(tools, now)
             catalogue = tools.known(now, tool_gone_after_s)
         check_tool_names(request.tools, catalogue)
+        check_client_tools(request, catalogue)
     yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid
 
@@ -185,11 +196,21 @@ def send_control(
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
     decided_by: str | None = None,
+    result_json: str | None = None,
 ) -> Flow[bool]:
-    """Record a cancel or an approval for the turn's owner (a parked turn is woken): False when the turn had
-    ended already; `CallNotWaitingError` for an approval of a call answered already."""
+    """Record a cancel, an approval or a client-side tool's answer for the turn's owner (a parked turn is
+    woken): False when the turn had ended already; `CallNotWaitingError` for an answer about a call answered
+    already."""
     result = yield operations.control(
-        turn_id, kind, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
+        turn_id,
+        kind,
+        call_id,
+        approved,
+        now,
+        arguments=arguments,
+        reason=reason,
+        decided_by=decided_by,
+        result=result_json,
     )
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
@@ -224,7 +245,7 @@ def send_approval(
         codec.dump_control_arguments(arguments)  # what JSON cannot carry is refused before any read
     view: TurnView = yield operations.require_view(turn_id)
     if not view.status.terminal:
-        waiting = next((p for p in view.pending_approvals if p.call_id == call_id), None)
+        waiting = _find_waiting(view, call_id, "approval")
         if waiting is None:
             raise CallNotWaitingError(turn_id, call_id)
         if arguments is not None:
@@ -239,6 +260,38 @@ def send_approval(
         reason=reason,
         decided_by=decided_by,
     )
+    return (yield from flow)
+
+
+def _find_waiting(view: TurnView, call_id: str, waiting_for: str) -> PendingApproval | None:
+    return next(
+        (p for p in view.pending_approvals if p.call_id == call_id and p.waiting_for == waiting_for), None
+    )
+
+
+def send_client_result(
+    turn_id: str, call_id: str, now: float, *, result: Any = None, error: str | None = None
+) -> Flow[bool]:
+    """Answer a call of a client-side tool with its `result` (any JSON: what the model reads as the tool's
+    output) or an `error` (a message, what the model reads as its failure); False when the turn had ended.
+
+    The answer is checked first (`ValueError`: both or a blank error, a value JSON cannot carry, a result
+    over `codec.CLIENT_RESULT_MAX_BYTES` as shown to the model). A running turn must be waiting for this
+    call's result (`CallNotWaitingError` otherwise: an unknown call, or one answered already — the first
+    answer stands)."""
+    if not call_id:
+        raise ValueError("call_id must not be empty")
+    if error is not None and result is not None:
+        raise ValueError("send either 'result' or 'error', not both")
+    if error is not None and not error.strip():
+        raise ValueError("'error' must not be blank")
+    result_json = (
+        None if error is not None else codec.dump_client_result(result, codec.CLIENT_RESULT_MAX_BYTES)
+    )
+    view: TurnView = yield operations.require_view(turn_id)
+    if not view.status.terminal and _find_waiting(view, call_id, "client_result") is None:
+        raise CallNotWaitingError(turn_id, call_id)
+    flow = send_control(turn_id, "client_result", call_id, None, now, reason=error, result_json=result_json)
     return (yield from flow)
 
 

@@ -393,18 +393,21 @@ def control(
     arguments: Mapping[str, Any] | None = None,
     reason: str | None = None,
     decided_by: str | None = None,
+    result: str | None = None,
 ) -> ScriptCall[ControlResult]:
     """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner, or waking the turn
     when it is parked (`control.lua`); an approval may carry edited `arguments` (stored as JSON), a `reason`
-    (what a denial tells the model) and who decided (`decided_by`)."""
-    if kind == "approval" and not call_id:
+    (what a denial tells the model) and who decided (`decided_by`). A client-side tool's answer
+    (`kind="client_result"`) carries its `result` (JSON text from `codec.dump_client_result`) or its error
+    as the `reason`."""
+    if kind in {"approval", "client_result"} and not call_id:
         raise ValueError("call_id must not be empty")
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
     keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE]
     approved_arg = "" if approved is None else ("1" if approved else "0")
     args: list[str | int] = [keys.INBOX_PREFIX, turn_id, kind, call_id or "", approved_arg, repr(now)]
     args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
-    args += [codec.dump_control_arguments(arguments), reason or "", decided_by or ""]
+    args += [codec.dump_control_arguments(arguments), reason or "", decided_by or "", result or ""]
     return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
 
 

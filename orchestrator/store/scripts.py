@@ -124,9 +124,9 @@ class ParkResult(IntEnum):
 
 
 class ControlResult(IntEnum):
-    """What `control.lua` did with a cancel or approval request."""
+    """What `control.lua` did with a cancel, an approval or a client-side tool's answer."""
 
     UNKNOWN = -1  # no such turn
     TERMINAL = 0  # the turn already ended
     RECORDED = 1
-    DECIDED = 2  # an approval of this call was recorded already
+    DECIDED = 2  # an answer of this kind about this call was recorded already

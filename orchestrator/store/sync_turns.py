@@ -135,6 +135,14 @@ class SyncTurnStore:
         )
         return self._runner.run_flow(flow, self._patience())
 
+    def request_client_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of a client-side tool with its result or an error (`flows.send_client_result`).
+        False if terminal; UnknownTurnError if unknown."""
+        flow = flows.send_client_result(turn_id, call_id, codec.now_s(), result=result, error=error)
+        return self._runner.run_flow(flow, self._patience())
+
     def ping(self) -> bool:
         """True when Redis answers."""
         return self._runner.run(operations.ping())

@@ -105,7 +105,9 @@ class ToolFinishedEvent(StreamEvent):
 
 class CallWaitingEvent(StreamEvent):
     """A call waits for something outside the turn — `waiting_for` "approval": a person's answer
-    (`approve`) — until `wait_deadline` (epoch seconds), when `on_timeout` ("deny", "approve") answers it."""
+    (`approve`); "client_result": the result of a client-side tool its caller runs (`submit_tool_result`) —
+    until `wait_deadline` (epoch seconds), when `on_timeout` ("deny", "approve") answers an approval and a
+    client-side tool's call gets a `timeout` outcome."""
 
     call_id: str
     tool: str

@@ -40,7 +40,8 @@ _MESSAGES = TypeAdapter(list[Message])
 
 
 class PendingApproval(BaseModel):
-    """A tool call waiting for a person to approve or deny it, as a page shows it."""
+    """A tool call waiting for a person to approve or deny it (`waiting_for` "approval"), or for the result
+    of a client-side tool its caller runs ("client_result"), as a page shows it."""
 
     call_id: str
     tool: str
@@ -156,6 +157,7 @@ def build_pending_approvals(state: TurnState | None) -> list[PendingApproval]:
             call_id=call.call_id,
             tool=call.tool,
             arguments=redact(call.arguments),
+            waiting_for=call.wait.waiting_for if call.wait is not None else "approval",
             since=call.wait.since if call.wait is not None else None,
             wait_deadline=call.wait.deadline_at if call.wait is not None else None,
             on_timeout=call.wait.on_timeout if call.wait is not None else None,

@@ -381,6 +381,14 @@ class TurnStore:
         )
         return await self._runner.run_flow(flow)
 
+    async def request_client_result(
+        self, turn_id: str, call_id: str, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Answer a call of a client-side tool with its result or an error (`flows.send_client_result`).
+        False if terminal; UnknownTurnError if unknown."""
+        flow = flows.send_client_result(turn_id, call_id, codec.now_s(), result=result, error=error)
+        return await self._runner.run_flow(flow)
+
     async def read_control(self, turn_id: str, after: str = "0") -> list[ControlRequest]:
         """Cancel/approval requests after the stream id `after` (read them all on claim or take-over)."""
         return await self._runner.run(operations.read_control(turn_id, after))

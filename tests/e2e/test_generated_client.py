@@ -37,6 +37,7 @@ OPERATIONS = {
     ("get", "/v1/turns/{turn_id}/events"): "streamTurnEvents",
     ("post", "/v1/turns/{turn_id}/cancel"): "cancelTurn",
     ("post", "/v1/turns/{turn_id}/approvals/{call_id}"): "answerApproval",
+    ("post", "/v1/turns/{turn_id}/calls/{call_id}/result"): "submitToolResult",
     ("get", "/v1/tools"): "listTools",
     ("post", "/v1/tools/{name}/calls"): "callTool",
     ("get", "/metrics"): "getMetrics",

@@ -112,6 +112,7 @@ def test_control_bodies_and_ids_never_5xx(
     routes = {
         f"/v1/turns/{tid}/approvals/{cid}": "post /v1/turns/{turn_id}/approvals/{call_id}",
         f"/v1/turns/{tid}/cancel": "post /v1/turns/{turn_id}/cancel",
+        f"/v1/turns/{tid}/calls/{cid}/result": "post /v1/turns/{turn_id}/calls/{call_id}/result",
     }
     for path, route in routes.items():
         reply = api.post(path, content=body, headers={"content-type": "application/json"})

@@ -1,18 +1,19 @@
--- Record a cancel or approval request for a turn and tell its owner, if it has one; a parked turn (no owner: it
+-- Record a cancel, an approval or a client-side tool's result for a turn and tell its owner, if it has one; a parked turn (no owner: it
 -- only waits for people, park.lua) is woken instead: queued at the front, for any orchestrator to claim.
 -- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED,
--- 2 DECIDED (an approval of this call was recorded already: the first answer stands).
+-- 2 DECIDED (an answer of this kind about this call was recorded already: the first answer stands).
 -- KEYS: control stream, lease, status, parked zset, turn queue.
 -- ARGV: inbox prefix, turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
 --       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none), who decided
---       ('' for not said).
--- Entries written before arguments, reasons and deciders existed lack those fields: readers take them as none.
+--       ('' for not said), a client-side tool's result (JSON, '' for none: an error is the reason).
+-- Entries written before arguments, reasons, deciders and results existed lack those fields: readers take them
+-- as none.
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[3])
 if not st then return -1 end
 if terminal[st] then return 0 end
-if ARGV[3] == 'approval' then
+if ARGV[3] == 'approval' or ARGV[3] == 'client_result' then
   -- A turn's control stream holds a handful of entries: its cancels and approvals.
   local entries = redis.call('XRANGE', KEYS[1], '-', '+')
   for _, entry in ipairs(entries) do
@@ -21,12 +22,13 @@ if ARGV[3] == 'approval' then
     for i = 1, #fields, 2 do
       if fields[i] == 'kind' then kind = fields[i + 1] elseif fields[i] == 'call' then call = fields[i + 1] end
     end
-    if kind == 'approval' and call == ARGV[4] then return 2 end
+    if kind == ARGV[3] and call == ARGV[4] then return 2 end
   end
 end
 local id = redis.call('XADD', KEYS[1], '*',
                       'kind', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'at', ARGV[6],
-                      'arguments', ARGV[9] or '', 'reason', ARGV[10] or '', 'by', ARGV[11] or '')
+                      'arguments', ARGV[9] or '', 'reason', ARGV[10] or '', 'by', ARGV[11] or '',
+                      'result', ARGV[12] or '')
 local owner = redis.call('GET', KEYS[2])
 if owner then
   redis.call('XADD', ARGV[1] .. owner, 'MAXLEN', '~', ARGV[7], '*', 'kind', 'control', 'turn', ARGV[2],
