@@ -194,13 +194,23 @@ def test_one_confirmation_approved_and_another_denied_over_http(
             return
         asked.extend(data["data"]["call_ids"])
         view = http.get(f"/v1/turns/{turn_id}").json()
-        assert (view["status"], view["pending_approvals"]) == ("waiting", waiting)
-        assert json.loads(toolloop_show(module_redis, turn_id))["pending_approvals"] == waiting
+        shown = ("call_id", "tool", "arguments")
+        listed = [{k: w[k] for k in shown} for w in view["pending_approvals"]]
+        assert (view["status"], listed) == ("waiting", waiting)
+        assert {w["waiting_for"] for w in view["pending_approvals"]} == {"approval"}
+        show = json.loads(toolloop_show(module_redis, turn_id))["pending_approvals"]
+        assert [{k: w[k] for k in shown} for w in show] == waiting
         reply = http.post(f"/v1/turns/{turn_id}/approvals/call_r0_0", json={"approved": True})
         assert reply.status_code == 202 and reply.json() == {"id": turn_id, "accepted": True}
         # Once the orchestrator took the answer, only the other call is left to render.
         wait_until(
-            lambda: http.get(f"/v1/turns/{turn_id}").json()["pending_approvals"] == waiting[1:],
+            lambda: (
+                [
+                    {k: w[k] for k in shown}
+                    for w in http.get(f"/v1/turns/{turn_id}").json()["pending_approvals"]
+                ]
+                == waiting[1:]
+            ),
             "the approved call to leave the pending list",
         )
         assert (

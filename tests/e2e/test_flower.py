@@ -171,6 +171,7 @@ def test_a_successful_call_is_a_success_listed_by_tool_name_with_secrets_hidden(
         "attempt": 1,
         "arguments": {"account": "acme", "api_token": "***"},
         "context": {"user_email": "***"},
+        "tenant": "default",
     }
     assert_flower_hides(flower, sent)
 

@@ -157,8 +157,13 @@ async def test_get_lists_the_calls_waiting_for_approval(client: Client, aclient:
         PendingApproval(call_id="call_2", tool="delete", arguments={"id": 2}),
     ]
     sync_view = client.get(turn_id)
-    assert sync_view.status == TurnStatus.WAITING and sync_view.pending_approvals == expected
-    assert (await aclient.get(turn_id)).pending_approvals == expected
+    # Each wait also says since when it waits and when it is answered without a person (24 h, denied).
+    waits = sync_view.pending_approvals
+    assert all(w.since is not None and w.wait_deadline == w.since + 86400 for w in waits)
+    assert {w.on_timeout for w in waits} == {"deny"}
+    shown = [w.model_copy(update={"since": None, "wait_deadline": None, "on_timeout": None}) for w in waits]
+    assert sync_view.status == TurnStatus.WAITING and shown == expected
+    assert (await aclient.get(turn_id)).pending_approvals == waits
     assert "t-123" not in sync_view.model_dump_json()
     ended = TurnOutcome(turn_id=turn_id, status="cancelled", stop_reason="cancelled")
     assert await store.save_outcome(turn_id, ended)

@@ -89,7 +89,7 @@ def test_the_api_schema_shows_the_fields_and_422s_name_the_field(api: httpx.Clie
         *("temperature", "top_p", "max_output_tokens", "stop", "seed"),
         *("reasoning_effort", "parallel_tool_calls", "extra"),
     }
-    assert set(schemas["ApprovalBody"]["properties"]) == {"approved", "arguments", "reason"}
+    assert set(schemas["ApprovalBody"]["properties"]) == {"approved", "arguments", "reason", "decided_by"}
     refused = api.post(
         "/v1/turns",
         json={"prompt": "x", "model": "anthropic:c", "model_settings": {"seed": 1, "stop": ["a"]}},

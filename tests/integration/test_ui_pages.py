@@ -168,7 +168,9 @@ def test_submit_keeps_only_the_newest_turns_in_the_index(client: Client, db_url:
     runner = SyncRunner(client.redis)
     for n in range(5):
         op = operations.submit(TurnRequest(prompt=f"turn {n}"), f"turn_capped_{n}", time.time() + n)
-        runner.run(dataclasses.replace(op, args=(*op.args[:7], "3")))  # a cap of 3 instead of the default
+        # A cap of 3 instead of the default (the argument that holds keys.RECENT_TURNS_MAX).
+        at = op.args.index(str(keys.RECENT_TURNS_MAX))
+        runner.run(dataclasses.replace(op, args=(*op.args[:at], "3", *op.args[at + 1 :])))
     r = redis.Redis.from_url(db_url, decode_responses=True)
     try:
         assert r.zrevrange(keys.TURNS_RECENT, 0, -1) == [f"turn_capped_{n}" for n in (4, 3, 2)]

@@ -101,8 +101,11 @@ def test_a_pickled_message_is_refused_and_the_worker_keeps_serving(env: FaultEnv
             headers=headers,
             declare=[queue],
         )
-    # Celery logs the refused content type.
-    wait_until(lambda: "pickle" in env.workers[0].log_text().lower(), "the worker to refuse the pickle")
+    # The worker's message guard refuses it for its content type (a pickle's), before anything reads it.
+    wait_until(
+        lambda: "application/x-python-serialize" in env.workers[0].log_text(),
+        "the worker to refuse the pickle",
+    )
     assert not marker.exists(), "the pickled payload was deserialised"
     assert env.redis.get(STARTS + tag) is None
     assert is_running(env.workers[0])
