@@ -243,6 +243,9 @@ def test_the_approve_button_approves_a_waiting_call_with_edited_arguments_and_th
             card.locator("button.approve").click()
             page.locator("#turn-status[data-status=completed]").wait_for(timeout=60_000)
             assert page.locator("#approvals-section").is_hidden()
+            # Who decided, and why, stays on the call's card.
+            decided = page.locator(".tool .decision")
+            assert decided.inner_text() == "approved by default/ana: smaller, as agreed"
             # The wait for the person is shaded on the call's bar.
             assert page.locator("#timeline rect.tl-wait[data-why=approval]").count() == 1
             page.screenshot(path=str(tmp_path / "turn-approved.png"), full_page=True)

@@ -629,7 +629,18 @@ const HANDLERS = {
   tool_synthesis_requested: (data) => setPhase(toolCard(data.call_id, data.tool), "ending", "ending: " + data.failure_kind),
   approval_requested: onApprovalRequested,
   approval_given: (data) => {
-    setPhase(toolCard(data.call_id, data.tool), "dispatched", data.approved ? "approved" : "denied");
+    // Who decided, and why, as the events record it (decided_by, reason).
+    let label = data.approved ? "approved" : "denied";
+    if (data.decided_by) label += " by " + data.decided_by;
+    if (data.reason) label += ": " + data.reason;
+    const card = toolCard(data.call_id, data.tool);
+    setPhase(card, "dispatched", data.approved ? "approved" : "denied");
+    // Kept on the card once the call has run (its status moves on).
+    if (!card.decision) {
+      card.decision = element("div", "decision muted");
+      card.root.append(card.decision);
+    }
+    card.decision.textContent = label;
     refreshApprovals();
   },
   call_waiting: () => refreshApprovals(),
