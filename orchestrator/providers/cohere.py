@@ -1,22 +1,34 @@
-"""Cohere v2 `/v2/chat`, whole or as its SSE stream, normalised into a Turn.
+"""Cohere's v2 Chat API (`POST {base}/v2/chat`), both ways: the wire module the `cohere` profile names. The
+request is built by `cohere_request`; this module reads responses, errors, rate-limit headers and the SSE
+stream a `stream: true` body asks for (the same URL).
 
 `message.tool_plan` is the visible sentence a model writes before its tool calls ("I will use the
 currentTime tool…"): it is the answer's text, as `expected.json` judges it, and is also kept in
 `provider_data["tool_plan"]` because Cohere wants it back in its own field. `content[]` holds `text`
 and, for reasoning models, `thinking` blocks. Arguments are a JSON string, sometimes `"null"`. Usage
 is `usage.tokens` (what the model read and wrote), not `billed_units`.
+
+The stream (`CohereStreamReader`): `message-start` (the id), `tool-plan-delta`, `content-start` /
+`content-delta` / `content-end` by block index (a block is `text` or `thinking`), `tool-call-start` /
+`-delta` / `-end` by call index (the start names the call; arguments arrive as string pieces),
+`citation-start` / `-end` (not kept, as the whole body's citations are not), and `message-end` with the
+finish reason and usage — or, for a generation that failed, an `error` (a retryable ProviderError). A stream
+that stops before `message-end` was cut. Deltas: the plan and the text blocks are text, joined as the whole
+body's text is (a blank line between parts), thinking blocks are thinking, and a call is announced when it
+starts — except the answer tool of an output schema, whose arguments stream as the answer's text.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
 from orchestrator.providers.body import (
     build_error,
-    decode_json,
     invalid_response,
     is_error_body,
     opt_list,
@@ -24,18 +36,129 @@ from orchestrator.providers.body import (
     opt_str,
     req_map,
 )
+from orchestrator.providers.cohere_request import (
+    CHAT_PATH,
+    OWNED_FIELDS,
+    PROVIDER,
+    UNSUPPORTED_SETTINGS,
+    build_messages,
+    build_settings,
+    build_tools,
+    check_controls,
+)
 from orchestrator.providers.common import (
     IdSource,
     build_tool_call,
     build_turn,
+    clean_tool_name,
     join_text,
     join_thinking,
     parse_finish_reason,
-    parse_sse,
     parse_usage,
 )
+from orchestrator.providers.controls import build_extra
+from orchestrator.providers.deltas import Delta, TextDelta, ToolCallDelta
+from orchestrator.providers.rate_limits import (
+    RateLimitSignal,
+    parse_retry_after,
+    parse_whole,
+    read_header,
+)
+from orchestrator.providers.stream_reader import StreamReader, ThinkingJoiner, read_stream_text
+from orchestrator.providers.structured import ANSWER_TOOL
 
-PROVIDER = "cohere"
+if TYPE_CHECKING:
+    from orchestrator.providers.base import ModelRequest
+
+__all__ = [
+    "CHAT_PATH",
+    "OWNED_FIELDS",
+    "PROVIDER",
+    "UNSUPPORTED_SETTINGS",
+    "CohereStreamReader",
+    "build_url",
+    "check_controls",
+    "error_from_wire",
+    "from_stream",
+    "from_wire",
+    "parse_rate_limits",
+    "stream_reader",
+    "to_wire",
+]
+
+# The part of the text a tool plan is, beside the content blocks' indices (see `CohereStreamReader`).
+_PLAN = "plan"
+# Cohere's "too many tokens" messages that say the prompt does not fit without stating both sizes, which
+# `overflow.mark_context_overflow` does not know: "size limit exceeded by 11326 tokens", "minimal context
+# could not be added to prompt (size limit exceeded by 280 tokens)" (Cohere's errors reference).
+_OVERFLOW = re.compile(r"too many tokens:.*size limit exceeded by", re.I)
+# Cohere's 499: the request was cancelled; its errors reference says to try it again.
+_CANCELLED_STATUS = 499
+# Trial keys' headers: calls left of a per-minute limit (the rate-limits page), with no reset stated; the
+# minute is the longest the limit can take to come back.
+_TRIAL_REMAINING = "x-trial-endpoint-call-remaining"
+_TRIAL_WINDOW_S = 60.0
+
+
+# --- request ---------------------------------------------------------------------------------------------
+
+
+def build_url(base_url: str, model: str, *, stream: bool) -> str:
+    """`{base_url}/v2/chat`, streamed or not (the body's `stream: true` asks for the SSE stream); the model
+    is named in the body."""
+    del model, stream  # one URL for every call
+    return f"{base_url}{CHAT_PATH}"
+
+
+def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
+    """The v2 Chat request body for `request` (pure); with `stream`, one asking for the SSE stream. Messages,
+    tools, settings and an output schema: `cohere_request`; `extra` is merged last."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": build_messages(request),
+        **build_settings(request),
+        **build_tools(request),
+    }
+    if stream:
+        body["stream"] = True
+    return build_extra(body, request.settings)
+
+
+# --- errors and rate limits ------------------------------------------------------------------------------
+
+
+def error_from_wire(
+    status: int | None, body: object, headers: Mapping[str, str] | None = None
+) -> ProviderError:
+    """A ProviderError from a Cohere error body, `{"id": ..., "message": ...}`: 429 (with Retry-After),
+    5xx and 499 (cancelled) are retryable, other 4xx not; a prompt too long for the model is
+    `context_length_exceeded`. The body's `id` is the request id when no header names one."""
+    error = build_error(PROVIDER, status, body, headers)
+    update: dict[str, Any] = {}
+    if status == _CANCELLED_STATUS:
+        update["retryable"] = True
+    if error.code != CONTEXT_LENGTH_EXCEEDED and _OVERFLOW.search(error.message):
+        update.update(code=CONTEXT_LENGTH_EXCEEDED, retryable=False)
+    if error.request_id is None and isinstance(body, dict) and isinstance(body.get("id"), str) and body["id"]:
+        update["request_id"] = body["id"]
+    return error.model_copy(update=update) if update else error
+
+
+def parse_rate_limits(status: int | None, headers: Mapping[str, str], now: float) -> RateLimitSignal:
+    """What Cohere's headers say of its limits: `retry-after` (seconds) and, for trial keys,
+    `x-trial-endpoint-call-remaining` (calls left this minute; at most a minute until they are whole
+    again); a 429 is a refusal. Production keys get no such headers. `now` is unused."""
+    del now
+    remaining = parse_whole(read_header(headers, _TRIAL_REMAINING))
+    return RateLimitSignal(
+        refused=status == 429,
+        retry_after_s=parse_retry_after(read_header(headers, "retry-after")),
+        requests_remaining=remaining,
+        requests_reset_s=_TRIAL_WINDOW_S if remaining is not None else None,
+    )
+
+
+# --- response -> Turn ------------------------------------------------------------------------------------
 
 
 def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderError:
@@ -47,13 +170,6 @@ def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderEr
         return _build(opt_map(response.get("message"), "message"), response, ids or IdSource())
     except MalformedBody as exc:
         return invalid_response(PROVIDER, f"malformed Cohere response: {exc}")
-
-
-def error_from_wire(
-    status: int | None, body: object, headers: Mapping[str, str] | None = None
-) -> ProviderError:
-    """A ProviderError from a Cohere error body: `{"id": ..., "message": ...}`."""
-    return build_error(PROVIDER, status, body, headers)
 
 
 def _build(message: dict[str, Any], response: dict[str, Any], ids: IdSource) -> Turn:
@@ -103,83 +219,160 @@ def _read_tool_call(tool_call: dict[str, Any], ids: IdSource) -> ToolCall:
     )
 
 
+# --- stream -> Turn --------------------------------------------------------------------------------------
+
+
+def stream_reader(request: ModelRequest | None = None) -> StreamReader:
+    """A reader for one streamed answer (`CohereStreamReader`); for a request with an output schema, one
+    that streams the answer tool's arguments as the answer's text."""
+    answer_tool = ANSWER_TOOL if request is not None and request.output_schema is not None else None
+    return CohereStreamReader(answer_tool=answer_tool)
+
+
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from a whole v2 chat SSE stream (`message-start` … `message-end`), accumulated."""
-    events: list[dict[str, Any]] = []
-    for event in parse_sse(text):
-        data = event.data.strip()
-        if not data or data == "[DONE]":
-            continue
-        parsed = decode_json(data, PROVIDER)
-        if isinstance(parsed, ProviderError):
-            return parsed
-        if is_error_body(parsed):
-            return error_from_wire(None, parsed)
-        if not isinstance(parsed, dict):
-            return invalid_response(PROVIDER, "malformed Cohere stream: an event is not an object")
-        events.append(parsed)
-    try:
-        return _from_events(events, ids or IdSource())
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Cohere stream: {exc}")
+    return read_stream_text(stream_reader(), text, ids)
 
 
-def _from_events(events: list[dict[str, Any]], ids: IdSource) -> Turn | ProviderError:
-    response: dict[str, Any] = {}
-    tool_plan: list[str] = []
-    content: dict[int, dict[str, Any]] = {}
-    calls: dict[int, dict[str, Any]] = {}
-    for event in events:
-        kind = event.get("type")
-        message = opt_map(opt_map(event.get("delta"), "delta").get("message"), "delta.message")
-        index = _index(event.get("index"))
+class CohereStreamReader(StreamReader):
+    """A v2 chat stream: deltas per event, the Turn `from_wire` gives for the same answer once `message-end`
+    came (see the module)."""
+
+    provider = PROVIDER
+    stream_name = "Cohere stream"
+
+    def __init__(self, *, answer_tool: str | None = None) -> None:
+        super().__init__()
+        # With an output schema offered as the answer tool (`structured`), that tool's arguments are the
+        # answer: they stream as text, and the tool is never announced as a call.
+        self.answer_tool = answer_tool
+        self.answer_index: int | None = None
+        self.response: dict[str, Any] = {}
+        self.plan: list[str] = []
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.announced: set[int] = set()
+        self.ended = False
+        self.joiner = ThinkingJoiner()
+        # The text part (the plan, or a block's index) the last text piece belonged to, and whether any
+        # text came: a new part's first piece carries the blank line `_build` puts between parts.
+        self.text_part: object = None
+        self.any_text = False
+
+    def read_error(self, event_name: str | None, payload: object) -> ProviderError | None:
+        if is_error_body(payload) or event_name == "error":
+            return error_from_wire(None, payload)
+        event = req_map(payload, "stream event")
+        if "type" not in event and isinstance(event.get("message"), str):
+            return error_from_wire(None, event)  # Cohere's error body, `{"id", "message"}`, as an event
+        if event.get("type") == "message-end":
+            delta = opt_map(event.get("delta"), "message-end.delta")
+            failure = opt_str(delta.get("error"), "message-end.delta.error")
+            if failure:
+                return _generation_error(failure, delta.get("finish_reason"))
+        return None
+
+    def read_event(self, payload: dict[str, Any]) -> list[Delta]:
+        kind = payload.get("type")
+        delta = opt_map(payload.get("delta"), f"{kind}.delta")
+        message = opt_map(delta.get("message"), f"{kind}.delta.message")
         if kind == "message-start":
-            response["id"] = event.get("id")
+            self.response["id"] = opt_str(payload.get("id"), "message-start.id")
         elif kind == "tool-plan-delta":
-            tool_plan.append(opt_str(message.get("tool_plan"), "delta.message.tool_plan") or "")
+            piece = opt_str(message.get("tool_plan"), "tool-plan-delta.tool_plan") or ""
+            self.plan.append(piece)
+            return self._add_text(_PLAN, piece)
         elif kind in ("content-start", "content-delta"):
-            _add_content(content.setdefault(index, {}), opt_map(message.get("content"), "content"))
+            return self._add_content(_index(payload), opt_map(message.get("content"), f"{kind}.content"))
         elif kind in ("tool-call-start", "tool-call-delta"):
-            _add_tool_call(calls.setdefault(index, {}), opt_map(message.get("tool_calls"), "tool_calls"))
+            return self._add_call(_index(payload), opt_map(message.get("tool_calls"), f"{kind}.tool_calls"))
         elif kind == "message-end":
-            delta = opt_map(event.get("delta"), "delta")
-            response["finish_reason"] = delta.get("finish_reason")
-            response["usage"] = delta.get("usage")
-    if "finish_reason" not in response:
-        return invalid_response(PROVIDER, "Cohere stream ended before message-end", retryable=True)
-    message = {
-        "tool_plan": "".join(tool_plan),
-        "content": [content[i] for i in sorted(content)],
-        "tool_calls": [calls[i] for i in sorted(calls)],
-    }
-    return _build(message, response, ids)
+            self.ended = True
+            self.response["finish_reason"] = delta.get("finish_reason")
+            self.response["usage"] = delta.get("usage")
+        return []
+
+    def _add_text(self, part: object, piece: str) -> list[Delta]:
+        if not piece:
+            return []
+        prefix = ""
+        if part != self.text_part:
+            prefix = "\n\n" if self.any_text else ""
+            self.text_part = part
+        self.any_text = True
+        return [TextDelta(prefix + piece)]
+
+    def _add_content(self, index: int, piece: dict[str, Any]) -> list[Delta]:
+        block = self.blocks.setdefault(index, {})
+        kind = opt_str(piece.get("type"), "content.type")
+        text = opt_str(piece.get("text"), "content.text")
+        thinking = opt_str(piece.get("thinking"), "content.thinking")
+        if kind:
+            block["type"] = kind
+        elif "type" not in block and (text is not None or thinking is not None):
+            # A block whose start named no type is what its first piece carries.
+            block["type"] = "thinking" if text is None else "text"
+        if block.get("type") == "thinking":
+            block["thinking"] = block.get("thinking", "") + (thinking or "")
+            return self.joiner.add(index, thinking or "")
+        block["text"] = block.get("text", "") + (text or "")
+        return self._add_text(index, text or "")
+
+    def _add_call(self, index: int, piece: dict[str, Any]) -> list[Delta]:
+        call = self.calls.setdefault(index, {})
+        for key in ("id", "type"):
+            if piece.get(key) is not None:
+                call[key] = piece[key]
+        function = opt_map(piece.get("function"), "tool_calls.function")
+        held = call.setdefault("function", {})
+        name = opt_str(function.get("name"), "tool_calls.function.name")
+        if name:
+            held["name"] = name
+        fragment = opt_str(function.get("arguments"), "tool_calls.function.arguments") or ""
+        held["arguments"] = held.get("arguments", "") + fragment
+        deltas: list[Delta] = []
+        if name and index not in self.announced and index != self.answer_index:
+            if name == self.answer_tool:
+                self.answer_index = index
+            else:
+                self.announced.add(index)
+                call_id = call.get("id")
+                deltas.append(
+                    ToolCallDelta(
+                        len(self.announced) - 1,
+                        clean_tool_name(name),
+                        call_id if isinstance(call_id, str) and call_id else None,
+                    )
+                )
+        if index == self.answer_index and fragment:
+            deltas.append(TextDelta(fragment))
+        return deltas
+
+    def build(self, ids: IdSource) -> Turn | ProviderError:
+        if not self.ended:
+            return self.cut("ended before message-end")
+        message = {
+            "tool_plan": "".join(self.plan),
+            "content": [self.blocks[i] for i in sorted(self.blocks)],
+            "tool_calls": [self.calls[i] for i in sorted(self.calls)],
+        }
+        return _build(message, self.response, ids)
 
 
-def _index(value: object) -> int:
+def _index(event: Mapping[str, Any]) -> int:
+    value = event.get("index")
     if value is None:
         return 0
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 10_000:
-        raise MalformedBody("index", f"expected a small non-negative integer, got {value!r}")
+        raise MalformedBody(
+            f"{event.get('type')}.index", f"expected a small non-negative integer, got {value!r}"
+        )
     return value
 
 
-def _add_content(block: dict[str, Any], piece: dict[str, Any]) -> None:
-    if piece.get("type"):
-        block["type"] = piece["type"]
-    for key in ("text", "thinking"):
-        fragment = opt_str(piece.get(key), f"content.{key}")
-        if fragment is not None:
-            block[key] = (block.get(key) or "") + fragment
-
-
-def _add_tool_call(call: dict[str, Any], piece: dict[str, Any]) -> None:
-    for key in ("id", "type"):
-        if piece.get(key) is not None:
-            call[key] = piece[key]
-    function = opt_map(piece.get("function"), "tool_calls.function")
-    held = call.setdefault("function", {})
-    if function.get("name") is not None:
-        held["name"] = function["name"]
-    fragment = opt_str(function.get("arguments"), "tool_calls.function.arguments")
-    if fragment is not None:
-        held["arguments"] = (held.get("arguments") or "") + fragment
+def _generation_error(message: str, finish_reason: object) -> ProviderError:
+    # A generation that failed on Cohere's side ("ERROR": an internal error, "TIMEOUT": it ran out of time)
+    # is worth asking again, unless what failed is a prompt too long for the model.
+    kind = finish_reason.lower() if isinstance(finish_reason, str) and finish_reason else "error"
+    error = error_from_wire(None, {"type": kind, "message": message})
+    return error if error.code == CONTEXT_LENGTH_EXCEEDED else error.model_copy(update={"retryable": True})
