@@ -1,7 +1,8 @@
 """Orchestrator settings: the worker's connection settings plus what only the orchestrator side
 reads — the model, its tiers and provider credentials, the API token, leases and the lost-call grace.
 
-Provider keys keep their vendors' usual names (OPENAI_API_KEY, …). Tool workers load
+Provider variables keep their vendors' usual names (OPENAI_API_KEY, AWS_REGION, …): each provider's profile
+names its own (`providers.profiles`). Tool workers load
 `workers.settings.WorkerSettings` only, so a worker process never reads a model credential.
 
 Design notes: docs/design/storage.md, "Settings".
@@ -9,16 +10,32 @@ Design notes: docs/design/storage.md, "Settings".
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from functools import lru_cache
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from orchestrator.machine.state import DEFAULT_LOST_CALL_WAIT_S
 from orchestrator.model_limits import ModelLimit
+from orchestrator.providers.profiles import PROFILES
 from orchestrator.providers.traits import MODEL_TIERS
 from orchestrator.tenant_limits import TenantLimit
 from workers import keys
 from workers.settings import WorkerSettings
+
+
+ENV_PREFIX = "TOOLLOOP_"
+PROVIDER_VARIABLES: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        name
+        for profile in PROFILES.values()
+        if profile.endpoint is not None
+        for name in profile.endpoint.variables
+        if not name.startswith(ENV_PREFIX)
+    )
+)
+"""Every provider variable a profile names, outside toolloop's own settings."""
 
 
 class Settings(WorkerSettings):
@@ -57,18 +74,10 @@ class Settings(WorkerSettings):
     # before it is a 503 with Retry-After (TOOLLOOP_API_REDIS_RETRY_S): long enough to ride out a restart.
     api_redis_retry_s: float = Field(default=10.0, ge=0)
 
-    openai_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "TOOLLOOP_OPENAI_API_KEY")
-    )
-    openai_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "TOOLLOOP_OPENAI_BASE_URL")
-    )
-    anthropic_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "TOOLLOOP_ANTHROPIC_API_KEY")
-    )
-    anthropic_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "TOOLLOOP_ANTHROPIC_BASE_URL")
-    )
+    # The providers' own variables (OPENAI_API_KEY, GEMINI_BASE_URL, AWS_REGION …: each profile's endpoint
+    # names its own, `providers.profiles`), read from the environment under their vendors' usual names or
+    # with the TOOLLOOP_ prefix; a blank one is unset. Given directly, `Settings(provider_env={...})`.
+    provider_env: dict[str, SecretStr] = Field(default_factory=dict, exclude=True)
 
     # Base URL (ending in /v1) of a running scripted model server, for `scripted:<name>` models.
     scripted_base_url: str | None = None
@@ -134,6 +143,31 @@ class Settings(WorkerSettings):
     # are the workers' (`WorkerSettings`).
     turn_ttl_s: int = Field(default=keys.TURN_TTL_S, gt=0)
     conversation_ttl_s: int = Field(default=keys.CONVERSATION_TTL_S, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_provider_env(cls, data: object) -> object:
+        if not isinstance(data, dict) or "provider_env" in data:
+            return data
+        found = {}
+        for name in PROVIDER_VARIABLES:
+            value = os.environ.get(name) or os.environ.get(f"{ENV_PREFIX}{name}")
+            if value and value.strip():
+                found[name] = value.strip()
+        return {**data, "provider_env": found}
+
+    def provider_variables(self, names: Iterable[str]) -> dict[str, str]:
+        """The values of a provider's variables that are set, by name (a `TOOLLOOP_` one is a setting)."""
+        values: dict[str, str] = {}
+        for name in names:
+            if name.startswith(ENV_PREFIX):
+                value = getattr(self, name.removeprefix(ENV_PREFIX).lower(), None)
+            else:
+                secret = self.provider_env.get(name)
+                value = secret.get_secret_value() if secret is not None else None
+            if isinstance(value, str) and value.strip():
+                values[name] = value.strip()
+        return values
 
     @field_validator("api_token", "api_keys", mode="after")
     @classmethod

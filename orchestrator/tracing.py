@@ -26,6 +26,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from orchestrator.machine.events import CallModel
 from orchestrator.model import Message, ProviderError, ToolMessage, Turn, TurnRequest
 from orchestrator.providers.base import parse_model_ref
+from orchestrator.providers.profiles import find_profile
 from orchestrator.store.turn_view import build_shown_call, build_shown_messages, build_shown_raw_arguments
 from workers.tracing import (
     CONTENT_MAX_CHARS,
@@ -37,9 +38,6 @@ from workers.tracing import (
     records_content,
 )
 
-# toolloop's providers as the GenAI conventions name them (`gen_ai.provider.name`): one wire format of a
-# vendor is that vendor; the scripted model is toolloop's own.
-GENAI_PROVIDERS = {"openai": "openai", "openai_responses": "openai", "anthropic": "anthropic"}
 PROVIDER_NAME = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
@@ -130,12 +128,19 @@ def trace_model_call(parent: Context | None, command: CallModel) -> AbstractCont
     return _traced_model_call(tracer, parent, command)
 
 
+def build_genai_provider(provider: str) -> str:
+    """A provider as the GenAI conventions name it (`gen_ai.provider.name`, its profile's `genai_name`): one
+    wire format of a vendor is that vendor; a provider they do not name (the scripted model) keeps its own."""
+    profile = find_profile(provider)
+    return profile.genai_name if profile is not None and profile.genai_name else provider
+
+
 @contextmanager
 def _traced_model_call(tracer: Tracer, parent: Context | None, command: CallModel) -> Iterator[ChatSpan]:
     ref = parse_model_ref(command.model)
     attributes: dict[str, Any] = {
         OPERATION: "chat",
-        PROVIDER_NAME: GENAI_PROVIDERS.get(ref.provider, ref.provider),
+        PROVIDER_NAME: build_genai_provider(ref.provider),
         REQUEST_MODEL: ref.model,
         LLM_CALL_INDEX: command.llm_call_index,
     }

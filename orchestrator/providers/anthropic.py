@@ -59,6 +59,7 @@ __all__ = [
     "build_messages",
     "build_tool_choice",
     "build_tool_param",
+    "build_url",
     "clean_tool_id",
     "error_from_wire",
     "from_stream",
@@ -69,6 +70,14 @@ __all__ = [
 ]
 
 MESSAGES_PATH = "/v1/messages"
+
+
+def build_url(base_url: str, model: str, *, stream: bool) -> str:
+    """The URL of one Messages API call: the same for every model, streamed or not (the body says which)."""
+    del model, stream  # the model and streaming travel in the body
+    return f"{base_url}{MESSAGES_PATH}"
+
+
 API_VERSION = "2023-06-01"
 # The user turn after a conversation that ends with the assistant's (see `build_messages`).
 CONTINUE_TEXT = "Continue from the results above."

@@ -4,10 +4,10 @@ these.
 
 Settings: `max_tokens` is always sent — the setting's `max_output_tokens` (or the request's own), else
 `DEFAULT_MAX_TOKENS`. `reasoning_effort` turns extended thinking on, `thinking: {type: enabled,
-budget_tokens}` with the budget of `controls.THINKING_BUDGET_TOKENS` (minimal 1024, low 2048, medium 8192,
-high 16384), kept at least 1024 tokens below a `max_output_tokens` that is set; without one, `max_tokens` is
-the budget plus `DEFAULT_MAX_TOKENS`, so the answer keeps its usual room. `stop` is `stop_sequences`;
-`parallel_tool_calls: false` is `tool_choice.disable_parallel_tool_use`.
+budget_tokens}` with the budget of `profiles.anthropic.THINKING_BUDGET_TOKENS` (minimal 1024, low 2048,
+medium 8192, high 16384), kept at least 1024 tokens below a `max_output_tokens` that is set; without one,
+`max_tokens` is the budget plus `DEFAULT_MAX_TOKENS`, so the answer keeps its usual room. `stop` is
+`stop_sequences`; `parallel_tool_calls: false` is `tool_choice.disable_parallel_tool_use`.
 
 Prompt caching (on unless the request says `prompt_cache=False`): `cache_control: {type: ephemeral}` on the
 system prompt, on the last tool, and on the last block of the conversation's stable prefix — the message
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.model import SystemMessage
-from orchestrator.providers.controls import build_thinking_budget
+from orchestrator.providers.profiles.anthropic import build_thinking_budget
 from orchestrator.providers.structured import ANSWER_TOOL, build_answer_tool
 
 if TYPE_CHECKING:

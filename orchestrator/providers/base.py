@@ -37,14 +37,17 @@ from orchestrator.model import Message, ModelSettings, ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text
 from orchestrator.providers.common import IdSource, transport_error
 from orchestrator.providers.deltas import DeltaSink
+from orchestrator.providers.profiles import CALLABLE
 from orchestrator.providers.rate_limits import RateLimitSignal, RateLimitSink
+from orchestrator.providers.sending import RequestAuth, build_headers, encode_body
 from orchestrator.providers.stream_reader import StreamReader
 from orchestrator.providers.streaming import call_stream, read_error_body
 from orchestrator.providers.structured import read_answer_tool
 from orchestrator.providers.traits import MODEL_TIERS
 from workers.contract import ToolSpec
 
-PROVIDERS = ("openai", "openai_responses", "anthropic", "scripted")
+PROVIDERS = CALLABLE
+"""The providers a model may name: those with a callable profile (`providers.profiles`)."""
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 DEFAULT_MAX_RETRIES = 2
 BACKOFF_BASE_S = 0.5
@@ -72,7 +75,7 @@ def parse_model_ref(name: str) -> ModelRef:
     provider = provider.strip().lower()
     if not sep or not model.strip():
         raise ModelConfigError(f"model {name!r} is not `provider:model` (providers: {', '.join(PROVIDERS)})")
-    if provider not in PROVIDERS:
+    if provider not in PROVIDERS:  # a read-only format (ollama, bare) is no model either
         raise ModelConfigError(
             f"unknown provider {provider!r}{build_did_you_mean(provider, PROVIDERS)} in {name!r} "
             f"(providers: {', '.join(PROVIDERS)})"
@@ -183,22 +186,28 @@ async def post_json(
     retry: RetryPolicy | None = None,
     sleep: Sleep = asyncio.sleep,
     on_answer: AnswerHook | None = None,
+    auth: RequestAuth | None = None,
 ) -> object | ProviderError:
     """POST `body` as JSON; the decoded 2xx response body, or a ProviderError. Never raises for I/O.
-    `on_answer` is told the status and headers of each answer."""
+    `on_answer` is told the status and headers of each answer; `auth` authorises each attempt."""
     policy = retry or RetryPolicy()
+    content = encode_body(body)
     retry_number = 0
     while True:
-        result = await _post_once(
-            http,
-            url,
-            body,
-            provider=provider,
-            error_from_wire=error_from_wire,
-            headers=headers,
-            http_timeout=http_timeout,
-            on_answer=on_answer,
-        )
+        sent = await build_headers(provider, url, headers or {}, content, auth)
+        if isinstance(sent, ProviderError):
+            result: object | ProviderError = sent
+        else:
+            result = await _post_once(
+                http,
+                url,
+                content,
+                provider=provider,
+                error_from_wire=error_from_wire,
+                headers=sent,
+                http_timeout=http_timeout,
+                on_answer=on_answer,
+            )
         if not isinstance(result, ProviderError):
             return result
         retry_number += 1
@@ -211,16 +220,16 @@ async def post_json(
 async def _post_once(
     http: httpx.AsyncClient,
     url: str,
-    body: Mapping[str, Any],
+    content: bytes,
     *,
     provider: str,
     error_from_wire: ErrorMapper,
-    headers: Mapping[str, str] | None,
+    headers: dict[str, str],
     http_timeout: httpx.Timeout,
     on_answer: AnswerHook | None,
 ) -> object | ProviderError:
     try:
-        response = await http.post(url, json=body, headers=dict(headers or {}), timeout=http_timeout)
+        response = await http.post(url, content=content, headers=headers, timeout=http_timeout)
     except httpx.TimeoutException as exc:
         error = transport_error(provider, f"request to {url} timed out ({type(exc).__name__})")
         return error.model_copy(update={"type": "timeout"})
@@ -236,6 +245,10 @@ async def _post_once(
     return decode_json(text, provider)
 
 
+UrlBuilder = Callable[..., str]
+"""A wire module's `build_url(base_url, model, *, stream)`."""
+
+
 @dataclass
 class HttpModelClient:
     """A ModelClient for one provider module over HTTP: to_wire → post_json → from_wire, or, when the
@@ -249,6 +262,16 @@ class HttpModelClient:
     timeout: httpx.Timeout = field(default_factory=lambda: DEFAULT_TIMEOUT)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     sleep: Sleep = asyncio.sleep
+    # With `url_builder`, `url` is the base URL and each call's URL is built from it, the model and whether
+    # it streams (Gemini and Bedrock put both in the path); without, `url` is every call's URL.
+    url_builder: UrlBuilder | None = None
+    auth: RequestAuth | None = None
+
+    def build_url(self, request: ModelRequest, *, stream: bool) -> str:
+        """The URL of one call of `request`."""
+        if self.url_builder is None:
+            return self.url
+        return self.url_builder(self.url, request.model, stream=stream)
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
@@ -260,7 +283,7 @@ class HttpModelClient:
         body = self.wire.to_wire(request)
         result = await post_json(
             self.http,
-            self.url,
+            self.build_url(request, stream=False),
             body,
             provider=self.provider,
             error_from_wire=self.wire.error_from_wire,
@@ -269,6 +292,7 @@ class HttpModelClient:
             retry=self.retry,
             sleep=self.sleep,
             on_answer=self.build_answer_hook(request),
+            auth=self.auth,
         )
         if isinstance(result, ProviderError):
             return result.model_copy(update={"provider": self.provider})

@@ -52,6 +52,7 @@ __all__ = [
     "build_settings",
     "build_tool_choice",
     "build_tool_param",
+    "build_url",
     "error_from_wire",
     "from_stream",
     "from_wire",
@@ -61,6 +62,12 @@ __all__ = [
 ]
 
 CHAT_PATH = "/chat/completions"
+
+
+def build_url(base_url: str, model: str, *, stream: bool) -> str:
+    """The URL of one Chat Completions call: one for every model, streamed or not (the body says which)."""
+    del model, stream  # the model and streaming travel in the body
+    return f"{base_url}{CHAT_PATH}"
 
 
 # --- rate limits -----------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ __all__ = [
     "RESPONSES_PATH",
     "build_tool_choice",
     "build_tool_param",
+    "build_url",
     "error_from_wire",
     "from_stream",
     "from_wire",
@@ -51,6 +52,12 @@ __all__ = [
 ]
 
 RESPONSES_PATH = "/responses"
+
+
+def build_url(base_url: str, model: str, *, stream: bool) -> str:
+    """The URL of one Responses API call: the same for every model, streamed or not (the body says which)."""
+    del model, stream  # the model and streaming travel in the body
+    return f"{base_url}{RESPONSES_PATH}"
 
 
 # --- stream -> Turn --------------------------------------------------------------------------------------

@@ -1,23 +1,25 @@
-"""Model clients by name: `provider:model` → an HttpModelClient for that provider's wire format.
+"""Model clients by name: `provider:model` → an HttpModelClient built from the provider's profile.
 
-Providers: `openai` (Chat Completions at OPENAI_BASE_URL, which includes `/v1` as in the OpenAI SDK; any
-OpenAI-compatible server), `openai_responses` (the Responses API at the same base URL), `anthropic`
-(Messages at ANTHROPIC_BASE_URL, which does not include `/v1`, as in the Anthropic SDK) and `scripted` (the
-project's own deterministic model: the Chat Completions adapter pointed at a scripted server's base URL).
+Every provider is a profile (`providers.profiles`): its wire module, its endpoint (the default base URL,
+the variable that overrides it, the key's variable and header, or what authorises each call) and whether it
+serves itself (the scripted model). `build_model_client` reads the endpoint's variables from the settings
+(`Settings.provider_variables`), picks the base URL (the variable, else what the profile builds from the
+others, else the default), and builds the client; nothing here names a provider.
 
-`build_model_client` builds one client. A provider's own API (OPENAI_BASE_URL unset or api.openai.com,
-ANTHROPIC_BASE_URL unset or api.anthropic.com) without its key in this process's environment gets a
+A provider's own API (its default host) without its key in this process's environment gets a
 `MissingKeyClient`: every call answers a non-retryable `ProviderError` that names the variable to set, so a
-turn fails at its first model call with that message instead of retrying a 401 (a local OpenAI-compatible
-server needs no key). `ModelClients` is what a process asks for clients: one per model name, and the scripted
-server's lifecycle — a `scripted:` model with no `TOOLLOOP_SCRIPTED_BASE_URL` starts the in-process scripted
-server once, the first time one is asked for, and `aclose()` stops it.
+turn fails at its first model call with that message instead of retrying a 401 (a local compatible server
+needs no key). `ModelClients` is what a process asks for clients: one per model name, and the scripted
+server's lifecycle — a model of a profile that serves itself, with no base URL configured, starts the
+in-process scripted server once, the first time one is asked for, and `aclose()` stops it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -25,7 +27,6 @@ import httpx
 
 from orchestrator.errors import ModelConfigError
 from orchestrator.model import ProviderError, Turn
-from orchestrator.providers import anthropic, openai_chat, openai_responses
 from orchestrator.providers.base import (
     DEFAULT_TIMEOUT,
     HttpModelClient,
@@ -37,13 +38,13 @@ from orchestrator.providers.base import (
     parse_model_ref,
 )
 from orchestrator.providers.deltas import DeltaSink
+from orchestrator.providers.profile import ProviderProfile
+from orchestrator.providers.profiles import find_profile
 from orchestrator.providers.scripted.server import ScriptedServer
 from orchestrator.settings import Settings
 
 log = logging.getLogger("toolloop.orchestrator")
 
-OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
-ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
 MISSING_KEY_ERROR = "missing_api_key"
 
 
@@ -66,14 +67,14 @@ class MissingKeyClient:
 
 
 def build_missing_key_client(
-    ref: ModelRef, base_url: str, key_variable: str, url_variable: str
+    ref: ModelRef, base_url: str, key_variable: str, url_variable: str | None
 ) -> ModelClient:
     """A `MissingKeyClient` for `ref`, logging once (per model) what the orchestrator lacks."""
     message = (
         f"model {ref} needs {key_variable} in the orchestrator's environment: {base_url} is the provider's "
         f"own API and this orchestrator has no key for it. Set {key_variable} where `toolloop orchestrator` "
-        f"runs (a submitting process's environment is not read), or point {url_variable} at a compatible "
-        "server that needs none"
+        "runs (a submitting process's environment is not read)"
+        + (f", or point {url_variable} at a compatible server that needs none" if url_variable else "")
     )
     log.error("%s", message)
     return MissingKeyClient(ref.provider, message)
@@ -95,40 +96,54 @@ def build_model_client(
 ) -> ModelClient:
     """A client for `ref`. The runtime passes `max_retries=0`: its state machine counts model retries.
 
-    Raises `ModelConfigError` for an unknown provider, or a scripted model with no server URL (neither the
-    argument nor `TOOLLOOP_SCRIPTED_BASE_URL`). A provider's own API without its key gets a
-    `MissingKeyClient`.
+    `scripted_base_url` is the base URL of a provider that serves itself (the in-process scripted server).
+    Raises `ModelConfigError` for an unknown provider, or one whose base URL nothing gives (naming the
+    variable to set). A provider's own API without its key gets a `MissingKeyClient`.
     """
-    retry = RetryPolicy(max_retries=max_retries)
-    if ref.provider in ("openai", "openai_responses"):
-        base_url = (settings.openai_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/")
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        if not key and is_official_api(base_url, OPENAI_DEFAULT_BASE_URL):
-            return build_missing_key_client(ref, base_url, "OPENAI_API_KEY", "OPENAI_BASE_URL")
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        wire: WireFormat = openai_chat if ref.provider == "openai" else openai_responses
-        path = openai_chat.CHAT_PATH if ref.provider == "openai" else openai_responses.RESPONSES_PATH
-        url = f"{base_url}{path}"
-        return HttpModelClient(ref.provider, wire, http, url, headers, timeout, retry)
-    if ref.provider == "anthropic":
-        base_url = (settings.anthropic_base_url or ANTHROPIC_DEFAULT_BASE_URL).rstrip("/")
-        if not settings.anthropic_api_key and is_official_api(base_url, ANTHROPIC_DEFAULT_BASE_URL):
-            return build_missing_key_client(ref, base_url, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
-        headers = {"anthropic-version": anthropic.API_VERSION}
-        if settings.anthropic_api_key:
-            headers["x-api-key"] = settings.anthropic_api_key.get_secret_value()
-        url = f"{base_url}{anthropic.MESSAGES_PATH}"
-        return HttpModelClient(ref.provider, anthropic, http, url, headers, timeout, retry)
-    if ref.provider == "scripted":
-        scripted_url = scripted_base_url or settings.scripted_base_url
-        if not scripted_url:
-            raise ModelConfigError(
-                f"model {ref} needs a scripted server: start one (providers.scripted.server) and set "
-                "TOOLLOOP_SCRIPTED_BASE_URL to its base URL"
-            )
-        url = f"{scripted_url.rstrip('/')}{openai_chat.CHAT_PATH}"
-        return HttpModelClient(ref.provider, openai_chat, http, url, {}, timeout, retry)
-    raise ModelConfigError(f"unknown provider {ref.provider!r}")
+    profile = find_profile(ref.provider)
+    if profile is None or profile.endpoint is None:
+        raise ModelConfigError(f"unknown provider {ref.provider!r}")
+    endpoint = profile.endpoint
+    values = settings.provider_variables(endpoint.variables)
+    base_url = _find_base_url(ref, profile, values, scripted_base_url)
+    key = values.get(endpoint.key_variable) if endpoint.key_variable else None
+    official = endpoint.default_base_url
+    if endpoint.key_variable and not key and official and is_official_api(base_url, official):
+        return build_missing_key_client(ref, base_url, endpoint.key_variable, endpoint.base_url_variable)
+    headers = dict(endpoint.headers)
+    if key and endpoint.auth == "bearer":
+        headers["authorization"] = f"Bearer {key}"
+    elif key and endpoint.auth == "header":
+        headers[endpoint.key_header] = key
+    auth = endpoint.auth_builder(values) if endpoint.auth_builder is not None else None
+    wire: WireFormat = importlib.import_module(profile.wire)
+    return HttpModelClient(
+        ref.provider,
+        wire,
+        http,
+        base_url,
+        headers,
+        timeout,
+        RetryPolicy(max_retries=max_retries),
+        url_builder=getattr(wire, endpoint.url_builder),
+        auth=auth,
+    )
+
+
+def _find_base_url(
+    ref: ModelRef, profile: ProviderProfile, values: Mapping[str, str], served_at: str | None
+) -> str:
+    endpoint = profile.endpoint
+    assert endpoint is not None
+    named = values.get(endpoint.base_url_variable) if endpoint.base_url_variable else None
+    if profile.serves_itself:
+        named = served_at or named
+    built = endpoint.base_url_builder(values) if named is None and endpoint.base_url_builder else None
+    base_url = named or built or endpoint.default_base_url
+    if not base_url:
+        variable = endpoint.base_url_variable or " or ".join(endpoint.other_variables)
+        raise ModelConfigError(f"model {ref} needs {variable} in the orchestrator's environment")
+    return base_url.rstrip("/")
 
 
 class ModelClients:
@@ -152,7 +167,8 @@ class ModelClients:
         if client is None:
             ref = parse_model_ref(model)
             scripted_url = None
-            if ref.provider == "scripted" and not self._settings.scripted_base_url:
+            profile = find_profile(ref.provider)
+            if profile is not None and profile.serves_itself and not self._settings.scripted_base_url:
                 scripted_url = await self._scripted_url()
             # Nothing from the server for `model_timeout_s` (TOOLLOOP_MODEL_TIMEOUT_S): a retryable timeout.
             timeout = httpx.Timeout(self._settings.model_timeout_s, connect=DEFAULT_TIMEOUT.connect)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, Turn
@@ -95,6 +95,16 @@ def read_stream_text(reader: StreamReader, text: str, ids: IdSource | None = Non
         if reader.error is not None:
             break
     return reader.finish(ids)
+
+
+class EventDecoder(Protocol):
+    """A body's events from its bytes as they arrive: SSE (`SSEByteDecoder`), or a wire module's own framing
+    (Bedrock's binary event stream) mapped onto the same `SSEEvent`s. Either raises `ValueError` for bytes
+    it cannot read, from `close` too when the body stopped inside an event."""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]: ...
+
+    def close(self) -> list[SSEEvent]: ...
 
 
 class SSEByteDecoder:

@@ -39,7 +39,8 @@ from orchestrator.model import ProviderError, Turn
 from orchestrator.providers.body import decode_json, decode_text, invalid_response
 from orchestrator.providers.common import IdSource, SSEEvent, transport_error
 from orchestrator.providers.deltas import Delta, DeltaSink
-from orchestrator.providers.stream_reader import SSEByteDecoder, StreamReader
+from orchestrator.providers.sending import build_headers, encode_body
+from orchestrator.providers.stream_reader import EventDecoder, SSEByteDecoder, StreamReader
 
 if TYPE_CHECKING:
     from orchestrator.providers.base import HttpModelClient, ModelRequest, StreamingWireFormat
@@ -101,11 +102,15 @@ async def _stream_once(
     ids: IdSource | None,
     sink: _Sink,
 ) -> Turn | ProviderError:
-    url = client.url
+    url = client.build_url(request, stream=True)
+    content = encode_body(body)
+    headers = await build_headers(client.provider, url, client.headers, content, client.auth)
+    if isinstance(headers, ProviderError):
+        return headers
     on_answer = client.build_answer_hook(request)
     try:
         async with client.http.stream(
-            "POST", url, json=body, headers=dict(client.headers), timeout=client.timeout
+            "POST", url, content=content, headers=headers, timeout=client.timeout
         ) as response:
             if on_answer is not None:
                 on_answer(response.status_code, response.headers)
@@ -156,6 +161,9 @@ async def _read_chunks(
     sink: _Sink,
 ) -> Turn | ProviderError:
     content_type = content_type.lower()
+    framed = _framed_decoder(wire, content_type)
+    if framed is not None:
+        return await _read_events(chunks, b"", wire.stream_reader(request), ids, sink, decoder=framed)
     if content_type.startswith("text/event-stream"):
         return await _read_events(chunks, b"", wire.stream_reader(request), ids, sink)
     # Any other type is sniffed, JSON's too: servers label their streams text/plain or application/json.
@@ -174,10 +182,27 @@ async def _read_chunks(
     return decoded if isinstance(decoded, ProviderError) else wire.from_wire(decoded, ids=ids)
 
 
+def _framed_decoder(wire: StreamingWireFormat, content_type: str) -> EventDecoder | None:
+    """The wire module's own decoder when the answer has its stream's content type (Bedrock's binary
+    event stream), else None (SSE, or a plain body)."""
+    stream_type = getattr(wire, "STREAM_CONTENT_TYPE", None)
+    build = getattr(wire, "stream_decoder", None)
+    if isinstance(stream_type, str) and build is not None and content_type.startswith(stream_type):
+        decoder: EventDecoder = build()
+        return decoder
+    return None
+
+
 async def _read_events(
-    chunks: AsyncIterator[bytes], head: bytes, reader: StreamReader, ids: IdSource | None, sink: _Sink
+    chunks: AsyncIterator[bytes],
+    head: bytes,
+    reader: StreamReader,
+    ids: IdSource | None,
+    sink: _Sink,
+    *,
+    decoder: EventDecoder | None = None,
 ) -> Turn | ProviderError:
-    decoder = SSEByteDecoder()
+    decoder = decoder or SSEByteDecoder()
     try:
         if head and await _deliver(decoder.feed(head), reader, sink):
             return reader.finish(ids)
@@ -186,11 +211,17 @@ async def _read_events(
                 return reader.finish(ids)
     except UnicodeDecodeError as exc:
         return invalid_response(sink.provider, f"event stream is not UTF-8 ({exc.reason})")
+    except ValueError as exc:
+        # A framed stream's broken frame (a bad checksum, an impossible length).
+        return invalid_response(sink.provider, f"malformed event stream: {exc}")
     try:
         last = decoder.close()
     except UnicodeDecodeError:
         # The body stopped inside a character: the stream was cut, whatever its last event says.
         return invalid_response(sink.provider, "event stream ended inside a character", retryable=True)
+    except ValueError as exc:
+        # The body stopped inside a frame.
+        return invalid_response(sink.provider, f"event stream cut: {exc}", retryable=True)
     await _deliver(last, reader, sink)
     return reader.finish(ids)
 

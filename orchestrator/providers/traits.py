@@ -5,8 +5,8 @@ family can read each other's tool calls and continuation data, and the request-t
 (`orchestrator.machine.view`) reshapes what another family wrote before sending it. Each provider also
 accepts only some tool-call ids; the view remaps the others.
 
-Pure data and tiny lookups, so that the state machine can use them: nothing here imports httpx or a provider
-module.
+Pure data and tiny lookups, read from the providers' profiles (`providers.profiles`), so that the state
+machine can use them: nothing here imports httpx or a wire module.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from orchestrator.providers.profile import DEFAULT_TOOL_CALL_ID_MAX_CHARS, SAFE_TOOL_CALL_ID, ProviderProfile
+from orchestrator.providers.profiles import PROFILES
 
 # The tiers a turn may name instead of a model. Which model each one means is the orchestrator's
 # configuration, not the submitting process's: a submit checks only that the word is one of them.
@@ -37,21 +40,22 @@ class ProviderTraits:
         )
 
 
-_SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
-# Anthropic rejects ids outside ^[a-zA-Z0-9_-]+$; OpenAI Chat rejects ids over 40 characters.
-_CHAT = ProviderTraits("openai_chat", _SAFE_ID, 40)
-_DEFAULT_ID_MAX_CHARS = 40
+_DEFAULT_ID_MAX_CHARS = DEFAULT_TOOL_CALL_ID_MAX_CHARS
+
+
+def _traits(profile: ProviderProfile) -> ProviderTraits:
+    return ProviderTraits(profile.wire_family, profile.tool_call_id_pattern, profile.tool_call_id_max_chars)
+
 
 PROVIDER_TRAITS: Mapping[str, ProviderTraits] = MappingProxyType(
     {
-        "openai": _CHAT,
-        "openai_chat": _CHAT,
-        "scripted": _CHAT,
-        "openai_responses": ProviderTraits("openai_responses", _SAFE_ID, 64),
-        "anthropic": ProviderTraits("anthropic", _SAFE_ID, 64),
+        **{profile.wire_family: _traits(profile) for profile in reversed(PROFILES.values())},
+        **{name: _traits(profile) for name, profile in PROFILES.items()},
     }
 )
-"""The traits of each known provider, by the name used in `provider:model` (and in a message's `provider`)."""
+"""The traits of each known provider, by the name used in `provider:model` (and in a message's `provider`),
+and of each wire family by its name (`openai_chat`: its first provider's): read from the providers'
+profiles."""
 
 
 def provider_of(model: str) -> str:
@@ -66,7 +70,7 @@ def traits_of(provider: str) -> ProviderTraits:
     """
     name = _normalise(provider)
     known = PROVIDER_TRAITS.get(name)
-    return known if known is not None else ProviderTraits(name, _SAFE_ID, _DEFAULT_ID_MAX_CHARS)
+    return known if known is not None else ProviderTraits(name, SAFE_TOOL_CALL_ID, _DEFAULT_ID_MAX_CHARS)
 
 
 def wire_family(provider: str | None) -> str | None:

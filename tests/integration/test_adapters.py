@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -110,10 +109,12 @@ async def replay(shared_dir: Path) -> AsyncIterator[ReplayServer]:
 
 def settings_for(url: str) -> Settings:
     return Settings(
-        openai_base_url=f"{url}/v1",
-        openai_api_key=SecretStr("sk-test"),
-        anthropic_base_url=url,
-        anthropic_api_key=SecretStr("ak-test"),
+        provider_env={
+            "OPENAI_BASE_URL": f"{url}/v1",
+            "OPENAI_API_KEY": "sk-test",
+            "ANTHROPIC_BASE_URL": url,
+            "ANTHROPIC_API_KEY": "ak-test",
+        },
     )
 
 
@@ -303,7 +304,7 @@ async def test_timeout_is_a_retryable_provider_error(replay: ReplayServer, http:
 
 
 async def test_connection_refused_is_a_retryable_transport_error(http: httpx.AsyncClient) -> None:
-    settings = Settings(openai_base_url="http://127.0.0.1:9/v1")
+    settings = Settings(provider_env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
     client = build_model_client(parse_model_ref("openai:gpt-4o"), settings, http, max_retries=0)
     error = await client.complete(ModelRequest(model="gpt-4o", messages=[UserMessage(content="hi")]))
     assert isinstance(error, ProviderError)

@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -165,10 +164,12 @@ def client_for(
     timeout: httpx.Timeout | None = None,
 ) -> HttpModelClient:
     settings = Settings(
-        openai_base_url=f"{server.url}/v1",
-        openai_api_key=SecretStr("sk-test"),
-        anthropic_base_url=server.url,
-        anthropic_api_key=SecretStr("ak-test"),
+        provider_env={
+            "OPENAI_BASE_URL": f"{server.url}/v1",
+            "OPENAI_API_KEY": "sk-test",
+            "ANTHROPIC_BASE_URL": server.url,
+            "ANTHROPIC_API_KEY": "ak-test",
+        },
     )
     client = build_model_client(
         parse_model_ref(f"{MODELS[provider]}:m"),

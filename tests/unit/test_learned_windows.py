@@ -24,7 +24,7 @@ def small_window_http(window: int) -> httpx.AsyncClient:
 
 async def test_a_stated_window_is_remembered_for_the_model() -> None:
     http = small_window_http(15_000)
-    settings = Settings(openai_base_url="http://model.test/v1", openai_api_key="sk-test")
+    settings = Settings(provider_env={"OPENAI_BASE_URL": "http://model.test/v1", "OPENAI_API_KEY": "sk-test"})
     performer = Performer(
         store=FakeStore(),  # type: ignore[arg-type]
         publisher=FakePublisher(),  # type: ignore[arg-type]

@@ -52,19 +52,16 @@ async def test_a_name_no_client_serves_is_a_model_config_error(model: str) -> No
         assert models.scripted_base_url is None
 
 
-NO_KEYS = {
-    "openai_api_key": None,
-    "anthropic_api_key": None,
-    "openai_base_url": None,
-    "anthropic_base_url": None,
-}
+NO_KEYS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
     ("model", "settings", "variable"),
     [
         ("openai:gpt-4.1-mini", {}, "OPENAI_API_KEY"),
-        ("openai_responses:gpt-4.1", {"openai_base_url": "https://api.openai.com/v1/"}, "OPENAI_API_KEY"),
+        ("openai_responses:gpt-4.1", {"OPENAI_BASE_URL": "https://api.openai.com/v1/"}, "OPENAI_API_KEY"),
+        ("gemini:gemini-2.5-flash", {}, "GEMINI_API_KEY"),
+        ("cohere:command-a-03-2025", {}, "COHERE_API_KEY"),
         ("anthropic:claude-sonnet-4-5", {}, "ANTHROPIC_API_KEY"),
     ],
 )
@@ -72,7 +69,7 @@ async def test_a_providers_own_api_without_its_key_fails_at_once_naming_the_vari
     model: str, settings: dict[str, str], variable: str
 ) -> None:
     async with httpx.AsyncClient() as http:
-        models = ModelClients(Settings(**{**NO_KEYS, **settings}), http, max_retries=0)
+        models = ModelClients(Settings(provider_env={**NO_KEYS, **settings}), http, max_retries=0)
         client = await models.get(model)
         error = await client.complete(ModelRequest(model="m", messages=[UserMessage(content="hi")]))
     assert isinstance(error, ProviderError)
@@ -83,7 +80,7 @@ async def test_a_providers_own_api_without_its_key_fails_at_once_naming_the_vari
     )
     assert variable in error.message and "orchestrator" in error.message
     # A local OpenAI-compatible server needs no key: its client really calls it.
-    local = Settings(**{**NO_KEYS, "openai_base_url": "http://127.0.0.1:9/v1"})
+    local = Settings(provider_env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
     async with httpx.AsyncClient() as http:
         client = await ModelClients(local, http, max_retries=0).get("openai:llama3.1")
         error = await client.complete(ModelRequest(model="llama3.1", messages=[UserMessage(content="hi")]))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
+import sys
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import orchestrator.machine
+from orchestrator.providers.profiles import PROFILES
 from orchestrator.providers.traits import PROVIDER_TRAITS
 
 pytestmark = pytest.mark.timeout(30)
@@ -42,7 +45,8 @@ LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 FORBIDDEN_ROOTS = frozenset({"redis", "httpx", "celery", "kombu", "asyncio", "time", "random"})
 FORBIDDEN_PACKAGES = ("orchestrator.runtime", "orchestrator.store", "orchestrator.providers")
 ALLOWED_PROVIDER_MODULE = "orchestrator.providers.traits"
-TRAITS_IMPORTS = frozenset({"__future__", "re", "collections", "dataclasses", "types", "typing"})
+IO_ROOTS = frozenset({"httpx", "httpcore", "redis", "celery", "kombu", "botocore", "google"})
+WIRE_MODULES = frozenset(profile.wire for profile in PROFILES.values())
 
 
 def machine_modules() -> Iterator[tuple[str, ast.Module, str]]:
@@ -102,8 +106,17 @@ def test_no_io_clock_randomness_or_other_orchestrator_packages() -> None:
 
 
 def test_traits_are_pure_data() -> None:
-    tree = ast.parse(TRAITS.read_text(encoding="utf-8"))
-    assert {name.split(".")[0] for name in imported(tree)} <= TRAITS_IMPORTS
+    # Traits are read from the providers' profiles: importing them (and every profile) loads no I/O library
+    # and no wire module.
+    probe = (
+        "import sys, orchestrator.providers.traits\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{sorted(IO_ROOTS)!r} or m in {sorted(WIRE_MODULES)!r}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"
 
 
 def _vendor_pattern() -> re.Pattern[str]:
