@@ -49,7 +49,7 @@ def _traits(profile: ProviderProfile) -> ProviderTraits:
 
 PROVIDER_TRAITS: Mapping[str, ProviderTraits] = MappingProxyType(
     {
-        **{profile.wire_family: _traits(profile) for profile in reversed(PROFILES.values())},
+        **{profile.wire_family: _traits(profile) for profile in list(PROFILES.values())[::-1]},
         **{name: _traits(profile) for name, profile in PROFILES.items()},
     }
 )
