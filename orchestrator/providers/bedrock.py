@@ -1,22 +1,37 @@
-"""AWS Bedrock Converse (`/model/{id}/converse`) normalised into a Turn.
+"""AWS Bedrock Converse (`POST /model/{id}/converse`) and ConverseStream (`/converse-stream`), both ways: the
+provider's profile, the one module the registry knows it by. Request bodies are built by `bedrock_request`;
+signing (SigV4) and the endpoint are `sigv4`'s, the binary event-stream framing `event_stream`'s.
 
-Content blocks: `text`, `toolUse` {toolUseId, name, input}, `reasoningContent` {reasoningText {text,
+Responses: content blocks `text`, `toolUse` {toolUseId, name, input}, `reasoningContent` {reasoningText {text,
 signature} | redactedContent}; the body carries no model id (it is in the request URL). Signatures and
-redacted reasoning are kept in `provider_data["reasoning"]` so they can be re-sent. Errors come as
-`{"message": ...}` with the type in the `x-amzn-ErrorType` header (or `__type` in the body).
+redacted reasoning are kept in `provider_data["reasoning"]`, which `bedrock_request` sends back.
 
-ConverseStream uses AWS's binary event-stream framing; `from_stream` reads its events once decoded
-(what the AWS SDKs yield): one JSON object per line, or a JSON array, of `messageStart`,
-`contentBlockStart`, `contentBlockDelta`, `contentBlockStop`, `messageStop`, `metadata`.
+Errors come as `{"message": ...}` with the type in the `x-amzn-ErrorType` header (`ThrottlingException:http://…`)
+or in `__type` (possibly `namespace#Name`). With a status, retryable follows it (429 ThrottlingException and
+ModelNotReadyException, 408 ModelTimeoutException, 500, 503 ServiceUnavailableException); a
+ValidationException saying the input is too long is `context_length_exceeded` (`overflow`). Without a status
+(an exception inside a stream), the type says: `_RETRYABLE_EXCEPTIONS`.
+
+ConverseStream: each frame (`event_stream.EventStreamDecoder`) is an `SSEEvent` named by its event type
+(`messageStart`, `contentBlockStart`, `contentBlockDelta`, `contentBlockStop`, `messageStop`, `metadata`),
+`exception:<type>` (`throttlingException`, `validationException`, `serviceUnavailableException`,
+`internalServerException`, `modelStreamErrorException`) or `error:<code>`, its data the payload's JSON.
+`BedrockStreamReader` reads them; `messageStop` is the terminal event (`metadata`, with the usage, follows
+it). `from_stream` reads the events as the AWS SDKs yield them once decoded: one JSON object per line, or a
+JSON array.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
+from orchestrator.providers.bedrock_request import OWNED_FIELDS, PROVIDER, UNSUPPORTED_SETTINGS, build_body
 from orchestrator.providers.body import (
     build_error,
     decode_json,
@@ -29,15 +44,70 @@ from orchestrator.providers.body import (
 )
 from orchestrator.providers.common import (
     IdSource,
+    SSEEvent,
     build_tool_call,
     build_turn,
+    clean_tool_name,
     join_text,
     join_thinking,
     parse_finish_reason,
     parse_usage,
 )
+from orchestrator.providers.deltas import Delta, TextDelta, ToolCallDelta
+from orchestrator.providers.event_stream import EventStreamDecoder
+from orchestrator.providers.rate_limits import RateLimitSignal, parse_retry_after, read_header
+from orchestrator.providers.stream_reader import StreamReader, ThinkingJoiner
+from orchestrator.providers.structured import ANSWER_TOOL
 
-PROVIDER = "bedrock"
+if TYPE_CHECKING:
+    from orchestrator.providers.base import ModelRequest
+
+__all__ = [
+    "CONVERSE_PATH",
+    "CONVERSE_STREAM_PATH",
+    "OWNED_FIELDS",
+    "PROVIDER",
+    "STREAM_CONTENT_TYPE",
+    "UNSUPPORTED_SETTINGS",
+    "BedrockStreamReader",
+    "build_url",
+    "error_from_wire",
+    "from_stream",
+    "from_wire",
+    "parse_rate_limits",
+    "stream_decoder",
+    "stream_reader",
+    "to_wire",
+]
+
+CONVERSE_PATH = "converse"
+CONVERSE_STREAM_PATH = "converse-stream"
+# botocore's percent-encoding of a URI label: all but unreserved characters (`:` of model versions and
+# `/` of ARNs included) are escaped.
+_URI_SAFE = "-._~"
+# ConverseStream's answer: binary frames (`event_stream`), read by `stream_decoder()` instead of as SSE.
+STREAM_CONTENT_TYPE = "application/vnd.amazon.eventstream"
+EXCEPTION_EVENT_PREFIX = "exception:"
+ERROR_EVENT_PREFIX = "error:"
+
+
+# --- request ---------------------------------------------------------------------------------------------
+
+
+def build_url(base_url: str, model: str, *, stream: bool) -> str:
+    """`{base_url}/model/{model id, percent-encoded as botocore does}/converse` (or `/converse-stream`)."""
+    path = CONVERSE_STREAM_PATH if stream else CONVERSE_PATH
+    return f"{base_url}/model/{quote(model, safe=_URI_SAFE)}/{path}"
+
+
+def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
+    """The Converse request body for `request` (pure, see `bedrock_request`); a stream is asked for by the
+    URL (`build_url(..., stream=True)`), so the body is the same either way."""
+    del stream
+    return build_body(request)
+
+
+# --- responses and errors --------------------------------------------------------------------------------
 
 
 def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderError:
@@ -56,14 +126,25 @@ def from_wire(body: object, *, ids: IdSource | None = None) -> Turn | ProviderEr
 def error_from_wire(
     status: int | None, body: object, headers: Mapping[str, str] | None = None
 ) -> ProviderError:
-    """A ProviderError from a Bedrock error: `{"message"}` plus `x-amzn-ErrorType`, or `{"__type", ...}`."""
+    """A ProviderError from a Bedrock error: `{"message"}` plus `x-amzn-ErrorType`, or `{"__type", ...}`;
+    the type is Bedrock's exception name (`ThrottlingException`), whatever form it came in."""
     error = build_error(PROVIDER, status, body, headers)
-    if status is None and error.type in _RETRYABLE_EXCEPTIONS:
-        return error.model_copy(update={"retryable": True})
+    if error.type:
+        error = error.model_copy(update={"type": build_exception_name(error.type)})
+    if status is None and error.code != CONTEXT_LENGTH_EXCEEDED:
+        return error.model_copy(update={"retryable": error.type in _RETRYABLE_EXCEPTIONS})
     return error
 
 
-# Bedrock's own names for transient failures (429/500/503/408 when the status is known).
+def build_exception_name(raw: str) -> str:
+    """Bedrock's exception name from any of its spellings: `ThrottlingException:http://…` (the header),
+    `com.amazon.coral#ThrottlingException` (`__type`), `throttlingException` (a stream's event)."""
+    name = raw.split(":", 1)[0].rsplit("#", 1)[-1].strip()
+    return name[:1].upper() + name[1:]
+
+
+# Bedrock's own names for transient failures (429/500/503/408 when the status is known; a stream's
+# modelStreamErrorException says "retry your request").
 _RETRYABLE_EXCEPTIONS = frozenset(
     {
         "ThrottlingException",
@@ -71,8 +152,24 @@ _RETRYABLE_EXCEPTIONS = frozenset(
         "ServiceUnavailableException",
         "ModelNotReadyException",
         "ModelTimeoutException",
+        "ModelStreamErrorException",
     }
 )
+# A 429 that is not a rate limit: the model is being loaded (on-demand imported models).
+_NOT_A_LIMIT = "ModelNotReadyException"
+
+
+def parse_rate_limits(status: int | None, headers: Mapping[str, str], now: float) -> RateLimitSignal:
+    """Bedrock states no remaining quota in its headers: a 429 ThrottlingException is a refusal (a 429
+    ModelNotReadyException is not), with `retry-after` in seconds when a gateway in front of it sends one.
+    `now` is unused."""
+    del now
+    error_type = read_header(headers, "x-amzn-errortype")
+    not_a_limit = error_type is not None and build_exception_name(error_type) == _NOT_A_LIMIT
+    return RateLimitSignal(
+        refused=status == 429 and not not_a_limit,
+        retry_after_s=parse_retry_after(read_header(headers, "retry-after")),
+    )
 
 
 def _is_bedrock_error(body: object) -> bool:
@@ -125,6 +222,22 @@ def _build(blocks: list[Any], response: dict[str, Any], ids: IdSource) -> Turn:
     )
 
 
+# --- stream -> Turn --------------------------------------------------------------------------------------
+
+
+def stream_decoder() -> EventStreamDecoder:
+    """The decoder of a ConverseStream body (`STREAM_CONTENT_TYPE`): its frames as `SSEEvent`s, which
+    `stream_reader` reads; `event_stream.EventStreamError` (a `ValueError`) for a bad or cut frame."""
+    return EventStreamDecoder()
+
+
+def stream_reader(request: ModelRequest | None = None) -> StreamReader:
+    """A reader for one ConverseStream answer (`BedrockStreamReader`); for a request with an output schema,
+    one that streams the answer tool's input as the answer's text."""
+    answer_tool = ANSWER_TOOL if request is not None and request.output_schema is not None else None
+    return BedrockStreamReader(answer_tool=answer_tool)
+
+
 def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderError:
     """A Turn from decoded ConverseStream events (JSON lines or one JSON array), accumulated."""
     stripped = text.strip()
@@ -141,34 +254,129 @@ def from_stream(text: str, *, ids: IdSource | None = None) -> Turn | ProviderErr
                 if isinstance(event, ProviderError):
                     return event
                 events.append(event)
-    try:
-        return _from_events(events, ids or IdSource())
-    except MalformedBody as exc:
-        return invalid_response(PROVIDER, f"malformed Bedrock ConverseStream events: {exc}")
-
-
-def _from_events(events: list[object], ids: IdSource) -> Turn | ProviderError:
-    blocks: dict[int, dict[str, Any]] = {}
-    response: dict[str, Any] = {}
-    for position, raw in enumerate(events):
-        event = req_map(raw, f"event {position}")
+    reader = BedrockStreamReader()
+    for position, event in enumerate(events):
+        if not isinstance(event, dict):
+            return invalid_response(
+                PROVIDER, f"malformed Bedrock ConverseStream event {position}: not an object"
+            )
         for name, payload in event.items():
-            if name.endswith("Exception"):
-                return error_from_wire(None, {"__type": name, **opt_map(payload, name)})
-            if name == "contentBlockStart":
-                start = req_map(payload, name)
-                tool_use = opt_map(opt_map(start.get("start"), "start").get("toolUse"), "start.toolUse")
-                blocks[_index(start)] = {"toolUse": {**tool_use, "input": ""}}
-            elif name == "contentBlockDelta":
-                _apply_delta(blocks, req_map(payload, name))
-            elif name == "messageStop":
-                response["stopReason"] = opt_map(payload, name).get("stopReason")
-            elif name == "metadata":
-                response["usage"] = opt_map(payload, name).get("usage")
-    if "stopReason" not in response:
-        return invalid_response(PROVIDER, "Bedrock stream ended before messageStop", retryable=True)
-    ordered = [_finish_block(blocks[i]) for i in sorted(blocks)]
-    return _build(ordered, response, ids)
+            # The SDKs name an exception event by its member (`throttlingException`); frames by a header.
+            kind = f"{EXCEPTION_EVENT_PREFIX}{name}" if name.endswith("Exception") else name
+            reader.add(SSEEvent(kind, json.dumps(payload)))
+        if reader.error is not None:
+            break
+    return reader.finish(ids)
+
+
+class BedrockStreamReader(StreamReader):
+    """A ConverseStream answer, event by event: deltas as they come, the Turn once `messageStop` came.
+
+    Content blocks accumulate by `contentBlockIndex` into the shape of a Converse response's content, which
+    `from_wire`'s reading then turns into the Turn. Deltas: text is text, reasoning text thinking (one part
+    per block), and a `toolUse` block is announced when it starts, with its id and its position among the
+    calls — except the answer tool of an output schema, whose input JSON streams as text instead.
+    """
+
+    provider = PROVIDER
+    stream_name = "Bedrock ConverseStream"
+
+    def __init__(self, *, answer_tool: str | None = None) -> None:
+        super().__init__()
+        self.answer_tool = answer_tool
+        self.answer_index: int | None = None
+        self.event_name: str | None = None
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.response: dict[str, Any] = {}
+        self.stopped = False
+        self.joiner = ThinkingJoiner()
+        self.calls = 0
+
+    def add(self, event: SSEEvent) -> list[Delta]:
+        """The deltas of one event; an `error:` frame (its data is a message, not JSON) fails the stream."""
+        if self.error is not None:
+            return []
+        name = event.event or ""
+        if name.startswith(ERROR_EVENT_PREFIX):
+            code = name.removeprefix(ERROR_EVENT_PREFIX) or "error"
+            self.error = error_from_wire(None, {"__type": code, "message": event.data or code})
+            return []
+        self.event_name = name
+        return super().add(event)
+
+    def read_error(self, event_name: str | None, payload: object) -> ProviderError | None:
+        if event_name is not None and event_name.startswith(EXCEPTION_EVENT_PREFIX):
+            exception = event_name.removeprefix(EXCEPTION_EVENT_PREFIX)
+            details = payload if isinstance(payload, dict) else {}
+            return error_from_wire(None, {**details, "__type": exception or "Exception"})
+        return None
+
+    def read_event(self, payload: dict[str, Any]) -> list[Delta]:
+        name = self.event_name
+        if name == "contentBlockStart":
+            start = opt_map(payload.get("start"), "contentBlockStart.start")
+            if start.get("toolUse") is not None:
+                tool_use = req_map(start["toolUse"], "contentBlockStart.start.toolUse")
+                return self._tool_started(_index(payload), tool_use)
+        elif name == "contentBlockDelta":
+            return self._add_delta(_index(payload), opt_map(payload.get("delta"), "contentBlockDelta.delta"))
+        elif name == "messageStop":
+            self.response["stopReason"] = payload.get("stopReason")
+            self.stopped = True
+        elif name == "metadata":
+            self.response["usage"] = payload.get("usage")
+        return []
+
+    def _tool_started(self, index: int, tool_use: dict[str, Any]) -> list[Delta]:
+        self.blocks[index] = {"toolUse": {**tool_use, "input": ""}}
+        name = opt_str(tool_use.get("name"), "toolUse.name")
+        if self.answer_tool is not None and name == self.answer_tool:
+            self.answer_index = index
+            return []
+        if not name:
+            return []
+        self.calls += 1
+        call_id = opt_str(tool_use.get("toolUseId"), "toolUse.toolUseId")
+        return [ToolCallDelta(self.calls - 1, clean_tool_name(name), call_id or None)]
+
+    def _add_delta(self, index: int, delta: dict[str, Any]) -> list[Delta]:
+        block = self.blocks.setdefault(index, {})
+        deltas: list[Delta] = []
+        if "text" in delta:
+            piece = opt_str(delta["text"], "delta.text") or ""
+            block["text"] = str(block.get("text") or "") + piece
+            if piece:
+                deltas.append(TextDelta(piece))
+        if "toolUse" in delta:
+            tool_use = block.setdefault("toolUse", {"input": ""})
+            piece = (
+                opt_str(opt_map(delta["toolUse"], "delta.toolUse").get("input"), "delta.toolUse.input") or ""
+            )
+            tool_use["input"] = str(tool_use.get("input") or "") + piece
+            if piece and index == self.answer_index:
+                deltas.append(TextDelta(piece))
+        if "reasoningContent" in delta:
+            deltas += self._add_reasoning(
+                index, block, opt_map(delta["reasoningContent"], "delta.reasoningContent")
+            )
+        return deltas
+
+    def _add_reasoning(self, index: int, block: dict[str, Any], reasoning: dict[str, Any]) -> list[Delta]:
+        held = block.setdefault("reasoning", {"text": "", "signature": None, "redacted": None})
+        text = opt_str(reasoning.get("text"), "delta.reasoningContent.text") or ""
+        held["text"] += text
+        signature = opt_str(reasoning.get("signature"), "delta.reasoningContent.signature")
+        if signature:
+            held["signature"] = (held["signature"] or "") + signature
+        redacted = opt_str(reasoning.get("redactedContent"), "delta.reasoningContent.redactedContent")
+        if redacted:
+            held["redacted"] = (held["redacted"] or "") + redacted
+        return self.joiner.add(index, text)
+
+    def build(self, ids: IdSource) -> Turn | ProviderError:
+        if not self.stopped:
+            return self.cut("ended before messageStop")
+        return _build([_finish_block(self.blocks[i]) for i in sorted(self.blocks)], self.response, ids)
 
 
 def _index(payload: dict[str, Any]) -> int:
@@ -178,31 +386,19 @@ def _index(payload: dict[str, Any]) -> int:
     return index
 
 
-def _apply_delta(blocks: dict[int, dict[str, Any]], payload: dict[str, Any]) -> None:
-    block = blocks.setdefault(_index(payload), {})
-    delta = opt_map(payload.get("delta"), "delta")
-    if "text" in delta:
-        block["text"] = (block.get("text") or "") + (opt_str(delta["text"], "delta.text") or "")
-    if "toolUse" in delta:
-        tool_use = block.setdefault("toolUse", {"input": ""})
-        piece = opt_str(opt_map(delta["toolUse"], "delta.toolUse").get("input"), "delta.toolUse.input")
-        tool_use["input"] = (tool_use.get("input") or "") + (piece or "")
-    if "reasoningContent" in delta:
-        reasoning = opt_map(delta["reasoningContent"], "delta.reasoningContent")
-        held = block.setdefault("reasoningContent", {"reasoningText": {"text": ""}})
-        text = opt_str(reasoning.get("text"), "delta.reasoningContent.text")
-        held["reasoningText"]["text"] += text or ""
-        signature = opt_str(reasoning.get("signature"), "delta.reasoningContent.signature")
-        if signature:
-            held["reasoningText"]["signature"] = signature
-        if reasoning.get("redactedContent") is not None:
-            held["redactedContent"] = reasoning["redactedContent"]
-
-
 def _finish_block(block: dict[str, Any]) -> dict[str, Any]:
+    """A streamed block in the shape a Converse response's content has."""
     tool_use = block.get("toolUse")
     if isinstance(tool_use, dict):
         # Streamed tool input is a JSON string in pieces; the whole is parsed like any arguments string.
         raw = tool_use.get("input")
         return {"toolUse": {**tool_use, "input": raw if raw else "{}"}}
-    return block
+    reasoning = block.get("reasoning")
+    if isinstance(reasoning, dict):
+        if reasoning["redacted"] and not reasoning["text"]:
+            return {"reasoningContent": {"redactedContent": reasoning["redacted"]}}
+        text_block: dict[str, Any] = {"text": reasoning["text"]}
+        if reasoning["signature"]:
+            text_block["signature"] = reasoning["signature"]
+        return {"reasoningContent": {"reasoningText": text_block}}
+    return {"text": block.get("text") or ""}
