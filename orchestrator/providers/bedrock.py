@@ -164,7 +164,8 @@ def parse_rate_limits(status: int | None, headers: Mapping[str, str], now: float
     ModelNotReadyException is not), with `retry-after` in seconds when a gateway in front of it sends one.
     `now` is unused."""
     del now
-    error_type = read_header(headers, "x-amzn-errortype")
+    # Any case: httpx's headers are case-blind, a plain mapping is not (`X-Amzn-ErrorType` as sent).
+    error_type = next((v for k, v in headers.items() if k.lower() == "x-amzn-errortype"), None)
     not_a_limit = error_type is not None and build_exception_name(error_type) == _NOT_A_LIMIT
     return RateLimitSignal(
         refused=status == 429 and not not_a_limit,

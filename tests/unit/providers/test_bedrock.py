@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.model import ProviderError, Turn
+from orchestrator.model import AssistantMessage, ProviderError, Turn, UserMessage
 from orchestrator.providers import bedrock
+from orchestrator.providers.base import ModelRequest
 
 
 def converse(content: list[dict[str, Any]], stop: str = "end_turn") -> dict[str, Any]:
@@ -129,3 +131,122 @@ def test_stream_exception_event() -> None:
 def test_malformed_bodies(body: object) -> None:
     result = bedrock.from_wire(body)
     assert isinstance(result, ProviderError) and result.type == "invalid_response"
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "message", "retryable", "code"),
+    [
+        (429, "ThrottlingException", "Too many requests, please wait before trying again.", True, None),
+        (503, "ServiceUnavailableException", "Service unavailable", True, None),
+        (429, "ModelNotReadyException", "Model is not ready", True, None),
+        (408, "ModelTimeoutException", "timed out", True, None),
+        (500, "InternalServerException", "internal", True, None),
+        (400, "ValidationException", "Malformed input request", False, None),
+        (403, "AccessDeniedException", "no access", False, None),
+        (424, "ModelErrorException", "model failed", False, None),
+        (
+            400,
+            "ValidationException",
+            "Input is too long for requested model.",
+            False,
+            "context_length_exceeded",
+        ),
+        (
+            400,
+            "ValidationException",
+            "The model returned the following errors: prompt is too long: 215000 tokens > 200000 maximum",
+            False,
+            "context_length_exceeded",
+        ),
+    ],
+)
+def test_http_errors(status: int, error_type: str, message: str, retryable: bool, code: str | None) -> None:
+    headers = {"x-amzn-ErrorType": f"{error_type}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
+    for body, hdrs in (({"message": message}, headers), ({"__type": error_type, "message": message}, {})):
+        error = bedrock.error_from_wire(status, body, hdrs)
+        assert (error.status, error.type, error.message, error.retryable, error.code) == (
+            status,
+            error_type,
+            message,
+            retryable,
+            code,
+        )
+
+
+def test_overflow_states_the_sizes() -> None:
+    error = bedrock.error_from_wire(
+        400,
+        {
+            "message": "The model returned the following errors: "
+            "prompt is too long: 215000 tokens > 200000 maximum"
+        },
+        {"x-amzn-ErrorType": "ValidationException"},
+    )
+    assert error.details == {"context_window_tokens": 200000, "prompt_tokens": 215000}
+
+
+def test_retry_after_and_request_id_are_read() -> None:
+    error = bedrock.error_from_wire(
+        429,
+        {"message": "slow"},
+        {"x-amzn-ErrorType": "ThrottlingException", "retry-after": "3", "x-amzn-RequestId": "req-1"},
+    )
+    assert (error.retry_after_s, error.request_id) == (3.0, "req-1")
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ("ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/", "ThrottlingException"),
+        ("com.amazon.coral.validate#ValidationException", "ValidationException"),
+        ("modelStreamErrorException", "ModelStreamErrorException"),
+    ],
+)
+def test_exception_names(raw: str, name: str) -> None:
+    assert bedrock.build_exception_name(raw) == name
+    assert bedrock.from_wire({"__type": raw, "message": "m"}) == bedrock.error_from_wire(
+        None, {"__type": raw, "message": "m"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "refused", "retry_after_s"),
+    [
+        (200, {}, False, None),
+        (429, {"x-amzn-ErrorType": "ThrottlingException:http://internal"}, True, None),
+        (429, {"x-amzn-ErrorType": "ModelNotReadyException"}, False, None),
+        (429, {"retry-after": "2"}, True, 2.0),
+    ],
+)
+def test_rate_limits(
+    status: int, headers: dict[str, str], refused: bool, retry_after_s: float | None
+) -> None:
+    signal = bedrock.parse_rate_limits(status, headers, 0.0)
+    assert (signal.refused, signal.retry_after_s, signal.requests_remaining) == (refused, retry_after_s, None)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bedrock_converse__reasoning_text_and_tool_use.json",
+        "bedrock_converse__kimi_reasoning_tool_use_odd_id.json",
+    ],
+)
+def test_recorded_bodies_round_trip(responses_dir: Path, name: str) -> None:
+    turn = bedrock.from_wire(json.loads((responses_dir / name).read_text("utf-8")))
+    assert isinstance(turn, Turn)
+    # The answer goes back as Bedrock wants it: signed reasoning re-sent, unsigned dropped, the call as given.
+    message = AssistantMessage(
+        content=turn.text,
+        tool_calls=turn.tool_calls,
+        provider=turn.provider,
+        provider_data=turn.provider_data,
+    )
+    body = bedrock.to_wire(
+        ModelRequest(model="anthropic.claude", messages=[UserMessage(content="q"), message])
+    )
+    blocks = body["messages"][1]["content"]
+    reasoning = [b["reasoningContent"] for b in blocks if "reasoningContent" in b]
+    signed = [r for r in turn.provider_data["reasoning"] if r.get("reasoningText", {}).get("signature")]
+    assert reasoning == signed
+    assert [b["toolUse"]["toolUseId"] for b in blocks if "toolUse" in b] == [c.id for c in turn.tool_calls]
