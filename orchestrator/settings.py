@@ -24,7 +24,6 @@ from orchestrator.tenant_limits import TenantLimit
 from workers import keys
 from workers.settings import WorkerSettings
 
-
 ENV_PREFIX = "TOOLLOOP_"
 PROVIDER_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(
@@ -121,9 +120,9 @@ class Settings(WorkerSettings):
     # unset: an eighth of the window, 256 to 32,000); older history summarised by a model call before
     # exchanges are dropped (TOOLLOOP_COMPACTION, off by default).
     context_windows: dict[str, int] = Field(default_factory=dict)
-    # Models known by another name, as JSON `{"<provider:model>": "<provider:model>"}` (TOOLLOOP_MODEL_ALIASES):
-    # a gateway's alias (`openai:gw-model`) priced and fitted as the model it stands for (`openai:gpt-5-mini`).
-    # The request still names the alias: the gateway decides where it goes.
+    # Models known by another name, as JSON `{"<provider:model>": "<provider:model>"}`
+    # (TOOLLOOP_MODEL_ALIASES): a gateway's alias (`openai:gw-model`) priced and fitted as the model it stands
+    # for (`openai:gpt-5-mini`). The request still names the alias: the gateway decides where it goes.
     model_aliases: dict[str, str] = Field(default_factory=dict)
     # Model rate limits shared by the fleet (`orchestrator.model_limits`), as JSON
     # `{"<provider:model or provider>": {"requests_per_minute": 500, "tokens_per_minute": 200000,

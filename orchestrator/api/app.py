@@ -80,8 +80,8 @@ from orchestrator.store import codec
 from orchestrator.store.backlog import Backlog, BacklogReader
 from orchestrator.store.catalogue import aread_catalogue, get_tool_catalogue
 from orchestrator.store.runner import AsyncRunner
-from orchestrator.store.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.store.turn_view import TurnView
+from orchestrator.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.tracing import continue_http_trace
 from workers.contract import TENANT_PATTERN, FailureKind, ToolOutcome, ToolSpec, build_failure
 from workers.tracing import setup_tracing, shutdown_tracing
@@ -425,8 +425,8 @@ async def submit_turn(
     body: TurnBody, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
 ) -> SubmitReply:
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
-    its model controls cannot be served (`store.flows.submit`, `store.submit_checks`), or it names a tool
-    its API key may not use; 403 for a tenant not the key's (`api.access`)."""
+    its model controls cannot be served (`store.flows.submit`, `orchestrator.submit_checks`), or it names a
+    tool its API key may not use; 403 for a tenant not the key's (`api.access`)."""
     # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
     fields = body.model_dump(exclude={"turn_id"})
     tenant = build_tenant(caller, body.tenant if "tenant" in body.model_fields_set else None)

@@ -16,8 +16,8 @@ Errors: bad input raises `ValueError` (pydantic's `ValidationError` is one) with
 them `UnknownToolError` for a turn naming tools no live worker serves (`store.flows.check_tool_names`: when
 no worker has published its catalogue yet, the turn is accepted), and `ModelConfigError` for a model name
 that is neither `provider:model` nor a tier, and a plain `ValueError` naming each model setting the target
-provider cannot honour (`store.submit_checks`) or an `output_schema` that is not a JSON Schema; an unknown
-turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
+provider cannot honour (`orchestrator.submit_checks`) or an `output_schema` that is not a JSON Schema; an
+unknown turn id raises `UnknownTurnError` (a `LookupError`); `wait` raises `TimeoutError`.
 
 What the readers return is what a person may be shown: `get`, `outcome` and `wait` redact the values of
 sensitive keys (context, tool-call arguments; `store.turn_view`). Tools still receive them whole.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -58,7 +59,6 @@ from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
-from orchestrator.store.submit_checks import ModelNames
 from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_stream import (
     ModelStreamResetEvent,
@@ -74,6 +74,7 @@ from orchestrator.store.turn_stream import (
 )
 from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_outcome
 from orchestrator.store.turns import TurnStore
+from orchestrator.submit_checks import ModelNames, check_submit
 from orchestrator.tracing import attach_trace_context
 from workers.contract import ToolOutcome
 
@@ -151,7 +152,7 @@ class Client:
         turn_id = self.store.submit(
             request,
             turn_id=turn_id,
-            names=ModelNames.from_settings(self.settings),
+            check=partial(check_submit, names=ModelNames.from_settings(self.settings)),
             tool_gone_after_s=self.settings.tool_gone_after_s,
         )
         metrics.record_turn_submitted()
@@ -292,7 +293,7 @@ class AsyncClient:
             request,
             turn_id,
             codec.now_s(),
-            names=names,
+            check=partial(check_submit, names=names),
             recent=self._recent_catalogue,
             tool_gone_after_s=self.settings.tool_gone_after_s,
         )

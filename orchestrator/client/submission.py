@@ -4,7 +4,7 @@ that gives both methods its signature (`takes_arguments_of`; `direct.build_direc
 A turn request's model controls come in as a caller writes them: `model_settings` a
 `ModelSettings` or a mapping, `output_schema` a JSON Schema mapping or a pydantic model class (its
 `model_json_schema()`), `model` a name or a list of names (the fallback order). Whether the target provider
-honours them is checked when the turn is submitted (`store.submit_checks`), before anything is stored.
+honours them is checked when the turn is submitted (`orchestrator.submit_checks`), before anything is stored.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
 from orchestrator.settings import Settings
 from orchestrator.store.history import StoredState, parse_messages
-from orchestrator.store.submit_checks import ModelNames, find_refusals
 from orchestrator.store.turns import TurnStore
+from orchestrator.submit_checks import ModelNames, find_refusals
 
 # How long a turn this process cannot run is left alone before it is tried again: long enough that a rolling
 # deploy is over by then (a newer orchestrator took the turn), short enough that a turn nobody took is looked

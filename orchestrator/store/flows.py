@@ -14,7 +14,6 @@ from typing import Any
 from orchestrator.errors import CallNotWaitingError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.providers.base import check_model_name
 from orchestrator.store import codec, history, operations
 from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue, get_catalogue, get_tool_catalogue
 from orchestrator.store.codec import TurnEvent
@@ -22,7 +21,6 @@ from orchestrator.store.connection import build_block_ms, build_step_ms
 from orchestrator.store.effects import Flow, Item, Stream, Transaction
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.scripts import ControlResult, FinishResult, WriteResult
-from orchestrator.store.submit_checks import ModelNames, check_refusals
 from orchestrator.store.turn_view import PendingApproval, TurnView
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
@@ -69,26 +67,30 @@ def check_client_tools(request: TurnRequest, catalogue: Mapping[str, ToolSpec]) 
         raise ValueError(f"client tools named as catalogue tools: {', '.join(clash)}; rename them")
 
 
+SubmitCheck = Callable[[TurnRequest], None]
+"""What a caller checks of a request before the store takes it (raising `ValueError` to refuse it)."""
+
+
 def submit(
     request: TurnRequest,
     turn_id: str | None,
     now: float,
     *,
-    names: ModelNames | None = None,
+    check: SubmitCheck | None = None,
     recent: RecentCatalogue | None = None,
     tool_gone_after_s: float = keys.TOOL_GONE_AFTER_S,
 ) -> Flow[str]:
     """Check the request, store and queue it; returns the turn id (a new one unless `turn_id` is given).
 
-    Checked before anything is stored: the request's own rules, its models' names, its output schema and
-    model settings against each model's provider (`submit_checks`, tiers resolved with `names`: the
-    submitting process's), and its tools against the catalogue (`check_tool_names`: served now or within
-    `tool_gone_after_s`, TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when
+    Checked before anything is stored: the request's own rules, what the caller's `check` says of its models
+    (`orchestrator.submit_checks.check_submit`: their names, output schema and settings against each
+    model's provider, with the submitting process's tiers; the store itself knows no provider), and its
+    tools against the catalogue (`check_tool_names`: served now or within `tool_gone_after_s`, TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when
     `recent`, the caller's last read, has them all), and its client-side tools' names
     (`check_client_tools`)."""
     codec.check_turn_request(request)
-    check_model_name(request.model)
-    check_refusals(request, names)
+    if check is not None:
+        check(request)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
     if request.tools or request.client_tools:
         requested = request.tools or []

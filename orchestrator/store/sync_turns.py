@@ -24,7 +24,6 @@ from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
-from orchestrator.store.submit_checks import ModelNames
 from orchestrator.store.turn_stream import StreamEvent
 from orchestrator.store.turn_view import TurnView
 from workers.keys import TOOL_GONE_AFTER_S
@@ -63,19 +62,19 @@ class SyncTurnStore:
         request: TurnRequest,
         *,
         turn_id: str | None = None,
-        names: ModelNames | None = None,
+        check: flows.SubmitCheck | None = None,
         tool_gone_after_s: float = TOOL_GONE_AFTER_S,
     ) -> str:
         """Store a turn and queue it (or park it behind its conversation's running turn); returns its id.
 
-        Submitting again with the same `turn_id` is a no-op that returns the id. `names` resolves the tiers
-        its model controls are checked for (`store.submit_checks`); its tools must have been served within
-        `tool_gone_after_s` (TOOLLOOP_TOOL_GONE_AFTER_S)."""
+        Submitting again with the same `turn_id` is a no-op that returns the id. Its models are checked by
+        `check` (`orchestrator.submit_checks`); its tools must have been served within `tool_gone_after_s`
+        (TOOLLOOP_TOOL_GONE_AFTER_S)."""
         flow = flows.submit(
             request,
             turn_id,
             codec.now_s(),
-            names=names,
+            check=check,
             recent=self._recent_catalogue,
             tool_gone_after_s=tool_gone_after_s,
         )

@@ -24,8 +24,8 @@ from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest, TurnStat
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.store import codec, flows
 from orchestrator.store.scripts import ControlResult
-from orchestrator.store.submit_checks import ModelNames, check_refusals, find_refusals
 from orchestrator.store.turn_view import PendingApproval, TurnView
+from orchestrator.submit_checks import ModelNames, check_refusals, find_refusals
 from tests.openapi_schemas import assert_valid
 from tests.support.flows import drive
 from workers.contract import ToolSpec

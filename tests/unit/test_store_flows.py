@@ -25,6 +25,7 @@ from orchestrator.store.flows import READY_POLL_MS
 from orchestrator.store.history import Head, Prior
 from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ControlResult, FinishResult, SubmitResult, TakeOverResult, WriteResult
+from orchestrator.submit_checks import check_submit
 from tests.support.flows import drive, drive_with
 from workers import keys
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, parse_tool_outcome
@@ -245,7 +246,7 @@ def test_submit_takes_a_model_name_or_a_tier(model: str | None) -> None:
 )
 def test_submit_refuses_a_model_name_no_orchestrator_can_serve(model: str, message: str) -> None:
     with pytest.raises(ModelConfigError, match=message):
-        drive(flows.submit(TurnRequest(prompt="x", model=model), "t", 1.0), [])
+        drive(flows.submit(TurnRequest(prompt="x", model=model), "t", 1.0, check=check_submit), [])
 
 
 def test_submit_history_and_reply_flows() -> None:

@@ -1,4 +1,6 @@
-"""What a submitted turn's model controls are checked against before it is stored, pure.
+"""What a submitted turn's models and model controls are checked against before it is stored, pure: the
+client side of the store (the API, the clients and the orchestrator's adoption call it; the store imports no
+provider).
 
 A setting the target provider cannot honour is refused at submit, never dropped silently: for each model of
 the request (a name, or the fallback list), the provider it names, or the tier resolves to with the
@@ -23,7 +25,7 @@ from jsonschema.validators import validator_for
 
 from orchestrator.errors import ModelConfigError
 from orchestrator.model import ModelSettings, TurnRequest
-from orchestrator.providers.base import parse_model_ref
+from orchestrator.providers.base import check_model_name, parse_model_ref
 from orchestrator.providers.controls import refuse_controls, refuse_output_schema
 from orchestrator.settings import Settings
 
@@ -108,6 +110,13 @@ def find_refusals(request: TurnRequest, names: ModelNames | None = None) -> list
             continue  # a tier configured with a bad name: the orchestrator reports it where it is used
         refusals += _refusals_of(provider, resolved, request, schema)
     return list(dict.fromkeys(refusals))
+
+
+def check_submit(request: TurnRequest, names: ModelNames | None = None) -> None:
+    """What a submit checks of a request's models before anything is stored: each model's name
+    (`ModelConfigError` for a provider nobody knows) and what their providers refuse (`check_refusals`)."""
+    check_model_name(request.model)
+    check_refusals(request, names)
 
 
 def check_refusals(request: TurnRequest, names: ModelNames | None = None) -> None:
