@@ -270,3 +270,8 @@ def test_number_enum_keeps_its_type() -> None:
         "level"
     ]
     assert level["type"] == "integer" and "enum" not in level and "1, 2, 3" in level["description"]
+
+
+def test_a_json_array_body_is_a_stream_read_whole() -> None:
+    turn = gemini.from_wire(list(STREAM))
+    assert isinstance(turn, Turn) and (turn.text, turn.thinking) == ("The answer is 4.", "Let me think.")
