@@ -38,13 +38,10 @@ from orchestrator.providers.body import (
 )
 from orchestrator.providers.cohere_request import (
     CHAT_PATH,
-    OWNED_FIELDS,
     PROVIDER,
-    UNSUPPORTED_SETTINGS,
     build_messages,
     build_settings,
     build_tools,
-    check_controls,
 )
 from orchestrator.providers.common import (
     IdSource,
@@ -72,12 +69,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHAT_PATH",
-    "OWNED_FIELDS",
     "PROVIDER",
-    "UNSUPPORTED_SETTINGS",
     "CohereStreamReader",
     "build_url",
-    "check_controls",
     "error_from_wire",
     "from_stream",
     "from_wire",

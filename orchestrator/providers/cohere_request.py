@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.model import (
     AssistantMessage,
     Message,
-    ModelSettings,
     ReasoningEffort,
     SystemMessage,
     ToolCall,
@@ -47,40 +46,12 @@ if TYPE_CHECKING:
 
 PROVIDER = "cohere"
 CHAT_PATH = "/v2/chat"
-# Body fields `extra` may not replace: toolloop builds them, and the reader depends on them.
-OWNED_FIELDS = ("model", "messages", "stream")
-# ModelSettings fields Cohere cannot honour at all: it always may call tools in parallel, and has no switch.
-UNSUPPORTED_SETTINGS = ("parallel_tool_calls",)
-# The API reference's ranges (`temperature` 0–1, `p` 0.01–0.99, `seed` from 0, at most 5 stop sequences).
-MAX_TEMPERATURE = 1.0
-MIN_TOP_P = 0.01
-MAX_TOP_P = 0.99
-MAX_STOP_SEQUENCES = 5
 # Thinking budget per effort. Cohere takes any positive budget; these follow the other providers' steps.
 THINKING_BUDGET_TOKENS: Mapping[ReasoningEffort, int] = MappingProxyType(
     {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
 )
 # Cohere's reasoning guide: leave at least 1K tokens of `max_tokens` for the answer.
 THINKING_ANSWER_ROOM_TOKENS = 1024
-
-
-def check_controls(settings: ModelSettings, tool_choice: str | None) -> list[str]:
-    """What Cohere refuses of these settings' values, one message each (the `ControlCheck` of its profile):
-    a temperature above 1, a top_p outside 0.01–0.99, a negative seed. `tool_choice` restricts nothing."""
-    del tool_choice  # every choice has a mapping (see `build_tools`)
-    refusals: list[str] = []
-    if settings.temperature is not None and settings.temperature > MAX_TEMPERATURE:
-        refusals.append(
-            f"temperature above {MAX_TEMPERATURE:g} is not supported by {PROVIDER} "
-            f"(got {settings.temperature:g})"
-        )
-    if settings.top_p is not None and not MIN_TOP_P <= settings.top_p <= MAX_TOP_P:
-        refusals.append(
-            f"top_p must be between {MIN_TOP_P:g} and {MAX_TOP_P:g} on {PROVIDER} (got {settings.top_p:g})"
-        )
-    if settings.seed is not None and settings.seed < 0:
-        refusals.append(f"seed must not be negative on {PROVIDER} (got {settings.seed})")
-    return refusals
 
 
 # --- settings --------------------------------------------------------------------------------------------

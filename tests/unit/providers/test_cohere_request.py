@@ -25,6 +25,7 @@ from orchestrator.model import (
 )
 from orchestrator.providers import cohere
 from orchestrator.providers.base import ModelRequest
+from orchestrator.providers.controls import refuse_controls
 from orchestrator.providers.rate_limits import RateLimitSignal
 from orchestrator.providers.structured import ANSWER_TOOL
 from tests.unit.providers.conftest import RESPONSES_DIR
@@ -337,12 +338,14 @@ def test_extra_is_merged_last() -> None:
 
 
 def test_what_the_profile_refuses() -> None:
-    assert cohere.OWNED_FIELDS == ("model", "messages", "stream")
-    assert cohere.UNSUPPORTED_SETTINGS == ("parallel_tool_calls",)
-    assert cohere.check_controls(ModelSettings(temperature=1.0, top_p=0.99, seed=0), "current_time") == []
-    refused = cohere.check_controls(ModelSettings(temperature=1.5, top_p=1.0, seed=-1), None)
+    assert refuse_controls("cohere", ModelSettings(temperature=1.0, top_p=0.99, seed=0)) == []
+    refused = refuse_controls("cohere", ModelSettings(temperature=1.5, top_p=1.0, seed=-1))
     assert [m.split()[0] for m in refused] == ["temperature", "top_p", "seed"]
     assert all("cohere" in m for m in refused)
+    assert refuse_controls("cohere", ModelSettings(parallel_tool_calls=False, extra={"messages": []})) == [
+        "parallel_tool_calls is not supported by cohere",
+        "extra.messages is not allowed: toolloop builds 'messages' itself",
+    ]
 
 
 # --- errors and rate limits ------------------------------------------------------------------------------
