@@ -15,7 +15,10 @@ when one is due, its refresh also runs in a thread, never on the event loop.
 
 botocore is the `bedrock` extra: it is imported only here and only when a Bedrock model is used, so a process
 without it fails then, with a `ModelConfigError` saying `pip install 'celery-toolloop[bedrock]'`. No
-credentials, or a chain that fails, is a `ModelConfigError` too (from `authorize`).
+credentials, or credentials configured wrong (an unknown profile, a partial key pair, an expired SSO login),
+is a `ModelConfigError` too (from `authorize`): asking again will not help. Any other failure of the chain (an
+STS or metadata endpoint that did not answer) leaves `authorize` as botocore raised it, for the caller to
+retry (`sending.build_headers` makes it a retryable transport error).
 
 `build_base_url` finds the endpoint as botocore does for `bedrock-runtime`:
 `AWS_ENDPOINT_URL_BEDROCK_RUNTIME`, else `AWS_ENDPOINT_URL` (both ignored when
@@ -53,6 +56,17 @@ INSTALL_HINT = "pip install 'celery-toolloop[bedrock]'"
 # "Bedrock Runtime", upper-cased, spaces as underscores), then the global one.
 ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL")
 IGNORE_ENDPOINTS_ENV_VAR = "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"
+# botocore's errors that say the credentials are configured wrong, not that an endpoint failed to answer.
+_CONFIG_ERRORS = (
+    "ConfigNotFound",
+    "InvalidConfigError",
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "ProfileNotFound",
+    "SSOTokenLoadError",
+    "UnauthorizedSSOTokenError",
+    "UnknownCredentialError",
+)
 # botocore's `validate_region_name`: a region becomes part of a host name.
 _REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
 # The DNS suffix of each AWS partition other than the commercial one (botocore's partitions.json), by the
@@ -140,10 +154,9 @@ class SigV4Auth:
 def _load_credentials() -> Any:
     require_botocore()
     session_module = importlib.import_module("botocore.session")
-    exceptions = importlib.import_module("botocore.exceptions")
     try:
         credentials = session_module.get_session().get_credentials()
-    except exceptions.BotoCoreError as exc:
+    except _config_errors() as exc:
         raise ModelConfigError(f"AWS credentials could not be loaded for bedrock: {exc}") from exc
     if credentials is None:
         raise ModelConfigError(
@@ -159,13 +172,17 @@ async def _freeze(credentials: Any) -> Any:
     if freeze is None:
         return credentials
     refresh_needed = getattr(credentials, "refresh_needed", None)
-    exceptions = importlib.import_module("botocore.exceptions")
     try:
         if callable(refresh_needed) and refresh_needed():
             return await asyncio.to_thread(freeze)
         return freeze()
-    except exceptions.BotoCoreError as exc:
+    except _config_errors() as exc:
         raise ModelConfigError(f"AWS credentials could not be refreshed for bedrock: {exc}") from exc
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    exceptions = importlib.import_module("botocore.exceptions")
+    return tuple(getattr(exceptions, name) for name in _CONFIG_ERRORS)
 
 
 def _sign(

@@ -110,6 +110,26 @@ async def test_no_credentials_is_a_config_error(monkeypatch: pytest.MonkeyPatch)
         await sigv4.SigV4Auth("us-east-1").authorize("POST", URL, HEADERS, BODY)
 
 
+async def test_a_misconfigured_chain_is_a_config_error_and_a_failing_endpoint_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import botocore.exceptions
+
+    raised: list[Exception] = [botocore.exceptions.ProfileNotFound(profile="nope")]
+
+    class Session:
+        def get_credentials(self) -> None:
+            raise raised[0]
+
+    monkeypatch.setattr("botocore.session.get_session", Session)
+    with pytest.raises(ModelConfigError, match="could not be loaded"):
+        await sigv4.SigV4Auth("us-east-1").authorize("POST", URL, HEADERS, BODY)
+    # An STS or metadata endpoint that did not answer may answer next time: not a config error.
+    raised[0] = botocore.exceptions.CredentialRetrievalError(provider="sts", error_msg="timeout")
+    with pytest.raises(botocore.exceptions.CredentialRetrievalError):
+        await sigv4.SigV4Auth("us-east-1").authorize("POST", URL, HEADERS, BODY)
+
+
 async def test_refreshable_credentials_refresh_off_the_event_loop() -> None:
     refreshed: list[str] = []
 
