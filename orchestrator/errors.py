@@ -19,6 +19,7 @@ errors, and the few things a caller must handle:
     ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
+    ├── EventStreamError(ValueError)         bytes not AWS event-stream frames (`cut`: it ended inside one)
     ├── ModelConfigError(ValueError)         an unknown provider, tier or model name, or no server for it
     ├── ApiKeysError(ValueError)             TOOLLOOP_API_KEYS is not a table of keys the API can use
     ├── RedisUnavailableError                a client's retries ran out: Redis did not answer in time
@@ -70,6 +71,7 @@ __all__ = [
     "BenchError",
     "CallNotWaitingError",
     "DemoError",
+    "EventStreamError",
     "InvalidResultError",
     "MalformedBody",
     "ModelConfigError",
@@ -162,6 +164,14 @@ class StateVersionError(ToolloopError, ValueError):
             f"turn state version {found!r} is not supported (this code reads version {versions})"
         )
         self.found = found
+
+
+class EventStreamError(ToolloopError, ValueError):
+    """Bytes that are not AWS event-stream frames, or a stream cut inside a frame (`cut` is then True)."""
+
+    def __init__(self, message: str, *, cut: bool = False) -> None:
+        super().__init__(message)
+        self.cut = cut
 
 
 class MalformedBody(ToolloopError, ValueError):

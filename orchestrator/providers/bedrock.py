@@ -31,7 +31,7 @@ from urllib.parse import quote
 from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED
 from orchestrator.errors import MalformedBody
 from orchestrator.model import ProviderError, ToolCall, Turn
-from orchestrator.providers.bedrock_request import OWNED_FIELDS, PROVIDER, UNSUPPORTED_SETTINGS, build_body
+from orchestrator.providers.bedrock_request import PROVIDER, build_body
 from orchestrator.providers.body import (
     build_error,
     decode_json,
@@ -65,10 +65,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CONVERSE_PATH",
     "CONVERSE_STREAM_PATH",
-    "OWNED_FIELDS",
     "PROVIDER",
     "STREAM_CONTENT_TYPE",
-    "UNSUPPORTED_SETTINGS",
     "BedrockStreamReader",
     "build_url",
     "error_from_wire",

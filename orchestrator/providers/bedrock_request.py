@@ -28,7 +28,7 @@ refused by the others, while every model that calls tools can call the answer to
 (`any`) on the model families that take a tool choice (Anthropic, Amazon Nova, Mistral) unless thinking is
 on (Claude cannot force a tool while thinking); beside other tools it is offered.
 
-Not sent: a seed and `parallel_tool_calls` (Converse has neither: `UNSUPPORTED_SETTINGS`), prompt-cache
+Not sent: a seed and `parallel_tool_calls` (Converse has neither: the profile refuses them), prompt-cache
 points (`cachePoint`, which only some models take).
 """
 
@@ -48,10 +48,6 @@ if TYPE_CHECKING:
     from orchestrator.providers.base import ModelRequest
 
 PROVIDER = "bedrock"
-# The ModelSettings Converse has no field for.
-UNSUPPORTED_SETTINGS = ("seed", "parallel_tool_calls")
-# Body keys `extra` may not replace: the model is the URL's, the conversation toolloop's.
-OWNED_FIELDS = ("modelId", "messages")
 # maxTokens with thinking on and no limit set: the budget plus this, so that the answer keeps room.
 DEFAULT_MAX_TOKENS = 4096
 # The user turn after a conversation that ends with the assistant's.

@@ -36,6 +36,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+from orchestrator.errors import EventStreamError
 from orchestrator.providers.common import SSEEvent
 
 __all__ = ["MAX_HEADERS_BYTES", "MAX_PAYLOAD_BYTES", "EventStreamDecoder", "EventStreamError"]
@@ -53,14 +54,6 @@ HeaderValue = bool | int | bytes | str
 _FIXED = {2: ("!b", 1), 3: ("!h", 2), 4: ("!i", 4), 5: ("!q", 8), 8: ("!q", 8)}
 _UUID_TYPE = 9
 _UUID_BYTES = 16
-
-
-class EventStreamError(ValueError):
-    """Bytes that are not AWS event-stream frames, or a stream cut inside a frame (`cut` is then True)."""
-
-    def __init__(self, message: str, *, cut: bool = False) -> None:
-        super().__init__(message)
-        self.cut = cut
 
 
 class EventStreamDecoder:

@@ -9,9 +9,9 @@ The model is in the URL and so is streaming (`:streamGenerateContent?alt=sse`), 
 location, `google_auth.build_vertex_base_url`; a bearer token from `google_auth.GoogleAuth`). `to_wire`
 builds one body for both.
 
-Model controls: temperature, top_p, max_output_tokens, stop (at most `MAX_STOP_SEQUENCES`), seed and
-reasoning_effort are honoured (`gemini_request`); `parallel_tool_calls` is not (`UNSUPPORTED_SETTINGS`):
-Gemini has no switch for it. `extra` is merged into the body last; it may not replace `contents`.
+Model controls: temperature, top_p, max_output_tokens, stop, seed and reasoning_effort are honoured
+(`gemini_request`); what Gemini refuses (parallel_tool_calls false, more than five stop sequences, the
+fields `extra` may not replace) is its profile's (`profiles.gemini`). `extra` is merged into the body last.
 """
 
 from __future__ import annotations
@@ -46,10 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "API_VERSION",
     "DEFAULT_BASE_URL",
-    "MAX_STOP_SEQUENCES",
-    "OWNED_FIELDS",
     "PROVIDER",
-    "UNSUPPORTED_SETTINGS",
     "build_gemini_schema",
     "build_tool_param",
     "build_url",
@@ -66,13 +63,6 @@ __all__ = [
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 API_VERSION = "v1beta"
-# The ModelSettings Gemini cannot honour: it has no switch for parallel function calls.
-UNSUPPORTED_SETTINGS: tuple[str, ...] = ("parallel_tool_calls",)
-# The body fields toolloop builds, which `extra` may not replace (the model and streaming are in the URL:
-# a `model` or `stream` field would only be refused by Gemini).
-OWNED_FIELDS: tuple[str, ...] = ("model", "contents", "stream")
-# Gemini's GenerationConfig takes at most five stop sequences.
-MAX_STOP_SEQUENCES = 5
 # A base URL that already names an API version (a gateway's `…/v1beta`) gets none added.
 _VERSIONED = re.compile(r"/v1(?:alpha|beta\d*)?$")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -62,10 +63,12 @@ PROFILE = ProviderProfile(
         auth_builder=build_auth,
         other_variables=("AWS_REGION", "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES),
     ),
-    # Converse's toolUseId: ^[a-zA-Z0-9_-]+$, at most 64 characters.
+    # Converse's toolUseId (botocore's service model): [a-zA-Z0-9_.:-]+, at most 64 characters.
     tool_call_id_max_chars=64,
+    tool_call_id_pattern=re.compile(r"^[a-zA-Z0-9_.:-]+$"),
     unsupported_settings=("seed", "parallel_tool_calls"),
-    owned_fields=("messages",),
+    # The model is the URL's, the conversation toolloop's.
+    owned_fields=("modelId", "messages"),
     structured_output="answer_tool",
     genai_name="aws.bedrock",
     prices_provider="aws",

@@ -22,6 +22,7 @@ from orchestrator.model import (
 from orchestrator.providers import bedrock
 from orchestrator.providers.base import ModelRequest
 from orchestrator.providers.bedrock_request import CONTINUE_TEXT, NO_TOOL, build_model_family
+from orchestrator.providers.controls import refuse_controls
 from orchestrator.providers.structured import ANSWER_TOOL
 from workers.contract import ToolSpec
 
@@ -264,6 +265,11 @@ def test_build_url_quotes_the_model_as_botocore_does(model: str, path: str) -> N
 
 
 def test_owned_fields_and_unsupported_settings() -> None:
-    assert set(bedrock.OWNED_FIELDS) >= {"messages"}
-    assert set(bedrock.UNSUPPORTED_SETTINGS) == {"seed", "parallel_tool_calls"}
-    assert set(bedrock.UNSUPPORTED_SETTINGS) <= set(ModelSettings.model_fields)
+    refused = refuse_controls(
+        "bedrock", ModelSettings(seed=1, parallel_tool_calls=True, extra={"modelId": "x"})
+    )
+    assert refused == [
+        "seed is not supported by bedrock",
+        "parallel_tool_calls is not supported by bedrock",
+        "extra.modelId is not allowed: toolloop builds 'modelId' itself",
+    ]

@@ -23,6 +23,7 @@ from orchestrator.model import (
 )
 from orchestrator.providers import gemini
 from orchestrator.providers.base import ModelRequest
+from orchestrator.providers.controls import refuse_controls
 from orchestrator.providers.gemini_request import CONTINUE_TEXT, SKIP_SIGNATURE
 from orchestrator.providers.structured import ANSWER_TOOL
 from tests.unit.providers.conftest import RESPONSES_DIR
@@ -320,7 +321,13 @@ def test_extra_is_merged_last() -> None:
 def test_no_field_of_the_body_names_the_model_or_streaming() -> None:
     body = wire([UserMessage(content="Go")], tools=[WEATHER])
     assert not set(body) & {"model", "stream"}
-    assert set(gemini.OWNED_FIELDS) >= {"contents"} and "parallel_tool_calls" in gemini.UNSUPPORTED_SETTINGS
+    assert refuse_controls("gemini", ModelSettings(parallel_tool_calls=True, extra={"contents": []})) == [
+        "extra.contents is not allowed: toolloop builds 'contents' itself"
+    ]
+    assert refuse_controls("vertex", ModelSettings(parallel_tool_calls=False, stop=list("abcdef"))) == [
+        "stop: vertex takes at most 5 sequences (got 6)",
+        "parallel_tool_calls false is not supported by vertex: Gemini may always call tools in parallel",
+    ]
 
 
 @pytest.mark.parametrize(
