@@ -1,14 +1,24 @@
-"""Known context windows, by model-name prefix, and the tokens kept back for the answer.
+"""A model's context window, and the tokens kept back for the answer.
 
-A window is the model's whole context in tokens (prompt and answer). The table is conservative where a
-vendor states two figures (gpt-5 takes at most 272k input tokens of its 400k window); a model it does not
-know gets `DEFAULT_CONTEXT_WINDOW_TOKENS`, and a provider's over-long-context error that states the real
-window teaches it for later calls. `TOOLLOOP_CONTEXT_WINDOWS` names others.
+A window is the model's whole context in tokens (prompt and answer). It is found, first match wins:
+
+1. `TOOLLOOP_CONTEXT_WINDOWS` (`overrides`), by the longest key that starts the model's name — the name as
+   called, then, for an alias (TOOLLOOP_MODEL_ALIASES), the model it stands for;
+2. genai-prices' list (`pricing.find_listed_model`, the list that prices the model), held to
+   `INPUT_LIMIT_TOKENS` where the provider takes less input than the window it states;
+3. `FALLBACK_CONTEXT_WINDOWS`, by name prefix: only what the list lacks — open-weight models as vLLM or
+   Ollama serve them, and families it lists without a window;
+4. `DEFAULT_CONTEXT_WINDOW_TOKENS`: the window is unknown (`find_context_window` says None).
+
+A provider's over-long-context error that states the real window teaches it for later calls
+(`runtime.perform`). Scripted models read no context: their window is unbounded unless named.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from orchestrator.pricing import find_listed_model, resolve_model_alias, split_model_name
 
 DEFAULT_CONTEXT_WINDOW_TOKENS = 32_768
 # The scripted models (the demo, the tests, the bench) play a plan and read no context: nothing to fit,
@@ -16,37 +26,34 @@ DEFAULT_CONTEXT_WINDOW_TOKENS = 32_768
 UNBOUNDED_PROVIDERS = frozenset({"scripted"})
 UNBOUNDED_WINDOW_TOKENS = 2**40
 
-# Model-name prefix → window in tokens; the longest matching prefix wins. Names are matched lower-cased,
-# after any `org/` path (`meta-llama/Llama-3.1-8B-Instruct`) and any dotted vendor or region prefix
-# (`us.anthropic.claude-…` on Bedrock).
-KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
-    # OpenAI
+# Names are matched by prefix, lower-cased, after any `org/` path (`meta-llama/Llama-3.1-8B-Instruct`) and
+# any dotted vendor or region prefix (`us.anthropic.claude-…` on Bedrock); the longest matching prefix wins.
+
+INPUT_LIMIT_TOKENS: Mapping[str, int] = {
+    # OpenAI's gpt-5 family states a 400k window of which at most 272k input: conservative, the smaller.
     "gpt-5": 272_000,
-    "gpt-4.1": 1_047_576,
-    "gpt-4o": 128_000,
-    "chatgpt-4o": 128_000,
-    "gpt-4-turbo": 128_000,
-    "gpt-4-32k": 32_768,
-    "gpt-4": 8_192,
-    "gpt-3.5-turbo": 16_385,
-    "gpt-oss": 131_072,
-    "o1": 200_000,
-    "o1-mini": 128_000,
-    "o1-preview": 128_000,
-    "o3": 200_000,
-    "o4-mini": 200_000,
-    # Anthropic
+}
+"""Input limits below the window the list states, by model-name prefix: the window is taken as the smaller."""
+
+FALLBACK_CONTEXT_WINDOWS: Mapping[str, int] = {
+    # Families the list prices without a window (Gemini 2.5 Pro and the previews, Gemma 3, Cohere Command,
+    # Mistral's), or not yet (a Claude model newer than the locked list).
     "claude-": 200_000,
-    "claude-2": 100_000,
-    "claude-instant": 100_000,
-    # Google
     "gemini-": 1_048_576,
-    "gemini-1.5-pro": 2_097_152,
-    "gemini-1.0": 32_760,
-    "gemini-pro": 32_760,
     "gemma-3": 131_072,
     "gemma3": 131_072,
+    "command-r": 128_000,
+    "command-a": 256_000,
+    "mistral-large": 131_072,
+    "mistral-medium": 131_072,
+    "mistral-small": 32_768,
+    "mistral-nemo": 131_072,
+    "open-mistral-nemo": 131_072,
+    "mistral": 32_768,
+    "mixtral": 32_768,
+    "codestral": 32_768,
     # Open-weight models as vLLM or Ollama serve them by default
+    "gpt-oss": 131_072,
     "llama-3.1": 131_072,
     "llama-3.2": 131_072,
     "llama-3.3": 131_072,
@@ -57,21 +64,12 @@ KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
     "llama4": 131_072,
     "llama-3": 8_192,
     "llama3": 8_192,
-    "mistral-large": 131_072,
-    "mistral-medium": 131_072,
-    "mistral-small": 32_768,
-    "mistral-nemo": 131_072,
-    "open-mistral-nemo": 131_072,
-    "mistral": 32_768,
-    "mixtral": 32_768,
-    "codestral": 32_768,
     "qwen2.5": 32_768,
     "qwen3": 32_768,
     "qwen": 32_768,
     "deepseek": 65_536,
-    "command-r": 128_000,
-    "command-a": 256_000,
 }
+"""Windows of what genai-prices' list lacks, by model-name prefix, in tokens."""
 
 # The answer's share of the window when the request names no maximum output: an eighth, within bounds.
 _RESERVE_SHARE = 8
@@ -94,23 +92,36 @@ def _longest_prefix(names: list[str], table: Mapping[str, int]) -> int | None:
     return None if best is None else best[1]
 
 
-def build_context_window(model: str, overrides: Mapping[str, int] | None = None) -> int:
-    """The context window of `model` (`provider:model` or a bare model name), in tokens.
-
-    `overrides` (TOOLLOOP_CONTEXT_WINDOWS) are matched first, by the longest key that starts the full
-    `provider:model` name or the model name alone; then the known table; then the default.
-    """
-    provider, sep, name = model.partition(":")
-    bare = name if sep else provider
+def find_context_window(
+    model: str, overrides: Mapping[str, int] | None = None, aliases: Mapping[str, str] | None = None
+) -> int | None:
+    """The context window of `model` (`provider:model` or a bare model name) in tokens, or None when nothing
+    knows it: `overrides` (TOOLLOOP_CONTEXT_WINDOWS), then the list, then the fallback table. An alias
+    (`aliases`, TOOLLOOP_MODEL_ALIASES) is fitted as the model it stands for."""
+    target = resolve_model_alias(model, aliases)
     if overrides:
-        forms = [model.strip().lower(), *_name_forms(bare)]
-        named = _longest_prefix(forms, overrides)
-        if named is not None:
-            return named
-    if sep and provider.strip().lower() in UNBOUNDED_PROVIDERS:
+        for name in dict.fromkeys((model, target)):
+            forms = [name.strip().lower(), *_name_forms(split_model_name(name)[1])]
+            named = _longest_prefix(forms, overrides)
+            if named is not None:
+                return named
+    if split_model_name(model)[0] in UNBOUNDED_PROVIDERS:
         return UNBOUNDED_WINDOW_TOKENS
-    known = _longest_prefix(_name_forms(bare), KNOWN_CONTEXT_WINDOWS)
-    return known if known is not None else DEFAULT_CONTEXT_WINDOW_TOKENS
+    forms = _name_forms(split_model_name(target)[1])
+    listed = find_listed_model(target)
+    if listed is not None and listed.context_window:
+        limit = _longest_prefix(forms, INPUT_LIMIT_TOKENS)
+        return listed.context_window if limit is None else min(listed.context_window, limit)
+    return _longest_prefix(forms, FALLBACK_CONTEXT_WINDOWS)
+
+
+def build_context_window(
+    model: str, overrides: Mapping[str, int] | None = None, aliases: Mapping[str, str] | None = None
+) -> int:
+    """The context window of `model` in tokens (`find_context_window`), `DEFAULT_CONTEXT_WINDOW_TOKENS` when
+    nothing knows it."""
+    window = find_context_window(model, overrides, aliases)
+    return DEFAULT_CONTEXT_WINDOW_TOKENS if window is None else window
 
 
 def build_output_reserve(window_tokens: int, max_output_tokens: int | None = None) -> int:

@@ -40,7 +40,13 @@ import redis
 from orchestrator import metrics
 from orchestrator.context.budget import ContextBudget
 from orchestrator.context.tokens import count_request_tokens
-from orchestrator.context.windows import CONTEXT_LENGTH_EXCEEDED, WINDOW_DETAIL, build_context_window
+from orchestrator.context.windows import (
+    CONTEXT_LENGTH_EXCEEDED,
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
+    WINDOW_DETAIL,
+    build_context_window,
+    find_context_window,
+)
 from orchestrator.machine.events import (
     AwaitApproval,
     CallModel,
@@ -64,7 +70,14 @@ from orchestrator.machine.validation import ToolAvailability
 from orchestrator.model import ProviderError, Turn, Usage
 from orchestrator.model_limits import Granted, build_reserved_tokens, build_settlement
 from orchestrator.outage import RedisOutage, RedisRetry
-from orchestrator.pricing import PriceTable, build_price_table, cost_usd
+from orchestrator.pricing import (
+    FREE_PROVIDERS,
+    REMEMBERED_MODELS,
+    PriceTable,
+    build_price_table,
+    cost_usd,
+    split_model_name,
+)
 from orchestrator.providers.base import ModelRequest, parse_model_ref
 from orchestrator.providers.deltas import DeltaSink
 from orchestrator.providers.rate_limits import RateLimitSignal, RateLimitSink
@@ -159,12 +172,13 @@ def build_context_budget(
     """The context budget a new turn on `model` starts with; for a fallback order (a list), the
     window of its first model, and that of each of the others for when one takes over.
 
-    A window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the known table) and one
-    this process learned from a provider's over-long-context error (`learned`, by model).
+    A window is the smaller of the configured one (TOOLLOOP_CONTEXT_WINDOWS, else the price list's or the
+    fallback table's, an alias's by TOOLLOOP_MODEL_ALIASES as its model's: `context.windows`) and one this
+    process learned from a provider's over-long-context error (`learned`, by model).
     """
 
     def window_of(name: str) -> int:
-        window = build_context_window(name, settings.context_windows)
+        window = build_context_window(name, settings.context_windows, settings.model_aliases)
         return min(window, learned[name]) if name in learned else window
 
     first, *fallbacks = [model] if isinstance(model, str) else model
@@ -174,6 +188,24 @@ def build_context_budget(
         compaction=settings.compaction,
         model_windows={name: window_of(name) for name in fallbacks},
     )
+
+
+def build_unknown_model_message(model: str, *, priced: bool, window_known: bool) -> str | None:
+    """The one line an orchestrator logs of a model it has no price or no known window for (None: it has
+    both), naming the setting that gives it."""
+    missing = []
+    if not priced:
+        missing.append(
+            "no price: its calls' cost_usd stays null, and a turn on it with limits.max_cost_usd fails at "
+            "its start; give it in TOOLLOOP_MODEL_PRICES (USD per million tokens), or name the model a "
+            "gateway's alias stands for in TOOLLOOP_MODEL_ALIASES"
+        )
+    if not window_known:
+        missing.append(
+            f"no known context window: its requests are fitted to {DEFAULT_CONTEXT_WINDOW_TOKENS:,} tokens "
+            "until a provider's error states the window; give it in TOOLLOOP_CONTEXT_WINDOWS"
+        )
+    return f"model {model}: {'; '.join(missing)}" if missing else None
 
 
 class _Answers:
@@ -207,16 +239,22 @@ class Performer:
         spans: TurnSpans | None = None,
         tool_gone_after_s: float = TOOL_GONE_AFTER_S,
         limiter: ModelLimiter | None = None,
+        context_windows: Mapping[str, int] | None = None,
+        start_models: Sequence[str] = (),
     ) -> None:
         """`catalogue` reads the live catalogue at dispatch (default: a `LiveCatalogue` on the store's);
         `retry` retries the Redis writes (default: one of its own, telling of `store`'s Redis);
         `stream_flush_s` is how often a streaming model call's deltas are written (`runtime.streaming`);
         `prompt_caching` asks for cache breakpoints (TOOLLOOP_PROMPT_CACHING); `prices` prices each call
-        (default: the shipped table, `pricing.build_price_table` with TOOLLOOP_MODEL_PRICES in a process);
+        (default: genai-prices' list alone; in a process `pricing.build_price_table` with
+        TOOLLOOP_MODEL_PRICES and TOOLLOOP_MODEL_ALIASES);
         `spans` the turns' spans, parents of the model calls' (`runtime.turn_spans`; None: no turn spans);
         `tool_gone_after_s` how long after its last worker a tool's calls still wait for the next one
         (TOOLLOOP_TOOL_GONE_AFTER_S); `limiter` the fleet's model rate limits (None: calls go unmetered, and
-        no provider's signal pauses them)."""
+        no provider's signal pauses them); `context_windows` the windows named (TOOLLOOP_CONTEXT_WINDOWS).
+
+        A model with no price or no known window is told of once, in one log line (`check_model`): each
+        of `start_models` (the configured default and tiers) now, any other at its first call."""
         self._store = store
         self._retry = retry or RedisRetry(RedisOutage("redis://"))
         self._publisher = publisher
@@ -232,6 +270,10 @@ class Performer:
         # Context windows providers stated in over-long-context errors, by `provider:model`: read when a
         # turn starts (`build_context_budget`), so that its calls fit the first time.
         self.learned_windows: dict[str, int] = {}
+        self._context_windows = dict(context_windows or {})
+        self._checked_models: set[str] = set()
+        for model in start_models:
+            self.check_model(model)
 
     async def perform(self, turn_id: str, state: TurnState, command: IoCommand) -> list[Event] | Later:
         """Perform `command` of the turn in `state`: the events it produces now (a list), or its slow work."""
@@ -292,6 +334,7 @@ class Performer:
     # --- model calls -----------------------------------------------------------------------------------
 
     async def _call_model(self, turn_id: str, command: CallModel) -> Sequence[Event]:
+        self.check_model(command.model)
         granted: Granted | None = None
         if self._limiter is not None:
             exceeded = await self._check_quota(command)
@@ -408,6 +451,23 @@ class Performer:
         """The models of `models` the price table has no price for (a budget in dollars cannot be kept)."""
         probe = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
         return [model for model in models if cost_usd(model, probe, self.prices) is None]
+
+    def check_model(self, model: str) -> None:
+        """Log once per model, the first time it is asked about, that it has no price or no known window.
+        Scripted models are never told of."""
+        if model in self._checked_models:
+            return
+        if len(self._checked_models) >= REMEMBERED_MODELS:  # names come from the turns: bounded
+            self._checked_models.clear()
+        self._checked_models.add(model)
+        if split_model_name(model)[0] in FREE_PROVIDERS:
+            return
+        window = find_context_window(model, self._context_windows, self.prices.aliases)
+        message = build_unknown_model_message(
+            model, priced=not self.unpriced([model]), window_known=window is not None
+        )
+        if message is not None:
+            log.warning("%s", message)
 
     def _price(self, model: str, turn: Turn) -> Turn:
         # Before the answer is stepped: the machine sums the costs and checks the budget in dollars. A cost

@@ -41,7 +41,7 @@ from orchestrator.archive import ArchivingTurnStore, TurnArchiver
 from orchestrator.attention import AttentionSender
 from orchestrator.machine.events import Event, ToolFinished
 from orchestrator.outage import OUTAGE_REPORT_S, REDIS_ERRORS, Backoff, RedisOutage, RedisRetry
-from orchestrator.pricing import build_price_table
+from orchestrator.pricing import build_api_urls, build_price_table
 from orchestrator.providers.registry import ModelClients
 from orchestrator.providers.transport import build_model_http
 from orchestrator.publishing.publisher import Publisher, get_producer_app
@@ -149,7 +149,13 @@ class Runtime:
             retry=self.retry,
             stream_flush_s=settings.stream_flush_s,
             prompt_caching=settings.prompt_caching,
-            prices=build_price_table(settings.model_prices),
+            # The price list with the deployment's prices and aliases; a base URL the list knows (Groq's,
+            # Google's OpenAI-compatible one) prices its models as that vendor's.
+            prices=build_price_table(
+                settings.model_prices, aliases=settings.model_aliases, api_urls=build_api_urls(settings)
+            ),
+            context_windows=settings.context_windows,
+            start_models=[settings.model, *settings.model_tiers.values()],
             spans=self.spans,
             tool_gone_after_s=settings.tool_gone_after_s,
             limiter=ModelLimiter(store.redis, settings.model_limits, settings.tenant_limits),

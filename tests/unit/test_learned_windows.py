@@ -5,6 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from orchestrator.context.windows import (
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
+    UNBOUNDED_WINDOW_TOKENS,
+    build_context_window,
+    find_context_window,
+)
 from orchestrator.machine.events import ModelFailed
 from orchestrator.providers.registry import ModelClients
 from orchestrator.runtime.perform import Performer, build_context_budget
@@ -63,3 +69,30 @@ def test_the_settings_read_the_windows_as_json(monkeypatch: pytest.MonkeyPatch) 
     settings = Settings()
     assert settings.context_windows == {"openai:my-model": 16_000, "llama-local": 8_192}
     assert (settings.context_output_reserve_tokens, settings.compaction) == (1_000, True)
+
+
+@pytest.mark.parametrize(
+    ("model", "window"),
+    [
+        ("openai:gpt-5.1", 272_000),  # the list's 400k window, held to gpt-5's 272k of input
+        ("openai:gpt-4o-mini", 128_000),
+        ("openai:o3", 200_000),
+        ("anthropic:claude-haiku-4-5", 200_000),
+        ("gemini:gemini-2.5-flash", 1_048_576),
+        ("bedrock:us.anthropic.claude-3-5-sonnet-20240620-v1:0", 200_000),
+        ("gemini:gemini-2.5-pro", 1_048_576),  # listed without a window: the fallback table's
+        ("cohere:command-a-03-2025", 256_000),
+        ("openai:llama3.1:8b", 131_072),  # open-weight, as Ollama serves it
+        ("openai:gpt-oss:20b", 131_072),
+        ("anthropic:claude-future-9", 200_000),  # a Claude newer than the locked list
+    ],
+)
+def test_windows_come_from_the_price_list_then_the_fallback_table(model: str, window: int) -> None:
+    assert find_context_window(model) == window
+
+
+def test_a_model_nothing_knows_has_no_window_and_is_fitted_to_the_default() -> None:
+    assert find_context_window("openai:my-finetune") is None
+    assert build_context_window("openai:my-finetune") == DEFAULT_CONTEXT_WINDOW_TOKENS
+    assert find_context_window("openai:my-finetune", {"openai:my-finetune": 9_000}) == 9_000
+    assert find_context_window("scripted:plan") == UNBOUNDED_WINDOW_TOKENS
