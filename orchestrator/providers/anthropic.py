@@ -260,3 +260,29 @@ def _resendable_thinking(raw: object) -> list[dict[str, Any]]:
         elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
             blocks.append({"type": "redacted_thinking", "data": block["data"]})
     return blocks
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+_EVENTS = frozenset(
+    {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta"}
+)
+
+
+def sniff_body(body: object) -> bool:
+    """True for a Messages response."""
+    if not isinstance(body, dict):
+        return False
+    return body.get("type") == "message" or (isinstance(body.get("content"), list) and "stop_reason" in body)
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """True for a Messages stream event, by its SSE name or its `type`."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    return bool({event_name, kind if isinstance(kind, str) else None} & _EVENTS)
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """True for Anthropic's typed error envelope (`{"type": "error", "error": {...}}`)."""
+    return body.get("type") == "error"

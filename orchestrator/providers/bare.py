@@ -160,3 +160,29 @@ def from_turn_json(data: dict[str, Any], *, ids: IdSource | None = None) -> Turn
         finish_reason=checked.finish_reason,
         provider_data=checked.provider_data,
     )
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+def sniff_body(body: object) -> bool:
+    """True for a bare message, list of tool calls or toolloop Turn: the last resort of detection."""
+    if isinstance(body, list):
+        return True
+    if not isinstance(body, dict):
+        return False
+    return body.get("type") in ("tool_calls", "final_answer") or bool(
+        body.keys() & {"role", "tool_calls", "content"}
+    )
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """Never: a bare body is not a stream."""
+    del event_name, data
+    return False
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """Any error body no format claims."""
+    del body
+    return True

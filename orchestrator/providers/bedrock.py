@@ -401,3 +401,39 @@ def _finish_block(block: dict[str, Any]) -> dict[str, Any]:
             text_block["signature"] = reasoning["signature"]
         return {"reasoningContent": {"reasoningText": text_block}}
     return {"text": block.get("text") or ""}
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+_EVENTS = frozenset(
+    {"messageStart", "contentBlockStart", "contentBlockDelta", "contentBlockStop", "messageStop", "metadata"}
+)
+
+
+def sniff_body(body: object) -> bool:
+    """True for a Converse response, or a JSON array of decoded ConverseStream events."""
+    if isinstance(body, list):
+        return bool(body) and all(isinstance(e, dict) and e.keys() & _EVENTS for e in body)
+    return isinstance(body, dict) and (isinstance(body.get("output"), dict) or "stopReason" in body)
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """Never: ConverseStream is not SSE (decoded events come as JSON lines: `sniff_ndjson`)."""
+    del event_name, data
+    return False
+
+
+def sniff_ndjson(first: object) -> bool:
+    """True when the first of a body's JSON lines is a ConverseStream event."""
+    return isinstance(first, dict) and bool(first.keys() & _EVENTS)
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """True for an AWS error body (`__type` names the exception)."""
+    return isinstance(body.get("__type"), str) and "output" not in body
+
+
+def from_chunks(events: list[object], *, ids: IdSource | None = None) -> Turn | ProviderError:
+    """A Turn from a JSON array of decoded ConverseStream events (what the AWS SDKs yield)."""
+    return from_stream(json.dumps(events), ids=ids)

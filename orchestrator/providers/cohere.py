@@ -370,3 +370,33 @@ def _generation_error(message: str, finish_reason: object) -> ProviderError:
     kind = finish_reason.lower() if isinstance(finish_reason, str) and finish_reason else "error"
     error = error_from_wire(None, {"type": kind, "message": message})
     return error if error.code == CONTEXT_LENGTH_EXCEEDED else error.model_copy(update={"retryable": True})
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+_EVENTS = frozenset(
+    {"message-start", "content-start", "content-delta", "tool-plan-delta", "tool-call-start", "message-end"}
+)
+# The keys only Ollama's /api/chat answers carry beside their `message`.
+_OLLAMA_KEYS = frozenset({"done", "done_reason", "created_at", "eval_count", "prompt_eval_count"})
+
+
+def sniff_body(body: object) -> bool:
+    """True for a v2 chat response: a `message` with a tool plan or content blocks, or a `finish_reason`."""
+    if not isinstance(body, dict) or not isinstance(body.get("message"), dict) or body.keys() & _OLLAMA_KEYS:
+        return False
+    message: dict[str, Any] = body["message"]
+    return "tool_plan" in message or isinstance(message.get("content"), list) or "finish_reason" in body
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """True for a v2 chat stream event, by its SSE name or its `type`."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    return bool({event_name, kind if isinstance(kind, str) else None} & _EVENTS)
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """Never: Cohere's error (`{"message": ...}`) has no shape of its own to tell it by."""
+    del body
+    return False

@@ -5,15 +5,16 @@ format (from the provider name the caller gives, else from the body's shape) and
 format's module. Every name a provider goes by (`groq`, `deepseek`, `vllm`, `ollama_openai_compat` …)
 maps to the module that reads its wire format; most speak OpenAI Chat Completions.
 
-Modules are imported by name when first needed, so each wire format lives in its own module and a
-format nobody uses costs nothing.
+The names come from the providers' profiles (`providers.profiles`: each one's name and aliases), and so
+does the order in which wire modules are asked whether an unlabelled body is theirs (`detect_rank`): each
+wire module answers for its own shape (`sniff_body`, `sniff_event`, `sniff_error`, and `sniff_ndjson` for
+one that streams JSON lines). Modules are imported by name when first needed.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from orchestrator.model import ProviderError, Turn
@@ -24,10 +25,12 @@ from orchestrator.providers.body import (
     is_error_body,
 )
 from orchestrator.providers.common import IdSource, parse_sse
+from orchestrator.providers.profile import ProviderProfile
+from orchestrator.providers.profiles import PROFILES, all_aliases, canonical_name
 
 
 class ProviderModule(Protocol):
-    """What every wire-format module under `orchestrator.providers` exposes."""
+    """What every wire-format module under `orchestrator.providers` exposes to detection."""
 
     PROVIDER: str
 
@@ -39,81 +42,32 @@ class ProviderModule(Protocol):
         self, status: int | None, body: object, headers: Mapping[str, str] | None = None
     ) -> ProviderError: ...
 
+    def sniff_body(self, body: object) -> bool: ...
 
-_OPENAI_COMPATIBLE = [
-    "openai_compat",
-    "openai_compatible",
-    "chat_completions",
-    "gemini_openai_compat",
-    "ollama_openai_compat",
-    "deepseek",
-    "groq",
-    "mistral",
-    "xai",
-    "grok",
-    "together",
-    "together_hf",
-    "huggingface",
-    "hf",
-    "vllm",
-    "vllm_crusoe",
-    "crusoe",
-    "openrouter",
-    "lmstudio",
-    "lm_studio",
-    "llamacpp",
-    "llama_cpp",
-    "fireworks",
-    "perplexity",
-    "azure",
-    "azure_openai",
-    "cerebras",
-    "sambanova",
-    "deepinfra",
-    "nvidia",
-    "nim",
-    "moonshot",
-    "kimi",
-    "dashscope",
-    "qwen",
-    "zai",
-    "glm",
-    "scripted",
-]
+    def sniff_event(self, event_name: str | None, data: object) -> bool: ...
 
-ALIASES: dict[str, str] = {
-    **dict.fromkeys(_OPENAI_COMPATIBLE, "openai_chat"),
-    "openai_chat": "openai_chat",
-    "openai": "openai_chat",
-    "openai_responses": "openai_responses",
-    "responses": "openai_responses",
-    "anthropic": "anthropic",
-    "claude": "anthropic",
-    "gemini": "gemini",
-    "google": "gemini",
-    "vertex": "gemini",
-    "vertex_ai": "gemini",
-    "ollama": "ollama",
-    "ollama_native": "ollama",
-    "bedrock": "bedrock",
-    "bedrock_converse": "bedrock",
-    "aws_bedrock": "bedrock",
-    "cohere": "cohere",
-    "cohere_v2": "cohere",
-    "bare": "bare",
-    "message": "bare",
-    "tool_calls": "bare",
-    "turn": "bare",
-}
+    def sniff_error(self, body: dict[str, Any]) -> bool: ...
 
+
+def _wire_name(profile: ProviderProfile) -> str:
+    return profile.wire.rsplit(".", 1)[1]
+
+
+ALIASES: dict[str, str] = {alias: _wire_name(profile) for alias, profile in all_aliases().items()}
+"""Every name a provider goes by (its profile's name and aliases) → the wire module that reads its bodies."""
+
+_RANKED: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        _wire_name(profile)
+        for profile in sorted(PROFILES.values(), key=lambda p: (p.detect_rank or 0, p.name))
+        if profile.detect_rank is not None
+    )
+)
+# The format of a body no other format claims: the last one asked (a bare message or list of tool calls).
+_LAST_RESORT = _RANKED[-1]
 # Wire formats whose shape no other format shares: when the body has one, it decides over the name given
 # ("openai" serves both Chat Completions and the Responses API; Gemini also serves Chat Completions).
-_UNMISTAKABLE = frozenset({"openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"})
-
-
-def canonical_name(provider: str) -> str:
-    """A provider name as the alias table spells it: lower case, `-`, `.` and spaces as `_`."""
-    return provider.strip().lower().replace("-", "_").replace(".", "_").replace(" ", "_")
+_UNMISTAKABLE = frozenset(_wire_name(profile) for profile in PROFILES.values() if profile.unmistakable)
 
 
 def resolve_provider(provider: str) -> str | None:
@@ -124,6 +78,11 @@ def resolve_provider(provider: str) -> str | None:
 def load_module(name: str) -> ProviderModule:
     """The wire-format module `orchestrator.providers.<name>`."""
     return cast(ProviderModule, importlib.import_module(f"orchestrator.providers.{name}"))
+
+
+def _first(question: Callable[[ProviderModule], bool], among: Sequence[str] = _RANKED) -> str | None:
+    """The first wire module, in detection order, that answers yes."""
+    return next((name for name in among if question(load_module(name))), None)
 
 
 def from_response(
@@ -171,7 +130,7 @@ def _from_text(
     stripped = text.strip()
     if not stripped:
         if status is not None and status >= 400:
-            return load_module(hinted or "bare").error_from_wire(status, "", headers)
+            return load_module(hinted or _LAST_RESORT).error_from_wire(status, "", headers)
         return invalid_response(hinted or "unknown", "empty response body", retryable=True)
     if status is not None and status >= 400:
         parsed = decode_json(stripped, hinted or "unknown")
@@ -196,7 +155,7 @@ def _looks_like_sse(text: str) -> bool:
 def _from_body(
     body: object, hinted: str | None, status: int | None, ids: IdSource, headers: Mapping[str, str] | None
 ) -> Turn | ProviderError:
-    if (status is not None and status >= 400) or is_error_body(body) or _is_aws_error(body):
+    if (status is not None and status >= 400) or is_error_body(body) or _is_typed_error(body):
         return _error(body, hinted, status, headers)
     detected = detect_shape(body)
     module = _choose(hinted, detected)
@@ -204,21 +163,19 @@ def _from_body(
         return invalid_response(
             "unknown", "unrecognised response shape; name the provider (e.g. --provider openai)"
         )
-    if module == "gemini" and isinstance(body, list):
-        from orchestrator.providers import gemini
-
-        return gemini.from_chunks(body, ids=ids)
-    if module == "bedrock" and isinstance(body, list):
-        from orchestrator.providers import bedrock
-
-        return bedrock.from_stream(_dump(body), ids=ids)
-    return load_module(module).from_wire(body, ids=ids)
+    reader = load_module(module)
+    from_chunks = getattr(reader, "from_chunks", None)
+    if isinstance(body, list) and from_chunks is not None:
+        # A JSON array of a stream's chunks or events, as an SDK yields them.
+        turn: Turn | ProviderError = from_chunks(body, ids=ids)
+        return turn
+    return reader.from_wire(body, ids=ids)
 
 
 def _choose(hinted: str | None, detected: str | None) -> str | None:
     if hinted is None:
         return detected
-    if detected is not None and detected != hinted and (detected in _UNMISTAKABLE or hinted == "bare"):
+    if detected is not None and detected != hinted and (detected in _UNMISTAKABLE or hinted == _LAST_RESORT):
         # A clear shape beats the name: "openai" with a Responses body, "gemini" at its OpenAI endpoint.
         return detected
     return hinted
@@ -233,68 +190,23 @@ def _error(
 
 def _error_family(body: object) -> str:
     if not isinstance(body, dict):
-        return "bare"
-    if body.get("type") == "error":
-        return "anthropic"
-    error = body.get("error")
-    if isinstance(error, dict) and isinstance(error.get("status"), str):
-        return "gemini"
-    if isinstance(error, str):
-        return "ollama"
-    if _is_aws_error(body):
-        return "bedrock"
-    return "openai_chat" if isinstance(error, dict) else "bare"
+        return _LAST_RESORT
+    return _first(lambda module: module.sniff_error(body)) or _LAST_RESORT
 
 
-def _is_aws_error(body: object) -> bool:
-    return isinstance(body, dict) and isinstance(body.get("__type"), str) and "output" not in body
+def _is_typed_error(body: object) -> bool:
+    # An error whose shape says so without an `error` key (AWS's `__type`); a body with one is judged by
+    # `is_error_body`, which lets a response carrying an `error` field through.
+    if not isinstance(body, dict) or "error" in body:
+        return False
+    return any(load_module(name).sniff_error(body) for name in _UNMISTAKABLE)
 
 
 def detect_shape(body: object) -> str | None:
     """The module whose wire format `body` has, from the keys only that format uses; None if unknown."""
-    if isinstance(body, list):
-        if body and all(isinstance(c, dict) and ("candidates" in c or "usageMetadata" in c) for c in body):
-            return "gemini"
-        if body and all(isinstance(e, dict) and e.keys() & _BEDROCK_EVENTS for e in body):
-            return "bedrock"
-        return "bare"
-    if not isinstance(body, dict):
+    if not isinstance(body, dict | list):
         return None
-    if body.keys() & {"candidates", "promptFeedback", "usageMetadata"}:
-        return "gemini"
-    if "choices" in body:
-        return "openai_chat"
-    if body.get("object") == "response" or isinstance(body.get("output"), list):
-        return "openai_responses"
-    if body.get("type") == "message" or (isinstance(body.get("content"), list) and "stop_reason" in body):
-        return "anthropic"
-    if isinstance(body.get("output"), dict) or "stopReason" in body:
-        return "bedrock"
-    if isinstance(body.get("message"), dict):
-        return _message_family(body)
-    if body.get("type") in ("tool_calls", "final_answer") or body.keys() & {"role", "tool_calls", "content"}:
-        return "bare"
-    return None
-
-
-def _message_family(body: dict[str, Any]) -> str:
-    message: dict[str, Any] = body["message"]
-    if body.keys() & {"done", "done_reason", "created_at", "eval_count", "prompt_eval_count"}:
-        return "ollama"
-    if "tool_plan" in message or isinstance(message.get("content"), list) or "finish_reason" in body:
-        return "cohere"
-    return "ollama"
-
-
-_BEDROCK_EVENTS = frozenset(
-    {"messageStart", "contentBlockStart", "contentBlockDelta", "contentBlockStop", "messageStop", "metadata"}
-)
-_ANTHROPIC_EVENTS = frozenset(
-    {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta"}
-)
-_COHERE_EVENTS = frozenset(
-    {"message-start", "content-start", "content-delta", "tool-plan-delta", "tool-call-start", "message-end"}
-)
+    return _first(lambda module: module.sniff_body(body))
 
 
 def _from_sse(text: str, hinted: str | None, ids: IdSource) -> Turn | ProviderError:
@@ -319,29 +231,19 @@ def _from_sse(text: str, hinted: str | None, ids: IdSource) -> Turn | ProviderEr
 
 
 def _stream_family(event_name: str | None, data: object) -> str | None:
-    kind = data.get("type") if isinstance(data, dict) else None
-    names = {event_name, kind if isinstance(kind, str) else None}
-    if any(isinstance(n, str) and n.startswith("response.") for n in names):
-        return "openai_responses"
-    if names & _ANTHROPIC_EVENTS:
-        return "anthropic"
-    if names & _COHERE_EVENTS:
-        return "cohere"
-    if not isinstance(data, dict) or is_error_body(data):
-        return None
-    if data.keys() & {"candidates", "usageMetadata"}:
-        return "gemini"
-    if "choices" in data or data.get("object") == "chat.completion.chunk":
-        return "openai_chat"
-    return None
+    return _first(lambda module: module.sniff_event(event_name, data))
+
+
+def _sniff_ndjson(module: ProviderModule, first: object) -> bool:
+    # Only the formats that stream JSON lines have this question (Bedrock's decoded events, Ollama).
+    sniff: Callable[[object], bool] | None = getattr(module, "sniff_ndjson", None)
+    return sniff is not None and sniff(first)
 
 
 def _from_ndjson(text: str, lines: list[str], hinted: str | None, ids: IdSource) -> Turn | ProviderError:
     first = decode_json(lines[0], hinted or "unknown")
-    detected = "bedrock" if isinstance(first, dict) and first.keys() & _BEDROCK_EVENTS else "ollama"
-    module = hinted if hinted in ("ollama", "bedrock") else detected
-    return load_module(module).from_stream(text, ids=ids)
-
-
-def _dump(body: object) -> str:
-    return json.dumps(body)
+    readers = [name for name in _RANKED if getattr(load_module(name), "sniff_ndjson", None) is not None]
+    if hinted in readers:
+        return load_module(hinted).from_stream(text, ids=ids)
+    detected = _first(lambda module: _sniff_ndjson(module, first), readers) or _LAST_RESORT
+    return load_module(detected).from_stream(text, ids=ids)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from orchestrator.model import ProviderError, Turn
+from orchestrator.providers.body import is_error_body
 from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
 from orchestrator.providers.gemini_request import (
@@ -139,3 +140,31 @@ def to_wire(request: ModelRequest, *, stream: bool = False) -> dict[str, Any]:
     if config:
         body["generationConfig"] = config
     return build_extra(body, request.settings)
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+def sniff_body(body: object) -> bool:
+    """True for a `generateContent` response, or a JSON array of stream chunks."""
+    if isinstance(body, list):
+        return bool(body) and all(
+            isinstance(c, dict) and ("candidates" in c or "usageMetadata" in c) for c in body
+        )
+    return isinstance(body, dict) and bool(body.keys() & {"candidates", "promptFeedback", "usageMetadata"})
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """True for a stream chunk: a response with candidates or usage."""
+    del event_name  # Gemini's events are unnamed
+    return (
+        isinstance(data, dict)
+        and not is_error_body(data)
+        and bool(data.keys() & {"candidates", "usageMetadata"})
+    )
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """True for Google's error envelope, whose `error.status` is a word (`RESOURCE_EXHAUSTED`)."""
+    error = body.get("error")
+    return isinstance(error, dict) and isinstance(error.get("status"), str)

@@ -109,3 +109,32 @@ def _read_tool_call(tool_call: dict[str, Any], ids: IdSource) -> ToolCall:
         opt_str(function.get("name"), "tool_call.function.name"),
         function.get("arguments"),
     )
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+def sniff_body(body: object) -> bool:
+    """True for an /api/chat answer: a `message` object the Cohere shape does not claim."""
+    if not isinstance(body, dict) or not isinstance(body.get("message"), dict):
+        return False
+    from orchestrator.providers import cohere  # a sibling's shape: the one other `message` body
+
+    return not cohere.sniff_body(body)
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """Never: Ollama streams JSON lines, not SSE (`sniff_ndjson`)."""
+    del event_name, data
+    return False
+
+
+def sniff_ndjson(first: object) -> bool:
+    """True for any JSON lines another format did not claim: NDJSON is Ollama's stream."""
+    del first
+    return True
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """True for Ollama's error, a plain string (`{"error": "model not found"}`)."""
+    return isinstance(body.get("error"), str)

@@ -26,6 +26,7 @@ from orchestrator.model import (
     Turn,
     UserMessage,
 )
+from orchestrator.providers.body import is_error_body
 from orchestrator.providers.common import IdSource
 from orchestrator.providers.controls import build_extra
 from orchestrator.providers.openai_chat_response import PROVIDER, error_from_wire, from_wire
@@ -203,3 +204,28 @@ def build_call(call: ToolCall) -> dict[str, Any]:
             else json.dumps(call.arguments, ensure_ascii=False),
         },
     }
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+def sniff_body(body: object) -> bool:
+    """True for a Chat Completions response."""
+    return isinstance(body, dict) and "choices" in body
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """True for a Chat Completions stream chunk."""
+    del event_name  # chunks are unnamed
+    if not isinstance(data, dict) or is_error_body(data):
+        return False
+    return "choices" in data or data.get("object") == "chat.completion.chunk"
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """True for OpenAI's error envelope (`{"error": {...}}`), the shape most compatible servers copy: the
+    fallback for an error object no other format claims (Anthropic's is typed, Google's has a word status)."""
+    error = body.get("error")
+    return (
+        isinstance(error, dict) and body.get("type") != "error" and not isinstance(error.get("status"), str)
+    )

@@ -186,3 +186,25 @@ def _resendable_reasoning(raw: object) -> list[dict[str, Any]]:
             kept.setdefault("summary", [])
             items.append(kept)
     return items
+
+
+# --- detection (`detect`: which wire format an unlabelled body has) -----------------------------------------
+
+
+def sniff_body(body: object) -> bool:
+    """True for a Responses API response (`object: response`, or an `output` list)."""
+    return isinstance(body, dict) and (
+        body.get("object") == "response" or isinstance(body.get("output"), list)
+    )
+
+
+def sniff_event(event_name: str | None, data: object) -> bool:
+    """True for a Responses stream event (`response.*`, by its SSE name or its `type`)."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    return any(isinstance(name, str) and name.startswith("response.") for name in (event_name, kind))
+
+
+def sniff_error(body: dict[str, Any]) -> bool:
+    """Never: a Responses error has OpenAI's envelope, which `openai_chat` reads."""
+    del body
+    return False

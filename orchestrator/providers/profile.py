@@ -104,6 +104,11 @@ class ProviderProfile:
     unbounded_context: bool = False
     cache_apart: bool = False
     aliases: tuple[str, ...] = ()
+    # Detection of an unlabelled body: wire modules are asked in rank order (their `sniff_*` functions);
+    # None: this profile's wire is asked at its other profile's rank, or never. An unmistakable shape (no
+    # other format shares it) wins over the name a caller gave.
+    detect_rank: int | None = None
+    unmistakable: bool = False
     # With no base URL configured, the registry serves the model itself (the in-process scripted server).
     serves_itself: bool = False
     # Extras a process needs to call this provider (`pip install 'celery-toolloop[<extra>]'`).

@@ -83,5 +83,7 @@ PROFILE = ProviderProfile(
     prices_provider="anthropic",
     # Anthropic's input_tokens leave out the cache reads and writes it reports beside them.
     cache_apart=True,
+    detect_rank=40,
+    unmistakable=True,
     aliases=("claude",),
 )

@@ -10,5 +10,6 @@ PROFILE = ProviderProfile(
     summary="a bare assistant message or list of tool calls (read only)",
     wire_family="bare",
     endpoint=None,
+    detect_rank=90,
     aliases=("message", "tool_calls", "turn"),
 )

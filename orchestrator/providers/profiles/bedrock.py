@@ -72,6 +72,8 @@ PROFILE = ProviderProfile(
     structured_output="answer_tool",
     genai_name="aws.bedrock",
     prices_provider="aws",
+    detect_rank=50,
+    unmistakable=True,
     aliases=("bedrock_converse", "aws_bedrock"),
     extra="bedrock",
 )

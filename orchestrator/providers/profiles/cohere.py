@@ -50,5 +50,6 @@ PROFILE = ProviderProfile(
     structured_output="json_schema",
     genai_name="cohere",
     prices_provider="cohere",
+    detect_rank=60,
     aliases=("cohere_v2",),
 )

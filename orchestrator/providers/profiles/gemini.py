@@ -43,5 +43,7 @@ PROFILE = ProviderProfile(
     structured_output="response_schema",
     genai_name="gcp.gemini",
     prices_provider="google",
+    detect_rank=10,
+    unmistakable=True,
     aliases=("google", "gemini_api"),
 )

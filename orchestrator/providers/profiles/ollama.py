@@ -11,5 +11,6 @@ PROFILE = ProviderProfile(
     summary="Ollama's native chat bodies (read only; call Ollama as openai: at its /v1)",
     wire_family="ollama",
     endpoint=None,
+    detect_rank=60,
     aliases=("ollama_native",),
 )

@@ -26,6 +26,8 @@ PROFILE = ProviderProfile(
     genai_name="openai",
     prices_provider="openai",
     # Vendors and servers whose bodies are Chat Completions' (`toolloop normalize --provider groq`).
+    detect_rank=20,
+    unmistakable=True,
     aliases=(
         "openai_chat",
         "openai_compat",

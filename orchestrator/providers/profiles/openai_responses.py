@@ -21,5 +21,7 @@ PROFILE = ProviderProfile(
     structured_output="json_schema",
     genai_name="openai",
     prices_provider="openai",
+    detect_rank=30,
+    unmistakable=True,
     aliases=("responses",),
 )
