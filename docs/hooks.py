@@ -6,6 +6,8 @@
   committed.
 - The CLI page's `<!-- toolloop-commands -->` becomes every `toolloop` command with its arguments and options,
   read from the typer app, so a new option is documented by the build that ships it.
+- The models guide's `<!-- toolloop-providers -->` becomes the table of providers a model may name, read from
+  their profiles (`orchestrator.providers.profiles`), so a new provider is documented by its profile.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPENAPI_PATH = ROOT / "build" / "openapi.json"
 OPENAPI_SITE_PATH = "reference/openapi.json"
 CLI_MARKER = "<!-- toolloop-commands -->"
+PROVIDERS_MARKER = "<!-- toolloop-providers -->"
 
 
 def build_openapi_schema() -> dict[str, Any]:
@@ -96,8 +99,29 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+def build_providers_table() -> str:
+    """The providers a model may name, one row each, from their profiles."""
+    sys.path.insert(0, str(ROOT))
+    from orchestrator.providers.profiles import PROFILES
+
+    rows = [
+        "| provider | what it calls | variables | output schema | extra |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, profile in PROFILES.items():
+        if profile.endpoint is None:
+            continue
+        variables = ", ".join(f"`{v}`" for v in profile.endpoint.variables) or "none"
+        extra = f"`celery-toolloop[{profile.extra}]`" if profile.extra else ""
+        schema = profile.structured_output.replace("_", " ")
+        rows.append(f"| `{name}:` | {_cell(profile.summary)} | {variables} | {schema} | {extra} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Put the generated command reference where the CLI page asks for it."""
-    if CLI_MARKER not in markdown:
-        return markdown
-    return markdown.replace(CLI_MARKER, build_cli_reference())
+    """Put the generated command reference and providers table where their pages ask for them."""
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, build_cli_reference())
+    if PROVIDERS_MARKER in markdown:
+        markdown = markdown.replace(PROVIDERS_MARKER, build_providers_table())
+    return markdown

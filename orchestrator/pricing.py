@@ -13,12 +13,12 @@ is downloaded). Its own matching rules find a model: `gpt-4.1-mini-2025-04-14` i
                          list, and its aliases (`settings.model_aliases`, TOOLLOOP_MODEL_ALIASES)
     cost_usd             one call's usage → USD, by a table (the list alone by default)
 
-A toolloop provider maps to a list provider by `GENAI_PRICES_PROVIDER_IDS`; a provider it does not map has
-no listed models. A provider's base URL the list knows names the vendor first: an OpenAI-compatible wire at
-Groq's or Google's endpoint is priced as Groq's or Google's, and as OpenAI's otherwise. A model is never
-looked for at another vendor than these — a local `openai:deepseek-r1:8b` is not DeepSeek's paid API; a
-gateway's name gets an alias or an entry of its own. A bare model name (no provider) is matched across
-providers as genai-prices does. `scripted:` models cost 0.
+A toolloop provider maps to a list provider by its profile's `prices_provider` (`GENAI_PRICES_PROVIDER_IDS`);
+a provider without one has no listed models. A provider's base URL the list knows names the vendor first:
+an OpenAI-compatible wire at Groq's or Google's endpoint is priced as Groq's or Google's, and as OpenAI's
+otherwise. A model is never looked for at another vendor than these — a local `openai:deepseek-r1:8b` is
+not DeepSeek's paid API; a gateway's name gets an alias or an entry of its own. A bare model name (no
+provider) is matched across providers as genai-prices does. A free provider's models (`scripted:`) cost 0.
 
 An alias (`{"openai:gw-model": "openai:gpt-5-mini"}`) is priced as the model it stands for
 (`resolve_model_alias`, the one place aliases are read; `context.windows` fits by it too); an entry of the
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ModelConfigError
 from orchestrator.model import Usage
+from orchestrator.providers.profiles import PROFILES
 
 if TYPE_CHECKING:
     from genai_prices.data_snapshot import DataSnapshot
@@ -57,25 +58,17 @@ REMEMBERED_MODELS = 4096
 PRICE_FIELDS = ("input", "output", "cache_read", "cache_write")
 
 GENAI_PRICES_PROVIDER_IDS: Mapping[str, str] = MappingProxyType(
-    {
-        "openai": "openai",
-        "openai_responses": "openai",
-        "anthropic": "anthropic",
-        "gemini": "google",
-        "vertex": "google",
-        "bedrock": "aws",
-        "cohere": "cohere",
-    }
+    {name: profile.prices_provider for name, profile in PROFILES.items() if profile.prices_provider}
 )
 """toolloop's provider name → the genai-prices provider id its models are priced (and windowed) by."""
 
-FREE_PROVIDERS = frozenset({"scripted"})
+FREE_PROVIDERS = frozenset(name for name, profile in PROFILES.items() if profile.free)
 """Providers whose models cost 0 (toolloop's own scripted model)."""
 
 # Wires whose input count leaves out the cache reads and writes reported beside it (genai-prices' extractors
 # for Anthropic Messages and Bedrock Converse add them back); for a bare name, the list providers of those.
-_CACHE_APART_PROVIDERS = frozenset({"anthropic", "bedrock"})
-_CACHE_APART_LIST_IDS = frozenset({"anthropic", "aws"})
+_CACHE_APART_PROVIDERS = frozenset(name for name, profile in PROFILES.items() if profile.cache_apart)
+_CACHE_APART_LIST_IDS = frozenset(PROFILES[name].prices_provider or name for name in _CACHE_APART_PROVIDERS)
 # Dated and `-latest` names of the deployment's own entries match their family (the list has its own rules).
 _DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
 
@@ -291,8 +284,6 @@ def build_price_table(
 def build_api_urls(settings: Settings) -> dict[str, str | None]:
     """Each provider's base URL as the deployment sets it (its profile's variable; None when unset), as
     `build_price_table` takes them."""
-    from orchestrator.providers.profiles import PROFILES
-
     urls: dict[str, str | None] = {}
     for name, profile in PROFILES.items():
         variable = profile.endpoint.base_url_variable if profile.endpoint is not None else None

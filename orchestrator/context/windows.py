@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.pricing import find_listed_model, resolve_model_alias, split_model_name
+from orchestrator.providers.profiles import PROFILES
 
 DEFAULT_CONTEXT_WINDOW_TOKENS = 32_768
 # The scripted models (the demo, the tests, the bench) play a plan and read no context: nothing to fit,
 # unless `TOOLLOOP_CONTEXT_WINDOWS` names a window for them (a test of trimming does).
-UNBOUNDED_PROVIDERS = frozenset({"scripted"})
+UNBOUNDED_PROVIDERS = frozenset(name for name, profile in PROFILES.items() if profile.unbounded_context)
 UNBOUNDED_WINDOW_TOKENS = 2**40
 
 # Names are matched by prefix, lower-cased, after any `org/` path (`meta-llama/Llama-3.1-8B-Instruct`) and

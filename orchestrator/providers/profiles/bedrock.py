@@ -72,6 +72,8 @@ PROFILE = ProviderProfile(
     structured_output="answer_tool",
     genai_name="aws.bedrock",
     prices_provider="aws",
+    # Converse reports cache reads and writes apart from inputTokens.
+    cache_apart=True,
     detect_rank=50,
     unmistakable=True,
     aliases=("bedrock_converse", "aws_bedrock"),
