@@ -98,7 +98,7 @@ class Settings(WorkerSettings):
     flower_url: str | None = None
     # Model controls: Anthropic prompt caching — cache breakpoints on the instructions, the tools
     # and the conversation's stable prefix (TOOLLOOP_PROMPT_CACHING, on); prices in USD per million tokens
-    # that extend or correct the shipped table (`orchestrator.pricing`), as JSON
+    # that extend or correct the maintained price list (`orchestrator.pricing`), as JSON
     # `{"<provider:model or model>": {"input": 2.0, "output": 8.0, "cache_read": 0.5, "cache_write": 2.5}}`
     # (TOOLLOOP_MODEL_PRICES).
     prompt_caching: bool = True
@@ -114,7 +114,7 @@ class Settings(WorkerSettings):
     attention_task: str | None = None
     attention_queue: str = "toolloop.attention"
 
-    # The context budget (`orchestrator.context`): windows of models the known table lacks or gets wrong,
+    # The context budget (`orchestrator.context`): windows of models the maintained list lacks or gets wrong,
     # as JSON `{"<provider:model or model>": tokens}`, the longest matching name first
     # (TOOLLOOP_CONTEXT_WINDOWS); the tokens kept for the answer (TOOLLOOP_CONTEXT_OUTPUT_RESERVE_TOKENS;
     # unset: an eighth of the window, 256 to 32,000); older history summarised by a model call before
