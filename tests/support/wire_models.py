@@ -17,8 +17,9 @@ Paths, as the providers serve them:
 Every answer is a recorded real body or stream of ../shared/provider_responses, its shape kept and the test's
 tool calls and text put in: a request whose conversation holds no tool result yet is answered with two
 parallel calls of `calls` (Gemini's first call keeps the recorded `thoughtSignature`; Bedrock's answer keeps
-its signed reasoning block; Cohere's its tool plan), and a request that carries results with a final answer
-whose text quotes every result it carried (`FINAL_PREFIX` …), so a test can prove the results reached the
+its signed reasoning block; Cohere's its tool plan), and a request that carries results (in the provider's
+own shape, or as the text toolloop writes another provider's results in) with a final answer whose text
+quotes every result of its last round (`FINAL_PREFIX` …), so a test can prove the results reached the
 model. Streams are written a piece at a time, `chunk_delay_s` apart.
 
 The credentials are checked as the providers do: Gemini's `x-goog-api-key` and Cohere's bearer key against
@@ -69,6 +70,8 @@ REGION = "us-east-1"
 # Bedrock's runtime API signs as `bedrock` (its endpoints are `bedrock-runtime.*`).
 SIGNING_SERVICE = "bedrock"
 FINAL_PREFIX = "The tools answered:"
+# How toolloop writes a result of another provider's call for a model of a different wire family.
+FLATTENED_RESULT = "[Tool result: "
 TOOL_PLAN = "I will call {names} at once."
 THOUGHT = "Both results are in; I can answer now."
 GEMINI_UNAVAILABLE = "The model is overloaded. Please try again later."
@@ -544,9 +547,13 @@ def read_gemini_results(body: Mapping[str, Any]) -> list[list[str]]:
     `functionResponse` parts), each result's `output` (or `error`) as text."""
     rounds = []
     for content in body.get("contents") or []:
-        responses = [p["functionResponse"] for p in content.get("parts") or [] if "functionResponse" in p]
+        parts = content.get("parts") or []
+        responses = [p["functionResponse"] for p in parts if "functionResponse" in p]
         if content.get("role") == "user" and responses:
             rounds.append([_text(r.get("response", {}).get("output", r.get("response"))) for r in responses])
+        flattened = [found for p in parts if (found := read_flattened_result(p.get("text"))) is not None]
+        if content.get("role") == "model" and flattened:
+            rounds.append(flattened)
     return rounds
 
 
@@ -555,9 +562,13 @@ def read_bedrock_results(body: Mapping[str, Any]) -> list[list[str]]:
     blocks), each result's text blocks joined."""
     rounds = []
     for message in body.get("messages") or []:
-        found = [b["toolResult"] for b in message.get("content") or [] if "toolResult" in b]
+        blocks = message.get("content") or []
+        found = [b["toolResult"] for b in blocks if "toolResult" in b]
         if message.get("role") == "user" and found:
             rounds.append(["".join(c.get("text", "") for c in r.get("content") or []) for r in found])
+        flattened = [text for b in blocks if (text := read_flattened_result(b.get("text"))) is not None]
+        if message.get("role") == "assistant" and flattened:
+            rounds.append(flattened)
     return rounds
 
 
@@ -567,15 +578,28 @@ def read_cohere_results(body: Mapping[str, Any]) -> list[list[str]]:
     rounds: list[list[str]] = []
     previous = None
     for message in body.get("messages") or []:
-        role = message.get("role")
-        if role == "tool":
-            content = message.get("content")
-            text = content if isinstance(content, str) else "".join(b.get("text", "") for b in content or [])
-            if previous != "tool":
+        content = message.get("content")
+        text = content if isinstance(content, str) else "".join(b.get("text", "") for b in content or [])
+        # A result of another provider's call, as text, counts as a result of its own kind.
+        kind = message.get("role")
+        flattened = read_flattened_result(text) if kind == "assistant" else None
+        if flattened is not None:
+            kind, text = "flattened", flattened
+        if kind in ("tool", "flattened"):
+            if previous != kind:
                 rounds.append([])
             rounds[-1].append(text)
-        previous = role
+        previous = kind
     return rounds
+
+
+def read_flattened_result(text: object) -> str | None:
+    """The result a text states as toolloop writes another provider's results for a model of a different
+    wire family (`[Tool result: name] content`, `machine.view`); None for any other text. A model reads it
+    as a result like any other, and so does this server."""
+    if not isinstance(text, str) or not text.startswith(FLATTENED_RESULT):
+        return None
+    return text.partition("] ")[2]
 
 
 def _text(value: object) -> str:
