@@ -7,9 +7,10 @@ answer quotes both results; the second request carries both results paired with 
 provider's own shape (Gemini's `functionResponse` after its calls, the thought signature back on its part;
 Bedrock's `toolResult` by `toolUseId`, its signed reasoning back; Cohere's `tool` messages by `tool_call_id`,
 its tool plan back). Bedrock's requests are SigV4-signed and the server checks them: an orchestrator with the
-wrong secret fails the turn with Bedrock's 403, once. A fallback mid-turn: Gemini asks for the calls, then is
-overloaded, and Cohere finishes the turn from the history Gemini wrote (its calls and results as text, as
-toolloop hands another wire family's round to a model).
+wrong secret fails the turn with Bedrock's 403, once, and an unsigned or altered request is refused too. A
+fallback mid-turn: Gemini asks for the calls, then is overloaded, and Cohere finishes the turn from the
+history Gemini wrote (its calls and results as text, as toolloop hands another wire family's round to a
+model).
 """
 
 from __future__ import annotations
@@ -18,18 +19,25 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
+from botocore.credentials import Credentials
 
 from orchestrator.client.redis_client import Client, TextDeltaEvent
 from orchestrator.model import AssistantMessage, ToolMessage, TurnOutcome
+from orchestrator.providers.sigv4 import SigV4Auth
 from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.e2e_processes import E2E_TOOLS, OrchestratorHandle, start_orchestrator
 from tests.support.processes import WorkerHandle, start_worker
 from tests.support.turns import wait_outcome
 from tests.support.wire_models import (
+    ACCESS_KEY_ID,
     FINAL_PREFIX,
     GEMINI_CALLS,
+    REGION,
+    SECRET_ACCESS_KEY,
     PlannedCall,
     Received,
     WireModelServer,
@@ -256,3 +264,21 @@ def test_bedrock_refuses_a_request_signed_with_the_wrong_secret(
     (refused,) = wire_server.requests(marker=marker)
     assert (refused.provider, refused.status) == ("bedrock", 403)
     assert refused.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
+
+
+async def test_bedrocks_check_refuses_an_unsigned_or_altered_request(wire_server: WireModelServer) -> None:
+    # The orchestrator's signer over a request, then what a man in the middle could change.
+    credentials = Credentials(ACCESS_KEY_ID, SECRET_ACCESS_KEY)
+    signer = SigV4Auth(REGION, credentials=credentials)
+    url = f"{wire_server.base_url}/model/{quote(BEDROCK.partition(':')[2], safe='-._~')}/converse"
+    body = json.dumps({"messages": [{"role": "user", "content": [{"text": "signed"}]}]}).encode()
+    signed = await signer.authorize("POST", url, {"content-type": "application/json"}, body)
+    async with httpx.AsyncClient() as http:
+        good = await http.post(url, content=body, headers=signed)
+        altered = await http.post(url, content=body.replace(b"signed", b"forged"), headers=signed)
+        unsigned = await http.post(url, content=body, headers={"content-type": "application/json"})
+    assert good.status_code == 200, good.text
+    for refused, exception in ((altered, "InvalidSignatureException"), (unsigned, "MissingAuthentication")):
+        assert refused.status_code == 403
+        assert refused.headers["x-amzn-errortype"].startswith(exception)
+        assert refused.json()["message"]
