@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+import orchestrator.commands.schedules as schedule_commands
 from orchestrator.commands import flower, normalize, tools, turns, turns_api
 from workers.errors import RedisConfigError
 
@@ -31,6 +32,7 @@ app = typer.Typer(
 
 for module in (tools, normalize, turns, turns_api, flower):
     module.register(app)
+schedule_commands.register(app)
 
 
 def read_version(project_file: Path = SOURCE_PROJECT) -> str:

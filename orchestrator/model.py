@@ -330,6 +330,9 @@ class TurnRequest(ForbidsUnknownFields):
     # Which lane the turn waits in, and its tool calls' message priority: "interactive" turns are claimed
     # before "normal" ones, and those before "batch" ones (round robin across tenants within a lane).
     priority: TurnPriority = "normal"
+    # The schedule that submitted this turn (`orchestrator.schedules`: one of its runs); None for a turn a
+    # caller submitted itself.
+    schedule: str | None = None
 
     @field_validator("client_tools")
     @classmethod

@@ -264,6 +264,26 @@ def conversation_lock(conversation_id: str) -> str:
     return f"{PREFIX}conversation:{conversation_id}:lock"
 
 
+# --- schedules (orchestrator.schedules) ------------------------------------------------------------------
+# Kept until removed (`toolloop schedule rm`): a schedule is configuration, not a record that ages out.
+SCHEDULES = PREFIX + "schedules"  # hash: schedule name -> JSON of its `Schedule`
+SCHEDULE_RUNS_KEPT = 20  # how many of a schedule's last runs (turn ids) it keeps
+# Which `toolloop beat` is the active one (value: its id), with a TTL it renews; the others stand by.
+BEAT_LEASE = PREFIX + "beat:lease"
+BEAT_LEASE_TTL_S = 15.0  # `toolloop beat --lease-ttl-s`: how soon a standby takes over from a dead beat
+
+
+def schedule_state(name: str) -> str:
+    """Hash of what the beat did with a schedule: when it last handled a tick (ran or skipped it), its last
+    run (time, turn id), its skipped ticks, its last error."""
+    return f"{PREFIX}schedule:{name}:state"
+
+
+def schedule_runs(name: str) -> str:
+    """List of a schedule's last runs' turn ids, newest first (SCHEDULE_RUNS_KEPT)."""
+    return f"{PREFIX}schedule:{name}:runs"
+
+
 # --- Redis itself ------------------------------------------------------------------------------------------
 # Written once under each Redis run id: a run id that changed without it means Redis came back empty.
 REDIS_MARKER = PREFIX + "redis:marker"  # string, no TTL: the run id it was written under

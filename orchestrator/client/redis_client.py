@@ -53,6 +53,8 @@ from orchestrator.errors import (
     UnknownTurnError,
 )
 from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest
+from orchestrator.schedules import calls as schedule_calls
+from orchestrator.schedules.schedule import Schedule, ScheduleView
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec, flows, history, operations, turn_stream
 from orchestrator.store.catalogue import RecentCatalogue
@@ -90,6 +92,7 @@ __all__ = [
     "OtherEvent",
     "PendingApproval",
     "RedisUnavailableError",
+    "ScheduleView",
     "StreamEvent",
     "Submission",
     "TextDeltaEvent",
@@ -234,6 +237,25 @@ class Client:
         without it, the outcome is `confirmation_denied` and nothing is dispatched."""
         return direct.run_call(self.redis_url, call, self.settings)
 
+    @takes_arguments_of(schedule_calls.build_schedule_call)
+    def schedule(self, schedule: Schedule) -> ScheduleView:
+        """Run a turn on a schedule: `schedule(name, cron=... or every_s=..., overlap="skip", **the arguments
+        of submit)`; `toolloop beat` submits each run, a normal turn whose request's `schedule` is `name`.
+        A schedule of that name is replaced. Checked as a submit is (`ValueError`: a bad cron expression,
+        `UnknownToolError`, `ModelConfigError`); returns it with its next run (docs: guides/schedules.md)."""
+        flow = schedule_calls.save(schedule, self.settings)
+        return schedule_calls.run_sync(self.store.redis, self.redis_url, flow, self.store.retry_s)
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the schedule `name` (its runs' turns stay); False when there was none."""
+        flow = schedule_calls.remove(name)
+        return schedule_calls.run_sync(self.store.redis, self.redis_url, flow, self.store.retry_s)
+
+    def schedules(self) -> list[ScheduleView]:
+        """Every schedule, by name, with its last runs (turn ids), skipped ticks, last error and next run."""
+        flow = schedule_calls.list_all()
+        return schedule_calls.run_sync(self.store.redis, self.redis_url, flow, self.store.retry_s)
+
     def ping(self) -> bool:
         """True when Redis answers."""
         return self.store.ping()
@@ -371,6 +393,20 @@ class AsyncClient:
     async def call_tool(self, call: DirectCall) -> ToolOutcome:
         """Run one tool call through the workers; a confirmed tool only with `approve=True`."""
         return await direct.arun_call(self.redis_url, call, self.settings)
+
+    @takes_arguments_of(schedule_calls.build_schedule_call)
+    async def schedule(self, schedule: Schedule) -> ScheduleView:
+        """Run a turn on a schedule; as `Client.schedule`."""
+        flow = schedule_calls.save(schedule, self.settings, recent=self._recent_catalogue)
+        return await self._runner.run_flow(flow, self._patience())
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove the schedule `name`; False when there was none."""
+        return await self._runner.run_flow(schedule_calls.remove(name), self._patience())
+
+    async def schedules(self) -> list[ScheduleView]:
+        """Every schedule, by name, with its state and next run; as `Client.schedules`."""
+        return await self._runner.run_flow(schedule_calls.list_all(), self._patience())
 
     async def ping(self) -> bool:
         """True when Redis answers."""
