@@ -17,6 +17,7 @@ errors, and the few things a caller must handle:
     ├── UnknownTurnError(LookupError)        no turn with this id (never submitted, or expired)
     ├── CallNotWaitingError(LookupError)     an approval for a call that waits for none (unknown, decided)
     ├── UnknownToolError(ValueError)         a submitted turn names tools no live worker serves
+    ├── UnknownAgentError(ValueError)        a turn names an agent nobody declared or registered
     ├── StateVersionError(ValueError)        a stored turn state of a version this code does not read
     ├── MalformedBody(ValueError)            a provider body not of its wire format (`where` says where)
     ├── EventStreamError(ValueError)         bytes not AWS event-stream frames (`cut`: it ended inside one)
@@ -85,6 +86,7 @@ __all__ = [
     "ToolModuleError",
     "ToolloopError",
     "TransientToolError",
+    "UnknownAgentError",
     "UnknownToolError",
     "UnknownTurnError",
 ]
@@ -153,6 +155,19 @@ class UnknownToolError(ToolloopError, ValueError):
 
     def _listing(self) -> str:
         return ", ".join(self.available) or "none"
+
+
+class UnknownAgentError(ToolloopError, ValueError):
+    """A turn names an agent that no worker declares and no client registered; nothing was stored.
+    `available`: the agents known, sorted."""
+
+    def __init__(self, name: str, available: Iterable[str]) -> None:
+        self.name = name
+        self.available = sorted(available)
+        listing = ", ".join(self.available) or "none"
+        super().__init__(
+            f"unknown agent {name!r}{build_did_you_mean(name, self.available)}; available: {listing}"
+        )
 
 
 class StateVersionError(ToolloopError, ValueError):

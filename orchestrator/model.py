@@ -257,6 +257,9 @@ class Limits(ForbidsUnknownFields):
     # How long a call of a client-side tool waits for its caller's result (seconds); past it the call's
     # outcome is `timeout`. None: DEFAULT_CLIENT_TOOL_TIMEOUT_S. Never counts against `deadline_s` either.
     client_tool_timeout_s: float | None = Field(default=None, gt=0)
+    # How deep sub-agents may nest: a turn's child turns are depth 1, theirs 2, …; a call that would start one
+    # deeper is answered with an error saying the depth limit was reached. None: TOOLLOOP_MAX_AGENT_DEPTH.
+    max_agent_depth: int | None = Field(default=None, ge=0)
 
 
 # How long a call of a client-side tool waits for its result when the turn does not say (24 hours).
@@ -295,6 +298,43 @@ class ModelSettings(ForbidsUnknownFields):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class ParentLink(ForbidsUnknownFields):
+    """A child turn's parent: the turn and the call of it that started the child (a sub-agent's call), and
+    how deep the child is (1: a child of a turn that has no parent)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: str
+    call_id: str
+    depth: int = Field(default=1, ge=1)
+
+
+class ChildTurn(ForbidsUnknownFields):
+    """One child turn a turn started (a sub-agent's call), as the parent reports it: which call, which agent,
+    its turn, how it ended (None while it runs) and what it used (added into the parent's usage too)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call_id: str
+    agent: str
+    turn_id: str
+    status: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ChildReport(ForbidsUnknownFields):
+    """What a child turn tells its parent when it ends (through the parent's control stream): its turn, how
+    it ended, its answer (the final text, or its typed output) or why it failed, and what it used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: str
+    status: str
+    result: Any = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
 class TurnRequest(ForbidsUnknownFields):
     """What a web app submits. Durable in Redis before `submit` returns. An unknown field is refused at
     submit, and ignored when a stored request is read (`workers.records`)."""
@@ -306,6 +346,11 @@ class TurnRequest(ForbidsUnknownFields):
     tools: list[str] | None = None
     # Tools the caller runs (`ClientTool`): a call of one waits, parked, for `submit_tool_result`.
     client_tools: list[ClientTool] = Field(default_factory=list)
+    # A named agent (`workers.agents`) the turn runs as: its instructions, model, tools, settings and output
+    # schema, for each of those the request does not set itself.
+    agent: str | None = None
+    # Set by the orchestrator on a sub-agent's child turn: the parent turn and call it answers.
+    parent: ParentLink | None = None
     # A model (`provider:model` or a tier), or several: the first that answers, in order (fallback).
     model: str | list[str] | None = None
     limits: Limits = Field(default_factory=Limits)
@@ -404,6 +449,10 @@ class TurnOutcome(BaseModel):
     output: Any = None
     # The answers to calls that waited for a person, in the order they came (none: no call waited).
     approvals: list[ApprovalDecision] = Field(default_factory=list)
+    # The child turns its sub-agent calls started, in the order they started; `usage` includes theirs.
+    children: list[ChildTurn] = Field(default_factory=list)
+    # The agent that gave the answer (the turn's own, or the last one it was handed off to); None: no agent.
+    agent: str | None = None
 
     def parse(self, model: type[ParsedT]) -> ParsedT:
         """`output` as an instance of the pydantic `model` (`ValueError` when the turn has no output)."""

@@ -61,6 +61,9 @@ class Settings(WorkerSettings):
     tool_gone_after_s: float = Field(default=keys.TOOL_GONE_AFTER_S, gt=0, le=keys.TOOLS_SERVED_TTL_S)
     lease_ttl_s: float = 15.0
     orchestrator_max_turns: int = 10_000
+    # How deep sub-agents may nest when a turn's `limits.max_agent_depth` does not say
+    # (TOOLLOOP_MAX_AGENT_DEPTH): a child turn is depth 1, its own children 2, …
+    max_agent_depth: int = Field(default=3, ge=0)
     # The API's Redis connections (`orchestrator.api.connections`): requests share a pool of at most this many
     # (TOOLLOOP_API_REDIS_MAX_CONNECTIONS); every open SSE stream shares one more, /healthz one of its own.
     api_redis_max_connections: int = Field(default=20, ge=1)

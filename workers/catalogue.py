@@ -25,6 +25,8 @@ import redis
 from celery import Celery, signals
 
 from workers import keys
+from workers.agents import AgentRegistry, AgentSpec
+from workers.agents import agents as agent_registry
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolSpec
 from workers.tools import ToolRegistry, registry
@@ -54,12 +56,17 @@ def build_served_entries(specs: Iterable[ToolSpec], now: float) -> dict[str, str
     }
 
 
-def publish_catalogue(client: redis.Redis, worker_id: str, specs: Iterable[ToolSpec]) -> None:
-    """Write (or refresh) this worker's catalogue entry, and the served record of each of its tools."""
+def publish_catalogue(
+    client: redis.Redis, worker_id: str, specs: Iterable[ToolSpec], agents: Iterable[AgentSpec] = ()
+) -> None:
+    """Write (or refresh) this worker's catalogue entry, the served record of each of its tools, and the
+    agents its modules declare (`keys.AGENTS`: the last published wins)."""
     now, served = time.time(), list(specs)
     pipe = client.pipeline(transaction=True)
     pipe.hset(keys.CATALOGUE, worker_id, build_catalogue_entry(served, now))
     _record_served(pipe, served, now)
+    for spec in agents:
+        pipe.hset(keys.AGENTS, spec.name, spec.model_dump_json(exclude_defaults=True))
     pipe.execute()
 
 
@@ -104,10 +111,12 @@ class CataloguePublisher:
         worker_id: str,
         specs: Callable[[], list[ToolSpec]],
         interval_s: float = keys.CATALOGUE_REFRESH_S,
+        agents: AgentRegistry = agent_registry,
     ) -> None:
         self.client = client
         self.worker_id = worker_id
         self.specs = specs
+        self.agents = agents
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._published_at = float("-inf")
@@ -129,7 +138,7 @@ class CataloguePublisher:
 
     def _publish(self) -> None:
         try:
-            publish_catalogue(self.client, self.worker_id, self.specs())
+            publish_catalogue(self.client, self.worker_id, self.specs(), self.agents.specs())
         except redis.RedisError as exc:
             # Redis briefly away: the next check republishes; readers tolerate a late entry. One line, no
             # traceback: an outage repeats this every check.

@@ -51,6 +51,8 @@ DEFAULT_RETENTION = Retention()
 # --- tools -----------------------------------------------------------------------------------------------
 CATALOGUE = PREFIX + "catalogue"  # hash: worker id -> {"seen_at": epoch, "tools": [ToolSpec…]}
 TOOLS_SERVED = PREFIX + "tools:served"  # hash: tool name -> {"served_at": epoch, "spec": ToolSpec}
+# --- agents ----------------------------------------------------------------------------------------------
+AGENTS = PREFIX + "agents"  # hash: agent name -> AgentSpec JSON (workers publish, clients register)
 
 
 def outcome(call_id: str) -> str:

@@ -83,6 +83,7 @@ from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.turn_view import TurnView
 from orchestrator.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.tracing import continue_http_trace
+from workers.agents import AgentSpec
 from workers.contract import TENANT_PATTERN, FailureKind, ToolOutcome, ToolSpec, build_failure
 from workers.tracing import setup_tracing, shutdown_tracing
 
@@ -625,6 +626,42 @@ def build_ops_router() -> APIRouter:
                 return await _client(request).call_tool(
                     name, body.arguments, body.timeout_s, body.context, approve=body.approve, tenant=tenant
                 )
+
+    @router.get(
+        "/v1/agents",
+        dependencies=[Depends(hold_redis_slot)],
+        tags=["agents"],
+        operation_id="listAgents",
+        summary="List the named agents",
+        responses={**UNAVAILABLE, **REFUSED},
+    )
+    async def list_agents(
+        request: Request, caller: Annotated[Caller, Depends(require("read"))]
+    ) -> list[AgentSpec]:
+        """Every named agent, by name: those the workers' modules declare (`from workers import agent`) and
+        those registered (`PUT /v1/agents/{name}`)."""
+        del caller  # any reader may see what agents a turn can run as
+        return await _client(request).list_agents()
+
+    @router.put(
+        "/v1/agents/{name}",
+        dependencies=[Depends(hold_redis_slot), Depends(require("admin"))],
+        tags=["agents"],
+        operation_id="registerAgent",
+        summary="Register a named agent",
+        status_code=204,
+        responses={**UNAVAILABLE, **REFUSED},
+    )
+    async def register_agent(name: str, spec: AgentSpec, request: Request) -> Response:
+        """Register (or replace) a named agent: every orchestrator knows it at once. The path's name must be
+        the agent's (422 otherwise)."""
+        if spec.name != name:
+            detail = [
+                {"loc": ["body", "name"], "msg": f"the agent is named {spec.name!r}, the path {name!r}"}
+            ]
+            return JSONResponse({"detail": detail}, status_code=422)
+        await _client(request).register_agent(spec)
+        return Response(status_code=204)
 
     @router.get(
         "/metrics",

@@ -75,6 +75,7 @@ from orchestrator.store.runner import DEFAULT_RETRY_S, Patience
 from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse_stream_event
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tracing import attach_trace_context
+from workers.agents import AgentSpec
 from workers.contract import DEFAULT_TENANT, ToolOutcome
 from workers.tracing import build_carrier
 
@@ -254,6 +255,26 @@ def build_health_call() -> HttpCall[bool]:
         return True
 
     return HttpCall("GET", "/healthz", read)
+
+
+def build_agents_call() -> HttpCall[list[AgentSpec]]:
+    """`GET /v1/agents`: every named agent, by name."""
+
+    def read(answer: httpx.Response) -> list[AgentSpec]:
+        raise_for_answer(answer)
+        return [AgentSpec.model_validate(item) for item in answer.json()]
+
+    return HttpCall("GET", "/v1/agents", read)
+
+
+def build_register_agent_call(spec: AgentSpec) -> HttpCall[None]:
+    """`PUT /v1/agents/{name}` of `spec` (the admin's scope)."""
+
+    def read(answer: httpx.Response) -> None:
+        raise_for_answer(answer)
+
+    body = spec.model_dump(mode="json", exclude_defaults=True)
+    return HttpCall("PUT", f"/v1/agents/{quote(spec.name, safe='')}", read, body=body)
 
 
 def build_outcome_call(turn_id: str) -> HttpCall[TurnOutcome | None]:
@@ -695,6 +716,14 @@ class HttpClient(_HttpCore):
         the API cannot be reached at all; `ApiUnavailableError` once it may have dispatched the call."""
         return self._send(build_tool_call(call, build_carrier()))
 
+    def register_agent(self, spec: AgentSpec) -> None:
+        """Register (or replace) a named agent: every orchestrator and the API know it at once."""
+        self._send(build_register_agent_call(spec))
+
+    def list_agents(self) -> list[AgentSpec]:
+        """Every named agent, by name: those the workers' modules declare and those registered."""
+        return self._send(build_agents_call())
+
     def ping(self) -> bool:
         """True when the API answers `/healthz` with 200 (it and its Redis are there); never retried:
         `ApiUnavailableError` at once when they are not, as `Client.ping` lets Redis's `ConnectionError`
@@ -871,6 +900,14 @@ class AsyncHttpClient(_HttpCore):
         """Run one tool call through the workers; a confirmed tool only with `approve=True`. As
         `HttpClient.call_tool`."""
         return await self._send(build_tool_call(call, build_carrier()))
+
+    async def register_agent(self, spec: AgentSpec) -> None:
+        """Register (or replace) a named agent: every orchestrator and the API know it at once."""
+        await self._send(build_register_agent_call(spec))
+
+    async def list_agents(self) -> list[AgentSpec]:
+        """Every named agent, by name: those the workers' modules declare and those registered."""
+        return await self._send(build_agents_call())
 
     async def ping(self) -> bool:
         """True when the API and its Redis answer; `ApiUnavailableError` at once when not. As

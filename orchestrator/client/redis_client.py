@@ -57,6 +57,7 @@ from orchestrator.schedules import calls as schedule_calls
 from orchestrator.schedules.schedule import Schedule, ScheduleView
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec, flows, history, operations, turn_stream
+from orchestrator.store.agents import get_agents, put_agent
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
@@ -78,6 +79,7 @@ from orchestrator.store.turn_view import PendingApproval, TurnView, build_shown_
 from orchestrator.store.turns import TurnStore
 from orchestrator.submit_checks import ModelNames, check_submit
 from orchestrator.tracing import attach_trace_context
+from workers.agents import AgentSpec
 from workers.contract import ToolOutcome
 
 __all__ = [
@@ -256,6 +258,15 @@ class Client:
         flow = schedule_calls.list_all()
         return schedule_calls.run_sync(self.store.redis, self.redis_url, flow, self.store.retry_s)
 
+    def register_agent(self, spec: AgentSpec) -> None:
+        """Register (or replace) a named agent (`workers.AgentSpec`): every orchestrator and the API know it
+        at once, as they know the agents the workers' modules declare (`from workers import agent`)."""
+        self.store.register_agent(spec)
+
+    def list_agents(self) -> list[AgentSpec]:
+        """Every named agent, by name: those the workers' modules declare and those registered."""
+        return list(self.store.read_agents().values())
+
     def ping(self) -> bool:
         """True when Redis answers."""
         return self.store.ping()
@@ -407,6 +418,15 @@ class AsyncClient:
     async def schedules(self) -> list[ScheduleView]:
         """Every schedule, by name, with its state and next run; as `Client.schedules`."""
         return await self._runner.run_flow(schedule_calls.list_all(), self._patience())
+
+    async def register_agent(self, spec: AgentSpec) -> None:
+        """Register (or replace) a named agent (`workers.AgentSpec`): every orchestrator and the API know it
+        at once."""
+        await self._runner.run(put_agent(spec), self._patience())
+
+    async def list_agents(self) -> list[AgentSpec]:
+        """Every named agent, by name: those the workers' modules declare and those registered."""
+        return list((await self._runner.run(get_agents(), self._patience())).values())
 
     async def ping(self) -> bool:
         """True when Redis answers."""

@@ -78,6 +78,7 @@ def build_submission(  # noqa: PLR0917
     tenant: str | None = None,
     priority: TurnPriority | None = None,
     client_tools: Sequence[ClientTool | Mapping[str, Any]] | None = None,
+    agent: str | None = None,
 ) -> Submission:
     """A `Submission` from the arguments of `submit` (whose signature this is): a validated `TurnRequest`
     (pydantic's `ValidationError`, a `ValueError`, if bad).
@@ -91,7 +92,8 @@ def build_submission(  # noqa: PLR0917
     `priority` is its lane (None: "normal"): "interactive" turns are claimed before "normal" ones and those
     before "batch" ones, and their tool calls go before theirs in the tools' queues. `client_tools` are tools
     the caller runs itself (`ClientTool`: name, description, JSON Schema `parameters`): a call of one waits
-    for `submit_tool_result`.
+    for `submit_tool_result`. `agent` names a named agent the turn runs as (`list_agents`): its instructions,
+    model, tools, settings and output schema, for each of those the turn does not set itself.
     """
     if isinstance(tools, str):
         raise ValueError("'tools' is a list of tool names, not a string")
@@ -111,6 +113,8 @@ def build_submission(  # noqa: PLR0917
         raw["tenant"] = tenant
     if priority is not None:
         raw["priority"] = priority
+    if agent is not None:
+        raw["agent"] = agent
     if client_tools:
         raw["client_tools"] = [t.model_dump() if isinstance(t, BaseModel) else dict(t) for t in client_tools]
     if limits is not None:

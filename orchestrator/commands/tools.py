@@ -1,4 +1,5 @@
-"""`toolloop tools`, `toolloop call`, `toolloop worker`, `toolloop redis`: the tool runtime's commands.
+"""`toolloop tools`, `toolloop agents`, `toolloop call`, `toolloop worker`, `toolloop redis`: the tool
+runtime's commands (`toolloop agents` lives in `commands.agents`).
 
 Exit codes: 0 ok; 1 the call's outcome is a failure; 2 usage error (bad JSON, wrong pool, a tool module that
 does not import, a queue no tool uses); 3 Redis is unreachable. Errors are one line on stderr, never a
@@ -14,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
+from orchestrator.commands.agents import agents_command
 from orchestrator.commands.exits import EXIT_REDIS, EXIT_USAGE, fail
 from orchestrator.settings import get_settings
 from orchestrator.store.connection import build_shown_url
@@ -235,6 +237,7 @@ def redis_command(
 def register(app: typer.Typer) -> None:
     """Add this area's commands to `app`."""
     app.command("tools")(tools_command)
+    app.command("agents")(agents_command)
     app.command("call")(call_command)
     app.command("worker")(worker_command)
     app.command("redis")(redis_command)

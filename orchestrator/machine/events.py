@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome, TurnPriority
+from orchestrator.model import Message, ModelSettings, ProviderError, Turn, TurnOutcome, TurnPriority, Usage
 from orchestrator.model_limits import LimitName
 from workers.contract import DEFAULT_TENANT, ToolOutcome, ToolSpec
 
@@ -154,6 +154,20 @@ class ClientResultGiven(_Frozen):
     error: str | None = None
 
 
+class ChildTurnFinished(_Frozen):
+    """A sub-agent's child turn ended: its answer (`result`: its final text, or its typed output), or why it
+    failed (`error`), how it ended (`status`), and what it used (added into the parent's usage)."""
+
+    kind: Literal["child_turn_finished"] = "child_turn_finished"
+    call_id: str
+    at: float
+    turn_id: str
+    status: str
+    result: Any = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
 class CancelRequested(_Frozen):
     """Someone cancelled the turn."""
 
@@ -174,6 +188,7 @@ Event = Annotated[
     | WorkerChecked
     | ApprovalGiven
     | ClientResultGiven
+    | ChildTurnFinished
     | CancelRequested,
     Field(discriminator="kind"),
 ]
@@ -301,6 +316,33 @@ class AskAttention(_Frozen):
     tenant: str = DEFAULT_TENANT
 
 
+class StartChildTurn(_Frozen):
+    """Start a sub-agent's child turn for a call (as `agent`, with the call's `arguments` as its input): turn
+    `turn_id`, a child of this turn at `depth`, ending by `deadline_at` (epoch seconds, the parent's own) and
+    within what the parent has left of its budgets (None: no budget). Submitting it again is a no-op, so a
+    new owner of the parent may ask again without starting a second child."""
+
+    kind: Literal["start_child_turn"] = "start_child_turn"
+    call_id: str
+    agent: str
+    turn_id: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    depth: int
+    deadline_at: float
+    max_total_tokens: int | None = None
+    max_cost_usd: float | None = None
+    tenant: str = DEFAULT_TENANT
+    priority: str = "normal"
+
+
+class CancelChildTurns(_Frozen):
+    """Cancel these child turns (their parent stopped, or gave up waiting for them)."""
+
+    kind: Literal["cancel_child_turns"] = "cancel_child_turns"
+    turn_ids: list[str]
+    reason: str
+
+
 class Emit(_Frozen):
     """Publish one turn event; `data` is JSON-ready and already redacted."""
 
@@ -326,6 +368,8 @@ Command = Annotated[
     | Revoke
     | AwaitApproval
     | AskAttention
+    | StartChildTurn
+    | CancelChildTurns
     | Emit
     | Finish,
     Field(discriminator="kind"),

@@ -28,6 +28,7 @@ from orchestrator.machine.events import (
     ArmTimer,
     AwaitApproval,
     CancelRequested,
+    ChildTurnFinished,
     ClientResultGiven,
     Command,
     DispatchTools,
@@ -58,6 +59,7 @@ from orchestrator.machine.state import (
     DEADLINE_TIMER,
     MODEL_RETRY_TIMER_PREFIX,
     WAIT_TIMER_PREFIX,
+    AgentRun,
     CallState,
     TurnState,
     parse_lost_timer_id,
@@ -66,8 +68,7 @@ from orchestrator.machine.stopping import HARD_STOPS, begin_stop, finish_turn
 from orchestrator.machine.tool_round import (
     Policy,
     complete_round,
-    on_approval,
-    on_client_result,
+    on_answer,
     on_lost_timer,
     on_tool_finished,
     on_tool_started,
@@ -97,6 +98,8 @@ def start(
     context_budget: ContextBudget | None = None,
     unpriced: Collection[str] = (),
     refused: Sequence[str] = (),
+    agents: Mapping[str, AgentRun] | None = None,
+    max_agent_depth: int = 3,
 ) -> tuple[TurnState, list[Command]]:
     """A new turn: its state and first commands (arm the deadline, call the model).
 
@@ -104,7 +107,9 @@ def start(
     `catalogue` the live tool catalogue, snapshotted into the state; `prior_history` the stored history of the
     conversation the turn continues; `unpriced` the turn's models the price table has no price for;
     `refused` what the turn's models' providers cannot honour of its request (`find_refusals`, asked by the
-    runtime once it has resolved a model the submitting process could not).
+    runtime once it has resolved a model the submitting process could not). A turn that runs as an agent
+    (`request.agent`) gets `agents`, resolved by the runtime (`orchestrator.agents`): its own run (the tools
+    it offers, sub-agents and handoffs included) and every agent a handoff may reach.
 
     A turn that cannot do what it asks fails at once, before any model call: an output schema that is not a
     valid JSON Schema (`invalid_output`), a budget in dollars with a model of unknown price (`max_cost`), a
@@ -120,7 +125,9 @@ def start(
         tool.name: ToolSpec(name=tool.name, description=tool.description, parameters=tool.parameters)
         for tool in request.client_tools
     }
-    offered = {**offered_tools(catalogue, request.tools), **client}
+    run = (agents or {}).get(request.agent) if request.agent else None
+    own = run.offered if run is not None else offered_tools(catalogue, request.tools)
+    offered = {**own, **client}
     state = TurnState(
         turn_id=turn_id,
         model=models[0],
@@ -137,8 +144,20 @@ def start(
         tool_choice=request.tool_choice,
         stream=request.stream,
         offered=offered,
-        catalogue_names=sorted({*catalogue, *client}),
+        # Sub-agents and handoffs are tools the model may call too: known, not unknown (every agent's, so
+        # that a handoff finds its tools known).
+        catalogue_names=sorted(
+            {*catalogue, *client, *(t for r in (agents or {}).values() for t in r.offered)}
+        ),
         client_tools=sorted(client),
+        agent=run.name if run is not None else None,
+        agents=dict(agents or {}) if run is not None else {},
+        sub_agents=run.sub_agents if run is not None else [],
+        handoffs=run.handoffs if run is not None else {},
+        parent=request.parent,
+        max_agent_depth=request.limits.max_agent_depth
+        if request.limits.max_agent_depth is not None
+        else max_agent_depth,
         history=history,
         status=TurnStatus.RUNNING,
         started_at=at,
@@ -156,6 +175,8 @@ def start(
         tools=sorted(offered),
         deadline_at=state.deadline_at,
         tenant=request.tenant,
+        **({"agent": run.name} if run is not None else {}),
+        **({"parent": request.parent.model_dump()} if request.parent is not None else {}),
     )
     draft.commands.append(ArmTimer(timer_id=DEADLINE_TIMER, at=state.deadline_at))
     _refuse(draft, sorted({m for m in models if m in unpriced}), refused, at)
@@ -188,10 +209,8 @@ def step(state: TurnState, event: Event, *, policy: Policy | None = None) -> tup
             _on_timer(draft, event)
         case WorkerChecked():
             on_worker_checked(draft, event)
-        case ApprovalGiven():
-            on_approval(draft, event)
-        case ClientResultGiven():
-            on_client_result(draft, event)
+        case ApprovalGiven() | ClientResultGiven() | ChildTurnFinished():
+            on_answer(draft, event)
         case CancelRequested():
             begin_stop(draft, "cancelled", event.at, detail=event.reason)
         case _:

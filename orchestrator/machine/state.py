@@ -38,10 +38,12 @@ from orchestrator.machine.layout import (
 from orchestrator.model import (
     ApprovalDecision,
     AssistantMessage,
+    ChildTurn,
     Limits,
     LLMCallRecord,
     Message,
     ModelSettings,
+    ParentLink,
     ProviderError,
     StopReason,
     TurnOutcome,
@@ -97,9 +99,10 @@ class _Frozen(ForbidsUnknownFields):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-WaitingFor = Literal["approval", "client_result"]
-"""What a call waits for outside the turn: a person's approval, or the result of a client-side tool its
-caller runs. Either takes the same path: the event `call_waiting`, the clock that pauses, parking."""
+WaitingFor = Literal["approval", "client_result", "child_turn"]
+"""What a call waits for outside the turn: a person's approval, the result of a client-side tool its caller
+runs, or a sub-agent's child turn. Each takes the same path: the event `call_waiting`, parking; a person's
+or a caller's wait also pauses the turn's clock, a child's does not (the child runs on the parent's time)."""
 
 
 class CallWait(_Frozen):
@@ -115,6 +118,27 @@ class CallWait(_Frozen):
     def timeout_s(self) -> float:
         """The wait's limit, in seconds."""
         return self.deadline_at - self.since
+
+
+def build_child_turn_id(turn_id: str, call_id: str) -> str:
+    """The id of the child turn a sub-agent call of `turn_id` starts: the same every time it is asked for."""
+    return f"{turn_id}.{call_id}"
+
+
+class AgentRun(_Frozen):
+    """What a turn runs as one named agent (`workers.agents.AgentSpec`, resolved by the orchestrator): its
+    instructions, models (the fallback order), settings and output schema, the tools it offers (catalogue
+    tools, its sub-agents, and `transfer_to_<agent>` for its handoffs), which offered tools are sub-agents,
+    and which hand off to which agent."""
+
+    name: str
+    instructions: str | None = None
+    models: list[str] = Field(default_factory=list)
+    model_settings: ModelSettings = Field(default_factory=ModelSettings)
+    output_schema: dict[str, Any] | None = None
+    offered: dict[str, ToolSpec] = Field(default_factory=dict)
+    sub_agents: list[str] = Field(default_factory=list)
+    handoffs: dict[str, str] = Field(default_factory=dict)
 
 
 class CallState(_Frozen):
@@ -259,6 +283,17 @@ class TurnState(_Frozen):
     # The offered tools the turn's caller runs (`TurnRequest.client_tools`): a call of one waits for its
     # result (`CallWait` "client_result"). Empty, and left out, for an ordinary turn.
     client_tools: list[str] = Field(default_factory=list)
+    # Agents (`AgentRun`): the one the turn runs as now (None: no agent), every agent a handoff may reach
+    # (by name), the offered tools that are sub-agents (a call of one starts a child turn and waits for it),
+    # the handoff tools (tool → agent), the turn's parent when it is a child, how deep sub-agents may nest,
+    # and the child turns started. All empty, and left out, for an ordinary turn.
+    agent: str | None = None
+    agents: dict[str, AgentRun] = Field(default_factory=dict)
+    sub_agents: list[str] = Field(default_factory=list)
+    handoffs: dict[str, str] = Field(default_factory=dict)
+    parent: ParentLink | None = None
+    max_agent_depth: int = 3
+    children: list[ChildTurn] = Field(default_factory=list)
     # Append-only conversation.
     history: list[Message] = Field(default_factory=list)
     status: TurnStatus = TurnStatus.RUNNING
@@ -352,6 +387,13 @@ class TurnChanges(TypedDict, total=False):
     instructions: str | None
     model_settings: ModelSettings
     output_schema: dict[str, Any] | None
+    agent: str | None
+    agents: dict[str, AgentRun]
+    sub_agents: list[str]
+    handoffs: dict[str, str]
+    children: list[ChildTurn]
+    parent: ParentLink | None
+    max_agent_depth: int
     limits: Limits
     context: dict[str, Any]
     tenant: str

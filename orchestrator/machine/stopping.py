@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from orchestrator.machine.draft import Draft
-from orchestrator.machine.events import Finish
-from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, PendingStop
+from orchestrator.machine.events import CancelChildTurns, Finish
+from orchestrator.machine.state import MODEL_RETRY_TIMER_PREFIX, PendingStop, build_child_turn_id
 from orchestrator.model import (
     LIMIT_STOP_REASONS,
     AssistantMessage,
@@ -101,6 +101,14 @@ def _answer_pending_calls(draft: Draft, reason: StopReason, at: float, *, hard: 
     if current is None:
         return
     kind = _HARD_KINDS.get(reason, FailureKind.SKIPPED)
+    children = [
+        build_child_turn_id(draft.state.turn_id, call.call_id)
+        for call in current.calls
+        if call.waiting and call.wait is not None and call.wait.waiting_for == "child_turn"
+    ]
+    if children:
+        # A sub-agent's child runs on its parent's behalf: the parent stopping stops it too.
+        draft.commands.append(CancelChildTurns(turn_ids=children, reason=f"its parent stopped ({reason})"))
     for call in current.calls:
         if call.finished or call.requested is not None:
             continue
@@ -151,6 +159,8 @@ def finish_turn(draft: Draft, at: float, output: Any = None) -> None:
         llm_call_records=list(state.llm_call_records),
         output=output if stop is None else None,
         approvals=list(state.approvals),
+        children=list(state.children),
+        agent=state.agent,
     )
     for timer_id in list(state.timers):
         draft.disarm(timer_id)

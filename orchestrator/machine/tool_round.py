@@ -44,6 +44,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orchestrator.machine.agents import hand_off, on_child_timeout, on_child_turn_finished, start_child
 from orchestrator.machine.budgets import check_budget
 from orchestrator.machine.draft import Draft, build_dispatch, build_task_id, round_of
 from orchestrator.machine.events import (
@@ -51,6 +52,7 @@ from orchestrator.machine.events import (
     AskAttention,
     AwaitApproval,
     CheckWorker,
+    ChildTurnFinished,
     ClientResultGiven,
     ToolFinished,
     ToolStarted,
@@ -124,6 +126,12 @@ def plan_round(draft: Draft, turn: Turn, at: float, policy: Policy | None) -> No
             call = call.replace(waiting_approval=True, wait=build_client_wait(state, at))
             draft.replace_call(call)
             waiting.append(call)
+        elif call.tool in state.sub_agents:
+            child = start_child(draft, call, at)
+            if child is not None:
+                waiting.append(child)
+        elif call.tool in state.handoffs:
+            hand_off(draft, call, at)
         elif state.offered[call.tool].requires_confirmation:
             call = call.replace(waiting_approval=True, wait=build_wait(state, call.tool, at))
             draft.replace_call(call)
@@ -156,6 +164,7 @@ def _start_waits(draft: Draft, calls: Sequence[CallState]) -> None:
     for shown in waiting:
         draft.arm(wait_timer_id(shown.call_id), shown.wait_deadline)
     people = [shown for shown in waiting if shown.waiting_for == "approval"]
+    # A child turn's wait is shown (`call_waiting`) like the others; the child itself says what it does.
     call_ids = [shown.call_id for shown in people]
     if call_ids:
         draft.commands.append(AwaitApproval(call_ids=call_ids))
@@ -410,11 +419,23 @@ def _answer_lost(draft: Draft, call: CallState, at: float, *, waited: bool) -> N
     draft.emit("tool_synthesis_requested", call_id=call.call_id, tool=call.tool, failure_kind="worker_lost")
 
 
+def on_answer(draft: Draft, event: ApprovalGiven | ClientResultGiven | ChildTurnFinished) -> None:
+    """Someone answered a waiting call: a person (`on_approval`), the caller of a client-side tool
+    (`on_client_result`), or a sub-agent's child turn (`machine.agents.on_child_turn_finished`)."""
+    match event:
+        case ApprovalGiven():
+            on_approval(draft, event)
+        case ClientResultGiven():
+            on_client_result(draft, event)
+        case ChildTurnFinished():
+            on_child_turn_finished(draft, event)
+
+
 def on_approval(draft: Draft, event: ApprovalGiven) -> None:
     """A person approved (dispatch now), maybe with edited arguments, or denied (`confirmation_denied`, with
     what they said for the model to read) a waiting call; who and why go into the turn's `approvals`."""
     call = find_call(draft.state, event.call_id)
-    if call is None or not call.waiting or _waits_for_client(call):
+    if call is None or not call.waiting or _waits_for_client(call) or _waits_for_child(call):
         return
     edited = event.approved and event.arguments is not None
     decision = ApprovalDecision(
@@ -458,6 +479,9 @@ def on_wait_timeout(draft: Draft, call_id: str, at: float) -> None:
     if call is None or not call.waiting or call.wait is None:
         return
     wait = call.wait
+    if wait.waiting_for == "child_turn":
+        on_child_timeout(draft, call, at)
+        return
     if wait.waiting_for == "client_result":
         draft.emit("client_result_timed_out", call_id=call.call_id, tool=call.tool, timeout_s=wait.timeout_s)
         message = f"the caller sent no result for '{call.tool}' within {wait.timeout_s:g} s"
@@ -489,6 +513,10 @@ def on_wait_timeout(draft: Draft, call_id: str, at: float) -> None:
 
 def _waits_for_client(call: CallState) -> bool:
     return call.wait is not None and call.wait.waiting_for == "client_result"
+
+
+def _waits_for_child(call: CallState) -> bool:
+    return call.wait is not None and call.wait.waiting_for == "child_turn"
 
 
 def on_client_result(draft: Draft, event: ClientResultGiven) -> None:

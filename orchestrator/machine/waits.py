@@ -65,11 +65,19 @@ def only_waiting(state: TurnState) -> bool:
     return bool(left) and all(call.waiting and call.wait is not None for call in left)
 
 
+def waits_for_child(state: TurnState) -> bool:
+    """True when a call of the round waits for a sub-agent's child turn, which runs on the turn's time."""
+    return any(
+        call.wait.waiting_for == "child_turn" for call in waiting_calls(state) if call.wait is not None
+    )
+
+
 def keep_clock(draft: Draft, at: float) -> None:
-    """Pause the running clock when the turn starts doing nothing but wait, and when it runs again move its
+    """Pause the running clock when the turn starts doing nothing but wait (for people or a caller; a child
+    turn runs on the parent's time, so a wait for one keeps it running), and when it runs again move its
     deadline out by the pause (re-arming the deadline timer)."""
     state = draft.state
-    idle = only_waiting(state)
+    idle = only_waiting(state) and not waits_for_child(state)
     if idle and state.paused_at is None:
         draft.update(paused_at=at)
         draft.disarm(DEADLINE_TIMER)
@@ -84,7 +92,12 @@ def keep_clock(draft: Draft, at: float) -> None:
 def parkable(state: TurnState) -> float | None:
     """When a turn that does nothing but wait for people must next be looked at (the earliest of its waits'
     deadlines, epoch seconds); None for a turn that is doing something (it stays in its orchestrator)."""
-    if state.paused_at is None or not only_waiting(state):
+    if not only_waiting(state):
+        return None
+    child = waits_for_child(state)
+    if state.paused_at is None and not child:
         return None
     deadlines = [call.wait.deadline_at for call in waiting_calls(state) if call.wait is not None]
+    if state.paused_at is None:
+        deadlines.append(state.deadline_at)  # the clock runs while a child does: its deadline wakes it
     return min(deadlines) if deadlines else None

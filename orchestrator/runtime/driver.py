@@ -30,7 +30,9 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from orchestrator import machine, metrics
+from orchestrator.agents import build_agent_runs, build_child_report, resolve_agent
 from orchestrator.attention import AttentionSender
+from orchestrator.errors import UnknownAgentError
 from orchestrator.machine.events import (
     ArmTimer,
     AskAttention,
@@ -42,7 +44,7 @@ from orchestrator.machine.events import (
     TimerFired,
     ToolFinished,
 )
-from orchestrator.machine.state import TurnState, load_state
+from orchestrator.machine.state import AgentRun, TurnState, load_state
 from orchestrator.outage import REDIS_ERRORS, RedisOutage, RedisRetry
 from orchestrator.runtime.adopt import (
     Adopted,
@@ -65,6 +67,7 @@ from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.history import Prior
 from orchestrator.store.scripts import ParkResult
 from orchestrator.store.turns import TurnStore
+from workers.agents import AgentSpec
 from workers.contract import ToolOutcome
 from workers.records import warn_once
 
@@ -259,8 +262,21 @@ class TurnDriver:
         if request is None:
             return Unrunnable("it has neither a state nor a request: nothing to run")
         prior = await self._store.conversation_history(conversation_id) if conversation_id else Prior([], [])
-        catalogue = await self._performer.read_catalogue(request.tools)
+        agents: dict[str, AgentSpec] = {}
+        refused: list[str] = []
+        if request.agent is not None:
+            agents = await self._performer.read_agents()
+            try:
+                request = resolve_agent(request, agents)
+            except UnknownAgentError as exc:
+                refused.append(str(exc))
+        tool_names = None if request.tools is None else [t for t in request.tools if t not in agents]
+        catalogue = await self._performer.read_catalogue(tool_names)
         models = resolve_turn_models(request.model, self._settings)
+        runs: dict[str, AgentRun] = {}
+        if request.agent is not None and not refused:
+            resolve = functools.partial(resolve_turn_models, settings=self._settings)
+            runs = build_agent_runs(request, agents, catalogue, models, resolve)
         state, commands = machine.start(
             turn_id,
             request,
@@ -272,7 +288,9 @@ class TurnDriver:
             prior_history=prior.messages,
             context_budget=build_context_budget(models, self._settings, self._performer.learned_windows),
             unpriced=self._performer.unpriced(models) if request.limits.max_cost_usd is not None else (),
-            refused=refuse_turn_controls(request, models),
+            refused=[*refused, *refuse_turn_controls(request, models)],
+            agents=runs,
+            max_agent_depth=self._settings.max_agent_depth,
         )
         return Adopted(state, commands, False, conversation_id, prior.entries)
 
@@ -388,6 +406,13 @@ class TurnDriver:
                 if self._attention is not None:
                     self._attention.ask(handle.turn_id, command)
             elif isinstance(command, Finish):
+                if state.parent is not None:
+                    # Told before the outcome is stored: a crash in between ends the turn again after a
+                    # takeover, and the parent keeps the first report (a second changes nothing).
+                    report = functools.partial(
+                        self._store.report_to_parent, state.parent, build_child_report(command.outcome)
+                    )
+                    await self._retry.call("finish", report)
                 # Retried until stored: a second try after a lost reply finds the turn terminal (False).
                 save = functools.partial(
                     self._store.save_outcome,

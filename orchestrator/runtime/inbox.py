@@ -20,7 +20,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.machine.events import ApprovalGiven, CancelRequested, ClientResultGiven, ToolStarted
+from orchestrator.machine.events import (
+    ApprovalGiven,
+    CancelRequested,
+    ChildTurnFinished,
+    ClientResultGiven,
+    ToolStarted,
+)
+from orchestrator.model import ChildReport
 from orchestrator.store.codec import ControlRequest
 from workers.contract import ToolOutcome, parse_tool_outcome
 
@@ -72,7 +79,7 @@ def parse_inbox(entries: Sequence[tuple[str, Mapping[str, str]]], *, now: float 
 
 def build_control_event(
     request: ControlRequest,
-) -> CancelRequested | ApprovalGiven | ClientResultGiven | None:
+) -> CancelRequested | ApprovalGiven | ClientResultGiven | ChildTurnFinished | None:
     """The machine event of one control request; None for an answer that names no call, and for an entry
     this release cannot read."""
     if request.kind == "unreadable":
@@ -81,6 +88,19 @@ def build_control_event(
         return CancelRequested(at=request.at, reason=request.reason)
     if not request.call_id:
         return None
+    if request.kind == "child_result":
+        if request.result is None:
+            return None
+        report = ChildReport.model_validate_json(request.result)
+        return ChildTurnFinished(
+            call_id=request.call_id,
+            at=request.at,
+            turn_id=report.turn_id,
+            status=report.status,
+            result=report.result,
+            error=report.error,
+            usage=report.usage,
+        )
     if request.kind == "client_result":
         if request.result is None:
             return ClientResultGiven(call_id=request.call_id, at=request.at, error=request.reason or "error")

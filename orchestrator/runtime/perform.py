@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, Protocol, assert_never
 import redis
 
 from orchestrator import metrics
+from orchestrator.agents import build_child_request
 from orchestrator.context.budget import ContextBudget
 from orchestrator.context.tokens import count_request_tokens
 from orchestrator.context.windows import (
@@ -47,10 +48,13 @@ from orchestrator.context.windows import (
     build_context_window,
     find_context_window,
 )
+from orchestrator.errors import UnknownTurnError
 from orchestrator.machine.events import (
     AwaitApproval,
     CallModel,
+    CancelChildTurns,
     CheckWorker,
+    ChildTurnFinished,
     Dispatch,
     DispatchTools,
     Emit,
@@ -60,6 +64,7 @@ from orchestrator.machine.events import (
     ModelThrottled,
     QuotaExceeded,
     Revoke,
+    StartChildTurn,
     ToolFinished,
     ToolWaitingForWorker,
     WorkerChecked,
@@ -92,12 +97,23 @@ from orchestrator.store.rate_limits import ModelLimiter
 from orchestrator.store.turns import TurnStore
 from orchestrator.tracing import trace_model_call
 from workers import keys
+from workers.agents import AgentSpec
 from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
 from workers.keys import TOOL_GONE_AFTER_S
 
 log = logging.getLogger("toolloop.orchestrator")
 
-IoCommand = WriteOutcomes | Emit | AwaitApproval | CallModel | DispatchTools | Revoke | CheckWorker
+IoCommand = (
+    WriteOutcomes
+    | Emit
+    | AwaitApproval
+    | CallModel
+    | DispatchTools
+    | Revoke
+    | CheckWorker
+    | StartChildTurn
+    | CancelChildTurns
+)
 """The commands a `Performer` performs (every other one is the driver's)."""
 
 Later = Coroutine[Any, Any, Sequence[Event]]
@@ -295,8 +311,47 @@ class Performer:
                 return self._revoke(command.task_ids)
             case CheckWorker():
                 return self._check_worker(command)
+            case StartChildTurn():
+                return self._start_child(turn_id, state, command)
+            case CancelChildTurns():
+                return self._cancel_children(command)
             case _:
                 assert_never(command)
+        return []
+
+    async def read_agents(self) -> dict[str, AgentSpec]:
+        """Every named agent, read for a turn that starts as one (retried through a Redis outage)."""
+        return await self._retry.call("agents", self._store.read_agents)
+
+    async def _start_child(self, turn_id: str, state: TurnState, command: StartChildTurn) -> Sequence[Event]:
+        # Submitted under the id the call derives: asked again (a new owner), it is a no-op, never a second
+        # child. The child's orchestrator resolves its agent; one it cannot run reports why to this turn.
+        request = build_child_request(command, turn_id, state.max_agent_depth, state.stream, self._clock())
+        submit = functools.partial(self._store.submit, request, turn_id=command.turn_id)
+        try:
+            await self._retry.call("children", submit)
+        except ValueError as exc:
+            log.warning("turn %s: child turn %s could not be started: %s", turn_id, command.turn_id, exc)
+            return [
+                ChildTurnFinished(
+                    call_id=command.call_id,
+                    at=self._clock(),
+                    turn_id=command.turn_id,
+                    status="failed",
+                    error=f"the sub-agent '{command.agent}' could not be started: {exc}",
+                )
+            ]
+        log.info("turn %s: started child turn %s (%s)", turn_id, command.turn_id, command.agent)
+        return []
+
+    async def _cancel_children(self, command: CancelChildTurns) -> Sequence[Event]:
+        for child in command.turn_ids:
+            cancel = functools.partial(self._store.request_cancel, child)
+            try:
+                await self._retry.call("children", cancel)
+            except UnknownTurnError:
+                continue  # never started, or expired: nothing to stop
+            log.info("cancelled child turn %s: %s", child, command.reason)
         return []
 
     async def aclose(self) -> None:

@@ -55,7 +55,7 @@ class ControlRequest(BaseModel):
     entry this release cannot read, never written as such)."""
 
     id: str
-    kind: Literal["cancel", "approval", "client_result", "unreadable"]
+    kind: Literal["cancel", "approval", "client_result", "child_result", "unreadable"]
     call_id: str | None = None
     approved: bool | None = None
     at: float

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.errors import CallNotWaitingError, UnknownToolError, UnknownTurnError
+from orchestrator.errors import CallNotWaitingError, UnknownAgentError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
-from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.model import ChildReport, ParentLink, TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, history, operations
+from orchestrator.store.agents import get_agents
 from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue, get_catalogue, get_tool_catalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_block_ms, build_step_ms
@@ -24,6 +25,7 @@ from orchestrator.store.scripts import ControlResult, FinishResult, WriteResult
 from orchestrator.store.turn_view import PendingApproval, TurnView
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
+from workers.agents import AgentSpec
 from workers.contract import ToolOutcome, ToolSpec, build_listing
 from workers.keys import DEFAULT_RETENTION, Retention
 
@@ -85,22 +87,28 @@ def submit(
     Checked before anything is stored: the request's own rules, what the caller's `check` says of its models
     (`orchestrator.submit_checks.check_submit`: their names, output schema and settings against each
     model's provider, with the submitting process's tiers; the store itself knows no provider), and its
-    tools against the catalogue (`check_tool_names`: served now or within `tool_gone_after_s`, TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when
-    `recent`, the caller's last read, has them all), and its client-side tools' names
-    (`check_client_tools`)."""
+    tools against the catalogue (`check_tool_names`: served now or within `tool_gone_after_s`,
+    TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when `recent`, the caller's last
+    read, has them all), and its client-side tools' names (`check_client_tools`)."""
     codec.check_turn_request(request)
     if check is not None:
         check(request)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
+    agents: Mapping[str, AgentSpec] = {}
+    if request.agent is not None and request.parent is None:
+        # A child turn's agent was checked when its parent's named it: a parent is never refused its child.
+        agents = yield get_agents()
+        if request.agent not in agents:
+            raise UnknownAgentError(request.agent, agents)
     if request.tools or request.client_tools:
-        requested = request.tools or []
+        requested = [name for name in request.tools or [] if name not in agents]
         catalogue = recent.serving(requested, now, tool_gone_after_s) if recent is not None else None
         if catalogue is None:
             tools: ToolCatalogue = yield get_tool_catalogue(now)
             if recent is not None:
                 recent.keep(tools, now)
             catalogue = tools.known(now, tool_gone_after_s)
-        check_tool_names(request.tools, catalogue)
+        check_tool_names(requested, catalogue)
         check_client_tools(request, catalogue)
     yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid
@@ -295,6 +303,18 @@ def send_client_result(
         raise CallNotWaitingError(turn_id, call_id)
     flow = send_control(turn_id, "client_result", call_id, None, now, reason=error, result_json=result_json)
     return (yield from flow)
+
+
+def send_child_result(parent: ParentLink, report: ChildReport, now: float) -> Flow[bool]:
+    """Tell a child turn's parent that the child ended: `report` for the parent's call that started it. False
+    when the parent has ended or is gone, or was told already (the first report stands)."""
+    try:
+        flow = send_control(
+            parent.turn_id, "child_result", parent.call_id, None, now, result_json=report.model_dump_json()
+        )
+        return (yield from flow)
+    except (UnknownTurnError, CallNotWaitingError):
+        return False
 
 
 def get_progress(turn_id: str) -> Transaction[tuple[str, TurnStatus | None]]:

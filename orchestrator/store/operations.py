@@ -399,8 +399,9 @@ def control(
     when it is parked (`control.lua`); an approval may carry edited `arguments` (stored as JSON), a `reason`
     (what a denial tells the model) and who decided (`decided_by`). A client-side tool's answer
     (`kind="client_result"`) carries its `result` (JSON text from `codec.dump_client_result`) or its error
-    as the `reason`."""
-    if kind in {"approval", "client_result"} and not call_id:
+    as the `reason`; a child turn's end (`kind="child_result"`) its report (`ChildReport` JSON) as the
+    `result`."""
+    if kind in {"approval", "client_result", "child_result"} and not call_id:
         raise ValueError("call_id must not be empty")
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
     keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE]

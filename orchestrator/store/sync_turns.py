@@ -20,12 +20,14 @@ import redis
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, flows, history, operations, turn_stream
+from orchestrator.store.agents import get_agents, put_agent
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms, build_shown_url, connect_sync
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience, SyncRunner
 from orchestrator.store.turn_stream import StreamEvent
 from orchestrator.store.turn_view import TurnView
+from workers.agents import AgentSpec
 from workers.keys import TOOL_GONE_AFTER_S
 
 
@@ -52,6 +54,14 @@ class SyncTurnStore:
     def _patience(self) -> Patience:
         # A call without a deadline of its own waits for Redis `retry_s` from when it starts.
         return Patience.for_s(self.retry_s)
+
+    def read_agents(self) -> dict[str, AgentSpec]:
+        """Every named agent (`workers.agents`), by name."""
+        return self._runner.run(get_agents(), self._patience())
+
+    def register_agent(self, spec: AgentSpec) -> None:
+        """Register (or replace) a named agent."""
+        self._runner.run(put_agent(spec), self._patience())
 
     def close(self) -> None:
         """Close the underlying connection pool."""

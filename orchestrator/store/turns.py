@@ -32,8 +32,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from orchestrator.errors import UnknownTurnError
-from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.model import ChildReport, ParentLink, TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, flows, history, operations
+from orchestrator.store.agents import get_agents
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import ClaimedTurn, ControlRequest, TurnEvent
 from orchestrator.store.connection import (
@@ -49,6 +50,7 @@ from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.scripts import FinishResult, ParkResult, SaveResult, TakeOverResult
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
+from workers.agents import AgentSpec
 from workers.contract import ToolOutcome
 from workers.keys import DEFAULT_RETENTION, TOOL_GONE_AFTER_S, Retention
 
@@ -387,6 +389,16 @@ class TurnStore:
         """Answer a call of a client-side tool with its result or an error (`flows.send_client_result`).
         False if terminal; UnknownTurnError if unknown."""
         flow = flows.send_client_result(turn_id, call_id, codec.now_s(), result=result, error=error)
+        return await self._runner.run_flow(flow)
+
+    async def read_agents(self) -> dict[str, AgentSpec]:
+        """Every named agent (`workers.agents`), by name."""
+        return await self._runner.run(get_agents())
+
+    async def report_to_parent(self, parent: ParentLink, report: ChildReport) -> bool:
+        """Tell a child turn's parent that it ended (`flows.send_child_result`); False when the parent ended
+        already, or was told before (a second report after a takeover changes nothing)."""
+        flow = flows.send_child_result(parent, report, codec.now_s())
         return await self._runner.run_flow(flow)
 
     async def read_control(self, turn_id: str, after: str = "0") -> list[ControlRequest]:

@@ -1,4 +1,4 @@
--- Record a cancel, an approval or a client-side tool's result for a turn and tell its owner, if it has one; a parked turn (no owner: it
+-- Record a cancel, an approval, a client-side tool's result or a child turn's end for a turn and tell its owner, if it has one; a parked turn (no owner: it
 -- only waits for people, park.lua) is woken instead: queued at the front, for any orchestrator to claim.
 -- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED,
 -- 2 DECIDED (an answer of this kind about this call was recorded already: the first answer stands).
@@ -13,7 +13,7 @@ for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[3])
 if not st then return -1 end
 if terminal[st] then return 0 end
-if ARGV[3] == 'approval' or ARGV[3] == 'client_result' then
+if ARGV[3] == 'approval' or ARGV[3] == 'client_result' or ARGV[3] == 'child_result' then
   -- A turn's control stream holds a handful of entries: its cancels and approvals.
   local entries = redis.call('XRANGE', KEYS[1], '-', '+')
   for _, entry in ipairs(entries) do

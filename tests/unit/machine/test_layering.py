@@ -35,6 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"model_calls"}),
     frozenset({"answers", "model_errors"}),
     frozenset({"tool_round"}),
+    frozenset({"agents"}),
     frozenset({"stopping", "waits"}),
     frozenset({"draft"}),
     frozenset({"validation", "view", "budgets"}),
