@@ -12,6 +12,7 @@ import inspect
 import json
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import redis
@@ -230,6 +231,14 @@ def beat_command(
             help="The active beat's lease: a standby takes over this long after the active one died.",
         ),
     ] = keys.BEAT_LEASE_TTL_S,
+    heartbeat_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--heartbeat-file",
+            help="Touch this file on each pass of the loop (about every second): a liveness probe reads its "
+            "age.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(envvar="TOOLLOOP_LOG_LEVEL", help="Logging level.")] = "INFO",
 ) -> None:
     """Run Celery beat on toolloop's schedules: submit each due run as a turn, until SIGTERM/SIGINT.
@@ -239,7 +248,7 @@ def beat_command(
     from orchestrator.schedules.beat import run_beat
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_beat(get_settings(), beat_id=beat_id, lease_ttl_s=lease_ttl_s)
+    run_beat(get_settings(), beat_id=beat_id, lease_ttl_s=lease_ttl_s, heartbeat_file=heartbeat_file)
 
 
 def register(app: typer.Typer) -> None:

@@ -28,6 +28,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -100,8 +101,10 @@ class TurnScheduler(Scheduler):
         beat_id: str,
         lease_ttl_s: float = keys.BEAT_LEASE_TTL_S,
         reload_s: float = RELOAD_S,
+        heartbeat_file: Path | None = None,
     ) -> None:
         self.settings = settings
+        self.heartbeat_file = heartbeat_file
         self.beat_id = beat_id
         self.lease_ttl_ms = max(round(lease_ttl_s * 1000), 1000)
         self.reload_s = reload_s
@@ -125,6 +128,9 @@ class TurnScheduler(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of Celery's loop while this beat holds the lease; the seconds to sleep before the next."""
+        if self.heartbeat_file is not None:
+            # A liveness probe reads its age: the loop turns, active or standing by.
+            self.heartbeat_file.touch()
         try:
             if not self._keep_lease():
                 return self.reload_s
@@ -252,13 +258,22 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def run_beat(
-    settings: Settings, *, beat_id: str | None = None, lease_ttl_s: float = keys.BEAT_LEASE_TTL_S
+    settings: Settings,
+    *,
+    beat_id: str | None = None,
+    lease_ttl_s: float = keys.BEAT_LEASE_TTL_S,
+    heartbeat_file: Path | None = None,
 ) -> None:
-    """Run the beat until SIGTERM or SIGINT: active while it holds the lease, standing by otherwise."""
+    """Run the beat until SIGTERM or SIGINT: active while it holds the lease, standing by otherwise;
+    `heartbeat_file` is touched on each pass of its loop (a liveness probe reads its age)."""
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     app = build_beat_app()
     scheduler = TurnScheduler(
-        app, settings=settings, beat_id=beat_id or build_beat_id(), lease_ttl_s=lease_ttl_s
+        app,
+        settings=settings,
+        beat_id=beat_id or build_beat_id(),
+        lease_ttl_s=lease_ttl_s,
+        heartbeat_file=heartbeat_file,
     )
     log.info("beat %s: starting on %s", scheduler.beat_id, build_shown_url(settings.redis_url))
     BeatService(app, scheduler).start()

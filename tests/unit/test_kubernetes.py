@@ -60,7 +60,8 @@ def test_every_document_is_a_standard_kind() -> None:
 
 def test_deployments_run_toolloop_with_probes() -> None:
     deployments = [d for d in documents() if d["kind"] == "Deployment"]
-    assert {c["command"][1] for d in deployments for c in containers(d)} == {"api", "orchestrator", "worker"}
+    commands = {c["command"][1] for d in deployments for c in containers(d)}
+    assert commands == {"api", "orchestrator", "worker", "beat"}
     for deployment in deployments:
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()

@@ -47,7 +47,7 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-TOOLLOOP_SERVICES = ("api", "orchestrator", "worker", "flower")
+TOOLLOOP_SERVICES = ("api", "orchestrator", "worker", "flower", "beat")
 
 
 def cli_envvars() -> set[str]:
@@ -201,7 +201,7 @@ def test_each_secret_goes_to_the_one_service_that_reads_it(compose: dict[str, An
         assert not [n for n in services[name]["environment"] if n.startswith("TOOLLOOP_MODEL")]
 
 
-@pytest.mark.parametrize("service", ("redis", "api", "orchestrator", "worker"))
+@pytest.mark.parametrize("service", ("redis", "api", "orchestrator", "worker", "beat"))
 def test_the_long_running_services_have_health_checks(compose: dict[str, Any], service: str) -> None:
     check = compose["services"][service]["healthcheck"]
     assert check["test"][0] in {"CMD", "CMD-SHELL"}
