@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import redis.exceptions
 from pydantic import BaseModel, Field
 
 from orchestrator import metrics
@@ -48,6 +47,7 @@ from orchestrator.store.turn_view import (
 )
 from orchestrator.store.turns import TurnStore
 from workers.contract import FailureKind, ToolOutcome
+from workers.redis_errors import maybe_ran
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -322,7 +322,7 @@ class ArchivingTurnStore(TurnStore):
                 turn_id, outcome, conversation_id=conversation_id, orchestrator_id=orchestrator_id
             )
         except REDIS_ERRORS as exc:
-            if not isinstance(exc, redis.exceptions.ResponseError):
+            if maybe_ran(exc):
                 self._unsure.add(turn_id)  # the write may have landed, its reply lost
             raise
         if finished or turn_id in self._unsure:

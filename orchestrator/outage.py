@@ -1,11 +1,9 @@
 """Riding out a Redis that fails, in the orchestrator: retry with capped backoff, say so once, count it.
 
-Every Redis failure is retried, never fatal: Redis unreachable (a connection refused or reset, a timeout,
-Redis still loading its data), and Redis refusing writes — out of memory under `maxmemory` with `noeviction`
-(`OOM command not allowed`), a read-only replica after a failover (`READONLY`) — which redis-py raises as
-`ResponseError`s, from a Lua script as a plain `ResponseError` whose text carries the code. A `ResponseError`
-of no known transient kind is a bug; it is logged with its traceback (once per distinct message) and retried
-all the same, as a process that exits takes every turn it owns down with it.
+Every Redis failure is retried, never fatal: what it means is `workers.redis_errors.classify`'s — Redis
+unreachable, a failover, out of memory, loading or busy, a cluster moving, unable to persist, this process
+denied access — and a wrong command or a script error, a bug, is logged with its traceback (once per distinct
+message) and retried all the same, as a process that exits takes every turn it owns down with it.
 
     RedisOutage     the story an operator reads: one line when an outage starts (its kind), one every
                     `report_s` while it lasts, one when it ends; every retry counted in
@@ -13,7 +11,8 @@ all the same, as a process that exits takes every turn it owns down with it.
                     (RabbitMQ) has an outage of its own (`build_broker_outage`): its lines say "the broker
                     at amqp://…", its retries count in `toolloop_broker_errors_total`
     RedisRetry      `call(loop, fn)`: `fn()` again after each failure, pausing `build_backoff_s` (0.1 s
-                    doubling to 2 s), until it succeeds — or, once the process stops, re-raising the error
+                    doubling to 2 s, equal jitter), until it succeeds — or, once the process stops, re-raising
+                    the error
 """
 
 from __future__ import annotations
@@ -23,25 +22,48 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-import redis.exceptions
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
 from orchestrator import metrics
-from workers.redis_retry import find_redis_error as find_wrapped_redis_error
+from workers import redis_errors
+from workers.redis_errors import (
+    BACKOFF_CAP_S,
+    BACKOFF_FIRST_S,
+    REDIS_ERRORS,
+    RedisErrorKind,
+    build_backoff_s,
+    classify,
+)
+
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_MIN_S",
+    "OUTAGE_REPORT_S",
+    "REDIS_ERRORS",
+    "SETTLE_S",
+    "Backoff",
+    "OutageKind",
+    "RedisOutage",
+    "RedisRetry",
+    "build_backoff_s",
+    "build_broker_outage",
+    "build_outage_kind",
+    "build_shown_url",
+    "find_redis_error",
+    "is_redis_failure",
+    "is_redis_url",
+]
 
 log = logging.getLogger("toolloop.orchestrator")
 
 T = TypeVar("T")
 
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.RedisError, OSError)
-"""What a Redis call raises when Redis fails (OSError: a socket error redis-py did not wrap)."""
-
-BACKOFF_MIN_S = 0.1
-BACKOFF_MAX_S = 2.0
+BACKOFF_MIN_S = BACKOFF_FIRST_S
+BACKOFF_MAX_S = BACKOFF_CAP_S
 # While an outage lasts, how often that is said again (its start is said at once).
 OUTAGE_REPORT_S = 10.0
 # Redis refusing writes is over once none was refused for this long: near `maxmemory` some writes pass and
@@ -52,41 +74,27 @@ _TEXT_MAX = 300
 # Distinct unexpected errors whose traceback was logged; past this many, none is logged again.
 _UNEXPECTED_MAX = 256
 
-OutageKind = Literal["unreachable", "out of memory", "read-only", "refusing commands", "unexpected"]
-
-# Error codes (the first word of Redis's error reply) that say Redis cannot serve now, not that the command
-# is wrong: a replica without its master, a failed background save, a busy script, a cluster moving.
-_TRANSIENT_CODES = ("LOADING", "MASTERDOWN", "MISCONF", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-
-
-def build_backoff_s(failures: int) -> float:
-    """The pause after `failures` failures in a row: `BACKOFF_MIN_S` doubling, capped at `BACKOFF_MAX_S`."""
-    return min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2.0 ** max(failures - 1, 0))
+OutageKind = RedisErrorKind | Literal["unexpected"]
+"""How an outage is told: the kind of Redis error (`workers.redis_errors`), or "unexpected" for a bug."""
 
 
 def find_redis_error(exc: BaseException) -> BaseException:
     """The Redis error behind `exc` (kombu wraps what it gave up publishing), else `exc` itself (pure)."""
-    found = find_wrapped_redis_error(exc)
+    found = redis_errors.find_redis_error(exc)
     return exc if found is None else found
 
 
 def is_redis_failure(exc: BaseException) -> bool:
     """True for a Redis failure, raised as is or wrapped (kombu wraps what it gave up retrying)."""
-    return isinstance(exc, (*REDIS_ERRORS, OperationalError)) or find_redis_error(exc) is not exc
+    return isinstance(exc, OperationalError) or classify(exc) is not None
 
 
 def build_outage_kind(exc: BaseException) -> OutageKind:
     """What a Redis failure says about Redis (pure): how the operator is told, and whether it is a bug."""
-    exc = find_redis_error(exc)
-    text = str(exc)
-    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "used memory > 'maxmemory'" in text:
-        return "out of memory"
-    if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text:
-        return "read-only"
-    if isinstance(exc, redis.exceptions.ResponseError):
-        codes = {word.lstrip("-") for word in text.split()}
-        return "refusing commands" if codes.intersection(_TRANSIENT_CODES) else "unexpected"
-    return "unreachable"
+    meaning = classify(exc)
+    if meaning is None:  # kombu's OperationalError with no Redis error behind it: the broker is away
+        return RedisErrorKind.UNREACHABLE
+    return "unexpected" if meaning.bug else meaning.kind
 
 
 def build_shown_url(redis_url: str) -> str:
@@ -107,10 +115,16 @@ def _build_text(exc: BaseException) -> str:
 
 _OPENINGS: dict[OutageKind, tuple[str, str, str]] = {
     # kind: (what Redis does, why, until when the process retries)
-    "unreachable": ("is unreachable", "", "it is back"),
-    "out of memory": ("refuses writes", ": out of memory", "it accepts them"),
-    "read-only": ("refuses writes", ": read-only replica", "it accepts them"),
-    "refusing commands": ("refuses commands", "", "it serves them"),
+    RedisErrorKind.UNREACHABLE: ("is unreachable", "", "it is back"),
+    RedisErrorKind.FAILOVER: ("refuses writes", ": read-only replica or failover", "it accepts them"),
+    RedisErrorKind.OUT_OF_MEMORY: ("refuses writes", ": out of memory", "it accepts them"),
+    RedisErrorKind.LOADING: ("refuses commands", ": loading its data or busy", "it serves them"),
+    RedisErrorKind.CLUSTER_MOVING: ("refuses commands", ": cluster slots moving", "it serves them"),
+    RedisErrorKind.CANNOT_PERSIST: ("refuses writes", ": cannot persist to disk", "it accepts them"),
+    RedisErrorKind.ACCESS_DENIED: ("refuses this process", ": access denied", "it lets it in"),
+    RedisErrorKind.NO_SCRIPT: ("answers with an unexpected error", "", "it is back"),
+    RedisErrorKind.SCRIPT_ERROR: ("answers with an unexpected error", "", "it is back"),
+    RedisErrorKind.WRONG_COMMAND: ("answers with an unexpected error", "", "it is back"),
     "unexpected": ("answers with an unexpected error", "", "it is back"),
 }
 
@@ -186,7 +200,7 @@ class RedisOutage:
         if self._since is None:
             return
         now = self._clock()
-        if self._kind != "unreachable" and now - self._failed_at < self.settle_s:
+        if self._kind is not RedisErrorKind.UNREACHABLE and now - self._failed_at < self.settle_s:
             return
         log.info("%s at %s is back after %.1f s", self.subject, self.url, now - self._since)
         self._since = self._kind = None
@@ -245,21 +259,21 @@ class RedisRetry:
                 await self.stopping.wait()
 
 
-class Backoff:
+class Backoff(redis_errors.Backoff):
     """The failures in a row of one loop that retries by itself: its next pause, and the outage told."""
 
-    def __init__(self, retry: RedisRetry, loop: str) -> None:
+    def __init__(self, retry: RedisRetry, loop: str, **backoff: Any) -> None:
+        """`backoff`: `redis_errors.Backoff`'s bounds and random source."""
+        super().__init__(**backoff)
         self._retry = retry
         self._loop = loop
-        self.failures = 0
 
     def failed(self, exc: BaseException) -> float:
         """Tell and count a failure; the pause before the next try (`RedisRetry.pause` it, or not)."""
-        self.failures += 1
         self._retry.outage.failed(exc, self._loop)
-        return build_backoff_s(self.failures)
+        return self.next_s()
 
     def succeeded(self) -> None:
         """The loop's call succeeded: the next failure pauses briefly again; the outage may be over."""
-        self.failures = 0
+        self.reset()
         self._retry.outage.succeeded()

@@ -8,8 +8,8 @@ replica after a failover does the same.
 
 `ToolRequest` (workers.tasks) widens the errors kombu logs to every `redis.RedisError`, and `ensure_acked`
 then tries the ack (or a reject: a requeue is refused the same way) again, in the worker's event loop with
-capped backoff, until it lands: a message left unacked would also keep its prefetch slot, and a worker whose
-every slot is taken consumes nothing more.
+capped, jittered backoff (`workers.redis_errors`), while the refusal is transient, until it lands: a message
+left unacked would also keep its prefetch slot, and a worker whose every slot is taken consumes nothing more.
 
 A message whose channel was closed under it (Redis restarted and the consumer replaced its connection) is
 acked all the same, through the connection parameters the channel keeps (`workers.broker`), and tried again
@@ -25,17 +25,9 @@ from typing import Any
 import redis
 from kombu.asynchronous import get_event_loop
 
-from workers.redis_retry import is_unavailable
+from workers.redis_errors import build_backoff_s, is_transient
 
 logger = logging.getLogger(__name__)
-
-ACK_RETRY_MIN_S = 0.1
-ACK_RETRY_MAX_S = 2.0
-
-
-def build_ack_retry_s(failures: int) -> float:
-    """The pause before ack try `failures + 1`: doubling from `ACK_RETRY_MIN_S`, capped."""
-    return float(min(ACK_RETRY_MAX_S, ACK_RETRY_MIN_S * 2 ** max(failures - 1, 0)))
 
 
 def ensure_acked(message: Any, requeue: bool | None = None) -> None:
@@ -56,7 +48,9 @@ def _check(message: Any, requeue: bool | None, failures: int) -> None:
             else:
                 message.reject(requeue=requeue)
         except redis.RedisError as exc:
-            if not is_unavailable(exc) and not isinstance(exc, redis.exceptions.ExecAbortError):
+            # A MULTI refused under OOM raises the refusal (redis-py raises the first queued command's error
+            # in place of EXECABORT), so this is transient.
+            if not is_transient(exc):
                 logger.error("could not ack %r: %r; left to the broker", message.delivery_tag, exc)
                 return
         except Exception as exc:  # the channel cannot reach Redis at all: the unacked index restores it
@@ -67,4 +61,4 @@ def _check(message: Any, requeue: bool | None, failures: int) -> None:
             return
     hub = get_event_loop()
     if hub is not None:
-        hub.call_later(build_ack_retry_s(failures + 1), _check, message, requeue, failures + 1)
+        hub.call_later(build_backoff_s(failures + 1), _check, message, requeue, failures + 1)

@@ -51,15 +51,13 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport.base import Transport
 
 from workers.connect import MasterCheckingPool
-from workers.redis_retry import build_backoff_s, is_unavailable
+from workers.redis_errors import REDIS_ERRORS, classify
+from workers.redis_retry import build_backoff_s
 
 if TYPE_CHECKING:
     from workers.poison import MessageGuard, Refusal
 
 logger = logging.getLogger(__name__)
-
-# What Redis refusing a restore looks like: down, loading its append-only file, out of memory, a replica.
-RESTORE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
 
 
 class PendingRestores:
@@ -121,15 +119,17 @@ class RestartSafeQoS(kombu_redis.QoS):
         A Redis out of memory (or refusing writes: MISCONF) refuses the record of a message BRPOP already
         removed: raised, the error ends the worker ("Unrecoverable error") and the message is lost. The
         consumer waits instead — nothing progresses while Redis refuses writes. A lost connection or a
-        read-only replica is raised as before: kombu reconnects, to the current master.
+        read-only replica is raised as before (`RedisErrorClass.reconnect`): kombu reconnects, to the current
+        master.
         """
         failures = 0
         while True:
             try:
                 super().append(message, delivery_tag)
                 return
-            except redis.ResponseError as exc:
-                if isinstance(exc, redis.exceptions.ReadOnlyError) or not is_unavailable(exc):
+            except redis.RedisError as exc:
+                meaning = classify(exc)
+                if meaning is None or meaning.reconnect or not meaning.transient:
                     raise
                 failures += 1
                 if failures == 1:
@@ -141,7 +141,7 @@ class RestartSafeQoS(kombu_redis.QoS):
         answering, the ones kept by earlier channels are restored too (a warm shutdown after an outage)."""
         try:
             super().restore_unacked(client)
-        except RESTORE_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # down, loading, out of memory, a replica…
             tags = list(self._delivered or ())
             if self._delivered is not None:
                 self._delivered.clear()
@@ -176,7 +176,7 @@ def restore_pending(qos: RestartSafeQoS) -> None:
     for done, tag in enumerate(tags):
         try:
             qos.restore_by_tag(tag)
-        except RESTORE_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # down, loading, out of memory, a replica…
             PENDING.keep(broker, tags[done:])
             logger.warning("%d unacked message(s) still to restore, Redis refused: %r", len(tags) - done, exc)
             return

@@ -18,12 +18,12 @@ from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
-from redis.exceptions import NoScriptError
 
 from workers import keys, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
 from workers.progress import ProgressSink
+from workers.redis_errors import RedisErrorKind, classify
 from workers.redis_retry import RedisRetry
 from workers.settings import get_worker_settings
 
@@ -161,7 +161,10 @@ class CallStore:
         def once(failures: int) -> scripts.WriteResult:
             try:
                 return self._finish_once(write, check_landed=failures > 0 or check_landed)
-            except NoScriptError:
+            except redis.RedisError as exc:
+                meaning = classify(exc)
+                if meaning is None or meaning.kind is not RedisErrorKind.NO_SCRIPT:
+                    raise
                 # Redis lost its scripts (a restart, SCRIPT FLUSH): load them, then try again, looking first
                 # whether the write landed before the error.
                 for script in (self._write, self._release):

@@ -15,7 +15,6 @@ dropped, and the pool asks the sentinels again at least every `MASTER_CHECK_S` w
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from kombu.utils.url import maybe_sanitize_url
 from redis.connection import parse_url
 
 from workers.errors import RedisConfigError
+from workers.redis_errors import REDIS_ERRORS, is_transient
 
 DEFAULT_SSL_CERT_REQS = "required"
 SENTINEL_SCHEME = "sentinel://"
@@ -145,8 +145,11 @@ class MasterCheckingPool(redis.sentinel.SentinelConnectionPool):
         if now - self._checked_at >= MASTER_CHECK_S:
             self._checked_at = now
             # Sentinels unreachable: the connection opened next asks again, and raises if they still are.
-            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            try:
                 self.get_master_address()  # type: ignore[no-untyped-call]
+            except REDIS_ERRORS as exc:
+                if not is_transient(exc):
+                    raise
         return super().get_connection(*args, **kwargs)
 
 
@@ -160,8 +163,11 @@ class AsyncMasterCheckingPool(aiosentinel.SentinelConnectionPool):
         now = time.monotonic()
         if now - self._checked_at >= MASTER_CHECK_S:
             self._checked_at = now
-            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            try:
                 await self.get_master_address()  # type: ignore[no-untyped-call]
+            except REDIS_ERRORS as exc:
+                if not is_transient(exc):
+                    raise
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 

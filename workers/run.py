@@ -21,7 +21,8 @@ from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, build_fa
 from workers.errors import InvalidResultError
 from workers.fence import build_execution_fence
 from workers.outcomes import build_idempotency_record, build_success
-from workers.redis_retry import RedisRetry, is_unavailable
+from workers.redis_errors import is_bug
+from workers.redis_retry import RedisRetry
 from workers.scripts import Fence, WriteResult
 from workers.spool import Spool
 from workers.tools import Tool
@@ -65,11 +66,12 @@ Decision = Finished | RetryLater | Skipped
 def finish_write(
     store: CallStore, write: OutcomeWrite, outcome: ToolOutcome, retry: RedisRetry, spool: Spool | None
 ) -> Decision:
-    """Write an outcome; when Redis refuses it past the retry's bound, hand it to the spool."""
+    """Write an outcome; when Redis refuses it past the retry's bound, or refuses this worker access, hand it
+    to the spool: only a bug in the write itself (`is_bug`) is raised."""
     try:
         result = store.finish(write, retry=retry)
     except redis.RedisError as exc:
-        if spool is None or not is_unavailable(exc):
+        if spool is None or is_bug(exc):
             raise
         spool.put(write)
         return Finished(outcome, won=False, spooled=True)

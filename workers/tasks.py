@@ -56,7 +56,7 @@ from workers.execution import (
 )
 from workers.outcomes import build_idempotency_key
 from workers.parent import handle_hard_timeout, handle_revoked, handle_worker_lost
-from workers.redis_retry import build_backoff_s, find_redis_error, is_unavailable
+from workers.redis_retry import build_backoff_s, is_unavailable
 from workers.settings import WorkerSettings, get_worker_settings
 from workers.spool import Spool, SpoolDrainer, build_spool_dir
 from workers.tools import Tool, registry
@@ -295,8 +295,8 @@ def _publish_retry(
             raise task.retry(exc=ToolCallRetried(reason), countdown=countdown_s, **reprs)
         except Reject as refused:
             cause = refused.args[0] if refused.args else None
-            redis_error = find_redis_error(cause)
-            if redis_error is None or not is_unavailable(redis_error):
+            # kombu wraps the Redis error; `is_unavailable` looks behind the wrapper.
+            if not isinstance(cause, Exception) or not is_unavailable(cause):
                 raise
         failures += 1
         pause = build_backoff_s(failures)

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from orchestrator import metrics
-from orchestrator.api.fanout import REDIS_FAILURES, EventFanout
+from orchestrator.api.fanout import EventFanout
 from orchestrator.client.redis_client import AsyncClient
 from orchestrator.settings import Settings
 from orchestrator.store.turns import TurnStore
 from workers.connect import connect_redis_async
+from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify
 
 log = logging.getLogger("toolloop.api")
 
@@ -51,19 +51,26 @@ FAILURE_LOG_S = 10.0
 CLIENT_NAME = "toolloop-api"
 
 
+# What a 503's reason says first, by the kind of Redis error (`workers.redis_errors`).
+_REASONS: dict[RedisErrorKind, str] = {
+    RedisErrorKind.UNREACHABLE: "Redis unavailable",
+    RedisErrorKind.FAILOVER: "Redis is read-only (a replica, or a failover under way)",
+    RedisErrorKind.OUT_OF_MEMORY: "Redis is out of memory (maxmemory reached)",
+    RedisErrorKind.LOADING: "Redis is loading its data or busy running a script",
+    RedisErrorKind.CLUSTER_MOVING: "Redis Cluster is moving slots or has no majority",
+    RedisErrorKind.CANNOT_PERSIST: "Redis cannot persist to disk and refuses writes",
+    RedisErrorKind.ACCESS_DENIED: "Redis refused access (password or ACL)",
+}
+
+
 def build_failure_reason(exc: BaseException) -> str:
     """One line saying what went wrong with Redis, in an operator's words (a client's retries that ran out
-    are told by the failure they retried)."""
-    cause = exc.__cause__ if isinstance(exc.__cause__, REDIS_FAILURES) else exc
+    are told by the failure they retried, the cause of their error)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    # Inside a script (Redis < 7) the refusal comes as the script's error, its code in the message.
-    if isinstance(cause, OutOfMemoryError) or "OOM command not allowed" in text:
-        return f"Redis is out of memory (maxmemory reached): {text}"
-    if isinstance(cause, ReadOnlyError) or "READONLY You can't write" in text:
-        return f"Redis is read-only (a replica, or a failover under way): {text}"
-    if isinstance(cause, ResponseError):
-        return f"Redis refused the command: {text}"
-    return f"Redis unavailable: {text}"
+    meaning = classify(exc.__cause__ if isinstance(exc.__cause__, REDIS_ERRORS) else exc)
+    if meaning is None:
+        return f"Redis unavailable: {text}"
+    return f"{_REASONS.get(meaning.kind, 'Redis refused the command')}: {text}"
 
 
 def build_unavailable_reply(body: Mapping[str, str]) -> JSONResponse:
@@ -131,7 +138,7 @@ class HealthCheck:
                 await asyncio.shield(self._ping)
         except TimeoutError:
             return f"Redis did not answer PING within {self.timeout_s:g} s"
-        except REDIS_FAILURES as exc:
+        except REDIS_ERRORS as exc:
             return build_failure_reason(exc)
         return None
 
@@ -142,7 +149,7 @@ class HealthCheck:
         """Cancel a PING under way and close the connection."""
         if self._ping is not None:
             self._ping.cancel()
-        with contextlib.suppress(*REDIS_FAILURES):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self._redis.aclose()
 
 
@@ -191,5 +198,5 @@ class ApiRedis:
         """Stop the reader and close every connection, without waiting on Redis."""
         await self.fanout.aclose()
         await self.health.aclose()
-        with contextlib.suppress(*REDIS_FAILURES):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self.client.aclose()

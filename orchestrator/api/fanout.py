@@ -11,7 +11,8 @@ and hands each event to the subscriptions of its turn: N open streams cost one R
   waited for, so one slow client cannot hold up the others or grow the process's memory: its follower
   (`api_sse.follow_turn`) drains what the queue holds, catches up from its own cursor with paged reads and
   subscribes again.
-- A Redis error stops nobody: the reader waits with capped backoff and reads again from the cursors, so the
+- A Redis error stops nobody: the reader waits with capped, jittered backoff (`workers.redis_errors.Backoff`)
+  and reads again from the cursors, so the
   subscriptions see a pause, never a gap or a repeat. `outage` says why it is waiting, for keep-alives.
 - A new subscription joins the next read: the read under way blocks at most `READ_BLOCK_MS`, the longest a
   new stream waits for an event written after it caught up.
@@ -22,13 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 from redis.typing import KeyT, StreamIdT
 
 from orchestrator import metrics
@@ -36,6 +35,7 @@ from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import block_cap_ms
 from workers import keys
+from workers.redis_errors import REDIS_ERRORS, Backoff
 
 log = logging.getLogger("toolloop.api")
 
@@ -43,8 +43,6 @@ log = logging.getLogger("toolloop.api")
 READ_BLOCK_MS = 250
 # Entries read per turn per read: a turn with a longer backlog continues at the next read.
 READ_COUNT = 100
-# Errors that mean "Redis is not answering as it should right now": waited out, never raised to a stream.
-REDIS_FAILURES = (RedisError, OSError)
 
 StreamId = tuple[int, int]
 
@@ -54,26 +52,6 @@ def parse_stream_id(text: str) -> StreamId:
     reads an id without a sequence number."""
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
-
-
-class Backoff:
-    """Capped exponential pauses with jitter: `next_s()` after each failure, `reset()` after a success."""
-
-    def __init__(self, first_s: float = 0.05, cap_s: float = 2.0) -> None:
-        self.first_s = first_s
-        self.cap_s = cap_s
-        self._next_s = first_s
-
-    def next_s(self) -> float:
-        """The pause before the next try; the one after it is twice as long, up to `cap_s`."""
-        pause = self._next_s
-        self._next_s = min(self.cap_s, self._next_s * 2)
-        # Jitter, so the streams of one API (or many APIs) do not all come back in the same millisecond.
-        return pause * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        """Start again from `first_s`."""
-        self._next_s = self.first_s
 
 
 @dataclass(eq=False)
@@ -120,7 +98,8 @@ class EventFanout:
         self._subscriptions: dict[str, set[Subscription]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._backoff = Backoff()
+        # The first pause short: a reader is what every open stream waits on.
+        self._backoff = Backoff(first_s=0.05)
         # Why the reader is waiting for Redis (None: it is not).
         self.outage: str | None = None
         # Subscriptions detached so far for a full queue (slow clients).
@@ -143,7 +122,7 @@ class EventFanout:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(*REDIS_FAILURES):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self._redis.aclose()
 
     def subscribe(self, turn_id: str, after: str) -> Subscription:
@@ -170,7 +149,7 @@ class EventFanout:
             read = _Read({t: min(s.cursor for s in subs) for t, subs in self._subscriptions.items()})
             try:
                 reply = await self._redis.xread(read.build_streams(), count=READ_COUNT, block=self.block_ms)
-            except REDIS_FAILURES as exc:
+            except REDIS_ERRORS as exc:
                 self._failed(exc)
                 await asyncio.sleep(self._backoff.next_s())
                 continue

@@ -28,11 +28,12 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from orchestrator import metrics
 from orchestrator.api.connections import ApiRedis, build_failure_reason
-from orchestrator.api.fanout import REDIS_FAILURES, Backoff, EventFanout, Subscription
+from orchestrator.api.fanout import EventFanout, Subscription
 from orchestrator.model import TurnStatus
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.turn_stream import TYPED, StreamEvent
+from workers.redis_errors import REDIS_ERRORS, Backoff
 
 # A stream id as a client may give it: `after` and `Last-Event-ID` (anything else is a 422).
 STREAM_ID_PATTERN = r"^\d+(-\d+)?$"
@@ -187,9 +188,9 @@ async def follow_turn(
 ) -> AsyncIterator[ServerSentEvent]:
     """The turn's events after `after` as SSE messages, ending after `turn_finished`; keep-alives between.
 
-    Never raises for Redis: a failure is waited out with capped backoff, and the stream goes on after the
-    last event it sent."""
-    store, position, backoff = api.client.store, _Position(after), Backoff()
+    Never raises for Redis: a failure is waited out with capped, jittered backoff, and the stream goes on
+    after the last event it sent."""
+    store, position, backoff = api.client.store, _Position(after), Backoff(first_s=0.05)
     while not position.finished:
         try:
             async with api.gate.slot():
@@ -197,7 +198,7 @@ async def follow_turn(
                 # its turn_finished in what the read returns, unless it is gone from the stream.
                 status: TurnStatus | None = await store.get_status(turn_id)
                 page = await store.read_events(turn_id, position.cursor, count=PAGE_EVENTS)
-        except REDIS_FAILURES as exc:
+        except REDIS_ERRORS as exc:
             metrics.record_redis_error("api_stream", exc)
             yield build_keepalive(build_failure_reason(exc))
             await asyncio.sleep(backoff.next_s())
@@ -224,12 +225,12 @@ async def _open_status(api: ApiRedis, turn_id: str) -> TurnStatus | None:
     # The turn's status, waiting up to api_redis_retry_s for Redis; past it the last failure (a 503) raises.
     loop = asyncio.get_running_loop()
     # A shorter cap than a stream's: a Redis that flaps is up for moments, and one read is all it takes.
-    deadline, backoff = loop.time() + api.client.settings.api_redis_retry_s, Backoff(cap_s=1.0)
+    deadline, backoff = loop.time() + api.client.settings.api_redis_retry_s, Backoff(first_s=0.05, cap_s=1.0)
     while True:
         try:
             async with api.gate.slot():
                 return await api.client.store.get_status(turn_id)
-        except REDIS_FAILURES:
+        except REDIS_ERRORS:
             left_s = deadline - loop.time()
             if left_s <= 0:
                 raise

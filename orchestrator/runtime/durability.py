@@ -28,8 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import redis.exceptions
-
 from orchestrator import metrics
 from orchestrator.machine.state import TurnState
 from orchestrator.model import (
@@ -47,6 +45,7 @@ from orchestrator.store.losses import LostResult, RedisLoss
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.turns import TurnStore
 from workers.contract import FailureKind, ToolOutcome, build_failure
+from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -62,8 +61,9 @@ TRACK_S = 0.1
 CATCH_UP_AFTER_S = (1.0, 3.0, 10.0, 20.0)
 # How many lost turn ids the ERROR line names at most (each lost turn's record tells it too).
 SHOWN_IDS = 100
-# Redis errors the watcher waits out: the other loops report an outage; the next look retries.
-_WAITED_OUT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# Redis errors the watcher waits out (Redis not there, or restarting): the other loops report the outage; the
+# next look retries.
+_WAITED_OUT = (RedisErrorKind.UNREACHABLE, RedisErrorKind.LOADING)
 
 
 class HoldsTurns(Protocol):
@@ -222,9 +222,10 @@ class DurabilityWatcher:
     async def _look_safely(self) -> None:
         try:
             await self.check()
-        except _WAITED_OUT:
-            pass  # the other loops tell the outage; the next look sees what Redis came back with
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
+            meaning = classify(exc)
+            if meaning is not None and meaning.kind in _WAITED_OUT:
+                return  # the other loops tell the outage; the next look sees what Redis came back with
             # Refused (INFO disabled, out of memory for the records): said once, retried every look.
             if str(exc) != self._error_said:
                 self._error_said = str(exc)

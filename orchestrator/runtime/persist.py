@@ -20,8 +20,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis.exceptions
-
 from orchestrator import metrics
 from orchestrator.machine.events import Command, Emit, Event, ModelFailed, ModelResponded, ToolFinished
 from orchestrator.machine.layout import dump_log
@@ -34,6 +32,7 @@ from orchestrator.store.history import Appended
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
 from workers.contract import ToolOutcome
+from workers.redis_errors import maybe_ran
 
 log = logging.getLogger("toolloop.orchestrator")
 
@@ -129,7 +128,7 @@ async def persist_step(
                     handle.turn_id, state_json, status, emits, orchestrator_id=orchestrator_id, append=append
                 )
         except REDIS_ERRORS as exc:
-            unsure = unsure or not isinstance(exc, redis.exceptions.ResponseError)
+            unsure = unsure or maybe_ran(exc)
             raise
         return result
 

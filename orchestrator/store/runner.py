@@ -7,8 +7,9 @@ back in, until the flow returns (`run_flow`) or, for a stream, ends (`iter_flow`
 Redis errors propagate as `redis.RedisError`; an error a parser or a flow raises propagates as it is.
 
 Riding out an outage (a restart, a failover) is the runners' one retry policy, for whoever passes a
-`Patience`: an operation Redis could not answer for want of Redis (`is_transient`) is sent again with capped
-backoff (`workers.redis_retry.build_backoff_s`) until it is answered or the patience runs out, then
+`Patience`: an operation Redis could not answer for want of Redis (`is_transient`, the one rule of
+`workers.redis_errors`) is sent again with capped, jittered backoff (`workers.redis_retry.build_backoff_s`)
+until it is answered or the patience runs out, then
 `RedisUnavailableError` (a `redis.ConnectionError` naming the URL, password hidden). A flow never sees the
 failure: it gets the reply of the retried operation, so a follower of a stream reads again from the last id
 it handed out (nothing lost, nothing repeated). Only operations are retried, never a `BlockingCall`.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -29,7 +31,6 @@ from typing import Any, Generic, TypeVar, assert_never
 
 import redis
 import redis.asyncio as aioredis
-from redis import exceptions as rx
 
 from orchestrator.errors import RedisUnavailableError
 from orchestrator.store.effects import (
@@ -43,7 +44,8 @@ from orchestrator.store.effects import (
     Stream,
     Transaction,
 )
-from workers.redis_retry import build_backoff_s, is_unavailable
+from workers.redis_errors import REDIS_ERRORS, is_transient
+from workers.redis_retry import build_backoff_s
 from workers.scripts import Script
 
 T = TypeVar("T")
@@ -53,17 +55,6 @@ Clock = Callable[[], float]
 # How long a client's call without a deadline of its own (submit, get, cancel…) waits for Redis to come back:
 # longer than a restart, well under what a web request may take.
 DEFAULT_RETRY_S = 10.0
-# Connection errors that no wait mends: a wrong password or a user without the right.
-NEVER_RETRIED: tuple[type[Exception], ...] = (rx.AuthenticationError, rx.AuthorizationError)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for a failure that says "Redis is not there right now": down, restarting, still loading its data,
-    a master demoted by a failover, a Sentinel without a master, out of memory until something frees it.
-
-    The workers' classification (`workers.redis_retry.is_unavailable`, refusals met inside a script
-    included), so both sides ride out the same failures; a wrong password is not among them."""
-    return is_unavailable(exc) and not isinstance(exc, NEVER_RETRIED)
 
 
 @dataclass(frozen=True)
@@ -73,15 +64,18 @@ class Patience:
 
     until: float | None
     clock: Clock = time.monotonic
+    rand: Callable[[], float] = random.random
 
     @classmethod
-    def for_s(cls, seconds: float | None, clock: Clock = time.monotonic) -> Patience:
-        """Patience for `seconds` from now (None: endless)."""
-        return cls(None if seconds is None else clock() + seconds, clock)
+    def for_s(
+        cls, seconds: float | None, clock: Clock = time.monotonic, rand: Callable[[], float] = random.random
+    ) -> Patience:
+        """Patience for `seconds` from now (None: endless); `rand` jitters the pauses."""
+        return cls(None if seconds is None else clock() + seconds, clock, rand)
 
     def build_pause_s(self, failures: int) -> float | None:
         """The pause after `failures` failed tries: capped backoff, ending by `until`; None once past it."""
-        backoff = build_backoff_s(failures)
+        backoff = build_backoff_s(failures, self.rand)
         if self.until is None:
             return backoff
         left = self.until - self.clock()
@@ -174,7 +168,7 @@ class SyncRunner:
         while True:
             try:
                 reply = send(self.client, operation, self._registered)
-            except rx.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 self._sleep(outage.failed(exc))
                 continue
             outage.ended()
@@ -227,7 +221,7 @@ class AsyncRunner:
         while True:
             try:
                 reply = await send(self.client, operation, self._registered)
-            except rx.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await self._sleep(outage.failed(exc))
                 continue
             outage.ended()

@@ -27,6 +27,11 @@ SHOWN = "redis://:**@db.example:6379/0"
 EVENTS = [("1-0", "turn_queued"), ("2-0", "tool_started"), ("3-0", "tool_finished"), ("4-0", "turn_finished")]
 
 
+def longest() -> float:
+    """The jitter's draw that gives the longest pause: the capped doubling without jitter."""
+    return 0.0
+
+
 def _order(entry_id: str) -> tuple[int, ...]:
     return tuple(int(part) for part in entry_id.split("-"))
 
@@ -90,10 +95,12 @@ def test_the_failures_ridden_out_are_redis_being_away_not_redis_refusing() -> No
 
 def test_patience_backs_off_capped_and_ends_at_its_deadline() -> None:
     clock = SleepingClock()
-    endless = Patience.for_s(None, clock.now)
+    endless = Patience.for_s(None, clock.now, longest)
     assert [endless.build_pause_s(n) for n in (1, 2)] == [BACKOFF_MIN_S, 2 * BACKOFF_MIN_S]
     assert endless.build_pause_s(50) == BACKOFF_MAX_S
-    bounded = Patience.for_s(0.3, clock.now)
+    jittered = Patience.for_s(None, clock.now)
+    assert all(BACKOFF_MAX_S / 2 < (jittered.build_pause_s(50) or 0) <= BACKOFF_MAX_S for _ in range(100))
+    bounded = Patience.for_s(0.3, clock.now, longest)
     clock.t += 0.25
     assert bounded.build_pause_s(50) == pytest.approx(0.05)  # cut to end at the deadline, not past it
     clock.t += 0.05
@@ -112,7 +119,7 @@ def test_a_sync_follower_rides_out_failures_mid_stream_and_resumes_after_its_las
     )
     runner = SyncRunner(fake, where=SHOWN, sleep=clock.sleep)  # type: ignore[arg-type]
     flow = flows.follow_events("t", "0", block_ms=None, cap_ms=100)
-    seen = [event.id for event in runner.iter_flow(flow, Patience.for_s(None, clock.now))]
+    seen = [event.id for event in runner.iter_flow(flow, Patience.for_s(None, clock.now, longest))]
     assert seen == [i for i, _ in EVENTS]  # none lost, none repeated
     assert fake.reads_after() == ["0", "0", "2-0"]  # the failed read is sent again from the same id
     assert clock.pauses == [BACKOFF_MIN_S] * 3
@@ -123,7 +130,7 @@ async def test_an_async_follower_rides_out_the_same_failures() -> None:
     fake = FlakyAsyncRedis({2: redis.TimeoutError("Timeout"), 3: redis.ConnectionError("refused")})
     runner = AsyncRunner(fake, where=SHOWN, sleep=clock.asleep)  # type: ignore[arg-type]
     flow = flows.follow_events("t", "1-0", block_ms=None, cap_ms=100)
-    seen = [event.id async for event in runner.iter_flow(flow, Patience.for_s(None, clock.now))]
+    seen = [event.id async for event in runner.iter_flow(flow, Patience.for_s(None, clock.now, longest))]
     assert seen == ["2-0", "3-0", "4-0"]
     assert fake.reads_after() == ["1-0", "1-0", "1-0", "3-0"]
     assert clock.pauses == [BACKOFF_MIN_S, 2 * BACKOFF_MIN_S]  # the second failure in a row waits longer

@@ -38,6 +38,11 @@ SCRIPT_READONLY = (
 )
 
 
+def longest() -> float:
+    """The jitter's draw that gives the longest pause: the capped doubling without jitter."""
+    return 0.0
+
+
 def told(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.name == "toolloop.orchestrator"]
 
@@ -57,17 +62,17 @@ def wrapped(cause: Exception) -> Exception:
         (rx.ResponseError(SCRIPT_OOM), "out of memory"),
         (rx.ResponseError(PIPELINE_OOM), "out of memory"),
         (wrapped(rx.OutOfMemoryError(PIPELINE_OOM)), "out of memory"),
-        (rx.ReadOnlyError("You can't write against a read only replica."), "read-only"),
-        (rx.ResponseError(SCRIPT_READONLY), "read-only"),
+        (rx.ReadOnlyError("You can't write against a read only replica."), "failover"),
+        (rx.ResponseError(SCRIPT_READONLY), "failover"),
         (rx.ConnectionError("Connection refused"), "unreachable"),
         (rx.TimeoutError("Timeout reading from socket"), "unreachable"),
-        (rx.BusyLoadingError("Redis is loading the dataset in memory"), "unreachable"),
+        (rx.BusyLoadingError("Redis is loading the dataset in memory"), "loading"),
         (ConnectionResetError("reset by peer"), "unreachable"),
         (
             rx.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it cannot"),
-            "refusing commands",
+            "cannot persist",
         ),
-        (rx.ResponseError("MASTERDOWN Link with MASTER is down"), "refusing commands"),
+        (rx.ResponseError("MASTERDOWN Link with MASTER is down"), "failover"),
         (rx.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), "unexpected"),
     ],
 )
@@ -82,8 +87,9 @@ def test_other_errors_are_not_redis_failures() -> None:
 
 
 def test_backoff_doubles_from_a_tenth_of_a_second_to_two() -> None:
-    assert [build_backoff_s(n) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
-    assert build_backoff_s(1) == BACKOFF_MIN_S and build_backoff_s(100) == BACKOFF_MAX_S
+    assert [build_backoff_s(n, rand=longest) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert build_backoff_s(1, rand=longest) == BACKOFF_MIN_S
+    assert build_backoff_s(100, rand=longest) == BACKOFF_MAX_S
 
 
 def test_redis_out_of_memory_is_told_as_such_and_over_once_writes_pass_for_a_while(
@@ -119,7 +125,7 @@ def test_a_change_of_kind_is_told(caplog: pytest.LogCaptureFixture) -> None:
     outage.failed(rx.ReadOnlyError("You can't write against a read only replica."), "steps")
     assert [line.split(" (")[0] for line in told(caplog)] == [
         "Redis at redis://:**@redis:6379/0 is unreachable",
-        "Redis at redis://:**@redis:6379/0 refuses writes: read-only replica",
+        "Redis at redis://:**@redis:6379/0 refuses writes: read-only replica or failover",
     ]
 
 
@@ -178,7 +184,7 @@ async def test_a_retried_call_gives_up_once_the_process_stops() -> None:
 
 
 def test_a_loop_backoff_starts_again_after_a_success() -> None:
-    backoff = Backoff(RedisRetry(RedisOutage(URL, clock=ManualClock())), "claim")
+    backoff = Backoff(RedisRetry(RedisOutage(URL, clock=ManualClock())), "claim", rand=longest)
     assert [backoff.failed(rx.ConnectionError("x")) for _ in range(3)] == [0.1, 0.2, 0.4]
     backoff.succeeded()
     assert backoff.failed(rx.ConnectionError("x")) == 0.1

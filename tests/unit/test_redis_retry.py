@@ -23,11 +23,18 @@ class Interrupted(Exception):
     """Stands for Celery's SoftTimeLimitExceeded."""
 
 
+def longest() -> float:
+    """The jitter's draw that gives the longest pause: the capped doubling without jitter."""
+    return 0.0
+
+
 def test_backoff_doubles_and_is_capped() -> None:
-    assert build_backoff_s(1) == BACKOFF_MIN_S
-    assert build_backoff_s(2) == 2 * BACKOFF_MIN_S
-    assert build_backoff_s(50) == BACKOFF_MAX_S
-    assert [build_backoff_s(n) for n in range(1, 20)] == sorted(build_backoff_s(n) for n in range(1, 20))
+    assert build_backoff_s(1, longest) == BACKOFF_MIN_S
+    assert build_backoff_s(2, longest) == 2 * BACKOFF_MIN_S
+    assert build_backoff_s(50, longest) == BACKOFF_MAX_S
+    steps = [build_backoff_s(n, longest) for n in range(1, 20)]
+    assert steps == sorted(steps)
+    assert all(step / 2 < build_backoff_s(n) <= step for n, step in enumerate(steps, 1))
 
 
 def test_retries_until_redis_answers_and_tells_the_step_how_often_it_failed() -> None:
@@ -40,10 +47,10 @@ def test_retries_until_redis_answers_and_tells_the_step_how_often_it_failed() ->
             raise redis.exceptions.ConnectionError("Connection refused")
         return "written"
 
-    retry = RedisRetry(clock.now() + 60, clock.now, clock.sleep)
+    retry = RedisRetry(clock.now() + 60, clock.now, clock.sleep, rand=longest)
     assert retry.call(step, "a test") == "written"
     assert seen == [0, 1, 2, 3, 4]
-    assert clock.pauses == [build_backoff_s(n) for n in range(1, 5)]
+    assert clock.pauses == [build_backoff_s(n, longest) for n in range(1, 5)]
 
 
 def test_gives_up_with_the_last_error_before_passing_the_bound() -> None:
