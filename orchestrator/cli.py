@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 import orchestrator.commands.schedules as schedule_commands
-from orchestrator.commands import flower, normalize, tools, turns, turns_api
+from orchestrator.commands import flower, fork, normalize, tools, turns, turns_api
 from workers.errors import RedisConfigError
 
 # The distribution `pip install` knows toolloop by (the command and the packages are named otherwise).
@@ -30,7 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tools, normalize, turns, turns_api, flower):
+for module in (tools, normalize, turns, turns_api, fork, flower):
     module.register(app)
 schedule_commands.register(app)
 

@@ -335,6 +335,16 @@ class ChildReport(ForbidsUnknownFields):
     usage: Usage = Field(default_factory=Usage)
 
 
+class ForkedFrom(ForbidsUnknownFields):
+    """Where a fork starts (`Client.fork`): the turn it was forked from, and the index in that turn's
+    messages of the message the fork replaced (or re-ran from)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: str
+    at: int = Field(ge=0)
+
+
 class TurnRequest(ForbidsUnknownFields):
     """What a web app submits. Durable in Redis before `submit` returns. An unknown field is refused at
     submit, and ignored when a stored request is read (`workers.records`)."""
@@ -369,6 +379,9 @@ class TurnRequest(ForbidsUnknownFields):
     # from the caller's current span, by `POST /v1/turns` from its `traceparent` header; None: no trace.
     # Trace ids, not secrets: shown as they are, so that a person can find the turn's trace.
     trace_context: dict[str, str] | None = None
+    # Set by `fork` on the turn it makes (`ForkedFrom`): the original turn and the message index it forked
+    # at. `POST /v1/turns` does not take it from a body.
+    forked_from: ForkedFrom | None = None
     # Whose turn it is: an HTTP API key sees only its tenant's turns, and tools get it as `ctx.tenant`. A
     # request stored before tenants existed reads as "default".
     tenant: str = Field(default=DEFAULT_TENANT, pattern=TENANT_PATTERN)

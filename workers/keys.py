@@ -233,6 +233,14 @@ def turn_log(turn_id: str) -> str:
     return f"{PREFIX}turn:{turn_id}:log"
 
 
+def turn_forks(turn_id: str) -> str:
+    """Sorted set of the forks made of a turn (`orchestrator.store.forks`): one member per fork, the JSON
+    `{"at": k, "turn_id": fork id}`, scored by when it was made. It lives as long as the turn's other keys
+    (TURN_TTL_S from the turn's end; for a fork of a running turn, TURN_TTL_S plus its deadline from the
+    fork), and never less long than it already had."""
+    return f"{PREFIX}turn:{turn_id}:forks"
+
+
 def history(turn_id: str, conversation_id: str | None) -> str:
     """The history list a turn appends to: its conversation's, else its own."""
     return conversation_history(conversation_id) if conversation_id else turn_history(turn_id)

@@ -3,7 +3,8 @@
 Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GET /v1/turns/{id}`,
 `GET /v1/turns/{id}/events` (SSE, ends after `turn_finished`), `POST /v1/turns/{id}/cancel`,
 `POST /v1/turns/{id}/approvals/{call_id}`, `POST /v1/turns/{id}/calls/{call_id}/result` (a client-side
-tool's answer), `GET /v1/tools`, `POST /v1/tools/{name}/calls` (a tool called
+tool's answer), `POST /v1/turns/{id}/fork` (a new turn from one's messages: 202 `{"id"}`), `GET /v1/tools`,
+`POST /v1/tools/{name}/calls` (a tool called
 without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
 pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
 set, every route but `/healthz` needs `Authorization: Bearer <key>` (401 otherwise), or for reads the pages'
@@ -74,6 +75,7 @@ from orchestrator.api.sse import EVENTS_DESCRIPTION, build_events_content, turn_
 from orchestrator.client.direct import DEFAULT_CALL_TIMEOUT_S
 from orchestrator.client.redis_client import AsyncClient
 from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
+from orchestrator.model import Message as ChatMessage
 from orchestrator.model import TurnRequest
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
@@ -146,6 +148,21 @@ class ToolResultBody(BaseModel):
         if ("result" in self.model_fields_set) == ("error" in self.model_fields_set):
             raise ValueError("send either 'result' or 'error'")
         return self
+
+
+class ForkBody(BaseModel):
+    """The body of `POST /v1/turns/{id}/fork`: `Client.fork`'s arguments. `at` is an index in the turn's
+    `messages`; `replace` the message put in its place (none: message `at` itself, re-run from there);
+    `model` and `instructions` replace the original's; `fork_id` is the caller's id for the fork (None: the
+    API chooses one), a fork repeated with it stored once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: int = Field(ge=0)
+    replace: ChatMessage | None = None
+    model: str | list[str] | None = None
+    instructions: str | None = None
+    fork_id: str | None = Field(default=None, pattern=TURN_ID_PATTERN)
 
 
 class SubmitReply(BaseModel):
@@ -431,7 +448,9 @@ async def submit_turn(
     # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
     fields = body.model_dump(exclude={"turn_id"})
     tenant = build_tenant(caller, body.tenant if "tenant" in body.model_fields_set else None)
-    turn_request = TurnRequest.model_validate({**fields, "trace_context": None, "tenant": tenant})
+    turn_request = TurnRequest.model_validate(
+        {**fields, "trace_context": None, "forked_from": None, "tenant": tenant}
+    )
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:
@@ -459,6 +478,53 @@ async def _read_known_tools(client: AsyncClient) -> dict[str, ToolSpec]:
     now = time.time()
     catalogue = await AsyncRunner(client.store.redis).run(get_tool_catalogue(now))
     return catalogue.known(now, client.settings.tool_gone_after_s)
+
+
+@turns_router.post(
+    "/{turn_id}/fork",
+    status_code=202,
+    response_model=SubmitReply,
+    operation_id="forkTurn",
+    summary="Fork a turn",
+    responses={**UNREADABLE, **UNKNOWN_TURN, **TOO_LARGE, **REFUSED},
+)
+async def fork_turn(
+    turn_id: str,
+    body: ForkBody,
+    request: Request,
+    caller: Annotated[Caller, Depends(require_turn("submit"))],
+) -> SubmitReply:
+    """A new turn from this turn's messages up to message `at`, `replace` in its place (or message `at`
+    itself), run on from there with the turn's request (`model` and `instructions` replaced when given); 202
+    with the fork's id once it is stored. The turn is untouched; the fork's `request.forked_from` and the
+    turn's `forks` link them (`store.forks`). A key forks only its tenant's turns, and only turns whose tools
+    it may use. 422 for an `at` out of range, a `replace` that does not fit there, or a fork its model or
+    tools cannot serve."""
+    client = _client(request)
+    stored = await client.store.load_request(turn_id)
+    if stored is None:
+        raise _not_found(turn_id)
+    if caller.tools is not None or not caller.every_tenant:
+        refused = find_tool_refusals(caller, stored.tools or [], await _read_known_tools(client))
+        if refused:
+            raise HTTPException(422, build_safe_json(refused))
+    with continue_http_trace(request.headers, "POST /v1/turns/{id}/fork"):
+        try:
+            forked = await client.fork(
+                turn_id,
+                body.at,
+                replace=body.replace,
+                model=body.model,
+                instructions=body.instructions,
+                fork_id=body.fork_id,
+            )
+        except UnknownTurnError:
+            raise _not_found(turn_id) from None
+        except ValueError as exc:
+            raise HTTPException(422, build_safe_json(build_refusal_detail(stored, exc))) from None
+    access: Access = request.app.state.access
+    metrics.API_TURNS_SUBMITTED.labels(tenant=access.build_tenant_label(stored.tenant)).inc()
+    return SubmitReply(id=forked)
 
 
 @turns_router.get(

@@ -7,7 +7,7 @@
             ...
         outcome = client.wait(turn_id, timeout=60)
 
-Same methods, signatures, return values and errors as the Redis clients (`submit`, `submit_request`,
+Same methods, signatures, return values and errors as the Redis clients (`submit`, `submit_request`, `fork`,
 `get`, `outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `call_tool`, `ping`, `close` and the
 context managers; `tests/unit/test_http_client_faces.py` keeps them so). They read no `TOOLLOOP_*` setting:
 the base URL and the token are all they use. What HTTP itself sets apart: a `turn_id` of the caller's is 1–200
@@ -50,7 +50,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -68,9 +68,10 @@ from orchestrator.errors import (
     UnknownToolError,
     UnknownTurnError,
 )
-from orchestrator.model import TurnOutcome, TurnRequest
+from orchestrator.model import Message, TurnOutcome, TurnRequest
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
+from orchestrator.store.forks import parse_replacement
 from orchestrator.store.runner import DEFAULT_RETRY_S, Patience
 from orchestrator.store.turn_stream import StreamEvent, TurnFinishedEvent, parse_stream_event
 from orchestrator.store.turn_view import TurnView
@@ -234,6 +235,36 @@ def build_submit_call(request: TurnRequest, turn_id: str) -> HttpCall[str]:
 
     headers = request.trace_context or {}
     return HttpCall("POST", "/v1/turns", read, {**body, "turn_id": turn_id}, headers=headers)
+
+
+def build_fork_call(
+    turn_id: str,
+    at: int,
+    *,
+    replace: Message | Mapping[str, Any] | None,
+    model: str | Sequence[str] | None,
+    instructions: str | None,
+    fork_id: str,
+    trace: Mapping[str, str] | None = None,
+) -> HttpCall[str]:
+    """`POST /v1/turns/{id}/fork` under `fork_id` (chosen by the caller: a retry stores the fork once); a
+    `replace` that is not a message is refused before anything is sent, as the Redis clients refuse it.
+    Fields left at their defaults are not sent."""
+    body: dict[str, Any] = {"at": at, "fork_id": fork_id}
+    replacement = parse_replacement(replace)
+    if replacement is not None:
+        body["replace"] = replacement.model_dump(mode="json")
+    if model is not None:
+        body["model"] = model if isinstance(model, str) else list(model)
+    if instructions is not None:
+        body["instructions"] = instructions
+
+    def read(answer: httpx.Response) -> str:
+        raise_for_answer(answer, turn_id)
+        forked: str = answer.json()["id"]
+        return forked
+
+    return HttpCall("POST", build_turn_path(turn_id, "fork"), read, body, headers=trace or {})
 
 
 def build_view_call(turn_id: str) -> HttpCall[TurnView]:
@@ -598,6 +629,31 @@ class HttpClient(_HttpCore):
         sensitive values redacted."""
         return self._send(build_view_call(turn_id))
 
+    def fork(
+        self,
+        turn_id: str,
+        at: int,
+        *,
+        replace: Message | Mapping[str, Any] | None = None,
+        model: str | Sequence[str] | None = None,
+        instructions: str | None = None,
+        fork_id: str | None = None,
+    ) -> str:
+        """A new turn from turn `turn_id`'s messages up to message `at`, `replace` in its place (or message
+        `at` itself), run on from there; returns its id. As `Client.fork`; its id is chosen before the first
+        try (a retry stores the fork once)."""
+        fork_id = fork_id or codec.new_turn_id()
+        call = build_fork_call(
+            turn_id,
+            at,
+            replace=replace,
+            model=model,
+            instructions=instructions,
+            fork_id=fork_id,
+            trace=build_carrier(),
+        )
+        return self._send(call)
+
     def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (sensitive values redacted), or None while the turn runs (and for an unknown
         turn, as from `Client.outcome`)."""
@@ -796,6 +852,30 @@ class AsyncHttpClient(_HttpCore):
     async def get(self, turn_id: str) -> TurnView:
         """The turn's view, redacted. As `HttpClient.get`."""
         return await self._send(build_view_call(turn_id))
+
+    async def fork(
+        self,
+        turn_id: str,
+        at: int,
+        *,
+        replace: Message | Mapping[str, Any] | None = None,
+        model: str | Sequence[str] | None = None,
+        instructions: str | None = None,
+        fork_id: str | None = None,
+    ) -> str:
+        """A new turn from turn `turn_id`'s messages up to message `at`, run on from there; returns its id.
+        As `HttpClient.fork`."""
+        fork_id = fork_id or codec.new_turn_id()
+        call = build_fork_call(
+            turn_id,
+            at,
+            replace=replace,
+            model=model,
+            instructions=instructions,
+            fork_id=fork_id,
+            trace=build_carrier(),
+        )
+        return await self._send(call)
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (redacted), or None while the turn runs or is unknown. As `HttpClient`'s."""

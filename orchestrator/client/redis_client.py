@@ -34,7 +34,7 @@ id already stored makes `submit.lua` a no-op.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -52,16 +52,17 @@ from orchestrator.errors import (
     UnknownToolError,
     UnknownTurnError,
 )
-from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest
+from orchestrator.model import Message, ModelSettings, TurnOutcome, TurnRequest
 from orchestrator.schedules import calls as schedule_calls
 from orchestrator.schedules.schedule import Schedule, ScheduleView
 from orchestrator.settings import Settings, get_settings
-from orchestrator.store import codec, flows, history, operations, turn_stream
+from orchestrator.store import codec, flows, forks, history, turn_stream
 from orchestrator.store.agents import get_agents, put_agent
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.connection import build_shown_url
-from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience
+from orchestrator.store.effects import Flow
+from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience, SyncRunner
 from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_stream import (
     ModelStreamResetEvent,
@@ -114,6 +115,32 @@ __all__ = [
 ]
 
 
+def _build_fork(  # noqa: PLR0917  # the arguments of `fork`, written once for both clients
+    settings: Settings,
+    turn_id: str,
+    at: int,
+    replace: Message | Mapping[str, Any] | None,
+    model: str | Sequence[str] | None,
+    instructions: str | None,
+    fork_id: str | None,
+    recent: RecentCatalogue | None = None,
+) -> Flow[str]:
+    return forks.fork(
+        turn_id,
+        at,
+        replace,
+        codec.now_s(),
+        model=model,
+        instructions=instructions,
+        fork_id=fork_id,
+        check=partial(check_submit, names=ModelNames.from_settings(settings)),
+        prepare=attach_trace_context,
+        recent=recent,
+        tool_gone_after_s=settings.tool_gone_after_s,
+        turn_ttl_s=settings.turn_ttl_s,
+    )
+
+
 class Client:
     """Synchronous client: `Client(redis_url=None)` uses `TOOLLOOP_REDIS_URL` (settings) by default.
 
@@ -132,6 +159,8 @@ class Client:
         self.store = SyncTurnStore.from_url(
             self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs, retry_s=retry_s
         )
+        # The flows the store has no method for (`fork`, `get` with its forks), on the store's client.
+        self._runner = SyncRunner(self.store.redis, where=build_shown_url(self.redis_url))
 
     @property
     def redis(self) -> redis.Redis:
@@ -164,9 +193,36 @@ class Client:
         return turn_id
 
     def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
-        sensitive values redacted."""
-        return self.store.require_view(turn_id)
+        """Status, request, transcript so far, calls waiting for approval, the outcome once terminal, and
+        the forks made of it (`forks`; a fork's `request.forked_from` links back); sensitive values
+        redacted."""
+        return self._runner.run_flow(forks.read_view(turn_id), Patience.for_s(self.store.retry_s))
+
+    def fork(
+        self,
+        turn_id: str,
+        at: int,
+        *,
+        replace: Message | Mapping[str, Any] | None = None,
+        model: str | Sequence[str] | None = None,
+        instructions: str | None = None,
+        fork_id: str | None = None,
+    ) -> str:
+        """A new turn from turn `turn_id`'s messages up to message `at` (an index in `get(turn_id).messages`),
+        with `replace` in its place (a message, as a model or a dict: an edited tool result, another user
+        prompt) or, without it, message `at` itself, run on from there; returns the fork's id. The original
+        is untouched; the two link to each other (`forked_from`, `forks`). The fork runs with the original's
+        request (tools, limits, settings, tenant, output schema …), `model` and `instructions` replacing its
+        own when given. A finished turn and a running one alike (what is stored of it).
+
+        `ValueError` for an `at` out of range or a `replace` that is not a message or does not fit there (a
+        tool result must answer a call of the round it goes in), and as `submit` for the fork's request;
+        `UnknownTurnError` for an unknown turn. `fork_id` is the fork's own id (None: a new one), a retry
+        with it storing the fork once (`orchestrator.store.forks`)."""
+        flow = _build_fork(self.settings, turn_id, at, replace, model, instructions, fork_id)
+        forked = self._runner.run_flow(flow, Patience.for_s(self.store.retry_s))
+        metrics.record_turn_submitted()
+        return forked
 
     def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (sensitive values redacted), or None while the turn runs."""
@@ -335,9 +391,28 @@ class AsyncClient:
         return turn_id
 
     async def get(self, turn_id: str) -> TurnView:
-        """Status, request, transcript so far, calls waiting for approval, and the outcome once terminal;
-        sensitive values redacted."""
-        return await self._runner.run(operations.require_view(turn_id), self._patience())
+        """Status, request, transcript so far, calls waiting for approval, the outcome once terminal, and
+        the forks made of it; sensitive values redacted."""
+        return await self._runner.run_flow(forks.read_view(turn_id), self._patience())
+
+    async def fork(
+        self,
+        turn_id: str,
+        at: int,
+        *,
+        replace: Message | Mapping[str, Any] | None = None,
+        model: str | Sequence[str] | None = None,
+        instructions: str | None = None,
+        fork_id: str | None = None,
+    ) -> str:
+        """A new turn from turn `turn_id`'s messages up to message `at`, `replace` in its place (or message
+        `at` itself), run on from there; returns its id. As `Client.fork`."""
+        flow = _build_fork(
+            self.settings, turn_id, at, replace, model, instructions, fork_id, self._recent_catalogue
+        )
+        forked = await self._runner.run_flow(flow, self._patience())
+        metrics.record_turn_submitted()
+        return forked
 
     async def outcome(self, turn_id: str) -> TurnOutcome | None:
         """The terminal outcome (sensitive values redacted), or None while the turn runs."""

@@ -66,6 +66,15 @@ class WaitingForWorker(BaseModel):
     since: float
 
 
+class ForkLink(BaseModel):
+    """A fork made of a turn (`Client.fork`): the fork's turn id, the index of the message it forked at, and
+    when it was made (epoch seconds)."""
+
+    turn_id: str
+    at: int
+    forked_at: float
+
+
 class TurnView(BaseModel):
     """What `Client.get` returns: status, request, the transcript so far, and the outcome once ended.
 
@@ -92,6 +101,9 @@ class TurnView(BaseModel):
     approvals: list[ApprovalDecision] = Field(default_factory=list)
     deadline_at: float | None = None
     paused_at: float | None = None
+    # The forks made of this turn, oldest first (`Client.fork`); a fork's own link back is its
+    # `request.forked_from`. Read by the clients' `get` beside the view (`orchestrator.store.forks`).
+    forks: list[ForkLink] = Field(default_factory=list)
 
 
 def build_initial_messages(request: TurnRequest) -> list[Message]:

@@ -38,6 +38,7 @@ OPERATIONS = {
     ("post", "/v1/turns/{turn_id}/cancel"): "cancelTurn",
     ("post", "/v1/turns/{turn_id}/approvals/{call_id}"): "answerApproval",
     ("post", "/v1/turns/{turn_id}/calls/{call_id}/result"): "submitToolResult",
+    ("post", "/v1/turns/{turn_id}/fork"): "forkTurn",
     ("get", "/v1/tools"): "listTools",
     ("post", "/v1/tools/{name}/calls"): "callTool",
     ("get", "/metrics"): "getMetrics",

@@ -568,6 +568,27 @@ function showModel(model) {
   if (model) byId("turn-model").textContent = "· " + model;
 }
 
+// The forks of a turn link both ways: the fork's request names the turn it was forked from (forked_from), and
+// the turn's view lists its forks. Ids go in as text, and into links as encoded path segments.
+function turnLink(id) {
+  const link = element("a", null, id);
+  link.href = "/ui/turns/" + encodeURIComponent(id);
+  return link;
+}
+
+function showLinks(view) {
+  const node = byId("turn-links");
+  node.replaceChildren();
+  const from = view.request.forked_from;
+  if (from) node.append("forked from ", turnLink(from.turn_id), " at message " + from.at);
+  const forks = view.forks || [];
+  forks.forEach((fork, index) => {
+    node.append(index === 0 ? (from ? " · forks: " : "forks: ") : ", ", turnLink(fork.turn_id));
+    node.append(" (at message " + fork.at + ")");
+  });
+  node.hidden = !from && forks.length === 0;
+}
+
 async function readView() {
   const reply = await fetch(base, { credentials: "same-origin", cache: "no-store" });
   return reply.ok ? reply.json() : { missing: reply.status };
@@ -589,6 +610,7 @@ async function finish(status, summary) {
   if (summary) byId("turn-summary").textContent = summary;
   const view = await readView();
   showAnswer(view.outcome);
+  if (view.request) showLinks(view);
 }
 
 function onTurnFinished(data, event) {
@@ -703,6 +725,7 @@ async function start() {
   // A status that says the turn ended is set by its turn_finished event, once everything before it is shown.
   setStatus(TERMINAL.has(view.status) ? "" : view.status, view.status + ", loading its events…");
   showModel(view.request.model);
+  showLinks(view);
   showApprovals(view);
   setInterval(() => {
     tickApprovals();
