@@ -98,7 +98,7 @@ from orchestrator.store.turns import TurnStore
 from orchestrator.tracing import trace_model_call
 from workers import keys
 from workers.agents import AgentSpec
-from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure
+from workers.contract import FailureKind, ToolCallRequest, ToolOutcome, ToolSpec, build_failure, redact
 from workers.keys import TOOL_GONE_AFTER_S
 
 log = logging.getLogger("toolloop.orchestrator")
@@ -303,6 +303,8 @@ class Performer:
                 await self._retry.call("events", append)
             case AwaitApproval():
                 log.info("turn %s waits for approval of %s", turn_id, ", ".join(command.call_ids))
+                if state.parent is not None:
+                    await self._tell_parent_of_waits(turn_id, state, command.call_ids)
             case CallModel():
                 return self._call_model(turn_id, command)
             case DispatchTools():
@@ -318,6 +320,28 @@ class Performer:
             case _:
                 assert_never(command)
         return []
+
+    async def _tell_parent_of_waits(self, turn_id: str, state: TurnState, call_ids: Sequence[str]) -> None:
+        # A sub-agent's call that waits for a person shows on its parent's stream (and so its pages); it is
+        # approved through either turn (`store.flows.send_approval`).
+        assert state.parent is not None
+        calls = {call.call_id: call for call in state.current.calls} if state.current is not None else {}
+        for call_id in call_ids:
+            call = calls.get(call_id)
+            data = {
+                "child_turn_id": turn_id,
+                "agent": state.agent,
+                "call_id": call_id,
+                "tool": call.tool if call is not None else None,
+                "arguments": redact(call.arguments) if call is not None else {},
+                "wait_deadline": call.wait.deadline_at
+                if call is not None and call.wait is not None
+                else None,
+            }
+            append = functools.partial(
+                self._store.append_event, state.parent.turn_id, "child_call_waiting", data
+            )
+            await self._retry.call("events", append)
 
     async def read_agents(self) -> dict[str, AgentSpec]:
         """Every named agent, read for a turn that starts as one (retried through a Redis outage)."""

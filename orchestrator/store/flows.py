@@ -257,7 +257,14 @@ def send_approval(
     if not view.status.terminal:
         waiting = _find_waiting(view, call_id, "approval")
         if waiting is None:
-            raise CallNotWaitingError(turn_id, call_id)
+            # A call a sub-agent's child turn waits on is approved through its parent too.
+            child = yield from _find_waiting_child(view, call_id)
+            if child is None:
+                raise CallNotWaitingError(turn_id, call_id)
+            flow = send_approval(
+                child, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
+            )
+            return (yield from flow)
         if arguments is not None:
             yield from check_edited_arguments(waiting.tool, arguments, now)
     flow = send_control(
@@ -271,6 +278,28 @@ def send_approval(
         decided_by=decided_by,
     )
     return (yield from flow)
+
+
+def _find_waiting_child(view: TurnView, call_id: str, depth: int = 0) -> Flow[str | None]:
+    """The running child turn (or grandchild…) of `view`'s turn whose call `call_id` waits for a person."""
+    if depth > MAX_APPROVAL_DEPTH:
+        return None
+    for child in view.children:
+        if child.status is not None:
+            continue
+        child_view: TurnView | None = yield operations.get_view(child.turn_id)
+        if child_view is None or child_view.status.terminal:
+            continue
+        if _find_waiting(child_view, call_id, "approval") is not None:
+            return child.turn_id
+        deeper = yield from _find_waiting_child(child_view, call_id, depth + 1)
+        if deeper is not None:
+            return deeper
+    return None
+
+
+# How many generations of child turns an approval is looked for in (sub-agents nest a few levels).
+MAX_APPROVAL_DEPTH = 8
 
 
 def _find_waiting(view: TurnView, call_id: str, waiting_for: str) -> PendingApproval | None:

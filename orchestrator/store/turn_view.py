@@ -24,6 +24,7 @@ from orchestrator.machine.state import TurnState, load_state
 from orchestrator.model import (
     ApprovalDecision,
     AssistantMessage,
+    ChildTurn,
     Message,
     ToolCall,
     TurnOutcome,
@@ -101,6 +102,9 @@ class TurnView(BaseModel):
     approvals: list[ApprovalDecision] = Field(default_factory=list)
     deadline_at: float | None = None
     paused_at: float | None = None
+    # The child turns its sub-agent calls started (`status` None while one runs); a call one of them waits
+    # on for a person is approved through this turn too (`flows.send_approval`).
+    children: list[ChildTurn] = Field(default_factory=list)
     # The forks made of this turn, oldest first (`Client.fork`); a fork's own link back is its
     # `request.forked_from`. Read by the clients' `get` beside the view (`orchestrator.store.forks`).
     forks: list[ForkLink] = Field(default_factory=list)
@@ -284,6 +288,7 @@ def build_turn_view(
         approvals=list(state.approvals) if state is not None else [],
         deadline_at=state.deadline_at if state is not None else None,
         paused_at=state.paused_at if state is not None else None,
+        children=list(state.children) if state is not None else [],
     )
 
 

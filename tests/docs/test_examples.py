@@ -89,11 +89,13 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tool_modules(project: Path) -> list[str]:
-    """The project's modules that define tools (and no MCP server, whose address the tests cannot reach)."""
+    """The project's modules that define tools or agents (and no MCP server, whose address the tests cannot
+    reach)."""
     modules = []
     for path in sorted(project.rglob("*.py")):
         text = path.read_text()
-        if "@tool" in text and "mcp_server(" not in text:
+        declares = "@tool" in text or "from workers import agent" in text
+        if declares and "mcp_server(" not in text:
             modules.append(".".join(path.relative_to(project).with_suffix("").parts))
     return modules
 

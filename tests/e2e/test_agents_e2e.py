@@ -215,3 +215,28 @@ def test_killing_the_orchestrator_mid_child_completes_both_and_runs_the_child_on
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_childs_call_waiting_for_a_person_shows_on_the_parent_and_is_approved_through_it(
+    client: Client, orchestrator_process: OrchestratorHandle
+) -> None:
+    del orchestrator_process
+    teller, boss = _name("teller"), _name("boss")
+    client.register_agent(AgentSpec(name=teller, model=MODEL, tools=["e2e_transfer"]))
+    client.register_agent(AgentSpec(name=boss, model=MODEL, tools=[teller]))
+    transfer = [
+        {"calls": [{"name": "e2e_transfer", "arguments": {"amount": 5, "to": "ann"}}]},
+        {"text": "sent"},
+    ]
+    rounds = [{"calls": [{"name": teller, "arguments": {"prompt": plan_prompt(transfer)}}]}, {"text": "done"}]
+    turn_id = client.submit(prompt=plan_prompt(rounds), agent=boss)
+    wait_until(
+        lambda: event_data(client.redis, turn_id, "child_call_waiting"), "the child's wait on the parent"
+    )
+    (shown,) = event_data(client.redis, turn_id, "child_call_waiting")
+    assert (shown["tool"], shown["arguments"]) == ("e2e_transfer", {"amount": 5, "to": "ann"})
+    assert client.approve(turn_id, shown["call_id"], approved=True, decided_by="ops")
+    outcome = client.wait(turn_id, timeout=60)
+    assert outcome.status == "completed", outcome
+    child = client.outcome(shown["child_turn_id"])
+    assert child is not None and [a.decided_by for a in child.approvals] == ["ops"]
