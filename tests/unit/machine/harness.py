@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from orchestrator.context.budget import ContextBudget
@@ -20,7 +20,7 @@ from orchestrator.machine.events import (
     WriteOutcomes,
 )
 from orchestrator.machine.layout import dump_log
-from orchestrator.machine.state import dump_entries, dump_state, load_state
+from orchestrator.machine.state import AgentRun, dump_entries, dump_state, load_state
 from orchestrator.model import Limits, Message, ToolCall, Turn, TurnOutcome, TurnRequest, Usage
 from tests.unit.machine.invariants import check_state
 from workers.contract import ToolOutcome, ToolSpec
@@ -103,6 +103,8 @@ class Driver:
         unpriced: Sequence[str] = (),
         refused: Sequence[str] = (),
         context_budget: ContextBudget | None = None,
+        agents: Mapping[str, AgentRun] | None = None,
+        max_agent_depth: int = 3,
         **request_fields: Any,
     ) -> None:
         request = TurnRequest(
@@ -124,6 +126,8 @@ class Driver:
             unpriced=unpriced,
             refused=refused,
             context_budget=context_budget,
+            agents=agents,
+            max_agent_depth=max_agent_depth,
         )
         check_state(self.state, commands)
         self.log: list[Command] = list(commands)
