@@ -160,6 +160,15 @@ def tenant_tokens_day(tenant: str, day: str) -> str:
     return f"{PREFIX}tenant:{tenant}:tokens:{day}"
 
 
+def api_wake(reader_id: str) -> str:
+    """The stream that wakes one API process's events reader (`api.fanout`) when a stream subscribes to a turn
+    its blocking read does not cover yet: one entry at most, expiring with `API_WAKE_TTL_S`."""
+    return f"{PREFIX}api:wake:{reader_id}"
+
+
+API_WAKE_TTL_S = 3600  # a wake stream outlives its API process by at most this
+
+
 def inbox(orchestrator_id: str) -> str:
     """An orchestrator's notifications; its expiry (`build_inbox_ttl_s`) is pushed back while it lives."""
     return INBOX_PREFIX + orchestrator_id

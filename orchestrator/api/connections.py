@@ -184,7 +184,7 @@ class ApiRedis:
             socket_connect_timeout=HEALTH_TIMEOUT_S,
         )
         store = TurnStore(requests, lease_ttl_s=settings.lease_ttl_s)
-        fanout = EventFanout(reader, buffer_events=settings.api_stream_buffer_events)
+        fanout = EventFanout(reader, buffer_events=settings.api_stream_buffer_events, waker=requests)
         fanout.start()
         return cls(
             client=AsyncClient(settings=settings, store=store, retry_s=settings.api_redis_retry_s),

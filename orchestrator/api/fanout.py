@@ -14,8 +14,11 @@ and hands each event to the subscriptions of its turn: N open streams cost one R
 - A Redis error stops nobody: the reader waits with capped, jittered backoff (`workers.redis_errors.Backoff`)
   and reads again from the cursors, so the
   subscriptions see a pause, never a gap or a repeat. `outage` says why it is waiting, for keep-alives.
-- A new subscription joins the next read: the read under way blocks at most `READ_BLOCK_MS`, the longest a
-  new stream waits for an event written after it caught up.
+- A new subscription joins the next read at once: when the read under way does not cover it, subscribing
+  adds an entry to the reader's own wake stream (`keys.api_wake`, part of every read), which ends that read;
+  the next covers the new turn, so a stream that opens right after its turn was submitted sees the first
+  text delta as soon as it is written. Without a waker (or when the wake cannot be written) the read under way
+  ends within `READ_BLOCK_MS`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,8 +94,21 @@ def parse_xread_groups(reply: Any) -> list[tuple[str, Sequence[tuple[Any, Mappin
 class EventFanout:
     """The reader task and the subscriptions it serves; `start()` it, `aclose()` it (closing `redis`)."""
 
-    def __init__(self, redis: aioredis.Redis, *, buffer_events: int, block_ms: int = READ_BLOCK_MS) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        buffer_events: int,
+        block_ms: int = READ_BLOCK_MS,
+        waker: aioredis.Redis | None = None,
+    ) -> None:
         self._redis = redis
+        # Another connection (the reader's own blocks), which writes the wake entries; None: no waking.
+        self._waker = waker
+        self._wake_key = keys.api_wake(uuid.uuid4().hex)
+        self._wake_cursor = "0-0"
+        self._current: _Read | None = None
+        self._wakes: set[asyncio.Task[None]] = set()
         self.buffer_events = buffer_events
         # Under the client's socket timeout, as every blocking read (store.connection).
         self.block_ms = max(1, min(block_ms, block_cap_ms(redis)))
@@ -130,7 +147,29 @@ class EventFanout:
         subscription = Subscription(turn_id, parse_stream_id(after), asyncio.Queue(self.buffer_events))
         self._subscriptions.setdefault(turn_id, set()).add(subscription)
         self._changed.set()
+        current = self._current
+        start = current.starts.get(turn_id) if current is not None else None
+        if current is not None and (start is None or subscription.cursor < start):
+            self._wake()
         return subscription
+
+    def _wake(self) -> None:
+        # Ends the blocking read under way, so that the next one covers the new subscription.
+        if self._waker is None:
+            return
+        task = asyncio.create_task(self._write_wake())
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+
+    async def _write_wake(self) -> None:
+        assert self._waker is not None
+        try:
+            pipe = self._waker.pipeline(transaction=False)
+            pipe.xadd(self._wake_key, {"w": "1"}, maxlen=1, approximate=False)
+            pipe.expire(self._wake_key, keys.API_WAKE_TTL_S)
+            await pipe.execute()
+        except REDIS_ERRORS:
+            pass  # the read under way ends within its block anyway
 
     def unsubscribe(self, subscription: Subscription) -> None:
         """Stop handing events to `subscription` (its stream ended or its client left)."""
@@ -147,15 +186,26 @@ class EventFanout:
                 await self._changed.wait()
                 continue
             read = _Read({t: min(s.cursor for s in subs) for t, subs in self._subscriptions.items()})
+            streams = read.build_streams()
+            if self._waker is not None:
+                streams[self._wake_key] = self._wake_cursor
+            self._current = read
             try:
-                reply = await self._redis.xread(read.build_streams(), count=READ_COUNT, block=self.block_ms)
+                reply = await self._redis.xread(streams, count=READ_COUNT, block=self.block_ms)
             except REDIS_ERRORS as exc:
                 self._failed(exc)
                 await asyncio.sleep(self._backoff.next_s())
                 continue
+            finally:
+                self._current = None
+            groups = parse_xread_groups(reply)
+            for key, entries in groups:
+                if key == self._wake_key and entries:
+                    self._wake_cursor = codec.text(entries[-1][0])
+            groups = [(key, entries) for key, entries in groups if key != self._wake_key]
             self._succeeded()
             try:
-                self._hand_out(read, parse_xread_groups(reply))
+                self._hand_out(read, groups)
             except Exception:
                 # A bug here must not end every stream of the process: say it loudly and read again.
                 log.exception("events reader: could not hand out what it read")

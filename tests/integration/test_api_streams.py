@@ -224,3 +224,33 @@ async def test_a_request_that_finds_no_connection_free_in_time_is_a_redis_connec
                 pass
     async with gate.slot():  # freed again
         pass
+
+
+async def test_a_new_subscription_ends_the_blocking_read_so_the_next_covers_it(
+    db_url: str, store: TurnStore
+) -> None:
+    # The reader blocks on one turn; a stream that subscribes to another meanwhile writes the reader's wake
+    # stream, which ends that read (its cursor moves past the wake entry), and the next read covers it.
+    waker = connect_redis_async(db_url)
+    fanout = EventFanout(connect_redis_async(db_url), buffer_events=100, waker=waker)
+    fanout.start()
+    sync = redis.Redis.from_url(db_url)
+    try:
+        quiet, busy = await submit(store), await submit(store)
+        fanout.subscribe(quiet, stream_ids(db_url, quiet)[-1])
+        await async_wait_until(lambda: fanout._current is not None, "the reader to block on the quiet turn")
+        subscription = fanout.subscribe(busy, stream_ids(db_url, busy)[-1])
+        await async_wait_until(lambda: fanout._wake_cursor != "0-0", "the wake to end the read under way")
+        assert sync.xlen(fanout._wake_key) == 1
+        await store.append_event(busy, "text_delta", {"text": "first"})
+        event = await asyncio.wait_for(subscription.queue.get(), DEFAULT_TIMEOUT_S)
+        assert event.name == "text_delta"
+        # A subscription the read under way already covers wakes nobody.
+        cursor = fanout._wake_cursor
+        fanout.subscribe(busy, event.id)
+        await asyncio.sleep(0.3)
+        assert fanout._wake_cursor == cursor
+    finally:
+        await fanout.aclose()
+        await waker.aclose()
+        sync.close()
