@@ -5,8 +5,10 @@ Routes: `POST /v1/turns` (202 `{"id"}`), `GET /v1/turns` (the recent turns), `GE
 `POST /v1/turns/{id}/approvals/{call_id}`, `POST /v1/turns/{id}/calls/{call_id}/result` (a client-side
 tool's answer), `POST /v1/turns/{id}/fork` (a new turn from one's messages: 202 `{"id"}`), `GET /v1/tools`,
 `POST /v1/tools/{name}/calls` (a tool called
-without a model: its `ToolOutcome`, a failure one included), `GET /healthz`, `GET /metrics`, and the turn
-pages `/ui`, `/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
+without a model: its `ToolOutcome`, a failure one included), `GET /v1/agents`, `PUT /v1/agents/{name}`,
+`PUT /v1/schedules/{name}`, `DELETE /v1/schedules/{name}`, `GET /v1/schedules` (turns on a schedule, a
+tenant's own: `Client.schedule`'s), `GET /healthz`, `GET /metrics`, and the turn pages `/ui`,
+`/ui/turns/{id}` (`orchestrator.api.pages`). With `TOOLLOOP_API_KEYS` or `TOOLLOOP_API_TOKEN`
 set, every route but `/healthz` needs `Authorization: Bearer <key>` (401 otherwise), or for reads the pages'
 session cookie (and for an approval, the cookie with its CSRF token: the turn page's buttons); a key
 without the route's scope gets 403, and sees only its tenant's turns: another tenant's turn is a 404 as an
@@ -49,11 +51,11 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -77,12 +79,24 @@ from orchestrator.client.redis_client import AsyncClient
 from orchestrator.errors import CallNotWaitingError, ModelConfigError, UnknownToolError, UnknownTurnError
 from orchestrator.model import Message as ChatMessage
 from orchestrator.model import TurnRequest
+from orchestrator.schedules import calls as schedule_calls
+from orchestrator.schedules import storage as schedule_storage
+from orchestrator.schedules.schedule import (
+    MIN_EVERY_S,
+    NAME_PATTERN,
+    Overlap,
+    Schedule,
+    ScheduleView,
+    build_schedule,
+    parse_cron,
+)
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store import codec
 from orchestrator.store.backlog import Backlog, BacklogReader
 from orchestrator.store.catalogue import aread_catalogue, get_tool_catalogue
-from orchestrator.store.runner import AsyncRunner
-from orchestrator.store.turn_view import TurnView
+from orchestrator.store.connection import build_shown_url
+from orchestrator.store.runner import AsyncRunner, Patience
+from orchestrator.store.turn_view import TurnView, build_shown_request
 from orchestrator.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.tracing import continue_http_trace
 from workers.agents import AgentSpec
@@ -101,6 +115,11 @@ OPENAPI_TAGS = [
         "description": "Submit a turn, read it, follow its events, cancel it, answer approvals.",
     },
     {"name": "tools", "description": "The tools the live workers serve, and a call of one without a model."},
+    {"name": "agents", "description": "The named agents turns may run as: listed, registered by the admin."},
+    {
+        "name": "schedules",
+        "description": "Turns on a cron expression or an interval, run by `toolloop beat`.",
+    },
     {"name": "operations", "description": "Health and metrics, for load balancers and Prometheus."},
 ]
 
@@ -165,6 +184,43 @@ class ForkBody(BaseModel):
     fork_id: str | None = Field(default=None, pattern=TURN_ID_PATTERN)
 
 
+class ScheduleBody(BaseModel):
+    """The body of `PUT /v1/schedules/{name}`: a `Schedule` as `Client.schedule` builds it, less what the API
+    sets itself (its creation time, the anchor of an interval's runs, and its layout version).
+
+    `name`, when given, is the path's; exactly one of `cron` (five fields, UTC) and `every_s` (seconds, at
+    least `MIN_EVERY_S`); `overlap` what a run does while the previous one runs; `request` what each run
+    submits (a `POST /v1/turns` body without `turn_id`: a run's id is the beat's), checked as a submit is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    cron: str | None = None
+    every_s: float | None = Field(default=None, ge=MIN_EVERY_S, allow_inf_nan=False)
+    overlap: Overlap = "skip"
+    request: TurnRequest
+
+    @field_validator("cron")
+    @classmethod
+    def _readable_cron(cls, value: str | None) -> str | None:
+        return None if value is None else parse_cron(value)
+
+    @model_validator(mode="after")
+    def _one_timing(self) -> ScheduleBody:
+        if (self.cron is None) == (self.every_s is None):
+            raise ValueError(
+                "a schedule runs on a cron expression or an interval: give exactly one of cron, every_s"
+            )
+        return self
+
+
+class ScheduleRemoved(BaseModel):
+    """What `DELETE /v1/schedules/{name}` answers: the schedule is gone (its runs' turns stay)."""
+
+    name: str
+    removed: bool
+
+
 class SubmitReply(BaseModel):
     """What `POST /v1/turns` answers."""
 
@@ -192,8 +248,8 @@ class ErrorBody(BaseModel):
     """Every error's body: `detail` is one line (400, 401, 403, 404, 409, 413, 503), or the problems (422).
 
     `code` says which refusal a 409 is: `turn_ended` (the turn has already ended), `call_not_waiting` (no
-    call with this id waits for an answer) or `call_decided` (it was answered already: the first answer
-    stands)."""
+    call with this id waits for an answer), `call_decided` (it was answered already: the first answer
+    stands) or `schedule_taken` (another tenant has a schedule of that name)."""
 
     detail: str | list[ErrorItem]
     code: str | None = None
@@ -254,6 +310,10 @@ REFUSED: Responses = {
 }
 ENDED: Responses = {
     409: _error("The turn has already ended, or the call waits for no answer (`code` says which).")
+}
+UNKNOWN_SCHEDULE: Responses = {404: _error("No schedule of this name, or another tenant's.")}
+SCHEDULE_TAKEN: Responses = {
+    409: _error("Another tenant has a schedule of this name (`code` `schedule_taken`): names are shared.")
 }
 COMMON: Responses = {**UNAUTHORIZED, **UNAVAILABLE}
 
@@ -631,6 +691,151 @@ async def _control_reply(turn_id: str, sending: Awaitable[bool]) -> ControlReply
     return ControlReply(id=turn_id, accepted=True)
 
 
+schedules_router = APIRouter(
+    prefix="/v1/schedules", tags=["schedules"], dependencies=[Depends(hold_redis_slot)], responses=COMMON
+)
+
+
+def build_in_request(detail: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A submit's 422 `detail` as the schedule's: each `loc` moved from the body into its `request`."""
+    return [
+        {**item, "loc": ["body", "request", *item["loc"][1:]]} if item["loc"][:1] == ["body"] else item
+        for item in detail
+    ]
+
+
+def _schedules_runner(client: AsyncClient) -> tuple[AsyncRunner, Patience]:
+    # The flows `Client.schedule` runs, as patient with Redis as the API's client (`api_redis_retry_s`).
+    runner = AsyncRunner(client.store.redis, where=build_shown_url(client.redis_url))
+    return runner, Patience.for_s(client.retry_s)
+
+
+def build_shown_schedule(view: ScheduleView) -> ScheduleView:
+    """A schedule as the API shows it: its request redacted as a turn's (`turn_view.build_shown_request`)."""
+    request = build_shown_request(view.schedule.request)
+    return view.model_copy(update={"schedule": view.schedule.model_copy(update={"request": request})})
+
+
+async def _read_schedule(client: AsyncClient, name: str) -> Schedule | None:
+    runner, patience = _schedules_runner(client)
+    schedules: dict[str, Schedule] = await runner.run(schedule_storage.get_schedules(), patience)
+    return schedules.get(name)
+
+
+@schedules_router.put(
+    "/{name}",
+    response_model=ScheduleView,
+    operation_id="putSchedule",
+    summary="Create or replace a schedule",
+    responses={**UNREADABLE, **TOO_LARGE, **REFUSED, **SCHEDULE_TAKEN},
+)
+async def put_schedule(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    body: ScheduleBody,
+    request: Request,
+    caller: Annotated[Caller, Depends(require("submit"))],
+) -> ScheduleView | JSONResponse:
+    """Run a turn on a schedule, as `Client.schedule` does: `toolloop beat` submits `request` on `cron` or
+    every `every_s` seconds, each run a normal turn of the key's tenant whose `request.schedule` is `name`.
+    A schedule of that name is replaced (its timing starts afresh). Checked as a submit is: 422 for a bad
+    cron expression or interval, tools no live worker serves or the key may not use, a model that cannot
+    serve it (`loc` names the field); 403 for a tenant not the key's; 409 (`schedule_taken`) when another
+    tenant has a schedule of that name. Answers the schedule with its next run."""
+    if body.name is not None and body.name != name:
+        detail = [
+            {
+                "type": "value_error",
+                "loc": ["body", "name"],
+                "msg": f"the body names {body.name!r}, the path {name!r}",
+            }
+        ]
+        raise HTTPException(422, build_safe_json(detail))
+    given = body.request
+    tenant = build_tenant(caller, given.tenant if "tenant" in given.model_fields_set else None)
+    if given.schedule is not None:
+        detail = [
+            {
+                "type": "value_error",
+                "loc": ["body", "request", "schedule"],
+                "msg": "set by the beat on each run",
+            }
+        ]
+        raise HTTPException(422, detail)
+    # What the server sets on a turn is not taken from a body: its trace, its fork and parent links.
+    turn_request = TurnRequest.model_validate(
+        {
+            **given.model_dump(),
+            "trace_context": None,
+            "forked_from": None,
+            "parent": None,
+            "tenant": tenant,
+        }
+    )
+    client = _client(request)
+    refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
+    if refusals:
+        raise HTTPException(422, build_safe_json(build_in_request(build_controls_detail(refusals))))
+    if caller.tools is not None or not caller.every_tenant:
+        catalogue = await _read_known_tools(client)
+        refused = find_tool_refusals(caller, turn_request.tools or [], catalogue)
+        if refused:
+            raise HTTPException(422, build_safe_json(build_in_request(refused)))
+        if turn_request.tools is None:
+            turn_request = turn_request.model_copy(update={"tools": build_default_tools(caller, catalogue)})
+    existing = await _read_schedule(client, name)
+    if existing is not None and not caller.sees(existing.request.tenant):
+        return build_conflict_reply(f"schedule {name!r} is another tenant's", "schedule_taken")
+    try:
+        schedule = build_schedule(
+            name, turn_request, cron=body.cron, every_s=body.every_s, overlap=body.overlap, now=codec.now_s()
+        )
+        runner, patience = _schedules_runner(client)
+        view = await runner.run_flow(schedule_calls.save(schedule, client.settings), patience)
+    except ValueError as exc:
+        detail = build_in_request(build_refusal_detail(turn_request, exc))
+        raise HTTPException(422, build_safe_json(detail)) from None
+    return build_shown_schedule(view)
+
+
+@schedules_router.delete(
+    "/{name}",
+    response_model=ScheduleRemoved,
+    operation_id="deleteSchedule",
+    summary="Remove a schedule",
+    responses={**UNKNOWN_SCHEDULE, **REFUSED},
+)
+async def delete_schedule(
+    name: str, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
+) -> ScheduleRemoved:
+    """Remove the schedule (its runs' turns stay; a run in progress goes on); 404 when there is none, or it
+    is another tenant's."""
+    client = _client(request)
+    existing = await _read_schedule(client, name)
+    if existing is None or not caller.sees(existing.request.tenant):
+        raise HTTPException(404, f"unknown schedule {name!r}")
+    runner, patience = _schedules_runner(client)
+    if not await runner.run_flow(schedule_calls.remove(name), patience):
+        raise HTTPException(404, f"unknown schedule {name!r}")
+    return ScheduleRemoved(name=name, removed=True)
+
+
+@schedules_router.get(
+    "",
+    response_model=list[ScheduleView],
+    operation_id="listSchedules",
+    summary="List the schedules",
+    responses=REFUSED,
+)
+async def list_schedules(
+    request: Request, caller: Annotated[Caller, Depends(require("read"))]
+) -> list[ScheduleView]:
+    """The key's tenant's schedules (every tenant's for the admin), by name, with their last runs (turn ids),
+    skipped ticks, last error and next run; their requests redacted as a turn's are."""
+    runner, patience = _schedules_runner(_client(request))
+    views = await runner.run_flow(schedule_calls.list_all(), patience)
+    return [build_shown_schedule(view) for view in views if caller.sees(view.schedule.request.tenant)]
+
+
 def build_ops_router() -> APIRouter:
     """`/v1/tools`, `/v1/tools/{name}/calls` and `/metrics` (behind the token when one is set)."""
     router = APIRouter(responses=UNAUTHORIZED)
@@ -715,19 +920,19 @@ def build_ops_router() -> APIRouter:
         tags=["agents"],
         operation_id="registerAgent",
         summary="Register a named agent",
-        status_code=204,
-        responses={**UNAVAILABLE, **REFUSED},
+        response_model=AgentSpec,
+        responses={**UNREADABLE, **TOO_LARGE, **UNAVAILABLE, **REFUSED},
     )
-    async def register_agent(name: str, spec: AgentSpec, request: Request) -> Response:
-        """Register (or replace) a named agent: every orchestrator knows it at once. The path's name must be
-        the agent's (422 otherwise)."""
+    async def register_agent(name: str, spec: AgentSpec, request: Request) -> AgentSpec:
+        """Register (or replace) a named agent: every orchestrator knows it at once; answers it. The path's
+        name must be the agent's (422 otherwise); the admin's scope."""
         if spec.name != name:
-            detail = [
-                {"loc": ["body", "name"], "msg": f"the agent is named {spec.name!r}, the path {name!r}"}
-            ]
-            return JSONResponse({"detail": detail}, status_code=422)
+            msg = f"the agent is named {spec.name!r}, the path {name!r}"
+            raise HTTPException(
+                422, build_safe_json([{"type": "value_error", "loc": ["body", "name"], "msg": msg}])
+            )
         await _client(request).register_agent(spec)
-        return Response(status_code=204)
+        return spec
 
     @router.get(
         "/metrics",
@@ -787,6 +992,7 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
     auth = Depends(authenticate)
     app.include_router(turns_router, dependencies=[auth])
     app.include_router(events_router, dependencies=[auth])
+    app.include_router(schedules_router, dependencies=[auth])
     app.include_router(build_ops_router(), dependencies=[auth])
     app.include_router(
         build_listing_router(),

@@ -8,8 +8,9 @@
         outcome = client.wait(turn_id, timeout=60)
 
 Same methods, signatures, return values and errors as the Redis clients (`submit`, `submit_request`, `fork`,
-`get`, `outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `call_tool`, `ping`, `close` and the
-context managers; `tests/unit/test_http_client_faces.py` keeps them so). They read no `TOOLLOOP_*` setting:
+`get`, `outcome`, `wait`, `events`, `stream`, `cancel`, `approve`, `call_tool`, `schedule`, `unschedule`,
+`schedules`, `register_agent`, `list_agents`, `ping`, `close` and the context managers;
+`tests/unit/test_http_client_faces.py` keeps them so). They read no `TOOLLOOP_*` setting:
 the base URL and the token are all they use. What HTTP itself sets apart: a `turn_id` of the caller's is 1–200
 letters, digits, `_` or `-` (one path segment); `block_ms` has no effect (the API's keep-alives pace a
 stream); a `call_tool` `timeout_s` is finite (JSON has no infinity; the API holds the request that long).
@@ -25,8 +26,10 @@ Errors map into toolloop's tree (`orchestrator.errors`), as the Redis clients ra
 (422) `UnknownToolError` (its `unknown` and `available` from the answer), `ModelConfigError` for the model,
 else a `ValueError` naming each field, as for a refused approval, a body over the API's limit (413) or one it
 could not parse (400); `cancel` and `approve` answer False for a turn that has ended (409 `turn_ended`),
-`approve` raises `CallNotWaitingError` for a call that waits for no answer. `call_tool` returns the call's
-`ToolOutcome`, a failure one too (an unknown tool, refused arguments, no answer in time), as the Redis
+`approve` raises `CallNotWaitingError` for a call that waits for no answer. A schedule is its key's tenant's:
+`schedules` lists those, `unschedule` of another tenant's is False as of none, `schedule` of a name another
+tenant holds a `ValueError`; the requests they show are redacted, as a turn's are. `call_tool` returns the
+call's `ToolOutcome`, a failure one too (an unknown tool, refused arguments, no answer in time), as the Redis
 clients do. A wrong or missing token (401, 403) raises `ApiAuthError`, a `PermissionError`; only an answer
 the API does not document raises httpx's `HTTPStatusError`. `ping` is True, or `ApiUnavailableError` at once,
 as `Client.ping` is True or Redis's `ConnectionError`.
@@ -69,6 +72,8 @@ from orchestrator.errors import (
     UnknownTurnError,
 )
 from orchestrator.model import Message, TurnOutcome, TurnRequest
+from orchestrator.schedules import calls as schedule_calls
+from orchestrator.schedules.schedule import Schedule, ScheduleView
 from orchestrator.store import codec
 from orchestrator.store.codec import TurnEvent
 from orchestrator.store.forks import parse_replacement
@@ -116,6 +121,8 @@ RETRIED: tuple[type[Exception], ...] = (httpx.HTTPStatusError, *RETRIED_ERRORS)
 # How much longer than its own `timeout_s` a `call_tool` request may take: the API's own patience with its
 # Redis (`api_redis_retry_s`, 10 s) and the publish on top of the call.
 CALL_MARGIN_S = 30.0
+# Where a 422 names the model: a turn's, or a schedule's request's.
+MODEL_LOCATIONS = (["body", "model"], ["body", "request", "model"])
 
 
 # --- the core (pure) -------------------------------------------------------------------------------------
@@ -154,7 +161,7 @@ def build_refusal(detail: Any) -> ValueError:
     if unknown:
         tools = [str(item.get("ctx", {}).get("tool")) for item in unknown]
         return UnknownToolError(tools, unknown[0].get("ctx", {}).get("available", []))
-    model = [item for item in items if list(item.get("loc", [])) == ["body", "model"]]
+    model = [item for item in items if list(item.get("loc", [])) in MODEL_LOCATIONS]
     if model and model[0].get("type") == "value_error":
         return ModelConfigError(str(model[0].get("msg")))
     if not items:
@@ -306,6 +313,58 @@ def build_register_agent_call(spec: AgentSpec) -> HttpCall[None]:
 
     body = spec.model_dump(mode="json", exclude_defaults=True)
     return HttpCall("PUT", f"/v1/agents/{quote(spec.name, safe='')}", read, body=body)
+
+
+def build_schedule_path(name: str) -> str:
+    """`/v1/schedules/<name>`, percent-encoded (`build_segment`)."""
+    return "/v1/schedules/" + build_segment(name)
+
+
+def build_put_schedule_call(schedule: Schedule) -> HttpCall[ScheduleView]:
+    """`PUT /v1/schedules/{name}` of `schedule` (built and checked by `schedules.calls.build_schedule_call`,
+    as the Redis clients build it): its timing, overlap policy and request, the request's fields at their
+    defaults left out as when it is stored (`codec.dump_request`; the tenant: the key's own). Its creation
+    time is the API's, which anchors an interval's runs. Another tenant's name (409 `schedule_taken`) is a
+    `ValueError`."""
+    body: dict[str, Any] = {
+        "name": schedule.name,
+        "overlap": schedule.overlap,
+        "request": json.loads(codec.dump_request(schedule.request)),
+    }
+    if schedule.cron is not None:
+        body["cron"] = schedule.cron
+    if schedule.every_s is not None:
+        body["every_s"] = schedule.every_s
+
+    def read(answer: httpx.Response) -> ScheduleView:
+        if answer.status_code == 409 and build_body(answer).get("code") == "schedule_taken":
+            raise ValueError(build_detail(answer))
+        raise_for_answer(answer)
+        return ScheduleView.model_validate_json(answer.content)
+
+    return HttpCall("PUT", build_schedule_path(schedule.name), read, body)
+
+
+def build_delete_schedule_call(name: str) -> HttpCall[bool]:
+    """`DELETE /v1/schedules/{name}`: True once removed, False when there was none (404)."""
+
+    def read(answer: httpx.Response) -> bool:
+        if answer.status_code == 404:
+            return False
+        raise_for_answer(answer)
+        return True
+
+    return HttpCall("DELETE", build_schedule_path(name), read)
+
+
+def build_schedules_call() -> HttpCall[list[ScheduleView]]:
+    """`GET /v1/schedules`: the key's tenant's schedules, by name, with their state and next run."""
+
+    def read(answer: httpx.Response) -> list[ScheduleView]:
+        raise_for_answer(answer)
+        return [ScheduleView.model_validate(item) for item in answer.json()]
+
+    return HttpCall("GET", "/v1/schedules", read)
 
 
 def build_outcome_call(turn_id: str) -> HttpCall[TurnOutcome | None]:
@@ -772,6 +831,24 @@ class HttpClient(_HttpCore):
         the API cannot be reached at all; `ApiUnavailableError` once it may have dispatched the call."""
         return self._send(build_tool_call(call, build_carrier()))
 
+    @takes_arguments_of(schedule_calls.build_schedule_call)
+    def schedule(self, schedule: Schedule) -> ScheduleView:
+        """Run a turn on a schedule: `schedule(name, cron=... or every_s=..., overlap="skip", **the arguments
+        of submit)`; `toolloop beat` submits each run, a turn of the key's tenant. A schedule of that name is
+        replaced. Checked as a submit is (`ValueError`: a bad cron expression, a name another tenant holds;
+        `UnknownToolError`, `ModelConfigError`); returns it with its next run. As `Client.schedule`."""
+        return self._send(build_put_schedule_call(schedule))
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the schedule `name` (its runs' turns stay); False when there was none (or another
+        tenant's)."""
+        return self._send(build_delete_schedule_call(name))
+
+    def schedules(self) -> list[ScheduleView]:
+        """The key's tenant's schedules, by name, with their last runs (turn ids), skipped ticks, last error
+        and next run; their requests redacted."""
+        return self._send(build_schedules_call())
+
     def register_agent(self, spec: AgentSpec) -> None:
         """Register (or replace) a named agent: every orchestrator and the API know it at once."""
         self._send(build_register_agent_call(spec))
@@ -980,6 +1057,19 @@ class AsyncHttpClient(_HttpCore):
         """Run one tool call through the workers; a confirmed tool only with `approve=True`. As
         `HttpClient.call_tool`."""
         return await self._send(build_tool_call(call, build_carrier()))
+
+    @takes_arguments_of(schedule_calls.build_schedule_call)
+    async def schedule(self, schedule: Schedule) -> ScheduleView:
+        """Run a turn on a schedule; as `HttpClient.schedule`."""
+        return await self._send(build_put_schedule_call(schedule))
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove the schedule `name`; False when there was none. As `HttpClient.unschedule`."""
+        return await self._send(build_delete_schedule_call(name))
+
+    async def schedules(self) -> list[ScheduleView]:
+        """The key's tenant's schedules, by name, with their state and next run; as `HttpClient.schedules`."""
+        return await self._send(build_schedules_call())
 
     async def register_agent(self, spec: AgentSpec) -> None:
         """Register (or replace) a named agent: every orchestrator and the API know it at once."""

@@ -41,6 +41,11 @@ OPERATIONS = {
     ("post", "/v1/turns/{turn_id}/fork"): "forkTurn",
     ("get", "/v1/tools"): "listTools",
     ("post", "/v1/tools/{name}/calls"): "callTool",
+    ("get", "/v1/agents"): "listAgents",
+    ("put", "/v1/agents/{name}"): "registerAgent",
+    ("put", "/v1/schedules/{name}"): "putSchedule",
+    ("delete", "/v1/schedules/{name}"): "deleteSchedule",
+    ("get", "/v1/schedules"): "listSchedules",
     ("get", "/metrics"): "getMetrics",
     ("get", "/healthz"): "getHealth",
 }

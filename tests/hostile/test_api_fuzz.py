@@ -152,6 +152,39 @@ def test_tool_call_bodies_and_names_never_5xx(
     _assert_clear_4xx(reply, document, "post /v1/tools/{name}/calls")
 
 
+schedule_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": json_values,
+        "cron": json_values | st.sampled_from(["0 3 * * *", "*/5 * * * *", "* * *", "61 * * * *", ""]),
+        "every_s": json_values | st.floats(-1, 5) | st.sampled_from([1e308, 60]),
+        "overlap": json_values | st.sampled_from(["skip", "queue", "cancel_previous"]),
+        "request": json_values | turn_fields,
+        "unknown_field": json_values,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(schedule_fields.map(lambda d: json.dumps(d).encode()), raw_bodies),
+    name=st.text(min_size=1, max_size=40),
+)
+@example(body=b'{"every_s": 60, "request": {"prompt": "hi"}}', name="..")
+@example(body=b'{"every_s": 1e308, "request": {"prompt": "hi"}}', name="fuzz-valid")
+def test_schedule_bodies_and_names_never_5xx(
+    api: httpx.Client, document: dict[str, Any], body: bytes, name: str
+) -> None:
+    path = f"/v1/schedules/{quote(name, safe='').replace('.', '%2E')}"
+    reply = api.put(path, content=body, headers=JSON)
+    if reply.status_code == 200:  # a body that happens to be a valid schedule: stored, then removed
+        assert_valid_answer(document, "put", "/v1/schedules/{name}", 200, reply.json())
+        assert api.delete(path).status_code == 200
+        return
+    _assert_clear_4xx(reply, document, "put /v1/schedules/{name}")
+    _assert_clear_4xx(api.delete(path), document, "delete /v1/schedules/{name}")
+
+
 def _post_fresh(api: httpx.Client, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
     # A connection of its own: a server that failed would drop the connection of the request.
     return httpx.post(api.base_url.join(path), content=content, headers=headers, timeout=30)
