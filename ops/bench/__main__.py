@@ -1,8 +1,8 @@
 """`python -m ops.bench [--quick] [--json-only] [--http-only]`: JSON lines of every figure, then a table.
 
-The HTTP variant (`http_variant`: CPU per tool call of every process, the model over HTTP) runs first, on a
-stack of its own; `--http-only` runs it alone (about a minute in full on 2 cores), for working on what a call
-costs.
+The HTTP variant (`http_variant`: CPU per tool call of every process and what Redis does per call and per
+turn, the model over HTTP; then the first token's overhead, `first_token`) runs first, on a stack of its own;
+`--http-only` runs it alone (about two minutes in full on 2 cores), for working on what a call costs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def main(
     quick: bool = typer.Option(False, "--quick", help="Small counts: a smoke run of every scenario."),
     json_only: bool = typer.Option(False, "--json-only", help="Only the JSON lines, no table or progress."),
     http_only: bool = typer.Option(
-        False, "--http-only", help="Only the HTTP variant: CPU per tool call by process, throughput."
+        False,
+        "--http-only",
+        help="Only the HTTP variant: CPU and Redis per tool call, throughput, the first token's overhead.",
     ),
 ) -> None:
     """Measure toolloop against plain Celery on one embedded Redis and the same workers."""

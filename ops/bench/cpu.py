@@ -10,7 +10,7 @@ parts are read differently:
   its pool children (running the tasks).
 
 The model server is a part of its own, never counted in `all`: it stands for a hosted model whose CPU nobody
-running toolloop pays.
+running toolloop pays. The API (`toolloop api`) is a part when a run starts one (the first-token scenario).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ WORKER_CHILDREN = "worker_children"
 REDIS = "redis"
 ORCHESTRATOR = "orchestrator"
 MODEL_SERVER = "model_server"
+API = "api"
 # What "all processes" sums, for toolloop and for plain Celery (which has no orchestrator).
 TOOLLOOP_PARTS = (CLIENT, WORKER_PARENT, WORKER_CHILDREN, REDIS, ORCHESTRATOR)
 CELERY_PARTS = (CLIENT, WORKER_PARENT, WORKER_CHILDREN, REDIS)
@@ -51,6 +52,7 @@ class Processes:
     redis: int
     orchestrator: int
     model_server: int
+    api: int | None = None
 
 
 def _read_entry(stat_path: Path) -> _Entry | None:
@@ -102,6 +104,7 @@ def read_parts_s(procs: Processes) -> dict[str, float]:
         REDIS: _tree_s(table, procs.redis),
         ORCHESTRATOR: _tree_s(table, procs.orchestrator),
         MODEL_SERVER: _tree_s(table, procs.model_server),
+        API: _tree_s(table, procs.api) if procs.api is not None else 0.0,
     }
 
 

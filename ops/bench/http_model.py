@@ -16,6 +16,13 @@ it: what the orchestrator reads is what it would read from a real one. Only what
 `POST /v1/chat/completions` and `GET /v1/models` (no attempt counting: the bench's plans have no error
 rounds).
 
+A request whose prompt holds a first-token marker (`first-token-<32 hex digits>`, `first_token`) is answered
+as a hosted model answers instead: after `--first-byte-delay-s` (its time to the first token), then, streamed,
+a piece every `--piece-delay-s`, or, not streamed, whole once the same pieces would have been written. The
+time of its first byte (the response head with the first piece of the answer, in one write) goes to
+`--first-byte-log` as a JSON line `{"marker", "first_byte_at"}` (Unix time, s): what the first-token overhead
+is measured from.
+
     python -m ops.bench.http_model --port P      # http://127.0.0.1:P/v1; ready when GET /v1/models answers
 """
 
@@ -24,10 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sys
 import time
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -39,15 +49,35 @@ from orchestrator.providers.scripted.wire import build_error_reply, build_stream
 from orchestrator.redis_server import find_free_port
 
 HOST = "127.0.0.1"
+# What ties a request to its turn in the first-byte log: a marker the bench puts in the turn's prompt.
+FIRST_TOKEN_MARKER = re.compile(rb"first-token-([0-9a-f]{32})")
+_STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class HostedPace:
+    """How a request with a first-token marker is answered: at a hosted model's pace, first byte logged."""
+
+    first_byte_log: Path
+    first_byte_delay_s: float
+    piece_delay_s: float
 
 
 class ModelServer:
-    """The model server subprocess; `base_url` ends in `/v1`, as OPENAI_BASE_URL does."""
+    """The model server subprocess; `base_url` ends in `/v1`, as OPENAI_BASE_URL does. With `pace`, requests
+    carrying a first-token marker are answered at that pace and their first byte logged."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: HostedPace | None = None) -> None:
         self.port = find_free_port(HOST)
         self.base_url = f"http://{HOST}:{self.port}/v1"
+        self.pace = pace
         command = [sys.executable, "-m", "ops.bench.http_model", f"--port={self.port}"]
+        if pace is not None:
+            command += [
+                f"--first-byte-log={pace.first_byte_log}",
+                f"--first-byte-delay-s={pace.first_byte_delay_s}",
+                f"--piece-delay-s={pace.piece_delay_s}",
+            ]
         self.proc = Proc(command, {}, "model")
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -68,9 +98,12 @@ class ModelServer:
 class ModelProtocol(asyncio.Protocol):
     """One connection: each request read once whole (head, then `Content-Length` bytes), answered in turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: HostedPace | None = None) -> None:
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._pace = pace
+        # The paced answers under way: a reference keeps each task alive until it ends.
+        self._paced: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -110,18 +143,48 @@ class ModelProtocol(asyncio.Protocol):
             self._send_json(reply.status, reply.body)
             return
         give_unique_ids(reply.body)
-        if not (isinstance(body, dict) and body.get("stream") is True):
+        streamed = isinstance(body, dict) and body.get("stream") is True
+        marker = FIRST_TOKEN_MARKER.search(raw)
+        if marker is not None and self._pace is not None:
+            task = asyncio.get_running_loop().create_task(
+                self._answer_paced(self._pace, marker.group(0).decode(), body, reply.body, streamed=streamed)
+            )
+            self._paced.add(task)
+            task.add_done_callback(self._paced.discard)
+            return
+        if not streamed:
             self._send_json(200, reply.body)
             return
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        chunks = build_stream_chunks(reply.body, include_usage=include_usage)
         assert self._transport is not None
         write = self._transport.write
-        write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        for chunk in chunks:
-            write(_chunk(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()))
+        write(_STREAM_HEAD)
+        for chunk in _stream_chunks(body, reply.body):
+            write(chunk)
         write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async def _answer_paced(
+        self, pace: HostedPace, marker: str, body: Any, completion: Any, *, streamed: bool
+    ) -> None:
+        assert self._transport is not None
+        chunks = _stream_chunks(body, completion)
+        await asyncio.sleep(pace.first_byte_delay_s)
+        if not streamed:
+            # A model asked for the whole answer sends it once it has written all of it.
+            await asyncio.sleep(pace.piece_delay_s * max(0, len(chunks) - 2))
+            first_byte_at = time.time()
+            self._send_json(200, completion)
+            _log_first_byte(pace.first_byte_log, marker, first_byte_at)
+            return
+        # The role chunk and the answer's first piece go out with the head: the first byte is the answer's.
+        first_byte_at = time.time()
+        self._transport.write(_STREAM_HEAD + b"".join(chunks[:2]))
+        _log_first_byte(pace.first_byte_log, marker, first_byte_at)
+        for chunk in chunks[2:]:
+            await asyncio.sleep(pace.piece_delay_s)
+            if self._transport.is_closing():
+                return
+            self._transport.write(chunk)
+        self._transport.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
     def _send_json(self, status: int, body: Any) -> None:
         assert self._transport is not None
@@ -143,16 +206,50 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def _serve_forever(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(ModelProtocol, HOST, port)
+def _stream_chunks(body: Any, completion: Any) -> list[bytes]:
+    # Each SSE chunk of the streamed answer, framed as a chunk of the body.
+    options = body.get("stream_options") if isinstance(body, dict) else None
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return [
+        _chunk(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+        for chunk in build_stream_chunks(completion, include_usage=include_usage)
+    ]
+
+
+def _log_first_byte(path: Path, marker: str, first_byte_at: float) -> None:
+    with path.open("a", encoding="utf-8") as log:
+        log.write(json.dumps({"marker": marker, "first_byte_at": first_byte_at}) + "\n")
+
+
+def read_first_bytes(path: Path) -> dict[str, float]:
+    """The first-byte log: each marker's first byte (Unix time, s); the first line of a marker wins."""
+    found: dict[str, float] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                found.setdefault(str(entry["marker"]), float(entry["first_byte_at"]))
+    return found
+
+
+async def _serve_forever(port: int, pace: HostedPace | None) -> None:
+    server = await asyncio.get_running_loop().create_server(lambda: ModelProtocol(pace), HOST, port)
     async with server:
         await server.serve_forever()
 
 
-def serve(port: int = typer.Option(..., help="Port on 127.0.0.1.")) -> None:
+def serve(
+    port: int = typer.Option(..., help="Port on 127.0.0.1."),
+    first_byte_log: Annotated[
+        Path | None, typer.Option(help="Log marked requests' first bytes here.")
+    ] = None,
+    first_byte_delay_s: Annotated[float, typer.Option(help="A marked request's time to first byte.")] = 0.0,
+    piece_delay_s: Annotated[float, typer.Option(help="Between a marked answer's pieces.")] = 0.0,
+) -> None:
     """Serve until SIGTERM/SIGINT."""
+    pace = None if first_byte_log is None else HostedPace(first_byte_log, first_byte_delay_s, piece_delay_s)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_forever(port))
+        asyncio.run(_serve_forever(port, pace))
 
 
 if __name__ == "__main__":

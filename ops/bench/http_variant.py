@@ -9,23 +9,39 @@ shipped `toolloop orchestrator` with its `scripted:` models at the bench's model
 model round (submitted all, then waited for each; the model asked to stream, as `submit` does by default),
 the two phases in turn, which one first alternating from round to round.
 CPU is read from /proc around each phase (`cpu`): client, worker parent and pool children, Redis, the
-orchestrator, and apart, the model server, which no "all processes" figure includes. The Redis command
-counts (`INFO commandstats`, commands run inside scripts included) go with the Redis row.
+orchestrator, and apart, the model server, which no "all processes" figure includes. Redis is also read
+from itself around each phase (`redis_load`: `INFO commandstats`, commands run inside scripts included,
+`INFO cpu`, `used_memory`): the Redis rows per call and per turn, and the tool calls a second one Redis core
+carries. A quiet stretch before the rounds gives what the idle processes cost Redis a second, for reading
+the rest.
+
+After the rounds, the same stack measures the first token's overhead (`first_token`), with an API process
+of its own.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
-import redis
-
-from ops.bench import cpu
+from ops.bench import cpu, first_token
 from ops.bench.cpu import CELERY_PARTS, TOOLLOOP_PARTS, WORKER_PARTS, CpuWatch, Processes, Window
-from ops.bench.http_model import ModelServer
+from ops.bench.http_model import HostedPace, ModelServer
 from ops.bench.procs import TOOLLOOP_BIN, Proc, spawn_worker, start_orchestrator, wait_catalogue
+from ops.bench.redis_load import (
+    MemoryBursts,
+    RedisCpu,
+    RedisUse,
+    add_uses,
+    build_redis_rows,
+    build_use,
+    read_redis,
+)
 from ops.bench.report import Metric, compared
 from ops.bench.scenarios import Sizes, measure_celery_throughput, submit_turn, wait_completed
 from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL
@@ -43,6 +59,10 @@ THROUGHPUT_RATIO_GOAL = 0.8
 # After the client has its last answer: the worker still acks and sends its task events, the orchestrator
 # still writes a turn's end. Both phases wait as long, so both count their tails (and as much idle time).
 SETTLE_S = 0.3
+# The quiet stretch before the rounds: what the idle processes cost Redis a second.
+IDLE_S = 2.0
+# After a memory burst, before reading `used_memory`: an orchestrator trims its inbox each INBOX_ACK_S (1 s).
+MEMORY_SETTLE_S = 1.5
 
 Progress = Callable[[str], None]
 Emit = Callable[[Metric], None]
@@ -51,9 +71,11 @@ Emit = Callable[[Metric], None]
 class HttpStack:
     """Redis, the model server, a worker and the shipped orchestrator, started together; stopped on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: HostedPace | None = None) -> None:
         self._server = RedisServer()
         self._procs: list[Proc] = []
+        self._pace = pace
+        self.url = ""
         self.model: ModelServer | None = None
         self.client: Client | None = None
         self.app: ToolloopCelery | None = None
@@ -68,8 +90,8 @@ class HttpStack:
         return self
 
     def _start(self) -> None:
-        url = self._server.start().url
-        self.model = ModelServer()
+        url = self.url = self._server.start().url
+        self.model = ModelServer(self._pace)
         self._procs.append(self.model.proc)
         # The worker's imports and the orchestrator's overlap: the worker is waited for last.
         worker, hostname = spawn_worker(url, queues=[BENCH_QUEUE], concurrency=WORKERS)
@@ -91,6 +113,10 @@ class HttpStack:
             model_server=self.model.proc.pid,
         )
 
+    def add(self, proc: Proc) -> None:
+        """Stop `proc` with the stack (a process started later, on its Redis)."""
+        self._procs.append(proc)
+
     def close(self) -> None:
         """Stop everything this stack started (idempotent)."""
         for proc in reversed(self._procs):
@@ -110,18 +136,15 @@ class HttpStack:
 
 @dataclass(frozen=True)
 class HttpRun:
-    """The phases of a run, each kind added up over its rounds; `commands` are Redis commands per unit."""
+    """The phases of a run, each kind added up over its rounds, with what Redis did in them (and idle)."""
 
     celery: Window
     toolloop: Window
-    celery_commands: float
-    toolloop_commands: float
+    celery_redis: RedisUse
+    toolloop_redis: RedisUse
+    idle_redis: RedisUse
+    memory: MemoryBursts
     rounds: list[tuple[Window, Window]]
-
-
-def _commands(r: redis.Redis) -> int:
-    stats: dict[str, dict[str, int]] = r.info("commandstats")
-    return sum(int(entry["calls"]) for entry in stats.values())
 
 
 def run_turns(client: Client, turns: int) -> None:
@@ -140,9 +163,12 @@ def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
     run_turns(client, max(2, sizes.warmup))
     watch = CpuWatch(stack.processes)
     r = client.redis
+    quiet = read_redis(r)
+    time.sleep(IDLE_S)
+    idle = build_use(quiet, read_redis(r), 1)
     calls = sizes.http_turns * CALLS_PER_TURN
     rounds: list[tuple[Window, Window]] = []
-    celery_commands = toolloop_commands = 0
+    uses: dict[str, list[RedisUse]] = {"celery": [], "toolloop": []}
     for number in range(sizes.http_rounds):
         progress(f"HTTP model, round {number + 1}: {calls} plain tasks, {sizes.http_turns} turns × 5 calls")
         # Which phase goes first alternates: a machine that drifts (its CPUs slower or faster for a while,
@@ -150,27 +176,41 @@ def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
         phases = ("celery", "toolloop") if number % 2 == 0 else ("toolloop", "celery")
         windows: dict[str, Window] = {}
         for phase in phases:
-            before = _commands(r)
+            before = read_redis(r)
             watch.start()
             if phase == "celery":
                 measure_celery_throughput(app, calls)
             else:
                 run_turns(client, sizes.http_turns)
             windows[phase] = watch.stop(calls, settle_s=SETTLE_S)
-            spent = _commands(r) - before
-            if phase == "celery":
-                celery_commands += spent
-            else:
-                toolloop_commands += spent
+            uses[phase].append(build_use(before, read_redis(r), calls))
         rounds.append((windows["celery"], windows["toolloop"]))
-    total = calls * sizes.http_rounds
+    progress(f"HTTP model, memory: {sizes.http_turns} turns, then {calls} plain tasks, each settled")
     return HttpRun(
         celery=cpu.add_windows([c for c, _ in rounds]),
         toolloop=cpu.add_windows([t for _, t in rounds]),
-        celery_commands=celery_commands / total,
-        toolloop_commands=toolloop_commands / total,
+        celery_redis=add_uses(uses["celery"]),
+        toolloop_redis=add_uses(uses["toolloop"]),
+        idle_redis=idle,
+        memory=measure_memory(client, app, sizes.http_turns),
         rounds=rounds,
     )
+
+
+def measure_memory(client: Client, app: ToolloopCelery, turns: int) -> MemoryBursts:
+    """`used_memory` grown over a burst of `turns` turns, then over as many plain tasks as their calls, each
+    read `MEMORY_SETTLE_S` after it ended (the turns' first, so that their inbox trims are done before)."""
+    r = client.redis
+    time.sleep(MEMORY_SETTLE_S)
+    before = read_redis(r)
+    run_turns(client, turns)
+    time.sleep(MEMORY_SETTLE_S)
+    middle = read_redis(r)
+    measure_celery_throughput(app, turns * CALLS_PER_TURN)
+    time.sleep(MEMORY_SETTLE_S)
+    after = read_redis(r)
+    calls = turns * CALLS_PER_TURN
+    return MemoryBursts(build_use(before, middle, calls), build_use(middle, after, calls), MEMORY_SETTLE_S)
 
 
 def _versus(
@@ -230,11 +270,19 @@ def build_metrics(run: HttpRun, loadavg: tuple[str, str]) -> list[Metric]:
         lower_is_better=False,
     )
     idle = 1000 * celery.cpu_s[cpu.ORCHESTRATOR] / celery.wall_s
-    redis_extra = {
-        **common,
-        "commands_per_call": round(run.toolloop_commands, 2),
-        "celery_commands_per_task": round(run.celery_commands, 2),
+    # What the idle processes (orchestrator, worker, this client) cost Redis a second, counted in both phases.
+    background = {
+        "idle_commands_per_s": round(run.idle_redis.total_commands / IDLE_S, 1),
+        "idle_cpu_ms_per_s": round(1000 * run.idle_redis.cpu_s / IDLE_S, 2),
     }
+    redis_rows = build_redis_rows(
+        run.toolloop_redis,
+        run.celery_redis,
+        RedisCpu(tool.ms_per_unit(cpu.REDIS), celery.ms_per_unit(cpu.REDIS)),
+        run.memory,
+        calls_per_turn=CALLS_PER_TURN,
+        extra={"workers": WORKERS, **background},
+    )
     return [
         Metric(**{**cpu_all.__dict__, "extra": all_extra}),
         Metric(**{**worker.__dict__, "extra": {**common, **_worker_split(tool, celery)}}),
@@ -244,7 +292,7 @@ def build_metrics(run: HttpRun, loadavg: tuple[str, str]) -> list[Metric]:
             "ms CPU",
             extra={**common, "idle_ms_per_s_during_celery": round(idle, 2)},
         ),
-        _versus("redis_cpu_ms_per_call", tool, celery, (cpu.REDIS,), redis_extra),
+        *redis_rows,
         _versus("client_cpu_ms_per_call", tool, celery, (cpu.CLIENT,), common),
         Metric(
             "model_server_cpu_ms_per_call",
@@ -266,10 +314,16 @@ def _worker_split(tool: Window, celery: Window) -> dict[str, object]:
 
 
 def run_http_variant(sizes: Sizes, emit: Emit, progress: Progress) -> None:
-    """Start the stack, measure, emit every row, stop the stack."""
+    """Start the stack, measure, emit every row, then the first token's overhead on that stack; stop it."""
     progress(f"HTTP model: Redis, model server, {WORKERS}-process worker, shipped orchestrator")
-    with HttpStack() as stack:
-        before = cpu.read_loadavg()
-        run = measure(stack, sizes, progress)
-        for metric in build_metrics(run, (before, cpu.read_loadavg())):
-            emit(metric)
+    with tempfile.TemporaryDirectory(prefix="toolloop-bench-first-token-") as folder:
+        pace = first_token.build_pace(Path(folder) / "first-bytes.jsonl")
+        with HttpStack(pace) as stack:
+            before = cpu.read_loadavg()
+            run = measure(stack, sizes, progress)
+            for metric in build_metrics(run, (before, cpu.read_loadavg())):
+                emit(metric)
+            assert stack.client is not None and stack.model is not None and stack.processes is not None
+            stage = first_token.Stage(stack.url, stack.client, stack.model, stack.processes, stack.add)
+            for metric in first_token.run_first_token(stage, sizes, progress):
+                emit(metric)

@@ -209,6 +209,8 @@ def _storage(client: Client, sizes: Sizes, emit: Emit, progress: Progress) -> No
             "redis_used_memory_per_turn_ratio", held.used_memory_bytes / conv, "x conversation", extra=used
         )
     )
+    # The same, in kB: what one turn of this size costs Redis in memory (the scaling page's figure).
+    emit(Metric("redis_used_memory_per_turn_kb", max(held.used_memory_bytes, 0) / 1000, "kB", extra=extra))
 
 
 def _cpu_per_call(

@@ -61,6 +61,8 @@ class Sizes:
     # tool at once on 2 worker processes.
     reaction_turns: int
     parallel_turns: int
+    # First-token overhead (`ops.bench.first_token`): batches of a dozen streamed turns at once, per path.
+    first_token_batches: int
 
 
 FULL = Sizes(
@@ -85,6 +87,7 @@ FULL = Sizes(
     http_rounds=6,
     reaction_turns=20,
     parallel_turns=8,
+    first_token_batches=4,
 )
 QUICK = Sizes(
     warmup=2,
@@ -109,6 +112,7 @@ QUICK = Sizes(
     http_rounds=1,
     reaction_turns=3,
     parallel_turns=4,
+    first_token_batches=1,
 )
 
 

@@ -51,6 +51,19 @@ EXPECTED = {
     "client_cpu_ms_per_call": True,
     "model_server_cpu_ms_per_call": False,
     "tool_calls_per_s_http_w2": True,
+    # Issues 35 and 36: what Redis does per tool call and per turn, against plain Celery's tasks.
+    "redis_commands_per_call": True,
+    "redis_commands_per_turn": True,
+    "redis_cpu_ms_per_turn": True,
+    "tool_calls_per_s_per_redis_core": True,
+    "redis_used_memory_per_turn_kb": False,
+    # Issue 36 item 3: the first token's overhead through both paths, and the CPU per streamed delta.
+    "first_token_overhead_client_p50_ms": False,
+    "first_token_overhead_client_p99_ms": False,
+    "first_token_overhead_sse_p50_ms": False,
+    "first_token_overhead_sse_p99_ms": False,
+    "streamed_delta_cpu_ms_client": False,
+    "streamed_delta_cpu_ms_sse": False,
     # Issue 19: the speed claims the suite no longer makes.
     "wait_wake_p99_ms": False,
     "cancel_latency_p99_ms": False,
@@ -64,7 +77,8 @@ STORAGE_GOALS = {"redis_written_per_turn_ratio": "<= 4", "redis_held_per_turn_ra
 
 
 @pytest.mark.e2e
-# The quick run takes about 50-60 s alone on 2 loaded cores (the HTTP variant: ~10 s); room for more load.
+# The quick run takes about 80-90 s alone on 2 loaded cores (the HTTP variant with the Redis rows and the
+# first token: ~45 s); room for more load.
 @pytest.mark.timeout(240)
 def test_quick_bench_prints_every_metric() -> None:
     run = subprocess.run(
@@ -94,6 +108,8 @@ def test_quick_bench_prints_every_metric() -> None:
             assert "ratio" not in record
     _check_growth_figures(by_name)
     _check_http_figures(by_name)
+    _check_redis_figures(by_name)
+    _check_first_token_figures(by_name)
     # A streamed answer of 1,500 characters is several coalesced events, fewer than its words (~200).
     deltas = by_name["streamed_turn_text_deltas"]
     assert deltas["answer_chars"] == QUICK.stream_answer_chars
@@ -147,3 +163,48 @@ def _check_http_figures(by_name: dict[str, dict[str, object]]) -> None:
     worker = by_name["worker_cpu_ms_per_call"]
     assert {"parent_ms", "children_ms", "celery_parent_ms", "celery_children_ms"} <= set(worker)
     assert {"commands_per_call", "celery_commands_per_task"} <= set(by_name["redis_cpu_ms_per_call"])
+
+
+def _check_redis_figures(by_name: dict[str, dict[str, object]]) -> None:
+    """The Redis rows agree with each other and say what they counted; their goals are reported."""
+    commands = by_name["redis_commands_per_call"]
+    assert commands["goal"] == "ratio <= 1" and isinstance(commands["met"], bool)
+    assert commands["calls"] == QUICK.http_turns * 5 * QUICK.http_rounds
+    for side in ("by_command", "celery_by_command"):
+        breakdown = commands[side]
+        assert isinstance(breakdown, dict) and breakdown
+        assert all(isinstance(calls, float | int) and calls > 0 for calls in breakdown.values())
+    # A turn's 5 calls against 5 plain tasks: the same ratio per turn as per call.
+    per_turn = by_name["redis_commands_per_turn"]
+    assert per_turn["calls_per_turn"] == 5
+    assert per_turn["ratio"] == pytest.approx(commands["ratio"], rel=0.01)
+    cpu = by_name["redis_cpu_ms_per_call"]
+    assert cpu["goal"] == "ratio <= 1"
+    assert isinstance(cpu["info_cpu_ms"], float | int) and cpu["info_cpu_ms"] > 0
+    assert by_name["redis_cpu_ms_per_turn"]["ratio"] == pytest.approx(cpu["ratio"], rel=0.01)
+    core = by_name["tool_calls_per_s_per_redis_core"]
+    assert isinstance(cpu["value"], float | int)
+    assert core["value"] == pytest.approx(1000 / cpu["value"], rel=0.01)
+    assert core["goal"] == "ratio >= 1"
+    memory = by_name["redis_memory_per_turn_kb"]
+    assert memory["calls_per_turn"] == 5 and memory["tasks"] == QUICK.http_turns * 5
+    assert isinstance(memory["raw_kb"], float | int)
+    assert by_name["redis_used_memory_per_turn_kb"]["rounds"] == 40
+
+
+def _check_first_token_figures(by_name: dict[str, dict[str, object]]) -> None:
+    """A dozen turns at once per path, each timed from its first byte at the model server; goals reported."""
+    for path in ("client", "sse"):
+        for pct, goal in (("p50", "<= 10"), ("p99", "<= 50")):
+            row = by_name[f"first_token_overhead_{path}_{pct}_ms"]
+            assert row["goal"] == goal and isinstance(row["met"], bool)
+            assert row["turns_at_once"] == 12
+            assert row["samples"] == 12 * QUICK.first_token_batches
+        cpu = by_name[f"streamed_delta_cpu_ms_{path}"]
+        assert isinstance(cpu["separated"], bool)
+        deltas = cpu["text_deltas_per_turn"]
+        # A streamed answer of 600 characters written over about a second is several deltas, a plain one one.
+        assert isinstance(deltas, float | int) and deltas > 1
+        assert cpu["plain_text_deltas_per_turn"] == 1
+    parts = by_name["streamed_delta_cpu_ms_sse"]["by_part_ms"]
+    assert isinstance(parts, dict) and "api" in parts
