@@ -519,10 +519,12 @@ function approvalCard(pending) {
 
 function describeWaitingFor(pending) {
   const approvals = pending.filter((p) => p.waiting_for === "approval").map((p) => p.tool);
-  const results = pending.filter((p) => p.waiting_for !== "approval").map((p) => p.tool);
+  const results = pending.filter((p) => p.waiting_for === "client_result").map((p) => p.tool);
+  const children = pending.filter((p) => p.waiting_for === "child_turn").map((p) => p.tool);
   const parts = [];
   if (approvals.length) parts.push("approval of " + approvals.join(", "));
   if (results.length) parts.push("the result of " + results.join(", "));
+  if (children.length) parts.push("the child turn of " + children.join(", "));
   return parts.length ? "waiting for " + parts.join(" and ") : "";
 }
 
@@ -576,17 +578,129 @@ function turnLink(id) {
   return link;
 }
 
+// A turn says where else it came from the same way: a schedule's run names its schedule (request.schedule), a
+// sub-agent's child turn links its parent (request.parent).
 function showLinks(view) {
   const node = byId("turn-links");
   node.replaceChildren();
+  const parts = [];
+  const schedule = view.request.schedule;
+  if (schedule) parts.push(["run of schedule ", element("strong", "schedule-name", schedule)]);
+  const parent = view.request.parent;
+  if (parent) parts.push(["child turn of ", turnLink(parent.turn_id), " (its call " + parent.call_id + ")"]);
   const from = view.request.forked_from;
-  if (from) node.append("forked from ", turnLink(from.turn_id), " at message " + from.at);
+  if (from) parts.push(["forked from ", turnLink(from.turn_id), " at message " + from.at]);
   const forks = view.forks || [];
-  forks.forEach((fork, index) => {
-    node.append(index === 0 ? (from ? " · forks: " : "forks: ") : ", ", turnLink(fork.turn_id));
-    node.append(" (at message " + fork.at + ")");
+  if (forks.length) {
+    const part = ["forks: "];
+    forks.forEach((fork, index) => {
+      if (index) part.push(", ");
+      part.push(turnLink(fork.turn_id), " (at message " + fork.at + ")");
+    });
+    parts.push(part);
+  }
+  parts.forEach((part, index) => {
+    if (index) node.append(" · ");
+    node.append(...part);
   });
-  node.hidden = !from && forks.length === 0;
+  node.hidden = parts.length === 0;
+}
+
+// --- agents -----------------------------------------------------------------------------------------------
+// Which agent answered what: the turn's own agent at the top (and the one it was handed off to, once it
+// has been), each handoff in the transcript where it happened, and the child turns its sub-agent calls
+// started, each with its agent, its status, a link to its page, and the calls it waits on a person for
+// (approved on the child's page, or through this turn's API).
+
+const children = new Map(); // child turn id -> its entry
+let requestAgent = null; // the agent the turn was submitted as
+let currentAgent = null; // the agent answering now (the last handed off to)
+
+function showAgent() {
+  const node = byId("turn-agent");
+  node.replaceChildren();
+  if (!requestAgent && !currentAgent) {
+    node.hidden = true;
+    return;
+  }
+  node.append("agent ", element("strong", "agent-name", requestAgent || "none"));
+  if (currentAgent && currentAgent !== requestAgent) {
+    node.append(" · handed off to ", element("strong", "agent-name", currentAgent));
+  }
+  node.hidden = false;
+}
+
+function onAgentHandoff(data) {
+  const card = toolCalls.get(data.call_id);
+  // The transfer call is answered at once, by toolloop: its card (when the model streamed it) says so.
+  if (card) setPhase(card, "finished", "handed off");
+  const index = card ? card.llmCall : currentCall === null ? 0 : currentCall;
+  const line = element("p", "handoff notice", "handed off from " + (data.from_agent || "no agent") + " to " + data.to_agent);
+  line.dataset.callId = data.call_id;
+  llmCall(index).tools.append(line);
+  currentAgent = data.to_agent;
+  showAgent();
+}
+
+function childEntry(childId, agent) {
+  let entry = children.get(childId);
+  if (entry) return entry;
+  const root = element("li", "child");
+  root.dataset.childTurnId = childId;
+  const status = element("span", "status");
+  const waits = element("div", "child-waits");
+  root.append(element("strong", "agent-name", agent), " ", status, " ", turnLink(childId), waits);
+  byId("children").append(root);
+  byId("children-section").hidden = false;
+  entry = { root, status, waits, waiting: new Map() };
+  children.set(childId, entry);
+  return entry;
+}
+
+function setChildStatus(entry, status) {
+  entry.status.dataset.status = status || "running";
+  entry.status.textContent = status || "running";
+  if (status) {
+    entry.waiting.clear();
+    entry.waits.replaceChildren();
+  }
+}
+
+// A sub-agent's call runs as a child turn, not on a worker: its card says so and links the child's page.
+function onChildTurnStarted(data) {
+  setChildStatus(childEntry(data.child_turn_id, data.agent), null);
+  const card = toolCard(data.call_id, data.agent);
+  setPhase(card, "running", "running as a child turn");
+  if (!card.child) {
+    card.child = turnLink(data.child_turn_id);
+    card.child.className = "child-link";
+    card.root.querySelector(".head").append(card.child);
+  }
+}
+
+function onChildTurnFinished(data) {
+  setChildStatus(childEntry(data.child_turn_id, data.agent), data.status);
+  const card = toolCalls.get(data.call_id);
+  if (!card) return;
+  setPhase(card, "finished", "child turn " + data.status);
+  card.fields.outcome.dataset.status = data.ok ? "ok" : "error";
+  card.fields.outcome.textContent = data.ok ? "ok" : "error";
+}
+
+function showChildren(view) {
+  for (const child of view.children || []) setChildStatus(childEntry(child.turn_id, child.agent), child.status);
+}
+
+function onChildCallWaiting(data) {
+  const entry = childEntry(data.child_turn_id, data.agent || "?");
+  if (entry.waiting.has(data.call_id)) return;
+  const line = element("p", "waiting-for child-wait");
+  line.dataset.callId = data.call_id;
+  const link = element("a", null, "approve it on the child's page");
+  link.href = "/ui/turns/" + encodeURIComponent(data.child_turn_id);
+  line.append("waiting for approval of " + (data.tool || "a call") + " (" + data.call_id + "): ", link);
+  entry.waiting.set(data.call_id, line);
+  entry.waits.append(line);
 }
 
 async function readView() {
@@ -611,6 +725,9 @@ async function finish(status, summary) {
   const view = await readView();
   showAnswer(view.outcome);
   if (view.request) showLinks(view);
+  if (view.outcome && view.outcome.agent) currentAgent = view.outcome.agent;
+  showAgent();
+  showChildren(view);
 }
 
 function onTurnFinished(data, event) {
@@ -666,6 +783,11 @@ const HANDLERS = {
     refreshApprovals();
   },
   call_waiting: () => refreshApprovals(),
+  agent_handoff: onAgentHandoff,
+  agent_depth_reached: () => {},
+  child_turn_started: onChildTurnStarted,
+  child_turn_finished: onChildTurnFinished,
+  child_call_waiting: onChildCallWaiting,
   late_outcome: () => {},
   turn_stopping: (data) => {
     byId("turn-summary").textContent = "· stopping: " + (data.message || data.reason);
@@ -726,6 +848,10 @@ async function start() {
   setStatus(TERMINAL.has(view.status) ? "" : view.status, view.status + ", loading its events…");
   showModel(view.request.model);
   showLinks(view);
+  requestAgent = view.request.agent || null;
+  currentAgent = (view.outcome && view.outcome.agent) || requestAgent;
+  showAgent();
+  showChildren(view);
   showApprovals(view);
   setInterval(() => {
     tickApprovals();
