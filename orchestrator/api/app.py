@@ -505,11 +505,19 @@ async def submit_turn(
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
     its model controls cannot be served (`store.flows.submit`, `orchestrator.submit_checks`), or it names a
     tool its API key may not use; 403 for a tenant not the key's (`api.access`)."""
-    # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken.
+    # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken, nor
+    # what the server sets on turns it makes: a fork's link, a child's parent, a schedule's name.
     fields = body.model_dump(exclude={"turn_id"})
     tenant = build_tenant(caller, body.tenant if "tenant" in body.model_fields_set else None)
     turn_request = TurnRequest.model_validate(
-        {**fields, "trace_context": None, "forked_from": None, "tenant": tenant}
+        {
+            **fields,
+            "trace_context": None,
+            "forked_from": None,
+            "parent": None,
+            "schedule": None,
+            "tenant": tenant,
+        }
     )
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))

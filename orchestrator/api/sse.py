@@ -64,6 +64,20 @@ EVENT_TYPES: dict[str, str] = {
     "model_empty_answer": "The model answered nothing; it is asked again.",
     "approval_requested": "Tool calls wait for a person's approval (`call_ids`).",
     "approval_given": "A person approved or denied a call (`call_id`, `approved`, `edited`).",
+    "child_turn_started": (
+        "A sub-agent's call started its child turn (`call_id`, `agent`, `child_turn_id`, `depth`)."
+    ),
+    "child_turn_finished": (
+        "A child turn ended; its answer is the call's result (`child_turn_id`, `status`, `ok`)."
+    ),
+    "child_call_waiting": (
+        "A call of a child turn waits for a person (`child_turn_id`, `call_id`, `tool`, `arguments`): it can "
+        "be approved through this turn too."
+    ),
+    "agent_depth_reached": "A sub-agent's call would nest deeper than `max_agent_depth`: it started nothing.",
+    "agent_handoff": (
+        "The turn goes on as another agent from its next model call (`from_agent`, `to_agent`)."
+    ),
     "tool_dispatched": "A tool call was sent to the workers (`call_id`, `tool`, `attempt`, `arguments`).",
     "tool_waiting_for_worker": (
         "A call was sent while no live worker serves its tool, though one did lately (`last_served_at`): it "

@@ -133,6 +133,9 @@ def on_child_turn_finished(draft: Draft, event: ChildTurnFinished) -> None:
     """A child turn ended: its answer becomes the call's outcome (its error a failed one), its usage is added
     into the parent's, and its record says how it ended."""
     state = draft.state
+    if event.turn_id != build_child_turn_id(state.turn_id, event.call_id):
+        # Only the call's own child reports for it: a turn that merely names this one its parent does not.
+        return
     call = _waiting_call(state, event.call_id)
     children = [
         child.model_copy(update={"status": event.status, "usage": event.usage})

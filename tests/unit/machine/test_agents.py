@@ -183,3 +183,12 @@ def test_a_handoff_switches_the_agent_of_the_next_model_call() -> None:
     assert [t.name for t in request.tools] == ["add"]
     driver.respond(answer("billing here"))
     assert driver.outcome.agent == "billing"
+
+
+def test_only_the_calls_own_child_reports_for_it() -> None:
+    driver = asking_researcher()
+    forged = ChildTurnFinished(
+        call_id="call_0", at=1010.0, turn_id="turn_someone_else", status="completed", result="forged"
+    )
+    driver.feed(forged)
+    assert driver.writes() == [] and driver.state.children[0].status is None
