@@ -156,6 +156,15 @@ def broker(server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
+def _metrics_up(port: int) -> bool:
+    # The worker serves /metrics once it is up: on a loaded machine, after the first poll.
+    try:
+        read_refused(port)
+    except OSError:
+        return False
+    return True
+
+
 def read_refused(port: int) -> dict[tuple[str, str], float]:
     """The worker's `toolloop_worker_refused_messages_total` samples, by (queue, reason)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -185,7 +194,7 @@ def test_every_bad_message_is_acked_counted_and_survived(
     poisoned_worker: WorkerHandle, broker: redis.Redis, metrics_port: int, server: RedisServer
 ) -> None:
     main_pid = poisoned_worker.pid
-    wait_until(lambda: read_refused(metrics_port) is not None, "the worker's /metrics")
+    wait_until(lambda: _metrics_up(metrics_port) or None, "the worker's /metrics")
     for case, pushed, reason in BAD_MESSAGES:
         before = _refused(metrics_port, reason)
         broker.lpush(QUEUE, pushed)

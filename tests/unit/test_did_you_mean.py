@@ -66,9 +66,10 @@ def test_a_misspelt_tier_or_provider_is_refused_with_the_closest(model: str, sug
 
 def test_names_with_nothing_close_are_refused_as_before() -> None:
     with pytest.raises(ModelConfigError) as refused:
-        parse_model_ref("nowhere:x")
+        parse_model_ref("zzz:x")
     assert str(refused.value) == (
-        "unknown provider 'nowhere' in 'nowhere:x' (providers: openai, openai_responses, anthropic, scripted)"
+        "unknown provider 'zzz' in 'zzz:x' (providers: anthropic, bedrock, cohere, gemini, openai, "
+        "openai_responses, scripted, vertex)"
     )
 
 
