@@ -390,6 +390,16 @@ class BodyLimitMiddleware:
 _MAX_DETAIL_DEPTH = 8
 
 
+# What the server sets on the turns it makes (a trace from the `traceparent` header, a fork's link, a child's
+# parent, a schedule's name): never taken from a caller's body.
+SERVER_SET_FIELDS = ("trace_context", "forked_from", "parent", "schedule")
+
+
+def build_caller_request(fields: dict[str, Any], tenant: str) -> TurnRequest:
+    """A turn request from a caller's body fields, as `tenant`'s, without what only the server sets."""
+    return TurnRequest.model_validate({**fields, **dict.fromkeys(SERVER_SET_FIELDS), "tenant": tenant})
+
+
 def build_safe_json(value: Any, depth: int = 0) -> Any:
     """`value` as what `json.dumps(allow_nan=False)` renders and UTF-8 encodes, whatever it holds.
 
@@ -505,20 +515,9 @@ async def submit_turn(
     """Store and queue a turn; 202 with its id once it is durable in Redis, 422 when its tools, its model or
     its model controls cannot be served (`store.flows.submit`, `orchestrator.submit_checks`), or it names a
     tool its API key may not use; 403 for a tenant not the key's (`api.access`)."""
-    # The trace comes from the `traceparent` header only: a `trace_context` in the body is not taken, nor
-    # what the server sets on turns it makes: a fork's link, a child's parent, a schedule's name.
-    fields = body.model_dump(exclude={"turn_id"})
+    # The trace comes from the `traceparent` header only (`build_caller_request`).
     tenant = build_tenant(caller, body.tenant if "tenant" in body.model_fields_set else None)
-    turn_request = TurnRequest.model_validate(
-        {
-            **fields,
-            "trace_context": None,
-            "forked_from": None,
-            "parent": None,
-            "schedule": None,
-            "tenant": tenant,
-        }
-    )
+    turn_request = build_caller_request(body.model_dump(exclude={"turn_id"}), tenant)
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:
@@ -769,16 +768,7 @@ async def put_schedule(
             }
         ]
         raise HTTPException(422, detail)
-    # What the server sets on a turn is not taken from a body: its trace, its fork and parent links.
-    turn_request = TurnRequest.model_validate(
-        {
-            **given.model_dump(),
-            "trace_context": None,
-            "forked_from": None,
-            "parent": None,
-            "tenant": tenant,
-        }
-    )
+    turn_request = build_caller_request(given.model_dump(), tenant)
     client = _client(request)
     refusals = find_refusals(turn_request, ModelNames.from_settings(client.settings))
     if refusals:

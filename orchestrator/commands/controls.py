@@ -24,22 +24,28 @@ def parse_setting(text: str) -> tuple[str, Any]:
         return key.strip(), raw
 
 
-def parse_output_schema(text: str | None) -> dict[str, Any] | None:
-    """`--output-schema` as a JSON object: the text itself, or the file after `@`."""
-    if text is None:
-        return None
-    source = "--output-schema"
+def read_json_option(text: str, option: str) -> tuple[Any, str]:
+    """An option's JSON, written inline or read from the file after `@`, and how to name where it came from
+    (`--replace`, `--replace file x.json`); `ValueError` with a one-line reason."""
+    source = option
     if text.startswith("@"):
         path = Path(text[1:])
-        source = f"--output-schema file {path}"
+        source = f"{option} file {path}"
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from exc
     try:
-        value = json.loads(text)
+        return json.loads(text), source
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+
+
+def parse_output_schema(text: str | None) -> dict[str, Any] | None:
+    """`--output-schema` as a JSON object: the text itself, or the file after `@`."""
+    if text is None:
+        return None
+    value, source = read_json_option(text, "--output-schema")
     if not isinstance(value, dict):
         raise ValueError(f"{source} must be a JSON object (a JSON Schema), not {type(value).__name__}")
     return value
@@ -50,18 +56,7 @@ def parse_client_tools(text: str | None) -> list[dict[str, Any]] | None:
     `@`."""
     if text is None:
         return None
-    source = "--client-tools"
-    if text.startswith("@"):
-        path = Path(text[1:])
-        source = f"--client-tools file {path}"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+    value, source = read_json_option(text, "--client-tools")
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise ValueError(f"{source} must be a JSON list of tools (name, description, parameters)")
     return value

@@ -7,15 +7,13 @@ with); 3 Redis is unreachable. Errors are one line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import redis
 import typer
 from pydantic import ValidationError
 
-from orchestrator.commands.controls import build_model_names
+from orchestrator.commands.controls import build_model_names, read_json_option
 from orchestrator.commands.exits import (
     EXIT_NOT_FOUND,
     EXIT_REDIS,
@@ -32,18 +30,7 @@ def parse_replace(text: str | None) -> dict[str, Any] | None:
     `@`; `ValueError` with a one-line reason."""
     if text is None:
         return None
-    source = "--replace"
-    if text.startswith("@"):
-        path = Path(text[1:])
-        source = f"--replace file {path}"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+    value, source = read_json_option(text, "--replace")
     if not isinstance(value, dict):
         raise ValueError(f"{source} must be a JSON object (a message), not {type(value).__name__}")
     return value

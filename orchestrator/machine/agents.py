@@ -137,14 +137,12 @@ def on_child_turn_finished(draft: Draft, event: ChildTurnFinished) -> None:
         # Only the call's own child reports for it: a turn that merely names this one its parent does not.
         return
     call = _waiting_call(state, event.call_id)
-    children = [
-        child.model_copy(update={"status": event.status, "usage": event.usage})
-        if child.call_id == event.call_id and child.status is None
-        else child
-        for child in state.children
-    ]
-    known = any(child.call_id == event.call_id and child.status is None for child in state.children)
-    if known:
+    running = [child.call_id == event.call_id and child.status is None for child in state.children]
+    if any(running):
+        ended = {"status": event.status, "usage": event.usage}
+        children = [
+            c.model_copy(update=ended) if r else c for c, r in zip(state.children, running, strict=True)
+        ]
         draft.update(children=children, usage=state.usage + event.usage)
     if call is None:
         return
