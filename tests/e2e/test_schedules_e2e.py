@@ -3,6 +3,7 @@ scripted model, on the module's own Redis.
 
 Each run of these schedules holds the worker's `e2e_sleep` tool for 2.5 s while ticks come every second.
 When a run was submitted and when it ended are read from its events stream (Redis stream ids: one clock).
+Every test starts and ends with no schedule stored and no beat running, whatever the test before it did.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from functools import partial
 
 import pytest
 import redis
@@ -34,24 +36,56 @@ SLEEP_S = 2.5
 SLOW_RUN = plan_prompt(
     [{"calls": [{"name": "e2e_sleep", "arguments": {"seconds": SLEEP_S}}]}, {"text": "ok"}]
 )
-LEASE_TTL_S = 2
+# A beat renews its lease once a third of this has passed, on a loop that turns about once a second. With a
+# lease of 2 s, a beat stalled two seconds by a loaded machine lost it to the standby, for good (the standby
+# renews it); with 10 s, a stall of five seconds is ridden out, and a standby takes over 10 s after a kill.
+LEASE_TTL_S = 10
 
 
 @contextmanager
 def beats(redis_url: str, *ids: str) -> Iterator[list[Served]]:
-    """`toolloop beat` processes with these ids (each waiting for the one before to hold or see the lease);
-    killed after."""
-    started: list[Served] = []
+    """`toolloop beat` processes with these ids, each started once the one before is settled: the first once
+    it holds the lease (a lease a killed beat left expires first), each other once it stands by. Stopped
+    after, whatever happened (`stop_beat`)."""
     env = {"TOOLLOOP_REDIS_URL": redis_url}
-    try:
+    with ExitStack() as stack:
+        started: list[Served] = []
         for beat_id in ids:
             served = start_toolloop(["beat", "--id", beat_id, "--lease-ttl-s", str(LEASE_TTL_S)], env)
+            stack.callback(stop_beat, served)
             started.append(served)
-            served.wait_for(lambda s=served: "beat " in s.log_text(), f"beat {beat_id} started")
+            settled = f"beat {beat_id}: active" if len(started) == 1 else f"beat {beat_id}: standing by"
+            served.wait_for(partial(has_logged, served, settled), f"'{settled}' in its log")
         yield started
-    finally:
-        for served in started:
-            served.kill()
+
+
+def has_logged(served: Served, text: str) -> bool:
+    return text in served.log_text()
+
+
+def stop_beat(served: Served) -> None:
+    """SIGTERM, on which a beat releases its lease (the next test's beat takes it at once), then SIGKILL of
+    whatever is left of its process group."""
+    if served.process.poll() is None:
+        served.stop_with(signal.SIGTERM, within_s=15)
+    served.kill()
+
+
+@pytest.fixture(autouse=True)
+def no_schedule_left(client: Client) -> Iterator[None]:
+    """No schedule before and after each test: one a failed test left would be listed in the next test's
+    listings (overdue, its next run reads as the moment of each read) and its runs would load the worker."""
+    remove_every_schedule(client)
+    yield
+    remove_every_schedule(client)
+
+
+def remove_every_schedule(client: Client) -> None:
+    """Remove every schedule and cancel its runs still going (a run that ended ignores the cancel)."""
+    for view in client.schedules():
+        client.unschedule(view.schedule.name)
+        for turn_id in view.state.runs:
+            client.cancel(turn_id)
 
 
 def view_of(client: Client, name: str) -> ScheduleView | None:
@@ -162,29 +196,31 @@ def test_two_beats_one_active_and_the_other_takes_over_when_it_is_killed(
     module_redis: RedisServer, client: Client, module_redis_client: redis.Redis
 ) -> None:
     quick = plan_prompt([{"text": "tick"}])
-    client.schedule("pair", every_s=1, overlap="queue", prompt=quick, model="scripted:plan")
     with beats(module_redis.url, "beat-a", "beat-b") as (first, second):
-        wait_until(lambda: module_redis_client.get(keys.BEAT_LEASE) == b"beat-a", "beat-a holds the lease")
-        second.wait_for(lambda: "standing by" in second.log_text(), "beat-b stands by")
+        client.schedule("pair", every_s=1, overlap="queue", prompt=quick, model="scripted:plan")
+        assert module_redis_client.get(keys.BEAT_LEASE) == b"beat-a"
         wait_until(lambda: len(runs_oldest_first(client, "pair")) >= 2, "runs by beat-a")
         assert "submitted turn" not in second.log_text()
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=10)
-        before = len(runs_oldest_first(client, "pair"))
+        # Runs by beat-a, some perhaps submitted after the read above; the schedule keeps its last 20 only.
+        by_first = set(runs_oldest_first(client, "pair"))
         wait_until(
             lambda: module_redis_client.get(keys.BEAT_LEASE) == b"beat-b",
             "beat-b took the lease over",
-            timeout_s=30,
+            detail=second.log_text,
         )
         wait_until(
-            lambda: len(runs_oldest_first(client, "pair")) >= before + 2, "runs by beat-b", timeout_s=30
+            lambda: len(set(runs_oldest_first(client, "pair")) - by_first) >= 2,
+            "runs by beat-b",
+            detail=second.log_text,
         )
         assert "active" in second.log_text() and "submitted turn" in second.log_text()
         runs = runs_oldest_first(client, "pair")
         assert client.unschedule("pair")
     assert len(set(runs)) == len(runs)  # no run submitted twice
     for turn_id in runs:
-        assert client.wait(turn_id, timeout=30).text == "tick"
+        assert client.wait(turn_id, timeout=60).text == "tick"
 
 
 def add(redis_url: str, *arguments: str) -> subprocess.CompletedProcess[str]:
@@ -199,6 +235,9 @@ def add(redis_url: str, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_bad_schedule_is_refused_with_a_clear_error(module_redis: RedisServer, client: Client) -> None:
+    # Stored beside the refusals, and due in an hour: with no beat running, both listings below read the
+    # same state and the same next run.
+    client.schedule("kept", every_s=3600, prompt="hi", model="scripted:plan")
     bad_cron = add(module_redis.url, "bad", "--cron", "* * *", "--prompt", "hi")
     assert bad_cron.returncode == 2
     assert bad_cron.stderr.startswith("error: invalid cron expression '* * *': ")
@@ -222,7 +261,7 @@ def test_a_bad_schedule_is_refused_with_a_clear_error(module_redis: RedisServer,
         1,
         "error: no schedule named 'bad' (toolloop schedules lists them)\n",
     )
-    assert json.loads(
+    listed = json.loads(
         subprocess.run(
             [str(TOOLLOOP_BIN), "schedules", "--json"],
             env={**os.environ, "TOOLLOOP_REDIS_URL": module_redis.url, "PYTHONPATH": str(ROOT)},
@@ -231,4 +270,6 @@ def test_a_bad_schedule_is_refused_with_a_clear_error(module_redis: RedisServer,
             timeout=30,
             check=True,
         ).stdout
-    ) == [v.model_dump(mode="json") for v in client.schedules()]
+    )
+    assert listed == [v.model_dump(mode="json") for v in client.schedules()]
+    assert [view["schedule"]["name"] for view in listed] == ["kept"]

@@ -4,12 +4,18 @@
         use(cluster.url, cluster.master_name)          # sentinel://127.0.0.1:p1;…;sentinel://127.0.0.1:p3/0
         cluster.failover()                             # SENTINEL FAILOVER; returns once they switched
         cluster.kill_master()                          # SIGKILL; returns once they elected the replica
+        cluster.failovers()                            # how many failovers the sentinels made, asked or not
 
 The data nodes are `orchestrator.redis_server.RedisServer`s (AOF on); the sentinels run `redis-server <conf>
 --sentinel` (Sentinel rewrites its configuration file, so each has its own in the temp dir). Each way of
 failing over first waits until the sentinels see a healthy replica to promote (`ready`), and leaves the old
 master replicating from the new one (after SENTINEL FAILOVER the sentinels demote it themselves, about ten
-seconds on; a killed one is restarted as a replica).
+seconds on; a killed one is restarted as a replica, in sync when `kill_master` returns).
+
+The sentinels wait `DOWN_AFTER_MS` without an answer before they call a master down. A wait of one second
+let a loaded machine fool them: a master just elected, slow to answer for a second, was failed over again,
+to the killed master restarted a moment before and not yet in sync, and everything written since the first
+failover was gone. `failovers` counts what they did, so that a test tells such a failover from its own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from orchestrator.redis_server import RedisServer, find_free_port, find_redis_se
 from tests.support.waiting import wait_until
 
 HOST = "127.0.0.1"
+# How long a node may not answer before the sentinels call it down: a killed master is failed over that much
+# later, a live one that a loaded machine stalls for a second or two is not.
+DOWN_AFTER_MS = 5000
 # Generous: two cores shared with other suites can put the sentinels in TILT mode (30 s of no decisions).
 READY_TIMEOUT_S = 90.0
 MASTER_NAME = "toolloop"
@@ -42,7 +51,7 @@ class SentinelCluster:
         master_name: str = MASTER_NAME,
         sentinels: int = 3,
         quorum: int = 2,
-        down_after_ms: int = 1000,
+        down_after_ms: int = DOWN_AFTER_MS,
         failover_timeout_ms: int = 3000,
     ) -> None:
         self.master_name = master_name
@@ -112,7 +121,7 @@ class SentinelCluster:
         for port in self.sentinel_ports:
             with contextlib.suppress(redis.RedisError):
                 address = self._sentinel(port).sentinel_get_master_addr_by_name(self.master_name)
-                if address:
+                if isinstance(address, tuple):
                     return int(address[1])
         raise RuntimeError("no sentinel names a master")
 
@@ -157,7 +166,8 @@ class SentinelCluster:
 
         def accepted() -> bool:
             try:
-                self._sentinel(self.sentinel_ports[0]).execute_command("SENTINEL FAILOVER", self.master_name)
+                sentinel = self._sentinel(self.sentinel_ports[0])
+                sentinel.execute_command("SENTINEL FAILOVER", self.master_name)  # type: ignore[no-untyped-call]
             except redis.ResponseError:
                 return False
             return True
@@ -167,13 +177,17 @@ class SentinelCluster:
 
     def kill_master(self, timeout_s: float = READY_TIMEOUT_S) -> RedisServer:
         """Once `ready`, SIGKILL the master; when the sentinels have elected the replica, restart the old one
-        (its data kept, as a supervisor would) as the new master's replica. Returns the new master."""
+        (its data kept, as a supervisor would) as the new master's replica. Returns the new master once the
+        old one is in sync with it: until then, promoting it would drop what the new master took."""
         self.ready(timeout_s)
         old, new = self.master(), self.replica()
         old.kill()
         self._wait(f"every sentinel naming port {new.port}", lambda: self.all_name(new.port), timeout_s)
         old.start()
         self._client(old).replicaof(HOST, new.port)
+        self._wait(
+            f"port {old.port} in sync with port {new.port}", lambda: self._replicating(old, new), timeout_s
+        )
         return new
 
     def wait_switched(self, old: RedisServer, new: RedisServer, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -184,6 +198,15 @@ class SentinelCluster:
             timeout_s,
         )
 
+    def failovers(self) -> int:
+        """How many failovers the sentinels have completed so far, asked for or not: the `+failover-end`
+        lines of their logs (only the sentinel that led a failover writes one)."""
+        return sum(
+            "+failover-end" in line.split()
+            for port in self.sentinel_ports
+            for line in self._log(port).read_text(errors="replace").splitlines()
+        )
+
     def all_name(self, port: int) -> bool:
         """Whether every sentinel names the node on `port` as the master."""
         for sentinel_port in self.sentinel_ports:
@@ -191,11 +214,14 @@ class SentinelCluster:
                 address = self._sentinel(sentinel_port).sentinel_get_master_addr_by_name(self.master_name)
             except redis.RedisError:
                 return False
-            if not address or int(address[1]) != port:
+            if not isinstance(address, tuple) or int(address[1]) != port:
                 return False
         return True
 
     # --- helpers -------------------------------------------------------------------------------------------
+
+    def _log(self, port: int) -> Path:
+        return self.dir / f"sentinel-{port}.log"
 
     def _start_sentinel(self, port: int, master_port: int) -> subprocess.Popen[bytes]:
         conf = self.dir / f"sentinel-{port}.conf"
@@ -206,7 +232,7 @@ class SentinelCluster:
                     f"bind {HOST}",
                     "daemonize no",
                     f'dir "{self.dir}"',
-                    f'logfile "{self.dir}/sentinel-{port}.log"',
+                    f'logfile "{self._log(port)}"',
                     f"sentinel monitor {self.master_name} {HOST} {master_port} {self.quorum}",
                     f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}",
                     f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}",
@@ -251,6 +277,8 @@ class SentinelCluster:
         # It names `master`, knows the other sentinels (a vote needs them), sees `replica` healthy.
         sentinel = self._sentinel(port)
         state = sentinel.sentinel_master(self.master_name)
+        if not isinstance(state, dict):
+            return False
         healthy = any(
             int(r["port"]) == replica.port
             and r["flags"] == "slave"
