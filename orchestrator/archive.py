@@ -255,7 +255,8 @@ class TurnArchiver:
         request = await self._store.load_request(turn_id)
         if request is None:
             return None
-        envelopes = await self._store.read_outcomes(build_record_wire_ids(turn_id, request, outcome))
+        wire_ids = build_record_wire_ids(turn_id, request, outcome)
+        envelopes = await self._store.read_outcomes(dict.fromkeys(wire_ids, turn_id))
         return build_turn_record(turn_id, request, outcome, envelopes, finished_at)
 
     async def _send(self, turn_id: str, outcome: TurnOutcome, finished_at: float) -> None:

@@ -159,7 +159,7 @@ class RedisServer:
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        client = connect_redis(f"redis://{self.host}:{self.port}", socket_connect_timeout=0.5)
+        client = connect_redis(f"redis://{self.host}:{self.port}", cluster=False, socket_connect_timeout=0.5)
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while time.monotonic() < deadline:

@@ -66,6 +66,17 @@ class ToolloopCelery(Celery):
 PRIORITY_STEPS = (0, 3, 6, 9)
 
 
+def build_result_backend_url(settings: WorkerSettings) -> str:
+    """Where Celery keeps the results of tasks other than tools: the state Redis, or the broker when the state
+    is on a Redis Cluster (its own Redis; `rpc://` for an AMQP broker)."""
+    if settings.redis_cluster:
+        broker = settings.effective_broker_url
+        return broker if broker.startswith(("redis://", "rediss://", "sentinel://")) else "rpc://"
+    if is_sentinel_url(settings.redis_url):
+        return build_sentinel_broker_url(settings.redis_url)
+    return settings.redis_url
+
+
 def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """The Celery configuration of every toolloop process (pure: a dict of Celery settings)."""
     config: dict[str, Any] = {
@@ -95,11 +106,8 @@ def build_celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_track_started": True,
         # Tool outcomes travel in our own keys; Celery results exist only for other tasks, and expire.
-        "result_backend": (
-            build_sentinel_broker_url(settings.redis_url)
-            if is_sentinel_url(settings.redis_url)
-            else settings.redis_url
-        ),
+        # Celery's Redis backend speaks no Redis Cluster: on one, they go to the broker (`rpc://` for AMQP).
+        "result_backend": build_result_backend_url(settings),
         "result_expires": RESULT_EXPIRES_S,
         "broker_connection_retry_on_startup": True,
         # A Redis blip must not kill running tools: a redelivered copy meets the running guard instead.

@@ -7,6 +7,13 @@ an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a los
 knows its execution's token, the idempotency claim its holder, and a repeated outcome write first looks
 whether the earlier try's outcome landed.
 
+A call's keys are named with its turn (`keys.outcome(call_id, turn_id)`: on a Redis Cluster they share the
+turn's slot), so every method that names a call takes its turn id too (None: a direct call). On a cluster the
+owner's inbox is in another slot than the scripts' keys: the start and the outcome write each add their
+notification in a command of their own, right after the script that named the owner (`workers.scripts`). A
+try repeated after a failure notifies again (the owner drops a duplicate), so a notification is lost only
+with the try that wrote it for good.
+
 Design notes: docs/design/tool-calls.md, "Redelivery and the fence".
 """
 
@@ -106,41 +113,53 @@ class CallStore:
 
         With `retry`, tried again while Redis is unavailable (the script is safe to repeat per token).
         """
-        turn = request.turn_id
+        call_id, turn = request.call_id, request.turn_id
+        outcome_key = keys.outcome(call_id, turn)
+        absent = scripts.build_absent_key(outcome_key)
 
         def once(_failures: int) -> Any:
-            return self._start(
+            at = f"{time.time():.3f}"
+            reply = self._start(
                 keys=[
-                    keys.outcome(request.call_id),
-                    keys.running(request.call_id),
-                    keys.attempts(request.call_id),
-                    keys.turn_lease(turn) if turn else "",
-                    keys.fence(request.call_id),
-                    keys.turn_request(turn) if turn else "",
+                    outcome_key,
+                    keys.running(call_id, turn),
+                    keys.attempts(call_id, turn),
+                    keys.turn_lease(turn) if turn else absent,
+                    keys.fence(call_id, turn),
+                    keys.turn_request(turn) if turn else absent,
                 ],
                 args=[
                     token,
                     int(running_ttl_s * 1000),
                     build_attempts_ttl_s(),
-                    keys.INBOX_PREFIX,
-                    request.call_id,
+                    scripts.build_inbox_prefix(),
+                    call_id,
                     turn or "",
                     worker,
-                    f"{time.time():.3f}",
+                    at,
                     keys.INBOX_MAXLEN,
                     request.attempt,
                 ],
             )
+            owner = scripts.parse_start_owner(reply)
+            if owner is not None and turn is not None:
+                fields = scripts.build_started_notification(
+                    turn, call_id, attempt=int(reply[1]), worker=worker, at=at
+                )
+                self._notify(owner, fields)
+            return reply
 
         reply = retry.call(once, "the start of a call") if retry is not None else once(0)
         return scripts.parse_start_reply(reply)
 
-    def is_current(self, call_id: str, token: str, retry: RedisRetry | None = None) -> bool:
+    def is_current(
+        self, call_id: str, turn_id: str | None, token: str, retry: RedisRetry | None = None
+    ) -> bool:
         """True while the execution holding `token` is the call's current one (the fence; no fence at all —
         Redis lost it — counts as current, as `write_outcome.lua` has it)."""
 
         def once(_failures: int) -> Any:
-            return self.client.get(keys.fence(call_id))
+            return self.client.get(keys.fence(call_id, turn_id))
 
         current = retry.call(once, "the fence of a call") if retry is not None else once(0)
         return current is None or current == token.encode()
@@ -174,7 +193,13 @@ class CallStore:
         return retry.call(once, f"the outcome of {write.call_id}") if retry is not None else once(0)
 
     def _finish_once(self, write: OutcomeWrite, *, check_landed: bool) -> scripts.WriteResult:
-        landed = check_landed and self.client.get(keys.outcome(write.call_id)) == write.outcome_json.encode()
+        call_id, turn_id = write.call_id, write.turn_id
+        landed = (
+            check_landed and self.client.get(keys.outcome(call_id, turn_id)) == write.outcome_json.encode()
+        )
+        # On a cluster the owner is notified here, not by the script. A write that landed already (an
+        # earlier try's reply lost) may have left it unnotified: its owner is read with the rest, told again.
+        lease_key = keys.turn_lease(turn_id) if keys.is_cluster_layout() and turn_id is not None else None
         pipe = self.client.pipeline(transaction=False)
         if write.full_result_json is not None and write.full_result_key:
             pipe.set(write.full_result_key, write.full_result_json, ex=keys.FULL_RESULT_TTL_S)
@@ -183,18 +208,32 @@ class CallStore:
         won_index = len(pipe)
         if not landed:
             script_keys, script_args = scripts.build_write_outcome_call(
-                write.call_id, write.turn_id, write.outcome_json, write.reply_key, write.fence
+                call_id, turn_id, write.outcome_json, write.reply_key, write.fence
             )
-            # EVALSHA straight into the pipeline: a registered Script in a pipeline first asks SCRIPT EXISTS,
-            # one more round trip per call; a missing script comes back as NoScriptError instead.
-            pipe.evalsha(self._write.sha, len(script_keys), *script_keys, *script_args)
+            _queue_script(pipe, self._write.sha, script_keys, script_args)
+        elif lease_key is not None:
+            pipe.get(lease_key)
         if write.holder is not None:
             holder = [write.holder, "1" if write.holder_is_prefix else ""]
-            pipe.evalsha(self._release.sha, 1, keys.running(write.call_id), *holder)
+            running = keys.running(call_id, turn_id)
+            _queue_script(pipe, self._release.sha, [running], holder)
             if write.idempotency_lock is not None:
-                pipe.evalsha(self._release.sha, 1, write.idempotency_lock, *holder)
+                _queue_script(pipe, self._release.sha, [write.idempotency_lock], holder)
         results = pipe.execute()
-        return scripts.WriteResult.WON if landed else scripts.parse_write_result(results[won_index])
+        if landed:
+            owner = scripts.parse_owner(results[won_index]) if lease_key is not None else None
+            result = scripts.WriteResult.WON
+        else:
+            result, owner = scripts.parse_write_reply(results[won_index])
+        if result is scripts.WriteResult.WON and owner is not None and turn_id is not None:
+            fields = scripts.build_outcome_notification(turn_id, call_id, write.outcome_json)
+            self._notify(owner, fields)
+        return result
+
+    def _notify(self, owner: str, fields: dict[str, str]) -> None:
+        # The notification a script adds on one Redis, added by its caller on a Redis Cluster.
+        client: Any = self.client  # redis-py's execute_command is untyped
+        client.execute_command(*scripts.build_notify_command(owner, fields))
 
     def claim_idempotency(
         self, key: str, *, holder: str, lock_ttl_s: float, retry: RedisRetry | None = None
@@ -214,28 +253,35 @@ class CallStore:
         """Drop the lock on an idempotency key if `holder` holds it (`prefix`: a token starting with it)."""
         self._release(keys=[keys.idempotency_lock(key)], args=[holder, "1" if prefix else ""])
 
-    def release(self, call_id: str, holder: str, *, prefix: bool = False) -> None:
+    def release(self, call_id: str, turn_id: str | None, holder: str, *, prefix: bool = False) -> None:
         """Drop the running guard if `holder` holds it (`prefix`: a token starting with it; '': anyone)."""
-        self._release(keys=[keys.running(call_id)], args=[holder, "1" if prefix else ""])
+        self._release(keys=[keys.running(call_id, turn_id)], args=[holder, "1" if prefix else ""])
 
-    def read_holder(self, call_id: str) -> str | None:
+    def read_holder(self, call_id: str, turn_id: str | None) -> str | None:
         """The token of the execution holding the call's running guard, if any."""
-        value = self.client.get(keys.running(call_id))
+        value = self.client.get(keys.running(call_id, turn_id))
         return value.decode() if isinstance(value, bytes) else value
 
     def read_worker_pttl_ms(self, worker: str) -> int:
         """What is left of `worker`'s heartbeat key's life, in ms (-2: no heartbeat; `keys.worker_seen`)."""
         return int(self.client.pttl(keys.worker_seen(worker)))
 
-    def read_attempts(self, call_id: str) -> int:
+    def read_attempts(self, call_id: str, turn_id: str | None) -> int:
         """How many executions of the call have started."""
-        value = self.client.get(keys.attempts(call_id))
+        value = self.client.get(keys.attempts(call_id, turn_id))
         return int(value) if value is not None else 0
 
-    def read_outcome(self, call_id: str) -> ToolOutcome | None:
+    def read_outcome(self, call_id: str, turn_id: str | None) -> ToolOutcome | None:
         """The call's winning outcome, if any."""
-        raw = self.client.get(keys.outcome(call_id))
+        raw = self.client.get(keys.outcome(call_id, turn_id))
         return parse_tool_outcome(raw) if raw is not None else None
+
+
+def _queue_script(pipe: Any, sha: str, script_keys: list[str], args: list[str]) -> None:
+    # EVALSHA straight into the pipeline: a registered Script in a pipeline first asks SCRIPT EXISTS, one more
+    # round trip per call; a missing script comes back as NoScriptError instead. Through execute_command: a
+    # cluster client's pipeline refuses its `evalsha` method (not the command, which it routes by its keys).
+    pipe.execute_command("EVALSHA", sha, len(script_keys), *script_keys, *args)
 
 
 _stores: dict[str, CallStore] = {}

@@ -80,6 +80,17 @@ def build_slot_claim(spec: ToolSpec, tenant: str) -> SlotClaim | None:
     )
 
 
+def build_slot_script_keys(slot_keys: tuple[str, str]) -> list[str]:
+    """The KEYS of `slots.lua` for a call's slot keys ('' for a limit its tool does not have): as they are on
+    one Redis; on a Redis Cluster a '' is the other key again, since every key of a script must be in one slot
+    and '' is a key of slot 0 (both slot keys are in the tool's). The script leaves a limit of 0 alone and
+    releases a key given twice once."""
+    tool_key, tenant_key = slot_keys
+    if keys.is_cluster_layout():
+        return [tool_key or tenant_key, tenant_key or tool_key]
+    return [tool_key, tenant_key]
+
+
 def build_all_slot_keys(tool: str, tenant: str) -> tuple[str, str]:
     """Both slot keys a call of `tool` for `tenant` may hold: what the worker's parent releases, not knowing
     the tool's limits."""
@@ -140,7 +151,7 @@ class SlotStore:
         ]
 
         def once(_failures: int) -> Any:
-            return self._slots(keys=list(claim.keys), args=args)
+            return self._slots(keys=build_slot_script_keys(claim.keys), args=args)
 
         reply = retry.call(once, "a concurrency slot") if retry is not None else once(0)
         return scripts.SlotResult(int(reply[0])), int(reply[1])
@@ -148,7 +159,8 @@ class SlotStore:
     def release(self, slot_keys: tuple[str, str], holder: str, *, prefix: bool = False) -> int:
         """Give back the slots `holder` holds in `slot_keys` (`prefix`: those of any token starting with it);
         how many."""
-        return int(self._slots(keys=list(slot_keys), args=["release", holder, "1" if prefix else ""]))
+        script_keys = build_slot_script_keys(slot_keys)
+        return int(self._slots(keys=script_keys, args=["release", holder, "1" if prefix else ""]))
 
     def tell_waiting(
         self, request: ToolCallRequest, claim: SlotClaim, result: scripts.SlotResult, held: int
@@ -164,8 +176,8 @@ class SlotStore:
             keys=[
                 keys.turn_events(turn_id),
                 keys.turn_outcome(turn_id),
-                keys.outcome(request.call_id),
-                keys.slot_waiting_told(request.call_id),
+                keys.outcome(request.call_id, turn_id),
+                keys.slot_waiting_told(request.call_id, turn_id),
             ],
             args=[
                 request.attempt,

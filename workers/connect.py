@@ -11,6 +11,12 @@ For such a URL the helpers return a client of the current master (redis-py's `Se
 new connection asks the sentinels where the master is, a connection that finds it demoted (READONLY) is
 dropped, and the pool asks the sentinels again at least every `MASTER_CHECK_S` while it is in use (see
 `MasterCheckingPool`), so the next command goes to the new master.
+
+A Redis Cluster (`TOOLLOOP_REDIS_CLUSTER=true`) is named by any of its nodes, `redis://node:6379/0`: the
+helpers return redis-py's cluster client, which reads the slot map from that node and sends each command to
+the master of its key's slot, following MOVED and ASK and reading the map again after a failover. Keys are
+then named with hash tags (`workers.keys`), so the layout and the client always agree: both follow the same
+switch.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 import redis.asyncio.sentinel as aiosentinel
+import redis.cluster
 import redis.sentinel
 from kombu.utils.url import maybe_sanitize_url
 from redis.connection import parse_url
 
+from workers import keys
 from workers.errors import RedisConfigError
 from workers.redis_errors import REDIS_ERRORS, is_transient
 
@@ -210,18 +219,44 @@ def _build_sentinel_kwargs(
     return name, target, {"db": target.db, **{k: v for k, v in credentials.items() if v is not None}, **built}
 
 
+def _check_cluster_url(redis_url: str) -> None:
+    if is_sentinel_url(redis_url):
+        raise RedisConfigError(
+            "TOOLLOOP_REDIS_CLUSTER is on but TOOLLOOP_REDIS_URL is a Sentinel URL: a Redis Cluster fails "
+            "over by itself; name any of its nodes (redis://host:port/0)"
+        )
+    if parse_url(redis_url).get("db", 0) not in (0, None):  # type: ignore[no-untyped-call]
+        raise RedisConfigError(
+            "a Redis Cluster has only database 0: TOOLLOOP_REDIS_URL must end in /0 or no /db"
+        )
+
+
+def _cluster_options(redis_url: str, ssl_cert_reqs: str, options: dict[str, Any]) -> dict[str, Any]:
+    _check_cluster_url(redis_url)
+    built = build_redis_options(redis_url, ssl_cert_reqs, **options)
+    # Per node on a cluster; the single client's pool cap would otherwise starve the busiest node.
+    built.pop("max_connections", None)
+    return built
+
+
 def connect_redis(
     redis_url: str,
     ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
     *,
     master_name: str | None = None,
+    cluster: bool | None = None,
     **options: Any,
 ) -> redis.Redis:
     """A sync client for `redis_url` with the options of `build_redis_options`.
 
     For a `sentinel://` URL, a client of the current master of `master_name` (default:
-    `TOOLLOOP_REDIS_MASTER_NAME`; `RedisConfigError` when neither is set).
+    `TOOLLOOP_REDIS_MASTER_NAME`; `RedisConfigError` when neither is set). With `cluster` (default: the key
+    layout of this process, `TOOLLOOP_REDIS_CLUSTER`), redis-py's Redis Cluster client, typed as a client of
+    one Redis because it answers the same commands.
     """
+    if keys.is_cluster_layout() if cluster is None else cluster:
+        built = _cluster_options(redis_url, ssl_cert_reqs, options)
+        return redis.cluster.RedisCluster.from_url(redis_url, **built)  # type: ignore[return-value]
     if not is_sentinel_url(redis_url):
         return redis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
     name, target, kwargs = _build_sentinel_kwargs(redis_url, master_name, options)
@@ -238,9 +273,13 @@ def connect_redis_async(
     ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
     *,
     master_name: str | None = None,
+    cluster: bool | None = None,
     **options: Any,
 ) -> aioredis.Redis:
     """`connect_redis` for asyncio."""
+    if keys.is_cluster_layout() if cluster is None else cluster:
+        built = _cluster_options(redis_url, ssl_cert_reqs, options)
+        return aiocluster.RedisCluster.from_url(redis_url, **built)  # type: ignore[return-value]
     if not is_sentinel_url(redis_url):
         return aioredis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
     name, target, kwargs = _build_sentinel_kwargs(redis_url, master_name, options)

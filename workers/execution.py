@@ -169,7 +169,7 @@ def execute_call(
     try:
         taken, held = slots.acquire(claim, token, ttl_s=limits.running_ttl_s, retry=start_retry)
     except limits.refusals as exc:
-        return _hand_back(store, request.call_id, token, None, exc)
+        return _hand_back(store, request, token, None, exc)
     if taken is not SlotResult.ACQUIRED:
         return _wait_for_slot(slots, tool, request, claim, result=taken, held=held, now=now, jitter=jitter)
     try:
@@ -217,14 +217,14 @@ def _start(
             request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
         )
     except refusals as exc:
-        return _hand_back(store, request.call_id, token, None, exc)
+        return _hand_back(store, request, token, None, exc)
     if attempt == StartResult.HELD and _take_over(store, tool, request, worker=worker, sleep=sleep):
         try:
             attempt, value = store.start(
                 request, token=token, running_ttl_s=running_ttl_s, worker=worker, retry=start_retry
             )
         except refusals as exc:
-            return _hand_back(store, request.call_id, token, None, exc)
+            return _hand_back(store, request, token, None, exc)
     if attempt < 0:
         return _not_started(store, request, StartResult(attempt), value)
     run = Run(store, tool, request, attempt, worker, token, now, now(), write_retry, spool)
@@ -244,14 +244,14 @@ def _start(
             retry=start_retry,
         )
     except redis.RedisError as exc:
-        return _hand_back(store, request.call_id, token, idem_key, exc)
+        return _hand_back(store, request, token, idem_key, exc)
     if claimed is not None:
         return claimed
     # The claim may have waited for an identical call, long enough for the call to be dispatched again.
     try:
-        current = store.is_current(request.call_id, token, retry=start_retry)
+        current = store.is_current(request.call_id, request.turn_id, token, retry=start_retry)
     except redis.RedisError as exc:
-        return _hand_back(store, request.call_id, token, run.idem_key_held, exc)
+        return _hand_back(store, request, token, run.idem_key_held, exc)
     if not current:
         run.release()
         logger.warning(
@@ -306,7 +306,7 @@ def _not_started(store: CallStore, request: ToolCallRequest, result: StartResult
     superseded it, or its turn is gone."""
     match result:
         case StartResult.FINISHED:
-            return Skipped("the call already has an outcome", _read_outcome(store, request.call_id))
+            return Skipped("the call already has an outcome", _read_outcome(store, request))
         case StartResult.HELD:
             countdown_s = min(max(value / 1000, 0.1), DUPLICATE_RECHECK_MAX_S)
             return RetryLater(countdown_s, "another execution holds the call")
@@ -330,7 +330,7 @@ def _take_over(
     (`workers.fence.is_takeover_due`, confirmed after `TAKEOVER_CONFIRM_S`); True when dropped, and this
     delivery starts in its place. Any Redis error: not taken over (the delivery waits, as it would have)."""
     try:
-        holder = store.read_holder(request.call_id)
+        holder = store.read_holder(request.call_id, request.turn_id)
         if holder is None:
             return False
         silence_s = build_worker_silence_s(store.read_worker_pttl_ms(_holder_worker(holder)))
@@ -342,7 +342,7 @@ def _take_over(
             return False
         idem_key = build_idempotency_key(tool.spec, request.arguments)
         # Exactly that token: a guard or lock another execution took meanwhile stays its own.
-        store.release(request.call_id, holder)
+        store.release(request.call_id, request.turn_id, holder)
         if idem_key is not None:
             store.release_idempotency_lock(idem_key, holder)
     except redis.RedisError:
@@ -361,15 +361,15 @@ def _holder_worker(holder: str) -> str:
     return parsed[1] if parsed is not None else ""
 
 
-def _read_outcome(store: CallStore, call_id: str) -> ToolOutcome | None:
+def _read_outcome(store: CallStore, request: ToolCallRequest) -> ToolOutcome | None:
     # Only for how the task reports itself: Redis gone again now must not fail a call that has its outcome.
     with ignoring_unavailable():
-        return store.read_outcome(call_id)
+        return store.read_outcome(request.call_id, request.turn_id)
     return None
 
 
 def _hand_back(
-    store: CallStore, call_id: str, token: str, idem_key: str | None, exc: BaseException
+    store: CallStore, request: ToolCallRequest, token: str, idem_key: str | None, exc: BaseException
 ) -> RetryLater:
     """Redis stayed unavailable before the tool ran: Celery retries the call later, unstarted.
 
@@ -378,11 +378,11 @@ def _hand_back(
     if isinstance(exc, redis.RedisError) and not is_unavailable(exc):
         raise exc
     with ignoring_unavailable():
-        store.release(call_id, token)
+        store.release(request.call_id, request.turn_id, token)
         if idem_key is not None:
             store.release_idempotency_lock(idem_key, token)
     reason = f"redis unavailable before the call started: {exc!r}"
-    logger.warning("%s: %s; Celery retries it in %g s", call_id, reason, REDIS_DOWN_RETRY_S)
+    logger.warning("%s: %s; Celery retries it in %g s", request.call_id, reason, REDIS_DOWN_RETRY_S)
     return RetryLater(REDIS_DOWN_RETRY_S, reason)
 
 

@@ -2,11 +2,11 @@
 
 Every execution of a call (a delivery run by a pool process) carries a token unique to it,
 `<dispatch attempt>|<worker>:<pid>:<suffix>`. Its start script (`start.lua`) stores the token in
-`keys.fence(call_id)`, and refuses outright a delivery of an older dispatch attempt once a newer one has
-started there (SUPERSEDED). From then on an execution whose token is no longer the fence's was superseded —
-its worker froze (SIGSTOP, a VM paused) past the hard limit and the orchestrator dispatched the call again,
-say — and it does nothing more: it checks the fence before the tool's body (`CallStore.is_current`), and
-`write_outcome.lua` checks it atomically with the write, refusing it as FENCED.
+`keys.fence(call_id, turn_id)`, and refuses outright a delivery of an older dispatch attempt once a newer
+one has started there (SUPERSEDED). From then on an execution whose token is no longer the fence's was
+superseded — its worker froze (SIGSTOP, a VM paused) past the hard limit and the orchestrator dispatched
+the call again, say — and it does nothing more: it checks the fence before the tool's body
+(`CallStore.is_current`), and `write_outcome.lua` checks it atomically with the write, refusing it as FENCED.
 
 The worker's parent answers for a pool process it killed or lost without knowing that process's suffix: it
 names the execution by the prefix `<dispatch attempt>|<worker>:<pid>:` (`build_process_holder`), which only

@@ -3,15 +3,53 @@
 Workers are the leaf package, so the storage layout lives here and the orchestrator imports it; no other
 module spells a key. Keys share the prefix `toolloop:` so that one Redis can hold several apps. The atomic
 scripts over these keys are `.lua` files (`workers.scripts`), which get every key and cap below as KEYS/ARGV.
+
+Two layouts, one per process (`use_cluster_layout`, from `TOOLLOOP_REDIS_CLUSTER` at import). On one Redis
+(or Sentinel) keys are named as every earlier release named them, so that releases mix during a deploy. On a
+Redis Cluster a key carries a hash tag (`{…}`: only that part picks the slot) so that what one script touches
+lies in one slot: every key of a turn, its calls' keys included, is tagged with the turn id; a direct call's
+keys with its call id; a conversation's with the conversation id; the turn queue's structures (queues, lanes,
+the active, parked, claiming and recent indexes, the tenants' running sets) share the tag `{turns}`; a
+concurrency-limited tool's slots its tool name; an idempotency record and its lock their digest; the model and
+tenant budgets `{limits}`; the catalogue's hashes (workers, tools served, agents) `{catalogue}`. Everything
+else is a key of its own.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from workers.contract import DEFAULT_TENANT
 
 PREFIX = "toolloop:"
+CLUSTER_VARIABLE = "TOOLLOOP_REDIS_CLUSTER"
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+# Whether this process names keys for a Redis Cluster (hash tags). Set once, before any key is built.
+_cluster = os.environ.get(CLUSTER_VARIABLE, "").strip().lower() in _TRUE_WORDS
+
+
+def use_cluster_layout(on: bool) -> None:
+    """Name keys for a Redis Cluster (`on`) or for one Redis, from now on in this process."""
+    global _cluster  # noqa: PLW0603  # one layout per process, chosen before any key is named
+    _cluster = on
+    _bind_shared_keys()
+
+
+def is_cluster_layout() -> bool:
+    """Whether this process names keys for a Redis Cluster."""
+    return _cluster
+
+
+def _tag(value: str) -> str:
+    # The part of a key that picks its slot on a cluster; as it is on one Redis.
+    return "{" + value + "}" if _cluster else value
+
+
+def _call_tag(call_id: str, turn_id: str | None) -> str:
+    # On a cluster a call's keys sit in its turn's slot (a direct call's in its own); on one Redis: the id.
+    return call_id if not _cluster else "{" + (turn_id or call_id) + "}:" + call_id
+
 
 # --- retention -------------------------------------------------------------------------------------------
 OUTCOME_TTL_S = 7 * 24 * 3600  # one call's outcome envelope (and its late duplicates, for audit)
@@ -55,38 +93,38 @@ TOOLS_SERVED = PREFIX + "tools:served"  # hash: tool name -> {"served_at": epoch
 AGENTS = PREFIX + "agents"  # hash: agent name -> AgentSpec JSON (workers publish, clients register)
 
 
-def outcome(call_id: str) -> str:
+def outcome(call_id: str, turn_id: str | None = None) -> str:
     """The one outcome of a call: first writer wins (SET NX)."""
-    return f"{PREFIX}outcome:{call_id}"
+    return f"{PREFIX}outcome:{_call_tag(call_id, turn_id)}"
 
 
-def late_outcomes(call_id: str) -> str:
+def late_outcomes(call_id: str, turn_id: str | None = None) -> str:
     """Outcomes that lost the race for `outcome(call_id)`: kept for audit, never shown to a model."""
-    return f"{PREFIX}outcome:{call_id}:late"
+    return f"{PREFIX}outcome:{_call_tag(call_id, turn_id)}:late"
 
 
-def full_result(call_id: str) -> str:
-    return f"{PREFIX}result:{call_id}"
+def full_result(call_id: str, turn_id: str | None = None) -> str:
+    return f"{PREFIX}result:{_call_tag(call_id, turn_id)}"
 
 
-def attempts(call_id: str) -> str:
+def attempts(call_id: str, turn_id: str | None = None) -> str:
     """INCR per execution start: counts attempts across retries and redeliveries."""
-    return f"{PREFIX}attempts:{call_id}"
+    return f"{PREFIX}attempts:{_call_tag(call_id, turn_id)}"
 
 
-def running(call_id: str) -> str:
+def running(call_id: str, turn_id: str | None = None) -> str:
     """Held while one execution runs, so a redelivered copy of the message does not run it in parallel."""
-    return f"{PREFIX}running:{call_id}"
+    return f"{PREFIX}running:{_call_tag(call_id, turn_id)}"
 
 
-def fence(call_id: str) -> str:
+def fence(call_id: str, turn_id: str | None = None) -> str:
     """The token of the call's current execution (`workers.fence`), set by its start script: an execution
     that finds another's token here was superseded and neither starts its tool nor writes an outcome."""
-    return f"{PREFIX}fence:{call_id}"
+    return f"{PREFIX}fence:{_call_tag(call_id, turn_id)}"
 
 
 def idempotency(tool: str, key_digest: str) -> str:
-    return f"{PREFIX}idem:{tool}:{key_digest}"
+    return f"{PREFIX}idem:{tool}:{key_digest}" if not _cluster else f"{PREFIX}idem:{{{tool}:{key_digest}}}"
 
 
 def idempotency_lock(idempotency_key: str) -> str:
@@ -95,9 +133,9 @@ def idempotency_lock(idempotency_key: str) -> str:
     return f"{idempotency_key}:lock"
 
 
-def reply(call_id: str) -> str:
+def reply(call_id: str, turn_id: str | None = None) -> str:
     """A list a direct caller (no orchestrator) blocks on for one call's outcome."""
-    return f"{PREFIX}reply:{call_id}"
+    return f"{PREFIX}reply:{_call_tag(call_id, turn_id)}"
 
 
 # --- concurrency slots (workers.concurrency) ------------------------------------------------------------
@@ -107,24 +145,24 @@ SLOT_WAITING_TOLD_TTL_S = 3600  # how long a waiting call remembers its turn was
 
 def tool_slots(tool: str) -> str:
     """Zset of the executions holding one of `@tool(max_concurrency=N)`'s N slots: token -> expiry (ms)."""
-    return f"{PREFIX}slots:{tool}"
+    return f"{PREFIX}slots:{_tag(tool)}"
 
 
 def tenant_slots(tool: str, tenant: str) -> str:
     """Zset of a tenant's executions holding one of `@tool(max_concurrency_per_tenant=N)`'s N slots."""
-    return f"{PREFIX}slots:{tool}:tenant:{tenant}"
+    return f"{PREFIX}slots:{_tag(tool)}:tenant:{tenant}"
 
 
-def slot_waiting_told(call_id: str) -> str:
+def slot_waiting_told(call_id: str, turn_id: str | None = None) -> str:
     """The dispatch attempt of a call whose turn was told it waits for a slot (`tool_waiting_for_slot`)."""
-    return f"{PREFIX}slot_waiting:{call_id}"
+    return f"{PREFIX}slot_waiting:{_call_tag(call_id, turn_id)}"
 
 
 # --- turns -----------------------------------------------------------------------------------------------
 # list of turn ids waiting for an orchestrator: the queue of the previous releases, and today the queue of the
 # "default" tenant's "normal" turns (`turn_queue`); ids of other tenants pushed here (a woken parked turn, a
 # release that knows no tenants) are moved to their own queue by the claim (`claim.lua`)
-TURN_QUEUE = PREFIX + "turns:pending"
+TURN_QUEUE = PREFIX + "turns:pending"  # rebound by `_bind_shared_keys`
 # The queue lanes, claimed in this order (`TurnRequest.priority`).
 TURN_LANES = ("interactive", "normal", "batch")
 # list: one token per turn queued or running turn ended, capped at READY_TOKENS_MAX; claimers with nothing to
@@ -140,19 +178,19 @@ def turn_queue(lane: str, tenant: str) -> str:
     turns, so that a release that knows neither reads and writes the same queue."""
     if lane == "normal" and tenant == DEFAULT_TENANT:
         return TURN_QUEUE
-    return f"{PREFIX}turns:queue:{lane}:{tenant}"
+    return f"{_turns()}queue:{lane}:{tenant}"
 
 
 def lane_tenants(lane: str) -> str:
     """List of the tenants with turns queued in `lane`, each once, in the order the claim visits them (the
     one served goes to the back: round robin)."""
-    return f"{PREFIX}turns:lane:{lane}"
+    return f"{_turns()}lane:{lane}"
 
 
 def tenant_running(tenant: str) -> str:
     """Set of a tenant's turn ids claimed and not ended, counted against its `max_running_turns`; ended or
     expired ones are removed by the turn's terminal write, or by the claim when it counts."""
-    return f"{PREFIX}tenant:{tenant}:running"
+    return f"{PREFIX}{{turns}}:tenant:{tenant}:running" if _cluster else f"{PREFIX}tenant:{tenant}:running"
 
 
 def tenant_tokens_day(tenant: str, day: str) -> str:
@@ -187,59 +225,59 @@ def worker_seen(worker_id: str) -> str:
 
 
 def turn_request(turn_id: str) -> str:
-    return f"{PREFIX}turn:{turn_id}:request"
+    return f"{PREFIX}turn:{_tag(turn_id)}:request"
 
 
 def turn_state(turn_id: str) -> str:
-    return f"{PREFIX}turn:{turn_id}:state"
+    return f"{PREFIX}turn:{_tag(turn_id)}:state"
 
 
 def turn_outcome(turn_id: str) -> str:
-    return f"{PREFIX}turn:{turn_id}:outcome"
+    return f"{PREFIX}turn:{_tag(turn_id)}:outcome"
 
 
 def turn_events(turn_id: str) -> str:
-    return f"{PREFIX}turn:{turn_id}:events"
+    return f"{PREFIX}turn:{_tag(turn_id)}:events"
 
 
 def turn_lease(turn_id: str) -> str:
     """Which orchestrator owns a turn (value: its id), with a TTL its heartbeat renews."""
-    return f"{PREFIX}turn:{turn_id}:lease"
+    return f"{PREFIX}turn:{_tag(turn_id)}:lease"
 
 
 def turn_trace(turn_id: str) -> str:
     """The trace context of the turn span of the turn's latest owner (JSON `{"traceparent": …}`), written
     when tracing is on: a later owner's turn span links to it (TURN_TTL_S)."""
-    return f"{PREFIX}turn:{turn_id}:trace"
+    return f"{PREFIX}turn:{_tag(turn_id)}:trace"
 
 
 def turn_control(turn_id: str) -> str:
     """Stream of cancel/approval requests for a turn, read by its owner."""
-    return f"{PREFIX}turn:{turn_id}:control"
+    return f"{PREFIX}turn:{_tag(turn_id)}:control"
 
 
 def conversation_head(conversation_id: str) -> str:
     """Where the history of a conversation's last finished turn is: JSON {"turn_id", "history_key",
     "history_len"} (CONVERSATION_TTL_S); the next turn starts from it. Before the history lists, the value was
     the bare id of that turn, whose outcome held the messages (still read)."""
-    return f"{PREFIX}conversation:{conversation_id}:head"
+    return f"{PREFIX}conversation:{_tag(conversation_id)}:head"
 
 
 def conversation_history(conversation_id: str) -> str:
     """List of a conversation's messages, one JSON each, appended once by the turns that make them
     (CONVERSATION_TTL_S from its last turn's end): a turn's history is the list's first `history_len`."""
-    return f"{PREFIX}conversation:{conversation_id}:history"
+    return f"{PREFIX}conversation:{_tag(conversation_id)}:history"
 
 
 def turn_history(turn_id: str) -> str:
     """List of the messages of a turn without a conversation, as `conversation_history` (TURN_TTL_S)."""
-    return f"{PREFIX}turn:{turn_id}:history"
+    return f"{PREFIX}turn:{_tag(turn_id)}:history"
 
 
 def turn_log(turn_id: str) -> str:
     """List of a turn's append-only audit entries (model call records, view diagnostics, late outcomes), one
     `[field, item]` JSON each, kept out of its state so that a step writes only what it added (TURN_TTL_S)."""
-    return f"{PREFIX}turn:{turn_id}:log"
+    return f"{PREFIX}turn:{_tag(turn_id)}:log"
 
 
 def turn_forks(turn_id: str) -> str:
@@ -247,7 +285,7 @@ def turn_forks(turn_id: str) -> str:
     `{"at": k, "turn_id": fork id}`, scored by when it was made. It lives as long as the turn's other keys
     (TURN_TTL_S from the turn's end; for a fork of a running turn, TURN_TTL_S plus its deadline from the
     fork), and never less long than it already had."""
-    return f"{PREFIX}turn:{turn_id}:forks"
+    return f"{PREFIX}turn:{_tag(turn_id)}:forks"
 
 
 def history(turn_id: str, conversation_id: str | None) -> str:
@@ -266,21 +304,24 @@ TURNS_PARKED = PREFIX + "turns:parked"
 # ids whose turn has expired are removed by whoever lists them
 TURNS_RECENT = PREFIX + "turns:recent"
 RECENT_TURNS_MAX = 1000
+# hash, on a Redis Cluster only: active turn id -> "<lane> <tenant>", what the claim reads in the queue's
+# slot, where the turn's request is out of reach (`orchestrator/store/lua/enqueue.lua`)
+TURNS_HOMES = PREFIX + "{turns}:homes"
 
 
 def turn_status(turn_id: str) -> str:
     """The turn's `TurnStatus` value (queued, running, waiting, or terminal)."""
-    return f"{PREFIX}turn:{turn_id}:status"
+    return f"{PREFIX}turn:{_tag(turn_id)}:status"
 
 
 def conversation_waiting(conversation_id: str) -> str:
     """List of a conversation's turns submitted while another of its turns was not yet terminal (FIFO)."""
-    return f"{PREFIX}conversation:{conversation_id}:waiting"
+    return f"{PREFIX}conversation:{_tag(conversation_id)}:waiting"
 
 
 def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
-    return f"{PREFIX}conversation:{conversation_id}:lock"
+    return f"{PREFIX}conversation:{_tag(conversation_id)}:lock"
 
 
 # --- schedules (orchestrator.schedules) ------------------------------------------------------------------
@@ -295,12 +336,53 @@ BEAT_LEASE_TTL_S = 15.0  # `toolloop beat --lease-ttl-s`: how soon a standby tak
 def schedule_state(name: str) -> str:
     """Hash of what the beat did with a schedule: when it last handled a tick (ran or skipped it), its last
     run (time, turn id), its skipped ticks, its last error."""
-    return f"{PREFIX}schedule:{name}:state"
+    return f"{_schedules()}schedule:{name}:state"
 
 
 def schedule_runs(name: str) -> str:
     """List of a schedule's last runs' turn ids, newest first (SCHEDULE_RUNS_KEPT)."""
-    return f"{PREFIX}schedule:{name}:runs"
+    return f"{_schedules()}schedule:{name}:runs"
+
+
+# --- the keys several turns share, named by the layout --------------------------------------------------
+
+
+def _turns() -> str:
+    # The turn queue's structures: one slot on a cluster, as the claim and the submit touch them together.
+    return PREFIX + ("{turns}:" if _cluster else "turns:")
+
+
+def _schedules() -> str:
+    # The schedules' keys: one slot on a cluster, as adding or removing one writes the list and its state
+    # together.
+    return PREFIX + ("{schedules}:" if _cluster else "")
+
+
+def _limits() -> str:
+    # The model and tenant budgets: one slot on a cluster, as a model call's reservation checks several.
+    return PREFIX + ("{limits}:" if _cluster else "")
+
+
+def _bind_shared_keys() -> None:
+    # The module's names of the turn queue's keys, for the layout in use (read as `keys.TURNS_ACTIVE`, …).
+    # The layout is one per process, chosen before any key is named: the module's own names follow it.
+    global TURN_QUEUE, TURNS_READY, TURNS_ACTIVE, TURNS_CLAIMING, TURNS_PARKED, TURNS_RECENT, TURNS_HOMES  # noqa: PLW0603
+    global CATALOGUE, TOOLS_SERVED, AGENTS, SCHEDULES, REDIS_MARKER, REDIS_LOSSES  # noqa: PLW0603
+    TURN_QUEUE, TURNS_READY = _turns() + "pending", _turns() + "ready"
+    TURNS_ACTIVE, TURNS_CLAIMING = _turns() + "active", _turns() + "claiming"
+    TURNS_PARKED, TURNS_RECENT = _turns() + "parked", _turns() + "recent"
+    TURNS_HOMES = _turns() + "homes"
+    # The catalogue's three hashes are written together (one MULTI): one slot on a cluster.
+    catalogue = PREFIX + ("{catalogue}:" if _cluster else "")
+    CATALOGUE, TOOLS_SERVED, AGENTS = (
+        catalogue + "catalogue",
+        catalogue + "tools:served",
+        catalogue + "agents",
+    )
+    SCHEDULES = _schedules() + "schedules"
+    # A loss is noted and the marker set together (one MULTI).
+    redis_keys = PREFIX + ("{redis}:" if _cluster else "") + "redis:"
+    REDIS_MARKER, REDIS_LOSSES = redis_keys + "marker", redis_keys + "losses"
 
 
 # --- Redis itself ------------------------------------------------------------------------------------------
@@ -315,34 +397,38 @@ REDIS_LOSSES = PREFIX + "redis:losses"  # hash: new run id -> JSON of one data l
 
 def model_pause(model: str) -> str:
     """A `provider:model` its provider asked the fleet to rest: the epoch ms (Redis's clock) it may go on."""
-    return f"{PREFIX}model_limits:paused:{model}"
+    return f"{_limits()}model_limits:paused:{model}"
 
 
 def model_budget_calls(key: str) -> str:
     """Zset of the calls in the sliding window of TOOLLOOP_MODEL_LIMITS entry `key`: reservation id -> ms."""
-    return f"{PREFIX}model_limits:budget:{key}:calls"
+    return f"{_limits()}model_limits:budget:{key}:calls"
 
 
 def model_budget_tokens(key: str) -> str:
     """Hash of the tokens of the calls in entry `key`'s window (reservation id -> tokens, and their sum)."""
-    return f"{PREFIX}model_limits:budget:{key}:tokens"
+    return f"{_limits()}model_limits:budget:{key}:tokens"
 
 
 def tenant_budget_calls(key: str) -> str:
     """Zset of the calls in the sliding window of a tenant's tokens budget (`key`: `tenant:<name>`)."""
-    return f"{PREFIX}tenant_limits:budget:{key}:calls"
+    return f"{_limits()}tenant_limits:budget:{key}:calls"
 
 
 def tenant_budget_tokens(key: str) -> str:
     """Hash of the tokens of the calls in a tenant's window (reservation id -> tokens, and their sum)."""
-    return f"{PREFIX}tenant_limits:budget:{key}:tokens"
+    return f"{_limits()}tenant_limits:budget:{key}:tokens"
 
 
 def tenant_budget_line(key: str) -> str:
     """Zset of the calls a tenant's budget told to wait: call id -> the epoch ms it was told to come back."""
-    return f"{PREFIX}tenant_limits:budget:{key}:line"
+    return f"{_limits()}tenant_limits:budget:{key}:line"
 
 
 def model_budget_line(key: str) -> str:
     """Zset of the calls entry `key` told to wait: call id -> the epoch ms it was told to come back."""
-    return f"{PREFIX}model_limits:budget:{key}:line"
+    return f"{_limits()}model_limits:budget:{key}:line"
+
+
+# Last: every name above it rebinds is defined by now.
+_bind_shared_keys()

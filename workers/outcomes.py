@@ -95,7 +95,7 @@ def build_success(
     shown = result.content if isinstance(result, ShownResult) else None
     value, result_json = build_result_json(result.result if isinstance(result, ShownResult) else result)
     content = shown if shown is not None else build_content(value, result_json)
-    full_key = keys.full_result(request.call_id)
+    full_key = keys.full_result(request.call_id, request.turn_id)
     truncation = build_truncation(content, spec.max_result_bytes, full_key)
     if truncation is None and shown is not None and len(result_json.encode("utf-8")) > spec.max_result_bytes:
         truncation = (content, len(content.encode("utf-8")))

@@ -123,7 +123,7 @@ def handle_hard_timeout(
             request,
             FailureKind.TIMEOUT,
             f"timed out after {format_seconds(limit_s)} s (hard limit; the worker process was killed)",
-            attempts=_read_attempts(store, request.call_id, retry),
+            attempts=_read_attempts(store, request, retry),
             duration_ms=limit_s * 1000,
             worker=worker,
             finished_at=time.time(),
@@ -136,8 +136,11 @@ def handle_hard_timeout(
         return False
 
 
-def _read_attempts(store: CallStore, call_id: str, retry: RedisRetry) -> int:
-    return max(retry.call(lambda _: store.read_attempts(call_id), "the attempts of a call"), 1)
+def _read_attempts(store: CallStore, request: ToolCallRequest, retry: RedisRetry) -> int:
+    def once(_failures: int) -> int:
+        return store.read_attempts(request.call_id, request.turn_id)
+
+    return max(retry.call(once, "the attempts of a call"), 1)
 
 
 def handle_worker_lost(
@@ -184,14 +187,14 @@ def _answer_worker_lost(
     def release(_failures: int) -> None:
         if not holder:
             return  # the process never took anything it could be named by
-        store.release(request.call_id, holder, prefix=True)
+        store.release(request.call_id, request.turn_id, holder, prefix=True)
         if idem_key is not None:
             store.release_idempotency_lock(idem_key, holder, prefix=True)
 
     retry.call(release, "the guards of a lost child")
     if holder:
         _release_slots(store, request, holder, retry)
-    attempt = _read_attempts(store, request.call_id, retry)
+    attempt = _read_attempts(store, request, retry)
     delay = decide_retry(attempt, tool.spec, request.deadline_at, now(), jitter())
     if delay is not None:
         return delay
@@ -231,7 +234,10 @@ def handle_revoked(
         return False
     try:
         retry = _retry()
-        if pid is None and retry.call(lambda _: store.read_holder(request.call_id), "the guard of a call"):
+        held = pid is None and retry.call(
+            lambda _: store.read_holder(request.call_id, request.turn_id), "the guard of a call"
+        )
+        if held:
             logger.warning(
                 "%s: a revoked copy answers nothing: another execution holds the call", request.call_id
             )
@@ -244,7 +250,7 @@ def handle_revoked(
             request,
             kind,
             message,
-            attempts=_read_attempts(store, request.call_id, retry),
+            attempts=_read_attempts(store, request, retry),
             worker=worker,
             finished_at=time.time(),
         )

@@ -467,8 +467,8 @@ def is_waited_for(store: CallStore, call: NamedCall) -> bool:
     """Whether someone still waits for `call`: no outcome yet, no execution of it running, and its turn
     exists (a call without a turn — a direct call — is waited for on its reply list)."""
     pipe = store.client.pipeline(transaction=False)
-    pipe.exists(keys.outcome(call.call_id))
-    pipe.exists(keys.running(call.call_id))
+    pipe.exists(keys.outcome(call.call_id, call.turn_id))
+    pipe.exists(keys.running(call.call_id, call.turn_id))
     if call.turn_id is not None:
         pipe.exists(keys.turn_request(call.turn_id))
     found = pipe.execute()
@@ -485,7 +485,7 @@ def answer_invalid_request(store: CallStore, call: NamedCall, detail: str, *, wo
         if not retry.call(lambda _failures: is_waited_for(store, call), f"the state of {call.call_id}"):
             return f"dropped: call {call.call_id} is not waited for (answered, running, or its turn is gone)"
         outcome = build_invalid_request_outcome(call, detail, worker=worker, now=time.time())
-        reply_key = keys.reply(call.call_id) if call.turn_id is None else None
+        reply_key = keys.reply(call.call_id, None) if call.turn_id is None else None
         write = OutcomeWrite.of(outcome, Fence(call.attempt, ""), reply_key=reply_key)
         result = store.finish(write, retry=retry)
     except redis.RedisError as exc:

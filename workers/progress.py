@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
+import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -154,12 +155,13 @@ def build_fraction(fraction: object) -> float | None:
 def build_progress_call(
     turn_id: str, wire_call_id: str, token: str, fields: Mapping[str, str]
 ) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of `progress.lua`."""
+    """KEYS and ARGV of `progress.lua`: the turn's keys and those of its call `wire_call_id` (`<turn id>/<call
+    id>`, named with the turn: one slot on a Redis Cluster)."""
     script_keys = [
         keys.turn_events(turn_id),
         keys.turn_outcome(turn_id),
-        keys.outcome(wire_call_id),
-        keys.fence(wire_call_id),
+        keys.outcome(wire_call_id, turn_id),
+        keys.fence(wire_call_id, turn_id),
     ]
     args = [token, str(keys.EVENTS_MAXLEN), fields["name"], fields["at"], fields["data"]]
     return script_keys, args
@@ -337,6 +339,28 @@ class ProgressReporter:
 
 # --- where the events go: the worker's Redis, over a client of its own --------------------------------------
 
+_FAST_OPTIONS = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+
+
+def use_fast_connections(client: redis.Redis) -> None:
+    """Make every connection `client` opens from now on give up after `SOCKET_TIMEOUT_S`, and never retry.
+
+    Set on the pools, not only passed as options: a URL's own `?socket_timeout=` wins over those, and one
+    retry would double how long a frozen Redis holds the tool. A Redis Cluster client has a pool per node,
+    opens the nodes it learns of later with its nodes manager's options, has already connected to read the
+    slot map, and retries at its own level (its nodes' connections never do): each is set.
+    """
+    if isinstance(client, redis.cluster.RedisCluster):
+        client.nodes_manager.connection_kwargs.update(_FAST_OPTIONS)
+        for node in client.get_nodes():
+            if node.redis_connection is not None:
+                pool = node.redis_connection.connection_pool
+                pool.connection_kwargs.update(_FAST_OPTIONS)
+                pool.disconnect()  # the slot map's connection was opened with the URL's timeouts
+        client.set_retry(Retry(NoBackoff(), 0))
+        return
+    client.connection_pool.connection_kwargs.update(**_FAST_OPTIONS, retry=Retry(NoBackoff(), 0))
+
 
 class ProgressSink:
     """The process's way to a Redis for progress events: connected on the first report, short timeouts."""
@@ -350,14 +374,14 @@ class ProgressSink:
     def _connect(self) -> Any:
         with self._lock:
             if self._script is None:
-                client = connect_redis(self.redis_url, self.ssl_cert_reqs, decode_responses=False)
-                # Set on the pool, not passed as options: a URL's own `?socket_timeout=` would win over
-                # those, and one retry would double how long a frozen Redis holds the tool.
-                client.connection_pool.connection_kwargs.update(
+                client = connect_redis(
+                    self.redis_url,
+                    self.ssl_cert_reqs,
+                    decode_responses=False,
                     socket_timeout=SOCKET_TIMEOUT_S,
                     socket_connect_timeout=SOCKET_TIMEOUT_S,
-                    retry=Retry(NoBackoff(), 0),
                 )
+                use_fast_connections(client)
                 self._script = client.register_script(scripts.PROGRESS.source)
             return self._script
 

@@ -159,7 +159,7 @@ class Run:
         """Drop the running guard and the idempotency lock without an outcome (a retry follows)."""
 
         def once(_failures: int) -> None:
-            self.store.release(self.request.call_id, self.token)
+            self.store.release(self.request.call_id, self.request.turn_id, self.token)
             if self.idem_key_held is not None:
                 self.store.release_idempotency_lock(self.idem_key_held, self.token)
 

@@ -15,6 +15,16 @@ synthetic outcomes through the same first-writer-wins step) and `RELEASE` (a tur
 - `progress.lua` → `ProgressResult`: ADDED / ENDED / CALL_DONE (a tool's `ctx.progress`, `workers.progress`).
 - `slots.lua` → `SlotResult`: ACQUIRED / TOOL_FULL / TENANT_FULL, and releases (`workers.concurrency`).
 - `slot_waiting.lua` → `SlotWaitingResult`: ADDED / ENDED / CALL_DONE / TOLD (`tool_waiting_for_slot`).
+
+On a Redis Cluster (`workers.keys.is_cluster_layout`) every key one script is given must be in one slot, and
+the layout puts them there: a call's keys and its turn's in the turn's (a direct call's in its own), a tool's
+slots in the tool's, an idempotency record and its lock in their digest's. Two things differ there. A key a
+script goes without is given as another of its keys again instead of '' (which is a key of slot 0:
+`build_absent_key`, `workers.concurrency.build_slot_script_keys`). And the owner's inbox, another slot, is
+written by the caller, not by `start.lua` and `write_outcome.lua`: given an empty inbox prefix, they add
+nothing to it and name the owner in their reply, and the caller adds the same notification
+(`build_started_notification`, `build_outcome_notification`: the fields the scripts write on one Redis) with
+`build_notify_command`.
 """
 
 from __future__ import annotations
@@ -120,6 +130,56 @@ class Fence:
     holder: str
 
 
+def build_absent_key(first_key: str) -> str:
+    """What a script is given for a key it goes without (a call's turn lease when it has no turn, say): ''
+    on one Redis; on a Redis Cluster its first key again, since every key of a script must be in one slot and
+    '' is a key of slot 0. The scripts take either as none."""
+    return first_key if keys.is_cluster_layout() else ""
+
+
+def build_inbox_prefix(notify: bool | None = None) -> str:
+    """The inbox prefix `start.lua` and `write_outcome.lua` are given: `keys.INBOX_PREFIX` when they notify
+    the owner themselves (`notify`; default: on one Redis), '' when the caller does (on a Redis Cluster,
+    where the owner's inbox is in another slot than the call's keys)."""
+    in_script = not keys.is_cluster_layout() if notify is None else notify
+    return keys.INBOX_PREFIX if in_script else ""
+
+
+def build_started_notification(
+    turn_id: str, call_id: str, *, attempt: int, worker: str, at: str
+) -> dict[str, str]:
+    """The fields of a `started` notification in the owner's inbox, as `start.lua` writes them (in this
+    order): the turn, the call's wire id, the execution's attempt count, the worker, when it started (the
+    `at` the script was given)."""
+    return {
+        "kind": "started",
+        "turn": turn_id,
+        "call": call_id,
+        "attempt": str(attempt),
+        "worker": worker,
+        "at": at,
+    }
+
+
+def build_outcome_notification(turn_id: str, call_id: str, outcome_json: str) -> dict[str, str]:
+    """The fields of an `outcome` notification in the owner's inbox, as `write_outcome.lua` writes them: the
+    turn, the call's wire id and the outcome JSON itself when it is at most `keys.INBOX_OUTCOME_MAX_BYTES`
+    bytes ('' otherwise: the owner reads it from its key)."""
+    small = len(outcome_json.encode("utf-8")) <= keys.INBOX_OUTCOME_MAX_BYTES
+    return {"kind": "outcome", "turn": turn_id, "call": call_id, "outcome": outcome_json if small else ""}
+
+
+def build_notify_command(owner: str, fields: dict[str, str]) -> tuple[str | int, ...]:
+    """The XADD of one notification into `owner`'s inbox, capped as the scripts cap it (MAXLEN ~
+    `keys.INBOX_MAXLEN`). NOMKSTREAM: the scripts write only while the owner's lease lives, so its inbox
+    exists (`keys.build_inbox_ttl_s`); a caller that writes a moment after reading the lease creates none
+    that would never expire."""
+    words: list[str | int] = ["XADD", keys.inbox(owner), "NOMKSTREAM", "MAXLEN", "~", keys.INBOX_MAXLEN, "*"]
+    for field, value in fields.items():
+        words += [field, value]
+    return tuple(words)
+
+
 def build_write_outcome_call(
     call_id: str,
     turn_id: str | None,
@@ -128,38 +188,60 @@ def build_write_outcome_call(
     fence: Fence | None = None,
     *,
     ttls: tuple[int, int] | None = None,
+    notify: bool | None = None,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically; with `fence`, the
     write is refused (FENCED) once a later execution of the call has started. `ttls`: how long the outcome
-    and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`)."""
+    and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`).
+
+    `notify`: whether the script notifies the turn's owner itself (default: on one Redis). Without, its reply
+    is `[result, owner]` (`parse_write_reply`), and the caller of a WON write with an owner adds
+    `build_outcome_notification` to its inbox (`build_notify_command`)."""
     if ttls is None:
         settings = get_worker_settings()
         ttls = (settings.outcome_ttl_s, settings.audit_ttl_s)
+    outcome_key = keys.outcome(call_id, turn_id)
+    absent = build_absent_key(outcome_key)
     script_keys = [
-        keys.outcome(call_id),
-        keys.late_outcomes(call_id),
-        keys.turn_lease(turn_id) if turn_id else "",
-        reply_key or "",
+        outcome_key,
+        keys.late_outcomes(call_id, turn_id),
+        keys.turn_lease(turn_id) if turn_id else absent,
+        reply_key or absent,
     ]
     args = [
         outcome_json,
         str(ttls[0]),
-        keys.INBOX_PREFIX,
+        build_inbox_prefix(notify),
         call_id,
         turn_id or "",
         str(keys.INBOX_MAXLEN),
         str(keys.INBOX_OUTCOME_MAX_BYTES),
     ]
     if fence is not None:
-        script_keys.append(keys.fence(call_id))
+        script_keys.append(keys.fence(call_id, turn_id))
     args += [str(fence.attempt), fence.holder] if fence is not None else ["0", ""]
     args.append(str(ttls[1]))
     return script_keys, args
 
 
+def parse_owner(value: Any) -> str | None:
+    """An owner a script's reply names (an orchestrator id); None for none."""
+    if value is None or value is False or value in {b"", ""}:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parse_write_reply(reply: Any) -> tuple[WriteResult, str | None]:
+    """The reply of `write_outcome.lua`, and the owner the caller must notify of a WON write when the
+    script did not (its reply `[result, owner]`); None when the script notified, or there is no owner."""
+    if isinstance(reply, list | tuple):
+        return WriteResult(int(reply[0])), parse_owner(reply[1])
+    return WriteResult(int(reply)), None
+
+
 def parse_write_result(reply: Any) -> WriteResult:
-    """The reply of `write_outcome.lua`."""
-    return WriteResult(int(reply))
+    """The result of `write_outcome.lua`, whichever its reply's shape (`parse_write_reply`)."""
+    return parse_write_reply(reply)[0]
 
 
 def parse_release_result(reply: Any) -> ReleaseResult:
@@ -175,6 +257,12 @@ def parse_start_reply(reply: Any) -> tuple[int, int]:
     if result is StartResult.STARTED:
         return value, 0
     return result, value
+
+
+def parse_start_owner(reply: Any) -> str | None:
+    """The owner to notify of a started execution when `start.lua` did not (given an empty inbox prefix, its
+    reply is `[0, attempt, owner]`); None otherwise."""
+    return parse_owner(reply[2]) if len(reply) > 2 else None
 
 
 def parse_idempotency_claim(reply: Any) -> tuple[IdempotencyClaim, str | None]:

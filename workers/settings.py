@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers import keys
@@ -38,6 +38,10 @@ class WorkerSettings(BaseSettings):
     redis_master_name: str | None = None
     # For rediss:// URLs: "required" (default), "optional" or "none" — never silently unchecked.
     redis_ssl_cert_reqs: str = "required"
+    # The state Redis is a Redis Cluster (TOOLLOOP_REDIS_CLUSTER): `redis_url` names any of its nodes, keys
+    # carry hash tags (`workers.keys`), and the broker is elsewhere (kombu speaks no cluster): `broker_url`
+    # is required.
+    redis_cluster: bool = False
     # Broker URL when it is not the state Redis (e.g. RabbitMQ); default: the same Redis.
     broker_url: str | None = None
     tool_modules: str = "workers.examples"
@@ -60,6 +64,19 @@ class WorkerSettings(BaseSettings):
     # Serve the worker's own Prometheus `/metrics` (refused messages, `workers.metrics`) on this port
     # (TOOLLOOP_WORKER_METRICS_PORT); unset, none.
     worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_broker(self) -> WorkerSettings:
+        if self.redis_cluster and not self.broker_url:
+            raise ValueError(
+                "TOOLLOOP_REDIS_CLUSTER is on: set TOOLLOOP_BROKER_URL to the broker (a Redis of its own, or "
+                "RabbitMQ), since Celery's Redis transport does not speak Redis Cluster"
+            )
+        if self.redis_cluster != keys.is_cluster_layout():
+            # The layout was read from the environment at import; settings built otherwise (a test, a CLI
+            # flag) set it here, before any key is named.
+            keys.use_cluster_layout(self.redis_cluster)
+        return self
 
     @property
     def tool_module_list(self) -> list[str]:

@@ -24,6 +24,7 @@ from celery import signals
 
 from workers.connect import connect_redis
 from workers.descendants import end_descendants
+from workers.redis_errors import classify
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -70,16 +71,22 @@ def watch_stop(settings: WorkerSettings, grace_s: float, ping_timeout_s: float) 
 
 def redis_answers(settings: WorkerSettings, timeout_s: float) -> bool:
     """True when the worker's Redis answers a PING within `timeout_s`."""
-    client = connect_redis(
-        settings.redis_url,
-        settings.redis_ssl_cert_reqs,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry_on_timeout=False,
-    )
+    client: redis.Redis | None = None
     try:
+        client = connect_redis(
+            settings.redis_url,
+            settings.redis_ssl_cert_reqs,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry_on_timeout=False,
+        )
         return bool(client.ping())
-    except (redis.RedisError, OSError):
+    except Exception as exc:
+        # A Redis Cluster's client reads the slot map as it is made, and tells no node answered with an
+        # exception of its own, not a RedisError (the connection error behind it is what `classify` sees).
+        if classify(exc) is None:
+            raise
         return False
     finally:
-        client.close()
+        if client is not None:
+            client.close()

@@ -19,6 +19,9 @@ and hands each event to the subscriptions of its turn: N open streams cost one R
   the next covers the new turn, so a stream that opens right after its turn was submitted sees the first
   text delta as soon as it is written. Without a waker (or when the wake cannot be written) the read under way
   ends within `READ_BLOCK_MS`.
+- On a Redis Cluster one XREAD cannot span slots, and every turn's stream is in a slot of its own: each
+  followed turn then has a reader task of its own (blocking on its stream alone, on a connection of its node),
+  started by its first subscription and stopped with its last; the cursors and hand-out are the same.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ class EventFanout:
         # Under the client's socket timeout, as every blocking read (store.connection).
         self.block_ms = max(1, min(block_ms, block_cap_ms(redis)))
         self._subscriptions: dict[str, set[Subscription]] = {}
+        # On a Redis Cluster: the reader task of each followed turn.
+        self._per_turn = keys.is_cluster_layout()
+        self._turn_readers: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # The first pause short: a reader is what every open stream waits on.
@@ -129,11 +135,18 @@ class EventFanout:
 
     def start(self) -> None:
         """Start the reader task (on the running event loop)."""
-        if self._task is None:
+        if self._task is None and not self._per_turn:
             self._task = asyncio.create_task(self._run(), name="toolloop-api-events")
 
     async def aclose(self) -> None:
         """Stop the reader and close its connection; never waits on Redis."""
+        readers = list(self._turn_readers.values())
+        self._turn_readers.clear()
+        for reader in readers:
+            reader.cancel()
+        for reader in readers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -146,6 +159,11 @@ class EventFanout:
         """Follow `turn_id` from the event after `after`: its events come into the subscription's queue."""
         subscription = Subscription(turn_id, parse_stream_id(after), asyncio.Queue(self.buffer_events))
         self._subscriptions.setdefault(turn_id, set()).add(subscription)
+        if self._per_turn:
+            if turn_id not in self._turn_readers:
+                reader = asyncio.create_task(self._run_turn(turn_id), name=f"toolloop-api-events-{turn_id}")
+                self._turn_readers[turn_id] = reader
+            return subscription
         self._changed.set()
         current = self._current
         start = current.starts.get(turn_id) if current is not None else None
@@ -178,6 +196,9 @@ class EventFanout:
             subs.discard(subscription)
             if not subs:
                 del self._subscriptions[subscription.turn_id]
+                reader = self._turn_readers.pop(subscription.turn_id, None)
+                if reader is not None and reader is not asyncio.current_task():
+                    reader.cancel()
 
     async def _run(self) -> None:
         while True:
@@ -210,6 +231,33 @@ class EventFanout:
                 # A bug here must not end every stream of the process: say it loudly and read again.
                 log.exception("events reader: could not hand out what it read")
                 await asyncio.sleep(self._backoff.next_s())
+
+    async def _run_turn(self, turn_id: str) -> None:
+        # One turn's reader on a Redis Cluster: as `_run`, for its stream alone, until its last subscription
+        # goes (its end handed out, or its clients gone).
+        key = keys.turn_events(turn_id)
+        backoff = Backoff(first_s=0.05)
+        try:
+            while subs := self._subscriptions.get(turn_id):
+                read = _Read({turn_id: min(s.cursor for s in subs)})
+                try:
+                    reply = await self._redis.xread(
+                        read.build_streams(), count=READ_COUNT, block=self.block_ms
+                    )
+                except REDIS_ERRORS as exc:
+                    self._failed(exc)
+                    await asyncio.sleep(backoff.next_s())
+                    continue
+                backoff.reset()
+                self._succeeded()
+                try:
+                    self._hand_out(read, [(k, e) for k, e in parse_xread_groups(reply) if k == key])
+                except Exception:
+                    log.exception("events reader of %s: could not hand out what it read", turn_id)
+                    await asyncio.sleep(backoff.next_s())
+        finally:
+            if self._turn_readers.get(turn_id) is asyncio.current_task():
+                del self._turn_readers[turn_id]
 
     def _hand_out(
         self, read: _Read, groups: list[tuple[str, Sequence[tuple[Any, Mapping[Any, Any]]]]]

@@ -172,12 +172,13 @@ def build_call_flow(
     app = get_producer_app(settings)
     task_id = yield BlockingCall(partial(dispatch_call, app, spec, request))
     yield from flows.wait_reply(reply_key, call.timeout_s + REPLY_GRACE_S, cap_ms=cap_ms, clock=clock)
-    outcome: ToolOutcome | None = yield operations.get_tool_outcome(request.call_id)
+    outcome: ToolOutcome | None = yield operations.get_tool_outcome(request.call_id, None)
     if outcome is None:
         synthetic = build_timeout_outcome(request, call.timeout_s)
-        if (yield operations.write_outcome(synthetic)) is WriteResult.WON:
+        written: tuple[WriteResult, str | None] = yield operations.write_outcome(synthetic)
+        if written[0] is WriteResult.WON:  # a direct call has no turn: no owner to tell
             yield BlockingCall(partial(revoke_call, app, task_id, terminate=True))
-        outcome = yield operations.get_tool_outcome(request.call_id)
+        outcome = yield operations.get_tool_outcome(request.call_id, None)
     yield operations.delete(reply_key)
     assert outcome is not None
     return outcome

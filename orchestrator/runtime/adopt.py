@@ -187,7 +187,7 @@ async def read_missed_outcomes(store: TurnStore, state: TurnState) -> list[ToolF
     if state.terminal or state.current is None:
         return []
     pending = [build_wire_call_id(state.turn_id, c.call_id) for c in state.current.calls if not c.finished]
-    outcomes = await store.read_outcomes(pending)
+    outcomes = await store.read_outcomes(dict.fromkeys(pending, state.turn_id))
     now = time.time()
     return [ToolFinished(outcome=to_local_outcome(outcomes[c]), at=now) for c in pending if c in outcomes]
 

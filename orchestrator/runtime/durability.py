@@ -40,10 +40,11 @@ from orchestrator.model import (
 )
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id
-from orchestrator.store import losses, operations
+from orchestrator.store import cluster, flows, losses
 from orchestrator.store.losses import LostResult, RedisLoss
 from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.turns import TurnStore
+from workers import keys
 from workers.contract import FailureKind, ToolOutcome, build_failure
 from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify
 
@@ -344,5 +345,7 @@ class DurabilityWatcher:
         operation = losses.record_lost(handle.turn_id, record.request, record.outcome, now, ttl_s)
         if await self._runner.run(operation) is not LostResult.RECORDED:
             return
+        if keys.is_cluster_layout():
+            await self._runner.run(cluster.leave(handle.turn_id))
         for outcome in record.call_outcomes:
-            await self._runner.run(operations.write_outcome(outcome, self._retention))
+            await self._runner.run_flow(flows.write_outcome(outcome, self._retention))

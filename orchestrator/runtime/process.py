@@ -432,9 +432,9 @@ class Runtime:
     async def _handle_inbox(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         batch = parse_inbox(entries)
         outcomes = parse_payloads(batch.payloads)
-        missing = [
-            c for t, calls in batch.outcomes.items() if t in self.turns for c in calls if c not in outcomes
-        ]
+        missing = {
+            c: t for t, calls in batch.outcomes.items() if t in self.turns for c in calls if c not in outcomes
+        }
         if missing:
             outcomes.update(await self.store.read_outcomes(missing))
         now = time.time()

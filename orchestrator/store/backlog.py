@@ -252,13 +252,13 @@ class BacklogReader:
         statuses: dict[str, TurnStatus | None] = {}
         for start in range(0, len(ids), _MGET_CHUNK):
             chunk = ids[start : start + _MGET_CHUNK]
-            replies = await client.mget([keys.turn_status(turn_id) for turn_id in chunk])
+            replies = await _get_many(client, [keys.turn_status(turn_id) for turn_id in chunk])
             statuses.update(zip(chunk, map(_parse_status, replies), strict=True))
         counted = {TurnStatus.QUEUED, TurnStatus.RUNNING}
         unknown = [turn_id for turn_id, s in statuses.items() if s in counted and turn_id not in self._labels]
         for start in range(0, len(unknown), _REQUEST_CHUNK):
             chunk = unknown[start : start + _REQUEST_CHUNK]
-            requests = await client.mget([keys.turn_request(turn_id) for turn_id in chunk])
+            requests = await _get_many(client, [keys.turn_request(turn_id) for turn_id in chunk])
             for turn_id, raw in zip(chunk, requests, strict=True):
                 self._labels[turn_id] = build_turn_labels(raw, self.tenants, self.priorities)
         self._labels = {turn_id: label for turn_id, label in self._labels.items() if turn_id in statuses}
@@ -273,3 +273,13 @@ class BacklogReader:
             pipe.zcount(keys.model_budget_line(key), since_ms, "+inf")
         replies = await pipe.execute()
         return {key: int(count) for key, count in zip(self.model_limit_keys, replies, strict=True)}
+
+
+async def _get_many(client: aioredis.Redis, names: list[str]) -> list[Any]:
+    # One MGET; on a Redis Cluster, where each turn's keys are in a slot of their own, a pipeline of GETs.
+    if not keys.is_cluster_layout():
+        return list(await client.mget(names))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    return list(await pipe.execute())

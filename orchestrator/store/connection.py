@@ -53,11 +53,13 @@ def build_shown_url(redis_url: str) -> str:
 def _socket_timeout_s(client: Any) -> float | None:
     # The read timeout redis-py applies on `client`'s connections (sync or asyncio); None: no timeout. A
     # Sentinel pool is a connection pool too: its kwargs and connection class say the same of the master's.
-    pool = client.connection_pool
-    if "socket_timeout" in pool.connection_kwargs:
-        value = pool.connection_kwargs["socket_timeout"]
+    # A cluster client has no one pool: each node's connections get the client's keyword arguments.
+    pool = getattr(client, "connection_pool", None)
+    kwargs = pool.connection_kwargs if pool is not None else client.get_connection_kwargs()
+    if "socket_timeout" in kwargs:
+        value = kwargs["socket_timeout"]
     else:
-        value = _default_socket_timeout(pool.connection_class)
+        value = _default_socket_timeout(pool.connection_class if pool is not None else redis.Connection)
     return None if value is None else float(value)
 
 

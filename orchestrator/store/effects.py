@@ -1,7 +1,8 @@
 """What the stores ask of Redis, as values (sans-IO): an operation and the parser of its reply.
 
-An `Operation` is one round trip — a `RedisCommand`, a `ScriptCall` or a `Transaction` — built by a pure
-function of `orchestrator.store.operations`, with the function that turns the raw reply into a typed value.
+An `Operation` is one round trip — a `RedisCommand`, a `ScriptCall`, a `Transaction` or a `Batch` —
+built by a pure function of `orchestrator.store.operations`, with the function that turns the raw reply
+into a typed value.
 A flow (`orchestrator.store.flows`, `orchestrator.client.direct`) is a generator that yields effects and
 receives their parsed replies, so each multi-step flow is written once; a runner (`orchestrator.store.runner`)
 performs it on a sync or an asyncio Redis client. An `Effect` is an operation or a `BlockingCall` (a
@@ -47,6 +48,20 @@ class Transaction(Generic[T]):
 
 
 @dataclass(frozen=True)
+class Batch(Generic[T]):
+    """Commands and scripts sent together in one pipeline, without a transaction: on a Redis Cluster each goes
+    to the master of its own slot (redis-py's cluster pipeline groups them by node), so keys of many turns are
+    read or written in one round trip per node. `combine` gets each one's parsed reply, in order."""
+
+    operations: tuple[RedisCommand[Any] | ScriptCall[Any], ...]
+    combine: Callable[[list[Any]], T]
+
+    def parse(self, replies: list[Any]) -> T:
+        """Each reply parsed by its operation, then combined."""
+        return self.combine([op.parse(r) for op, r in zip(self.operations, replies, strict=True)])
+
+
+@dataclass(frozen=True)
 class BlockingCall(Generic[T]):
     """A blocking call that is not Redis (publishing to Celery): the async runner runs it in a thread."""
 
@@ -60,8 +75,8 @@ class Item(Generic[T]):
     value: T
 
 
-Operation: TypeAlias = RedisCommand[T] | ScriptCall[T] | Transaction[T]
-Effect: TypeAlias = RedisCommand[Any] | ScriptCall[Any] | Transaction[Any] | BlockingCall[Any]
+Operation: TypeAlias = RedisCommand[T] | ScriptCall[T] | Transaction[T] | Batch[T]
+Effect: TypeAlias = RedisCommand[Any] | ScriptCall[Any] | Transaction[Any] | Batch[Any] | BlockingCall[Any]
 # A flow yields steps, receives each one's parsed reply, and returns its result.
 Flow: TypeAlias = Generator[Effect, Any, T]
 # A flow whose consumer iterates the values it emits.

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.errors import CallNotWaitingError, UnknownAgentError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
 from orchestrator.model import ChildReport, ParentLink, TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, history, operations
+from orchestrator.store import cluster, codec, history, operations
 from orchestrator.store.agents import get_agents
 from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue, get_catalogue, get_tool_catalogue
 from orchestrator.store.codec import TurnEvent
@@ -91,6 +91,8 @@ def submit(
     TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when `recent`, the caller's last
     read, has them all), and its client-side tools' names (`check_client_tools`)."""
     codec.check_turn_request(request)
+    if keys.is_cluster_layout():
+        cluster.refuse_conversation(request)
     if check is not None:
         check(request)
     tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
@@ -110,7 +112,10 @@ def submit(
             catalogue = tools.known(now, tool_gone_after_s)
         check_tool_names(requested, catalogue)
         check_client_tools(request, catalogue)
-    yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
+    if keys.is_cluster_layout():
+        yield from cluster.submit(request, tid, now)
+    else:
+        yield operations.submit(request, tid, now)  # EXISTS too is success: a retried submit is a no-op
     return tid
 
 
@@ -132,9 +137,11 @@ def claim(
     parked turn, a previous release's submit) is claimed by the next step — and tries again."""
     deadline = clock() + timeout_s
     while True:
-        claimed: codec.ClaimedTurn | codec.ClaimAgain | None = yield operations.claim(
-            orchestrator_id, ttl_ms, caps
-        )
+        claimed: codec.ClaimedTurn | codec.ClaimAgain | None
+        if keys.is_cluster_layout():
+            claimed = yield from cluster.claim(orchestrator_id, ttl_ms, caps)
+        else:
+            claimed = yield operations.claim(orchestrator_id, ttl_ms, caps)
         if isinstance(claimed, codec.ClaimedTurn):
             return claimed
         if isinstance(claimed, codec.ClaimAgain):
@@ -185,14 +192,19 @@ def save_outcome(
     result: FinishResult = yield operations.save_outcome(
         turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id
     )
+    if keys.is_cluster_layout():
+        yield cluster.leave(turn_id)  # whichever terminal write won: the first one's owner may have died
     return result
 
 
 def write_outcome(outcome: ToolOutcome, retention: Retention = DEFAULT_RETENTION) -> Flow[ToolOutcome]:
     """First writer wins: the outcome stored for the call, `outcome` or an earlier one."""
-    if (yield operations.write_outcome(outcome, retention)) is WriteResult.WON:
+    result, owner = yield operations.write_outcome(outcome, retention)
+    if owner is not None:
+        yield operations.notify_owner(owner, outcome)
+    if result is WriteResult.WON:
         return outcome
-    winner: ToolOutcome | None = yield operations.get_tool_outcome(outcome.call_id)
+    winner: ToolOutcome | None = yield operations.get_tool_outcome(outcome.call_id, outcome.turn_id)
     return winner if winner is not None else outcome
 
 
@@ -222,6 +234,8 @@ def send_control(
         decided_by=decided_by,
         result=result_json,
     )
+    if isinstance(result, operations.OwnerToTell):
+        result = yield from cluster.tell_owner(turn_id, result)
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
     if result is ControlResult.DECIDED:
@@ -415,7 +429,11 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
 def list_pending(limit: int = 1000) -> Flow[list[tuple[str, PendingApproval]]]:
     """Every call waiting for a person, with its turn's id, the longest waiting first (`toolloop pending`):
     the active turns' statuses in one round trip, then the view of each waiting one (at most `limit`)."""
-    statuses: list[tuple[str, TurnStatus | None]] = yield operations.read_active_statuses()
+    statuses: list[tuple[str, TurnStatus | None]]
+    if keys.is_cluster_layout():
+        statuses = yield from cluster.read_active_statuses()
+    else:
+        statuses = yield operations.read_active_statuses()
     found: list[tuple[str, PendingApproval]] = []
     for turn_id, status in statuses:
         if status is not TurnStatus.WAITING:

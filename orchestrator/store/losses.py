@@ -23,13 +23,9 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec
-from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction
+from orchestrator.store.effects import Batch, RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.scripts import RECORD_LOST
 from workers import keys
-
-MARKER = keys.REDIS_MARKER
-LOSSES = keys.REDIS_LOSSES
-
 
 # How a lost turn's outcome says what happened: `error.provider` and `error.code` (`is_lost_outcome`).
 LOST_PROVIDER = "redis"
@@ -91,30 +87,36 @@ def is_lost_outcome(outcome: TurnOutcome | None) -> bool:
 
 
 def _parse_run_id(reply: Any) -> str:
-    return codec.text(reply["run_id"])
+    if "run_id" in reply:
+        return codec.text(reply["run_id"])
+    # A Redis Cluster answers for each of its nodes: their run ids together change when any master restarts
+    # or fails over.
+    return ",".join(sorted(codec.text(info["run_id"]) for info in reply.values()))
 
 
 def get_run_id() -> RedisCommand[str]:
-    """The server's run id: a new one after every restart or failover."""
+    """The server's run id (a cluster's: its nodes' together): a new one after every restart or failover."""
     return RedisCommand(("INFO", "server"), _parse_run_id)
 
 
 def get_marker() -> RedisCommand[str | None]:
     """The run id under which the marker was written; None when Redis has no marker."""
-    return RedisCommand(("GET", MARKER), lambda reply: None if reply is None else codec.text(reply))
+    marker = keys.REDIS_MARKER
+    return RedisCommand(("GET", marker), lambda reply: None if reply is None else codec.text(reply))
 
 
 def set_marker(run_id: str) -> RedisCommand[bool]:
     """Write the marker under `run_id` unless one is there (only its absence after a restart tells)."""
-    return RedisCommand(("SET", MARKER, run_id, "NX"), lambda reply: reply is not None and bool(reply))
+    words = ("SET", keys.REDIS_MARKER, run_id, "NX")
+    return RedisCommand(words, lambda reply: reply is not None and bool(reply))
 
 
 def note_loss(loss: RedisLoss) -> Transaction[bool]:
     """Note a loss (the first orchestrator to notice it writes the note) and mark the new run id."""
     commands: tuple[tuple[str | int | float, ...], ...] = (
-        ("HSETNX", LOSSES, loss.new_run_id, loss.model_dump_json()),
-        ("EXPIRE", LOSSES, keys.TURN_TTL_S),
-        ("SET", MARKER, loss.new_run_id, "NX"),
+        ("HSETNX", keys.REDIS_LOSSES, loss.new_run_id, loss.model_dump_json()),
+        ("EXPIRE", keys.REDIS_LOSSES, keys.TURN_TTL_S),
+        ("SET", keys.REDIS_MARKER, loss.new_run_id, "NX"),
     )
     return Transaction(commands, lambda replies: bool(replies[0]))
 
@@ -132,12 +134,16 @@ def _parse_losses(reply: Any) -> list[RedisLoss]:
 
 def read_losses() -> RedisCommand[list[RedisLoss]]:
     """Every noted loss still kept, oldest first."""
-    return RedisCommand(("HGETALL", LOSSES), _parse_losses)
+    return RedisCommand(("HGETALL", keys.REDIS_LOSSES), _parse_losses)
 
 
-def find_missing_turns(turn_ids: list[str]) -> RedisCommand[list[str]]:
-    """Of `turn_ids`, those whose status key is gone (one MGET): a held turn always has one."""
+def find_missing_turns(turn_ids: list[str]) -> RedisCommand[list[str]] | Batch[list[str]]:
+    """Of `turn_ids`, those whose status key is gone (one MGET; on a cluster, one GET each in a pipeline, as
+    each turn's keys are in their own slot): a held turn always has one."""
     ids = list(turn_ids)
+    if keys.is_cluster_layout():
+        gets = tuple(RedisCommand(("GET", keys.turn_status(t)), parse_reply) for t in ids)
+        return Batch(gets, lambda raw: [t for t, value in zip(ids, raw, strict=True) if value is None])
     return RedisCommand(
         ("MGET", *(keys.turn_status(t) for t in ids)),
         lambda raw: [t for t, value in zip(ids, raw, strict=True) if value is None],
@@ -158,7 +164,7 @@ def record_lost(
         keys.turn_status(turn_id),
         keys.turn_outcome(turn_id),
         keys.turn_events(turn_id),
-        keys.TURNS_ACTIVE,
+        "" if keys.is_cluster_layout() else keys.TURNS_ACTIVE,  # a cluster's caller runs `cluster.leave`
     )
     args = (
         turn_id,

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import codec, history, scripts, turn_view
 from orchestrator.store.codec import ControlRequest, TurnEvent
-from orchestrator.store.effects import RedisCommand, ScriptCall, Transaction, parse_reply
+from orchestrator.store.effects import Batch, RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.history import Appended
 from orchestrator.store.scripts import (
     ControlResult,
@@ -36,7 +37,13 @@ from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import ToolOutcome, build_consumed_stub, dump_tool_outcome
 from workers.records import warn_once
-from workers.scripts import build_write_outcome_call, parse_release_result, parse_write_result
+from workers.scripts import (
+    build_notify_command,
+    build_outcome_notification,
+    build_write_outcome_call,
+    parse_release_result,
+    parse_write_reply,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("toolloop.store")
@@ -69,11 +76,18 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     """Store a checked request and queue it, or park it behind its conversation (`submit.lua`)."""
     conversation = request.conversation_id
     event = {"turn_id": turn_id, "conversation_id": conversation, "model": request.model}
-    keys_ = [keys.turn_request(turn_id), keys.turn_status(turn_id), keys.TURNS_ACTIVE]
-    keys_ += [keys.turn_events(turn_id), keys.turn_queue(request.priority, request.tenant)]
+    # On a cluster the queue's side is another slot's (`cluster.enqueue`): '' keys leave it out.
+    queue_side = not keys.is_cluster_layout()
+    keys_ = [keys.turn_request(turn_id), keys.turn_status(turn_id), keys.TURNS_ACTIVE if queue_side else ""]
+    keys_ += [
+        keys.turn_events(turn_id),
+        keys.turn_queue(request.priority, request.tenant) if queue_side else "",
+    ]
     keys_ += [keys.conversation_lock(conversation) if conversation else ""]
     keys_ += [keys.conversation_waiting(conversation) if conversation else "", keys.TURNS_RECENT]
     keys_ += [keys.lane_tenants(request.priority), keys.TURNS_READY]
+    if not queue_side:
+        keys_ = [k if i in (0, 1, 3) else "" for i, k in enumerate(keys_)]
     args: list[str | int] = [turn_id, codec.dump_request(request), repr(now), json.dumps(event)]
     args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
     args += [request.tenant, keys.READY_TOKENS_MAX]
@@ -127,10 +141,14 @@ def claim(
     return _script(scripts.CLAIM, keys_, args, codec.parse_claim)
 
 
-def take_over(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[TakeOverResult]:
-    """Lease an orphaned turn (`take_over.lua`)."""
-    keys_ = [keys.turn_lease(turn_id), keys.turn_status(turn_id), keys.TURNS_CLAIMING]
-    args = _lease_args(turn_id, orchestrator_id, ttl_ms)
+def take_over(
+    orchestrator_id: str, turn_id: str, ttl_ms: int, *, claiming: bool | None = None
+) -> ScriptCall[TakeOverResult]:
+    """Lease an orphaned turn (`take_over.lua`); with `claiming` (a cluster's caller read the claiming list),
+    the script does not read the list itself."""
+    list_key = keys.TURNS_CLAIMING if claiming is None else ""
+    keys_ = [keys.turn_lease(turn_id), keys.turn_status(turn_id), list_key]
+    args = [*_lease_args(turn_id, orchestrator_id, ttl_ms), "1" if claiming else ""]
     return _script(scripts.TAKE_OVER, keys_, args, lambda reply: TakeOverResult(int(reply)))
 
 
@@ -150,7 +168,8 @@ def keep_inbox(orchestrator_id: str, ttl_ms: int, now: float) -> ScriptCall[bool
     orchestrators not seen within `ttl_ms` (`keep_inbox.lua`); True when the inbox was missing."""
     return _script(
         scripts.KEEP_INBOX,
-        [keys.inbox(orchestrator_id), keys.ORCHESTRATORS],
+        # On a cluster the orchestrators' set is trimmed by a command of its own (`cluster.keep_inbox`).
+        [keys.inbox(orchestrator_id), "" if keys.is_cluster_layout() else keys.ORCHESTRATORS],
         [ttl_ms, repr(now)],
         lambda created: bool(int(created)),
     )
@@ -180,7 +199,10 @@ def park(orchestrator_id: str, turn_id: str, look_at: float, control_after: str)
     """Give up the lease of a turn that only waits for people and put it in the parked set, to be queued by
     an answer or at `look_at` (epoch s); not when its control stream has a request past `control_after`
     (`park.lua`)."""
-    keys_ = [keys.turn_lease(turn_id), keys.TURNS_PARKED, keys.turn_control(turn_id)]
+    parked = (
+        "" if keys.is_cluster_layout() else keys.TURNS_PARKED
+    )  # a cluster's caller adds it (cluster.park)
+    keys_ = [keys.turn_lease(turn_id), parked, keys.turn_control(turn_id)]
     args: list[str | int] = [orchestrator_id, turn_id, repr(look_at), control_after]
     return _script(scripts.PARK, keys_, args, lambda reply: ParkResult(int(reply)))
 
@@ -303,7 +325,7 @@ def save_step(
         add.history_key if add.messages else "",
         add.log_key if add.log else "",
     ]
-    keys_ += [keys.outcome(outcome.call_id) for outcome in add.consumed]
+    keys_ += [keys.outcome(outcome.call_id, turn_id) for outcome in add.consumed]
     return _script(scripts.SAVE_STEP, keys_, args, lambda reply: SaveResult(int(reply)))
 
 
@@ -322,22 +344,24 @@ def save_outcome(
     The stored outcome and the conversation's head reference the turn's history list, whose first
     `len(outcome.messages)` entries are the outcome's messages (persisted by the steps before)."""
     history_key = keys.history(turn_id, conversation_id)
+    # On a cluster the queue's side of the end is `cluster.leave`'s, in the queue's slot: '' here.
+    queue_side = not keys.is_cluster_layout()
     keys_ = [
         keys.turn_outcome(turn_id),
         keys.turn_status(turn_id),
-        keys.TURNS_ACTIVE,
+        keys.TURNS_ACTIVE if queue_side else "",
         keys.turn_events(turn_id),
         keys.turn_request(turn_id),
         keys.turn_state(turn_id),
         keys.turn_control(turn_id),
-        keys.TURN_QUEUE,
+        keys.TURN_QUEUE if queue_side else "",
         keys.conversation_head(conversation_id) if conversation_id else "",
         keys.conversation_lock(conversation_id) if conversation_id else "",
         keys.conversation_waiting(conversation_id) if conversation_id else "",
         history_key,
         keys.turn_log(turn_id),
         keys.turn_lease(turn_id) if orchestrator_id else "",
-        keys.TURNS_READY,
+        keys.TURNS_READY if queue_side else "",
     ]
     summary = codec.build_turn_summary(turn_id, outcome)
     stored = history.dump_outcome(outcome, history_key)
@@ -383,6 +407,18 @@ def read_events(
     )
 
 
+@dataclass(frozen=True)
+class OwnerToTell:
+    """What `control.lua` recorded on a Redis Cluster, for its caller to tell: the owner (None: nobody holds
+    the turn), the request's kind, call and approval ('1', '0', ''), and its control stream entry's id."""
+
+    owner: str | None
+    kind: str
+    call_id: str
+    approved: str
+    entry_id: str
+
+
 def control(
     turn_id: str,
     kind: str,
@@ -394,7 +430,7 @@ def control(
     reason: str | None = None,
     decided_by: str | None = None,
     result: str | None = None,
-) -> ScriptCall[ControlResult]:
+) -> ScriptCall[ControlResult | OwnerToTell]:
     """A cancel (`kind="cancel"`) or an approval of `call_id`, told to the turn's owner, or waking the turn
     when it is parked (`control.lua`); an approval may carry edited `arguments` (stored as JSON), a `reason`
     (what a denial tells the model) and who decided (`decided_by`). A client-side tool's answer
@@ -403,13 +439,24 @@ def control(
     `result`."""
     if kind in {"approval", "client_result", "child_result"} and not call_id:
         raise ValueError("call_id must not be empty")
+    # On a cluster the owner's inbox and the parked set are other slots': the caller tells or wakes
+    # (`cluster.tell_owner`), from the owner the script returns.
+    queue_side = not keys.is_cluster_layout()
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
-    keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE]
+    keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE] if queue_side else ["", ""]
     approved_arg = "" if approved is None else ("1" if approved else "0")
-    args: list[str | int] = [keys.INBOX_PREFIX, turn_id, kind, call_id or "", approved_arg, repr(now)]
+    inbox_prefix = keys.INBOX_PREFIX if queue_side else ""
+    args: list[str | int] = [inbox_prefix, turn_id, kind, call_id or "", approved_arg, repr(now)]
     args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
     args += [codec.dump_control_arguments(arguments), reason or "", decided_by or "", result or ""]
-    return _script(scripts.CONTROL, keys_, args, lambda reply: ControlResult(int(reply)))
+
+    def parse(reply: Any) -> ControlResult | OwnerToTell:
+        if not isinstance(reply, list):
+            return ControlResult(int(reply))
+        owner = codec.text(reply[1]) if reply[1] else None
+        return OwnerToTell(owner, kind, call_id or "", approved_arg, codec.text(reply[2]))
+
+    return _script(scripts.CONTROL, keys_, args, parse)
 
 
 def read_control(turn_id: str, after: str) -> RedisCommand[list[ControlRequest]]:
@@ -423,15 +470,26 @@ def read_control(turn_id: str, after: str) -> RedisCommand[list[ControlRequest]]
 # --- tool outcomes, the inbox, the orchestrator registry -------------------------------------------------
 
 
-def read_outcomes(call_ids: Sequence[str]) -> RedisCommand[dict[str, ToolOutcome]]:
-    """The stored outcomes of these calls (at least one), those that have one, in one MGET."""
-    ids = list(call_ids)
+def read_outcomes(
+    calls: Mapping[str, str | None],
+) -> RedisCommand[dict[str, ToolOutcome]] | Batch[dict[str, ToolOutcome]]:
+    """The stored outcomes of these calls (wire id -> its turn id; at least one), those that have one, in one
+    MGET (on a Redis Cluster one per turn, each in its turn's slot, in one pipeline)."""
+    if not keys.is_cluster_layout():
+        return _mget_outcomes(list(calls.items()))
+    by_turn: dict[str | None, list[tuple[str, str | None]]] = {}
+    for call_id, turn_id in calls.items():
+        by_turn.setdefault(turn_id, []).append((call_id, turn_id))
+    mgets = tuple(_mget_outcomes(group) for group in by_turn.values())
+    return Batch(mgets, lambda found: {c: o for part in found for c, o in part.items()})
 
+
+def _mget_outcomes(calls: list[tuple[str, str | None]]) -> RedisCommand[dict[str, ToolOutcome]]:
     def parse(raw: list[Any]) -> dict[str, ToolOutcome]:
-        found = {c: _read_outcome(c, v) for c, v in zip(ids, raw, strict=True)}
+        found = {c: _read_outcome(c, v) for (c, _), v in zip(calls, raw, strict=True)}
         return {c: o for c, o in found.items() if o is not None}
 
-    return RedisCommand(("MGET", *(keys.outcome(c) for c in ids)), parse)
+    return RedisCommand(("MGET", *(keys.outcome(c, t) for c, t in calls)), parse)
 
 
 def _read_outcome(call_id: str, raw: Any) -> ToolOutcome | None:
@@ -446,20 +504,27 @@ def _read_outcome(call_id: str, raw: Any) -> ToolOutcome | None:
         return None
 
 
-def get_tool_outcome(call_id: str) -> RedisCommand[ToolOutcome | None]:
+def get_tool_outcome(call_id: str, turn_id: str | None) -> RedisCommand[ToolOutcome | None]:
     """The call's winning outcome, if any."""
-    return RedisCommand(("GET", keys.outcome(call_id)), codec.parse_tool_outcome)
+    return RedisCommand(("GET", keys.outcome(call_id, turn_id)), codec.parse_tool_outcome)
 
 
 def write_outcome(
     outcome: ToolOutcome, retention: keys.Retention = keys.DEFAULT_RETENTION
-) -> ScriptCall[WriteResult]:
-    """First writer wins, notifying the turn's owner (`write_outcome.lua`, the workers' own)."""
+) -> ScriptCall[tuple[WriteResult, str | None]]:
+    """First writer wins, notifying the turn's owner (`write_outcome.lua`, the workers' own); with the owner
+    still to notify (`notify_owner`) when the script could not, on a Redis Cluster."""
     ttls = (retention.outcome_ttl_s, retention.audit_ttl_s)
     keys_, args = build_write_outcome_call(
         outcome.call_id, outcome.turn_id, dump_tool_outcome(outcome), ttls=ttls
     )
-    return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_result)
+    return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_reply)
+
+
+def notify_owner(owner: str, outcome: ToolOutcome) -> RedisCommand[Any]:
+    """The `outcome` notification `write_outcome.lua` writes on one Redis, into `owner`'s inbox."""
+    fields = build_outcome_notification(outcome.turn_id or "", outcome.call_id, dump_tool_outcome(outcome))
+    return RedisCommand(build_notify_command(owner, fields), parse_reply)
 
 
 def pop_reply(reply_key: str, block_s: float) -> RedisCommand[bool]:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.model import TurnStatus
 from orchestrator.store import codec
-from orchestrator.store.effects import Flow, RedisCommand, Transaction, parse_reply
+from orchestrator.store.effects import Batch, Flow, RedisCommand, Transaction, parse_reply
 from orchestrator.store.runner import AsyncRunner
 from workers import keys
 from workers.contract import DEFAULT_TENANT
@@ -130,9 +130,12 @@ def read_recent_ids(start: int, count: int) -> RedisCommand[list[tuple[str, floa
     return RedisCommand(("ZREVRANGE", keys.TURNS_RECENT, start, start + count - 1, "WITHSCORES"), parse)
 
 
-def read_turns(cursors: Sequence[tuple[str, str]]) -> Transaction[list[tuple[Any, Any, Any]]]:
+def read_turns(
+    cursors: Sequence[tuple[str, str]],
+) -> Transaction[list[tuple[Any, Any, Any]]] | Batch[list[tuple[Any, Any, Any]]]:
     """For each (turn id, cursor): its status, its request (only when nothing was read of it yet, cursor "-")
-    and up to `EVENTS_PER_READ` of its events after the cursor, in one round trip."""
+    and up to `EVENTS_PER_READ` of its events after the cursor, in one round trip (on a Redis Cluster, where
+    each turn is in a slot of its own, a pipeline: each turn read at its own moment)."""
     commands: list[tuple[str | int | float, ...]] = []
     for turn_id, cursor in cursors:
         commands.append(("GET", keys.turn_status(turn_id)))
@@ -152,6 +155,8 @@ def read_turns(cursors: Sequence[tuple[str, str]]) -> Transaction[list[tuple[Any
                 index += 2
         return found
 
+    if keys.is_cluster_layout():
+        return Batch(tuple(RedisCommand(words, parse_reply) for words in commands), parse)
     return Transaction(tuple(commands), parse)
 
 

@@ -22,18 +22,22 @@ once, as before.
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, assert_never
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 
 from orchestrator.errors import RedisUnavailableError
 from orchestrator.store.effects import (
+    Batch,
     BlockingCall,
     Effect,
     Flow,
@@ -44,7 +48,8 @@ from orchestrator.store.effects import (
     Stream,
     Transaction,
 )
-from workers.redis_errors import REDIS_ERRORS, is_transient
+from workers.keys import is_cluster_layout
+from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify, is_transient
 from workers.redis_retry import build_backoff_s
 from workers.scripts import Script
 
@@ -123,14 +128,95 @@ def send(client: Any, operation: Operation[Any], registered: dict[Script, Any]) 
         case ScriptCall(script=script, keys=keys, args=args):
             if script not in registered:
                 registered[script] = client.register_script(script.source)
-            return registered[script](keys=list(keys), args=list(args))
+            return registered[script](keys=fill_absent_keys(keys), args=list(args))
         case Transaction(commands=commands):
+            if isinstance(client, aiocluster.RedisCluster):
+                return _send_transaction_cluster(client, commands)
             pipe = client.pipeline(transaction=True)
             for words in commands:
                 pipe.execute_command(*words)
             return pipe.execute()
+        case Batch(operations=operations):
+            if isinstance(client, aioredis.Redis | aiocluster.RedisCluster):
+                return _send_batch_async(client, operations)
+            return _send_batch(client, operations)
         case _:
             assert_never(operation)
+
+
+def fill_absent_keys(keys: Sequence[str]) -> list[str]:
+    """A script's KEYS with each absent one ('') written as the scripts read it (their `given`): '' on one
+    Redis, the first key again on a Redis Cluster, where every key a script is given must be in its slot."""
+    if not keys or not is_cluster_layout():
+        return list(keys)
+    return [key or keys[0] for key in keys]
+
+
+@functools.cache
+def _sha(script: Script) -> str:
+    # The name Redis gives a script (EVALSHA).
+    return hashlib.sha1(script.source.encode("utf-8")).hexdigest()  # Redis's own naming
+
+
+def _fill(pipe: Any, operations: tuple[RedisCommand[Any] | ScriptCall[Any], ...]) -> None:
+    for op in operations:
+        if isinstance(op, ScriptCall):
+            # By its words: redis-py blocks a cluster pipeline's `evalsha` method, not the command it routes.
+            pipe.execute_command(
+                "EVALSHA", _sha(op.script), len(op.keys), *fill_absent_keys(op.keys), *op.args
+            )
+        else:
+            pipe.execute_command(*op.args)
+
+
+async def _send_transaction_cluster(
+    client: aiocluster.RedisCluster, commands: tuple[tuple[str | int | float, ...], ...]
+) -> list[Any]:
+    # redis-py's asyncio cluster transaction queues each command through `asyncio.run` in a thread of its
+    # own: a client not yet initialized would be initialized there, its connections bound to a loop that is
+    # then closed. Initialized here first, on this loop (a no-op once done).
+    await client.initialize()
+    pipe = client.pipeline(transaction=True)
+    for words in commands:
+        pipe.execute_command(*words)
+    return list(await pipe.execute())
+
+
+def _is_no_script(exc: BaseException) -> bool:
+    meaning = classify(exc)
+    return meaning is not None and meaning.kind is RedisErrorKind.NO_SCRIPT
+
+
+def _send_batch(client: Any, operations: tuple[RedisCommand[Any] | ScriptCall[Any], ...]) -> list[Any]:
+    # A script the nodes do not know yet (a first use, a restart, a new master) is loaded on every master
+    # (SCRIPT LOAD goes to all of a cluster's) and the batch sent again.
+    for loaded in (False, True):
+        pipe = client.pipeline(transaction=False)
+        _fill(pipe, operations)
+        try:
+            return list(pipe.execute())
+        except REDIS_ERRORS as exc:
+            if loaded or not _is_no_script(exc):
+                raise
+            for script in {op.script for op in operations if isinstance(op, ScriptCall)}:
+                client.script_load(script.source)
+    raise AssertionError("unreachable")
+
+
+async def _send_batch_async(
+    client: Any, operations: tuple[RedisCommand[Any] | ScriptCall[Any], ...]
+) -> list[Any]:
+    for loaded in (False, True):
+        pipe = client.pipeline(transaction=False)
+        _fill(pipe, operations)
+        try:
+            return list(await pipe.execute())
+        except REDIS_ERRORS as exc:
+            if loaded or not _is_no_script(exc):
+                raise
+            for script in {op.script for op in operations if isinstance(op, ScriptCall)}:
+                await client.script_load(script.source)
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `read_statuses.lua` | each active turn id and its status ('' when it has none) |
 | `write_tasks.lua`   | the number of broker commands run                        |
 | `rate_limit.lua`    | admit: (held by, ms to wait); settle: 1                 |
+| `enqueue.lua`       | 1 QUEUED, 0 queued already (a Redis Cluster's, as all below) |
+| `pick.lua`          | 0 none, 2 again, or the id picked                        |
+| `lease.lua`         | leased with its request, or ended, or held elsewhere     |
+| `unpick.lua`        | 1                                                        |
+| `leave.lua`         | 1 when the turn was still active                         |
+| `unpark.lua`        | 1 when the turn was parked (now queued)                  |
 | `write_outcome.lua` | `workers.scripts.WriteResult`: WON / LOST                |
 | `release.lua`       | `workers.scripts.ReleaseResult`: RELEASED / NOT_HELD     |
 """
@@ -37,9 +43,13 @@ __all__ = [
     "APPEND_EVENTS",
     "CLAIM",
     "CONTROL",
+    "ENQUEUE",
     "FIND_ORPHANS",
     "KEEP_INBOX",
+    "LEASE",
+    "LEAVE",
     "PARK",
+    "PICK",
     "RATE_LIMIT",
     "READ_HISTORY",
     "READ_STATUSES",
@@ -49,6 +59,8 @@ __all__ = [
     "SAVE_STEP",
     "SUBMIT",
     "TAKE_OVER",
+    "UNPARK",
+    "UNPICK",
     "WAKE",
     "WRITE_OUTCOME",
     "WRITE_TASKS",
@@ -82,6 +94,14 @@ READ_STATUSES = load_script(_PACKAGE, "read_statuses")
 APPEND_EVENTS = load_script(_PACKAGE, "append_events")
 WRITE_TASKS = load_script(_PACKAGE, "write_tasks")
 RATE_LIMIT = load_script(_PACKAGE, "rate_limit")
+# A Redis Cluster's halves of submit.lua, claim.lua and save_outcome.lua in the turn queue's slot, and the
+# lease in the turn's (`orchestrator.store.cluster`).
+ENQUEUE = load_script(_PACKAGE, "enqueue")
+PICK = load_script(_PACKAGE, "pick")
+LEASE = load_script(_PACKAGE, "lease")
+UNPICK = load_script(_PACKAGE, "unpick")
+LEAVE = load_script(_PACKAGE, "leave")
+UNPARK = load_script(_PACKAGE, "unpark")
 
 
 class SubmitResult(IntEnum):

@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.errors import UnknownTurnError
 from orchestrator.model import ChildReport, ParentLink, TurnOutcome, TurnRequest, TurnStatus
-from orchestrator.store import codec, flows, history, operations
+from orchestrator.store import cluster, codec, flows, history, operations
 from orchestrator.store.agents import get_agents
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import ClaimedTurn, ControlRequest, TurnEvent
@@ -50,6 +50,7 @@ from orchestrator.store.runner import AsyncRunner
 from orchestrator.store.scripts import FinishResult, ParkResult, SaveResult, TakeOverResult
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
+from workers import keys
 from workers.agents import AgentSpec
 from workers.contract import ToolOutcome
 from workers.keys import DEFAULT_RETENTION, TOOL_GONE_AFTER_S, Retention
@@ -162,6 +163,10 @@ class TurnStore:
         """Extend this orchestrator's leases; returns the ids whose lease it no longer holds (to drop)."""
         if not turn_ids:
             return set()
+        if keys.is_cluster_layout():
+            return await self._runner.run(
+                cluster.renew_leases(orchestrator_id, list(turn_ids), int(ttl_s * 1000))
+            )
         return await self._runner.run(
             operations.renew_leases(orchestrator_id, list(turn_ids), int(ttl_s * 1000))
         )
@@ -169,6 +174,10 @@ class TurnStore:
     async def keep_inbox(self, orchestrator_id: str, ttl_s: float) -> bool:
         """Keep this orchestrator's inbox for `ttl_s` more (`keys.build_inbox_ttl_s`): a dead orchestrator's
         inbox expires. Forgets the orchestrators not seen for as long. True when the inbox was missing."""
+        if keys.is_cluster_layout():
+            return await self._runner.run(
+                cluster.keep_inbox(orchestrator_id, int(ttl_s * 1000), codec.now_s())
+            )
         keep = operations.keep_inbox(orchestrator_id, int(ttl_s * 1000), codec.now_s())
         return await self._runner.run(keep)
 
@@ -181,6 +190,8 @@ class TurnStore:
     ) -> ParkResult:
         """Give up the lease of a turn that only waits for people, parked until an answer or `look_at`
         (epoch s) queues it; UNREAD when a control request past `control_after` came first (`park.lua`)."""
+        if keys.is_cluster_layout():
+            return await self._runner.run_flow(cluster.park(orchestrator_id, turn_id, look_at, control_after))
         return await self._runner.run(operations.park(orchestrator_id, turn_id, look_at, control_after))
 
     async def wake_parked(self, due_by: float, limit: int = 100) -> list[str]:
@@ -189,11 +200,18 @@ class TurnStore:
 
     async def find_orphans(self, limit: int = 100) -> list[str]:
         """Non-terminal turns that nobody leases: running/waiting ones, and ids a dead claimer left behind."""
+        if keys.is_cluster_layout():
+            return await self._runner.run_flow(cluster.find_orphans(limit))
         return await self._runner.run(operations.find_orphans(limit))
 
     async def take_over(self, orchestrator_id: str, turn_id: str, ttl_s: float) -> bool:
         """Lease an orphaned turn; False when it is terminal, still queued normally, or already leased."""
-        result = await self._runner.run(operations.take_over(orchestrator_id, turn_id, int(ttl_s * 1000)))
+        if keys.is_cluster_layout():
+            result = await self._runner.run_flow(
+                cluster.take_over(orchestrator_id, turn_id, int(ttl_s * 1000))
+            )
+        else:
+            result = await self._runner.run(operations.take_over(orchestrator_id, turn_id, int(ttl_s * 1000)))
         return result is TakeOverResult.TAKEN
 
     # --- state -------------------------------------------------------------------------------------------
@@ -407,11 +425,12 @@ class TurnStore:
 
     # --- tool outcomes and the orchestrator's inbox ------------------------------------------------------
 
-    async def read_outcomes(self, call_ids: Sequence[str]) -> dict[str, ToolOutcome]:
-        """The stored outcomes of these calls (those that have one), in one MGET."""
-        if not call_ids:
+    async def read_outcomes(self, calls: Mapping[str, str | None]) -> dict[str, ToolOutcome]:
+        """The stored outcomes of these calls (wire id -> its turn id), those that have one, in one round
+        trip."""
+        if not calls:
             return {}
-        return await self._runner.run(operations.read_outcomes(call_ids))
+        return await self._runner.run(operations.read_outcomes(calls))
 
     async def write_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
         """First writer wins: returns the outcome stored for the call — ours or an earlier one."""
@@ -440,7 +459,10 @@ class TurnStore:
 
     async def unregister(self, orchestrator_id: str) -> None:
         """Remove a stopping orchestrator and its inbox."""
-        await self._runner.run(operations.unregister(orchestrator_id))
+        if keys.is_cluster_layout():
+            await self._runner.run(cluster.unregister(orchestrator_id))
+        else:
+            await self._runner.run(operations.unregister(orchestrator_id))
 
     async def ping(self) -> bool:
         """True when Redis answers."""

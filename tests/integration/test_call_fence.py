@@ -155,7 +155,7 @@ def test_the_parent_answers_only_for_its_own_execution(store: CallStore) -> None
     assert store.client.exists(keys.running(request.call_id)) == 1
     # The second attempt's own parent still answers for it.
     assert handle_hard_timeout(store, second, limit_s=6, worker="v@host", pid=5, idempotency_key=idem_key)
-    outcome = store.read_outcome(request.call_id)
+    outcome = store.read_outcome(request.call_id, request.turn_id)
     assert outcome is not None and outcome.failure_kind is FailureKind.TIMEOUT
     assert store.client.exists(keys.running(request.call_id)) == 0
 

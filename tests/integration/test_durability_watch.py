@@ -150,7 +150,7 @@ async def test_a_restart_is_a_loss_only_when_redis_came_back_empty(
     # The call still running when Redis went is answered, so a worker that holds its message skips it and
     # one that finishes it late only adds to the audit list.
     wire_id = build_wire_call_id(TURN, "call_1")
-    written = await store.read_outcomes([wire_id])
+    written = await store.read_outcomes({wire_id: TURN})
     assert written[wire_id].synthetic and not written[wire_id].ok
     late = ToolOutcome(call_id=wire_id, tool="fetch", turn_id=TURN, ok=True, result="x", content="x")
     assert await store.write_outcome(late) != late
@@ -208,4 +208,4 @@ async def test_writes_that_raced_the_watcher_are_not_overwritten(
     view = await store.get_view(TURN)
     assert view is not None and view.status is TurnStatus.QUEUED and view.request.prompt == "again"
     # Nor are the calls of a turn not recorded as lost answered.
-    assert await store.read_outcomes([build_wire_call_id(TURN, "call_1")]) == {}
+    assert await store.read_outcomes({build_wire_call_id(TURN, "call_1"): TURN}) == {}

@@ -168,7 +168,7 @@ async def test_consumed_outcomes_keep_a_stub_and_late_ones_stay(store: TurnStore
     await store.write_outcome(late)
     assert len(await store.redis.get(keys.outcome(call))) == len(dump_tool_outcome(real))  # the result once
     assert "content" not in json.loads(await store.redis.get(keys.outcome(call)))
-    assert await store.read_outcomes([call]) == {call: real}
+    assert await store.read_outcomes({call: turn_id}) == {call: real}
     key = keys.turn_history(turn_id)
     assert await store.save_step(turn_id, "{}", TurnStatus.RUNNING, append=appended(key, 0, texts("a"), real))
     stub = json.loads(await store.redis.get(keys.outcome(call)))

@@ -132,9 +132,9 @@ def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: 
     assert claim_one(runner) == "t1"
     small = ToolOutcome(call_id="c1", tool="echo", turn_id="t1", ok=True, result="x", content="x")
     big = small.model_copy(update={"call_id": "c2", "content": "y" * keys.INBOX_OUTCOME_MAX_BYTES})
-    assert run(operations.write_outcome(small)) is scripts.WriteResult.WON
-    assert run(operations.write_outcome(small)) is scripts.WriteResult.LOST
-    assert run(operations.write_outcome(big)) is scripts.WriteResult.WON
+    assert run(operations.write_outcome(small)) == (scripts.WriteResult.WON, None)
+    assert run(operations.write_outcome(small)) == (scripts.WriteResult.LOST, None)
+    assert run(operations.write_outcome(big)) == (scripts.WriteResult.WON, None)
     inbox = [fields for _, fields in run(operations.read_inbox("orch-a", "0", 10, 10))]
     assert [(f["call"], f["outcome"]) for f in inbox] == [("c1", dump_tool_outcome(small)), ("c2", "")]
     assert runner.client.llen(keys.late_outcomes("c1")) == 1
@@ -146,7 +146,7 @@ def test_the_workers_start_idempotency_and_release_scripts(call_store: CallStore
     assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)  # a lost reply
     attempt, held_ms = call_store.start(request, token="1|w:2:b", running_ttl_s=10, worker="w")
     assert attempt is scripts.StartResult.HELD and 0 < held_ms <= 10_000
-    call_store.release("c1", "1|w:1:a")
+    call_store.release("c1", None, "1|w:1:a")
     outcome = ToolOutcome(call_id="c1", tool="echo", ok=True, result="x", content="x")
     assert call_store.finish(OutcomeWrite.of(outcome, None)) is scripts.WriteResult.WON
     assert call_store.start(request, token="1|w:3:c", running_ttl_s=10, worker="w") == (
@@ -177,11 +177,11 @@ def test_the_fence_refuses_a_superseded_execution_and_a_gone_turn(call_store: Ca
     assert db.exists(keys.running("c2"), keys.attempts("c2"), keys.fence("c2")) == 0, "nothing was started"
     db.set(keys.turn_request("t2"), "{}")
     assert call_store.start(first, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)
-    assert call_store.is_current("c2", "1|w:1:a")
+    assert call_store.is_current("c2", "t2", "1|w:1:a")
     db.delete(keys.running("c2"))  # the frozen worker's guard expired; the orchestrator dispatched attempt 2
     second = first.model_copy(update={"attempt": 2})
     assert call_store.start(second, token="2|w:2:b", running_ttl_s=10, worker="w") == (2, 0)
-    assert not call_store.is_current("c2", "1|w:1:a") and call_store.is_current("c2", "2|w:2:b")
+    assert not call_store.is_current("c2", "t2", "1|w:1:a") and call_store.is_current("c2", "t2", "2|w:2:b")
     # A delivery of the older dispatch (a redelivery, a retry) is refused before it takes anything.
     db.delete(keys.running("c2"))
     assert call_store.start(first, token="1|w:1:z", running_ttl_s=10, worker="w") == (
@@ -306,6 +306,14 @@ RUN_BY: dict[str, object] = {
     "rate_limit": "tests/integration/test_rate_limit_script.py",
     # Read by the API's backlog gauges against queued, running and finished turns of real processes.
     "read_statuses": "tests/integration/test_backlog_metrics.py",
+    # A Redis Cluster's halves of submit, claim and a turn's end, run by real processes on a real cluster:
+    # bursts, a killed orchestrator's turns taken over, masters failed over; parked turns woken.
+    "enqueue": "tests/e2e/test_redis_cluster.py",
+    "pick": "tests/e2e/test_redis_cluster.py",
+    "lease": "tests/e2e/test_redis_cluster.py",
+    "unpick": "tests/e2e/test_redis_cluster.py",
+    "leave": "tests/e2e/test_redis_cluster.py",
+    "unpark": "tests/e2e/test_redis_cluster.py",
 }
 
 
@@ -337,5 +345,5 @@ def test_a_worker_finishing_after_redis_forgot_its_scripts_writes_once(call_stor
     outcome = ToolOutcome(call_id="c9", tool="echo", ok=True, result="x", content="x")
     write = OutcomeWrite.of(outcome, scripts.Fence(1, token), holder=token)
     assert call_store.finish(write) is scripts.WriteResult.WON
-    assert call_store.read_outcome("c9") == outcome
+    assert call_store.read_outcome("c9", None) == outcome
     assert call_store.client.exists(keys.running("c9"), keys.late_outcomes("c9")) == 0

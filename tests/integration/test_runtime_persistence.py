@@ -68,7 +68,7 @@ async def test_notifications_carry_small_outcomes_and_name_large_ones(store: Tur
     assert batch.outcomes == {turn_id: [small.call_id, large.call_id]}
     assert parse_payloads(batch.payloads) == {small.call_id: small}
     # The large one is read from its key, which is the record either way.
-    assert await store.read_outcomes([large.call_id]) == {large.call_id: large}
+    assert await store.read_outcomes({large.call_id: large.turn_id}) == {large.call_id: large}
     # Stored with its result once: `content` is what the result gives, and is derived again on read.
     assert await store.redis.get(keys.outcome(small.call_id)) == dump_tool_outcome(small)
     assert "content" not in json.loads(dump_tool_outcome(small))

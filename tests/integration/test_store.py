@@ -195,7 +195,7 @@ async def test_first_writer_wins_and_notifies_the_owner_once(store: TurnStore) -
     assert await store.write_outcome(real) == real
     winner = await store.write_outcome(synthetic)
     assert winner.ok and winner.result == "3"
-    assert await store.read_outcomes(["call-1", "call-missing"]) == {"call-1": real}
+    assert await store.read_outcomes(dict.fromkeys(["call-1", "call-missing"])) == {"call-1": real}
     late = await store.redis.lrange(keys.late_outcomes("call-1"), 0, -1)
     assert [parse_tool_outcome(x).failure_kind for x in late] == [FailureKind.TIMEOUT]
     inbox = await store.read_inbox("orch-a", "0", block_ms=100)

@@ -138,8 +138,13 @@ def test_control_write_outcome_and_save_outcome_flows() -> None:
         drive(flows.send_control("t", "cancel", None, None, 1.0), [ControlResult.UNKNOWN])
     ours = ToolOutcome(call_id="c", tool="add", ok=True, result=1, content="1")
     theirs = ours.model_copy(update={"result": 2})
-    assert drive(flows.write_outcome(ours), [WriteResult.WON])[1] is ours
-    assert drive(flows.write_outcome(ours), [WriteResult.LOST, theirs])[1] is theirs
+    assert drive(flows.write_outcome(ours), [(WriteResult.WON, None)])[1] is ours
+    assert drive(flows.write_outcome(ours), [(WriteResult.LOST, None), theirs])[1] is theirs
+    # On a Redis Cluster the script names the owner it could not tell: the flow tells it, as the script would.
+    owned = ours.model_copy(update={"turn_id": "t"})
+    steps, winner = drive(flows.write_outcome(owned), [(WriteResult.WON, "orch-1"), 1])
+    assert winner is owned and steps[1].args[:3] == ("XADD", keys.inbox("orch-1"), "NOMKSTREAM")
+    assert dict(zip(steps[1].args[-8::2], steps[1].args[-7::2], strict=True))["kind"] == "outcome"
     request = TurnRequest(prompt="x", conversation_id="conv")
     steps, result = drive(flows.save_outcome("t", DONE, flows.UNREAD, 1.0), [request, FinishResult.FINISHED])
     assert words(steps) == ["GET", "save_outcome"] and steps[1].keys[9] == keys.conversation_lock("conv")
@@ -379,7 +384,7 @@ def answer_direct_call(step: Any, outcome: ToolOutcome | None, wins: bool) -> An
         case RedisCommand(args=("GET", *_)):
             return outcome
         case ScriptCall():
-            return WriteResult.WON if wins else WriteResult.LOST
+            return (WriteResult.WON if wins else WriteResult.LOST), None
         case _:
             return 1
 

@@ -46,7 +46,7 @@ def lua_files() -> list[tuple[str, str]]:
 
 def test_every_script_is_a_lua_file_loaded_once() -> None:
     names = [name for name, _ in lua_files()]
-    assert len(names) == 24, names
+    assert len(names) == 30, names
     assert SUBMIT.source == resources.files("orchestrator.store").joinpath("lua/submit.lua").read_text()
 
 
@@ -98,7 +98,7 @@ def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:
     assert claimed.request == TurnRequest(prompt="p")
     assert claim.parse([1, "turn_1", False, 0]) == ClaimedTurn("turn_1", None, False)
     take = operations.take_over("orch", "turn_1", 9000)
-    assert take.args == ("turn_1", "orch", "9000", "queued", "running", TERMINAL)
+    assert take.args == ("turn_1", "orch", "9000", "queued", "running", TERMINAL, "")
     assert take.parse(b"1") is TakeOverResult.TAKEN
 
 
@@ -214,7 +214,7 @@ def test_write_outcome_is_the_workers_script_with_both_limits_as_arguments() -> 
         "5",
         "9",
     )
-    assert op.parse(1) is scripts.WriteResult.WON and op.parse(0) is scripts.WriteResult.LOST
+    assert op.parse(1) == (scripts.WriteResult.WON, None) and op.parse(0) == (scripts.WriteResult.LOST, None)
 
 
 def test_reads_parse_both_reply_shapes_and_both_encodings() -> None:
@@ -239,7 +239,8 @@ def test_views_and_outcomes() -> None:
     with pytest.raises(UnknownTurnError):
         operations.require_view("t").parse([None, None, None, None, [], []])
     outcome = ToolOutcome(call_id="c", tool="add", ok=True, result=1, content="1")
-    read = operations.read_outcomes(["c", "d"])
+    read = operations.read_outcomes(dict.fromkeys(["c", "d"]))
+    assert isinstance(read, RedisCommand)  # one MGET on one Redis
     assert read.args == ("MGET", keys.outcome("c"), keys.outcome("d"))
     assert read.parse([outcome.model_dump_json(), None]) == {"c": outcome}
 

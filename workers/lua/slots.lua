@@ -3,13 +3,17 @@
 -- Redis's own clock, TIME, so that every worker counts on one clock). An entry outlives its execution only
 -- when nobody released it (a killed worker): it is dropped once expired, and a key with no live entry
 -- expires with its last one.
--- KEYS: the tool's slots ('' when it has no fleet-wide limit), the tenant's slots of the tool ('' when none).
--- ARGV[1] = 'acquire': holder (the execution's token), the tool's limit, the tenant's limit (0 for a key
---   that is ''), slot TTL ms. Takes a slot in each key, or in none. Returns {workers.scripts.SlotResult,
---   value}: {1 ACQUIRED, 0} (also when the holder holds them already: a repeat after a lost reply),
---   {0 TOOL_FULL, slots held} or {2 TENANT_FULL, slots held}; the tool's limit is looked at first.
+-- KEYS: the tool's slots, the tenant's slots of the tool. A limit the tool does not have has no key: '' or, on
+--   a Redis Cluster (every key of a script in one slot; '' is in slot 0), the other key again (both are in
+--   the tool's slot).
+-- ARGV[1] = 'acquire': holder (the execution's token), the tool's limit, the tenant's limit (0 for a limit
+--   the tool does not have: its key is left alone), slot TTL ms. Takes a slot in each limit, or in none.
+--   Returns {workers.scripts.SlotResult, value}: {1 ACQUIRED, 0} (also when the holder holds them already: a
+--   repeat after a lost reply), {0 TOOL_FULL, slots held} or {2 TENANT_FULL, slots held}; the tool's limit
+--   is looked at first.
 -- ARGV[1] = 'release': holder, '1' when the holder is a prefix of tokens (the worker's parent releasing for
---   a pool process it lost: `<attempt>|<worker>:<pid>:`). Returns how many entries it removed.
+--   a pool process it lost: `<attempt>|<worker>:<pid>:`). Returns how many entries it removed (a key given
+--   twice gives up its entries once).
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local holder = ARGV[2]
@@ -35,8 +39,9 @@ end
 
 local limits = {tonumber(ARGV[3]), tonumber(ARGV[4])}
 local expires_at = now + tonumber(ARGV[5])
+local function limited(index) return KEYS[index] ~= '' and limits[index] > 0 end
 for index, key in ipairs(KEYS) do
-  if key ~= '' then
+  if limited(index) then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     local held = redis.call('ZCARD', key)
     if not redis.call('ZSCORE', key, holder) and held >= limits[index] then
@@ -44,8 +49,8 @@ for index, key in ipairs(KEYS) do
     end
   end
 end
-for _, key in ipairs(KEYS) do
-  if key ~= '' then
+for index, key in ipairs(KEYS) do
+  if limited(index) then
     redis.call('ZADD', key, expires_at, holder)
     local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)

@@ -15,7 +15,12 @@
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
 -- outcome. A conversation's history list and head live CONVERSATION_TTL_S from its last turn's end; a turn's
 -- own history list lives as long as the turn's other keys.
-if KEYS[14] ~= '' and redis.call('GET', KEYS[14]) == ARGV[12] then redis.call('DEL', KEYS[14]) end
+-- On a Redis Cluster the active key is '' (and the turn has no conversation): only the turn's own keys are
+-- written here, and the queue's part is leave.lua's, in the queue's slot (orchestrator.store.cluster).
+-- An absent key is '' (or, on a Redis Cluster, the first key again: every key a script is given must be in its
+-- slot).
+local function given(key) return key ~= nil and key ~= '' and key ~= KEYS[1] end
+if given(KEYS[14]) and redis.call('GET', KEYS[14]) == ARGV[12] then redis.call('DEL', KEYS[14]) end
 local terminal = {}
 for status in string.gmatch(ARGV[8], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[2])
@@ -23,7 +28,7 @@ if st and terminal[st] then return 0 end
 local ttl = tonumber(ARGV[4])
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ttl)
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
-redis.call('ZREM', KEYS[3], ARGV[1])
+if given(KEYS[3]) then redis.call('ZREM', KEYS[3], ARGV[1]) end
 local function tenant_and_lane(raw)
   local ok, request = pcall(cjson.decode, raw or '')
   if not ok or type(request) ~= 'table' then return 'default', 'normal' end
@@ -36,12 +41,14 @@ local function ring()
   redis.call('RPUSH', KEYS[15], '1')
   redis.call('LTRIM', KEYS[15], -tonumber(ARGV[17]), -1)
 end
-local tenant = tenant_and_lane(redis.call('GET', KEYS[5]))
-if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 then ring() end
+if given(KEYS[3]) then
+  local tenant = tenant_and_lane(redis.call('GET', KEYS[5]))
+  if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 then ring() end
+end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'name', ARGV[9], 'at', ARGV[7], 'data', ARGV[5])
 for i = 4, 7 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('EXPIRE', KEYS[13], ttl)
-if KEYS[9] ~= '' then
+if given(KEYS[9]) then
   local conversation_ttl = tonumber(ARGV[10])
   redis.call('SET', KEYS[9], ARGV[11], 'EX', conversation_ttl)
   redis.call('EXPIRE', KEYS[12], conversation_ttl)

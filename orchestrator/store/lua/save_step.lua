@@ -13,6 +13,9 @@
 -- The lists are append-only: a step writes its new entries once. Entries past the expected length were left by
 -- a try whose reply was lost, or by a turn of the conversation that was lost with Redis's data: the state is the
 -- truth, so they are dropped before the append (a retried save never appends twice).
+-- An absent key is '' (or, on a Redis Cluster, the first key again: every key a script is given must be in its
+-- slot).
+local function given(key) return key ~= nil and key ~= '' and key ~= KEYS[1] end
 local terminal = {}
 for status in string.gmatch(ARGV[5], '%S+') do terminal[status] = true end
 local st = redis.call('GET', KEYS[2])
@@ -21,11 +24,11 @@ if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return -1 end
 local m, n = tonumber(ARGV[8]), tonumber(ARGV[10])
 local lists = {{KEYS[5], tonumber(ARGV[7]), 11, m}, {KEYS[6], tonumber(ARGV[9]), 11 + m, n}}
 for _, list in ipairs(lists) do
-  if list[1] ~= '' and redis.call('LLEN', list[1]) < list[2] then return -2 end
+  if given(list[1]) and redis.call('LLEN', list[1]) < list[2] then return -2 end
 end
 for _, list in ipairs(lists) do
   local key, from, first, count = list[1], list[2], list[3], list[4]
-  if key ~= '' then
+  if given(key) then
     if redis.call('LLEN', key) > from then
       if from == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, from - 1) end
     end

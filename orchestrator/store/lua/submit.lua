@@ -6,20 +6,26 @@
 --       recent turns are kept, tenant, how many ready tokens are kept.
 -- The recent turns (a zset by submit time, trimmed to the newest ARGV[8]) are what `GET /v1/turns` lists.
 -- A queued turn puts its tenant in its lane's rotation (once) and a ready token for a blocked claimer.
+-- On a Redis Cluster the active key is '': the turn's own keys are written here, in its slot, and the queue's
+-- part is enqueue.lua's, in the queue's slot (orchestrator.store.cluster).
+-- An absent key is '' (or, on a Redis Cluster, the first key again: every key a script is given must be in its
+-- slot).
+local function given(key) return key ~= nil and key ~= '' and key ~= KEYS[1] end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[6])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'name', ARGV[7], 'at', ARGV[3], 'data', ARGV[4])
+if not given(KEYS[3]) then return 1 end
 redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[1])
 redis.call('ZADD', KEYS[8], tonumber(ARGV[3]), ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -(tonumber(ARGV[8]) + 1))
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'name', ARGV[7], 'at', ARGV[3], 'data', ARGV[4])
 local function queue()
   redis.call('RPUSH', KEYS[5], ARGV[1])
   if not redis.call('LPOS', KEYS[9], ARGV[9]) then redis.call('RPUSH', KEYS[9], ARGV[9]) end
   redis.call('RPUSH', KEYS[10], '1')
   redis.call('LTRIM', KEYS[10], -tonumber(ARGV[10]), -1)
 end
-if KEYS[6] ~= '' then
+if given(KEYS[6]) then
   if redis.call('SET', KEYS[6], ARGV[1], 'NX') then
     queue()
     return 1
