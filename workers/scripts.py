@@ -29,6 +29,7 @@ nothing to it and name the owner in their reply, and the caller adds the same no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
@@ -135,6 +136,15 @@ def build_absent_key(first_key: str) -> str:
     on one Redis; on a Redis Cluster its first key again, since every key of a script must be in one slot and
     '' is a key of slot 0. The scripts take either as none."""
     return first_key if keys.is_cluster_layout() else ""
+
+
+def fill_absent_keys(script_keys: Sequence[str]) -> list[str]:
+    """A script's KEYS with each absent one ('') given as `build_absent_key` of its first key: what a caller
+    that builds its KEYS with '' for none (the orchestrator's operations) sends."""
+    if not script_keys:
+        return []
+    absent = build_absent_key(script_keys[0])
+    return [key or absent for key in script_keys]
 
 
 def build_inbox_prefix(notify: bool | None = None) -> str:

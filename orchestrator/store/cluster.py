@@ -36,6 +36,7 @@ from orchestrator.store.scripts import ControlResult, ParkResult, SubmitResult, 
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import DEFAULT_TENANT
+from workers.scripts import build_notify_command
 
 # --- submitting ------------------------------------------------------------------------------------------
 
@@ -296,19 +297,14 @@ def unpark(turn_id: str) -> ScriptCall[bool]:
     )
 
 
-def notify(owner: str, fields: Sequence[str]) -> RedisCommand[Any]:
-    """One notification (field, value, …) in an orchestrator's inbox, capped as the scripts cap it."""
-    words: tuple[str | int, ...] = ("XADD", keys.inbox(owner), "MAXLEN", "~", keys.INBOX_MAXLEN, "*", *fields)
-    return RedisCommand(words, parse_reply)
-
-
 def tell_owner(turn_id: str, told: operations.OwnerToTell) -> Flow[ControlResult]:
     """After `control.lua` on a cluster: the owner it read told in its inbox (the fields control.lua writes
     on one Redis), or the turn woken when it had none (parked; or between owners, when `unpark.lua` finds
     nothing to do and the next owner reads the control stream as it adopts the turn)."""
     if told.owner is not None:
-        fields = ["kind", "control", "turn", turn_id, "control", told.kind, "call", told.call_id]
-        yield notify(told.owner, [*fields, "approved", told.approved, "id", told.entry_id])
+        fields = {"kind": "control", "turn": turn_id, "control": told.kind, "call": told.call_id}
+        fields |= {"approved": told.approved, "id": told.entry_id}
+        yield RedisCommand(build_notify_command(told.owner, fields), parse_reply)
     else:
         yield unpark(turn_id)
     return ControlResult.RECORDED

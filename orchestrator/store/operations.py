@@ -41,6 +41,7 @@ from workers.scripts import (
     build_notify_command,
     build_outcome_notification,
     build_write_outcome_call,
+    parse_owner,
     parse_release_result,
     parse_write_reply,
 )
@@ -453,8 +454,7 @@ def control(
     def parse(reply: Any) -> ControlResult | OwnerToTell:
         if not isinstance(reply, list):
             return ControlResult(int(reply))
-        owner = codec.text(reply[1]) if reply[1] else None
-        return OwnerToTell(owner, kind, call_id or "", approved_arg, codec.text(reply[2]))
+        return OwnerToTell(parse_owner(reply[1]), kind, call_id or "", approved_arg, codec.text(reply[2]))
 
     return _script(scripts.CONTROL, keys_, args, parse)
 

@@ -27,7 +27,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, assert_never
 
@@ -48,10 +48,9 @@ from orchestrator.store.effects import (
     Stream,
     Transaction,
 )
-from workers.keys import is_cluster_layout
 from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify, is_transient
 from workers.redis_retry import build_backoff_s
-from workers.scripts import Script
+from workers.scripts import Script, fill_absent_keys
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -142,14 +141,6 @@ def send(client: Any, operation: Operation[Any], registered: dict[Script, Any]) 
             return _send_batch(client, operations)
         case _:
             assert_never(operation)
-
-
-def fill_absent_keys(keys: Sequence[str]) -> list[str]:
-    """A script's KEYS with each absent one ('') written as the scripts read it (their `given`): '' on one
-    Redis, the first key again on a Redis Cluster, where every key a script is given must be in its slot."""
-    if not keys or not is_cluster_layout():
-        return list(keys)
-    return [key or keys[0] for key in keys]
 
 
 @functools.cache

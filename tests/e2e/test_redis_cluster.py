@@ -17,7 +17,6 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,7 +26,7 @@ from redis.crc import key_slot
 from orchestrator import Client
 from orchestrator.model import TurnOutcome
 from orchestrator.redis_server import RedisServer, find_free_port
-from tests.faults.env import MARK_VAR, PLAN_MODEL, call, is_running, wait_checked
+from tests.faults.env import MARK_VAR, PLAN_MODEL, call, find_marked_pids, is_running, wait_checked
 from tests.faults.sentinel_tools import STARTS
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
@@ -137,11 +136,9 @@ class ClusterSystem:
             worker.stop()
         self.client.close()
         self.redis.close()
-        needle = f"{MARK_VAR}={self.mark}".encode()
-        for entry in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
+        for pid in find_marked_pids(self.mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _work(seconds: float) -> dict[str, object]:

@@ -57,6 +57,17 @@ class HasProcess(Protocol):
     def process(self) -> subprocess.Popen[bytes]: ...
 
 
+def find_marked_pids(mark: str) -> list[int]:
+    """Every live process started with `MARK_VAR=mark` in its environment (children included)."""
+    needle = f"{MARK_VAR}={mark}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
 def call(name: str, **arguments: Any) -> dict[str, Any]:
     """One planned tool call of a `scripted:plan` turn."""
     return {"name": name, "arguments": arguments}
@@ -163,13 +174,7 @@ class FaultEnv:
 
     def marked_pids(self) -> list[int]:
         """Every live process that carries this environment's marker."""
-        needle = f"{MARK_VAR}={self.mark}".encode()
-        found: list[int] = []
-        for entry in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-        return found
+        return find_marked_pids(self.mark)
 
     def close(self) -> None:
         """Stop everything; raise if any process of this environment survived."""

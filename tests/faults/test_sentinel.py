@@ -30,14 +30,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import pytest
 import redis
 
 from orchestrator import Client
 from orchestrator.model import ToolMessage
-from tests.faults.env import MARK_VAR, PLAN_MODEL, call, is_running, wait_checked
+from tests.faults.env import MARK_VAR, PLAN_MODEL, call, find_marked_pids, is_running, wait_checked
 from tests.faults.sentinel_tools import STARTS
 from tests.support.e2e_model import RecordingModelServer
 from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
@@ -176,11 +175,9 @@ class SentinelSystem:
             self.worker.stop()
         self.client.close()
         self.redis.close()
-        needle = f"{MARK_VAR}={self.mark}".encode()
-        for entry in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
+        for pid in find_marked_pids(self.mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _tag() -> str:
