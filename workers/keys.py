@@ -9,15 +9,23 @@ Two layouts, one per process (`use_cluster_layout`, from `TOOLLOOP_REDIS_CLUSTER
 Redis Cluster a key carries a hash tag (`{…}`: only that part picks the slot) so that what one script touches
 lies in one slot: every key of a turn, its calls' keys included, is tagged with the turn id; a direct call's
 keys with its call id; a conversation's with the conversation id; the turn queue's structures (queues, lanes,
-the active, parked, claiming and recent indexes, the tenants' running sets) share the tag `{turns}`; a
+the active, parked, claiming and recent indexes, the tenants' running sets) share their shard's tag; a
 concurrency-limited tool's slots its tool name; an idempotency record and its lock their digest; the model and
 tenant budgets `{limits}`; the catalogue's hashes (workers, tools served, agents) `{catalogue}`. Everything
 else is a key of its own.
+
+On a cluster the turn queue is cut in `QUEUE_SHARDS` shards (`QueueShard`), each with its own queues, lanes,
+indexes and running sets under a tag of its own, so that no one slot carries every submit, claim and end: a
+named tenant's turns all go to its tenant's shard (its `max_running_turns` is counted there, exactly), the
+default tenant's are spread by their turn id (`queue_shard`). The ready tokens that wake idle claimers stay in
+`{turns}` (one list per lane), each naming the shard of the turn it announces.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import zlib
 from dataclasses import dataclass
 
 from workers.contract import DEFAULT_TENANT
@@ -175,22 +183,21 @@ INBOX_PREFIX = PREFIX + "inbox:"  # + orchestrator id: stream of outcome/started
 
 def turn_queue(lane: str, tenant: str) -> str:
     """List of a tenant's queued turn ids in one lane (FIFO); `TURN_QUEUE` for the default tenant's normal
-    turns, so that a release that knows neither reads and writes the same queue."""
-    if lane == "normal" and tenant == DEFAULT_TENANT:
-        return TURN_QUEUE
-    return f"{_turns()}queue:{lane}:{tenant}"
+    turns, so that a release that knows neither reads and writes the same queue. On a cluster each shard has
+    its own (`QueueShard.turn_queue`): these are shard 0's."""
+    return QueueShard(0).turn_queue(lane, tenant)
 
 
 def lane_tenants(lane: str) -> str:
     """List of the tenants with turns queued in `lane`, each once, in the order the claim visits them (the
     one served goes to the back: round robin)."""
-    return f"{_turns()}lane:{lane}"
+    return QueueShard(0).lane_tenants(lane)
 
 
 def tenant_running(tenant: str) -> str:
     """Set of a tenant's turn ids claimed and not ended, counted against its `max_running_turns`; ended or
     expired ones are removed by the turn's terminal write, or by the claim when it counts."""
-    return f"{PREFIX}{{turns}}:tenant:{tenant}:running" if _cluster else f"{PREFIX}tenant:{tenant}:running"
+    return QueueShard(0).tenant_running(tenant)
 
 
 def tenant_tokens_day(tenant: str, day: str) -> str:
@@ -305,8 +312,8 @@ TURNS_PARKED = PREFIX + "turns:parked"
 TURNS_RECENT = PREFIX + "turns:recent"
 RECENT_TURNS_MAX = 1000
 # hash, on a Redis Cluster only: active turn id -> "<lane> <tenant>", what the claim reads in the queue's
-# slot, where the turn's request is out of reach (`orchestrator/store/lua/enqueue.lua`)
-TURNS_HOMES = PREFIX + "{turns}:homes"
+# shard, where the turn's request is out of reach (`orchestrator/store/lua/enqueue.lua`)
+TURNS_HOMES = PREFIX + "turns:homes"
 
 
 def turn_status(turn_id: str) -> str:
@@ -322,6 +329,163 @@ def conversation_waiting(conversation_id: str) -> str:
 def conversation_lock(conversation_id: str) -> str:
     """Held by the running turn of a conversation, so two of its turns never run at once."""
     return f"{PREFIX}conversation:{_tag(conversation_id)}:lock"
+
+
+# --- the turn queue's shards, on a Redis Cluster ------------------------------------------------------------
+# How many shards the queue is cut in on a cluster: every process must agree, so it is not a setting. Twelve
+# spreads evenly over 2, 3, 4 or 6 masters of a cluster made by `redis-cli --cluster create`.
+QUEUE_SHARDS = 12
+_SLOTS = 16384
+
+
+@dataclass(frozen=True)
+class QueueShard:
+    """The turn queue's keys of one shard: on one Redis the one queue (shard 0), named as every earlier
+    release named it; on a cluster one hash tag per shard, chosen so that the shards' slots lie evenly over
+    the slot space (`_shard_tag`)."""
+
+    index: int
+
+    @property
+    def prefix(self) -> str:
+        return PREFIX + "{" + _shard_tag(self.index) + "}:" if _cluster else PREFIX + "turns:"
+
+    @property
+    def queue(self) -> str:
+        """The default tenant's normal queue (`turn_queue`), where a woken turn goes first."""
+        return self.prefix + "pending"
+
+    @property
+    def active(self) -> str:
+        return self.prefix + "active"
+
+    @property
+    def claiming(self) -> str:
+        return self.prefix + "claiming"
+
+    @property
+    def parked(self) -> str:
+        return self.prefix + "parked"
+
+    @property
+    def recent(self) -> str:
+        return self.prefix + "recent"
+
+    @property
+    def homes(self) -> str:
+        return self.prefix + "homes"
+
+    def turn_queue(self, lane: str, tenant: str) -> str:
+        if lane == "normal" and tenant == DEFAULT_TENANT:
+            return self.queue
+        return f"{self.prefix}queue:{lane}:{tenant}"
+
+    def lane_tenants(self, lane: str) -> str:
+        return f"{self.prefix}lane:{lane}"
+
+    def tenant_running(self, tenant: str) -> str:
+        if _cluster:
+            return f"{self.prefix}tenant:{tenant}:running"
+        return f"{PREFIX}tenant:{tenant}:running"
+
+
+def queue_shard_count() -> int:
+    """How many shards the turn queue has: `QUEUE_SHARDS` on a cluster, 1 on one Redis."""
+    return QUEUE_SHARDS if _cluster else 1
+
+
+def queue_shard(turn_id: str, tenant: str) -> QueueShard:
+    """The shard a turn is queued in: its named tenant's (every turn of a tenant in one shard, where its
+    running turns are counted), else its own id's; shard 0 on one Redis."""
+    if not _cluster:
+        return QueueShard(0)
+    spread_by = turn_id if tenant == DEFAULT_TENANT else "tenant:" + tenant
+    return QueueShard(zlib.crc32(spread_by.encode()) % QUEUE_SHARDS)
+
+
+def all_queue_shards() -> list[QueueShard]:
+    """Every shard of the turn queue."""
+    return [QueueShard(index) for index in range(queue_shard_count())]
+
+
+def ready_tokens(lane: str) -> str:
+    """On a cluster, the ready tokens of one lane (`{turns}`): each names the shard of a turn queued, or of a
+    place freed; idle claimers block on the three lanes' lists at once, the first lane first."""
+    return f"{PREFIX}{{turns}}:ready:{lane}"
+
+
+@functools.cache
+def _shard_tag(index: int) -> str:
+    # The first tag "turns-<index>-<n>" whose slot lies near the middle of the shard's twelfth of the slot
+    # space: a cluster's masters own even runs of slots, so the shards (and their load) spread evenly.
+    from redis.crc import key_slot  # only a cluster names shards: one Redis never loads it
+
+    width = _SLOTS / QUEUE_SHARDS
+    middle = int(width * index + width / 2)
+    n = 0
+    while True:
+        tag = f"turns-{index}-{n}"
+        if abs(key_slot(tag.encode()) - middle) <= width / 8:
+            return tag
+        n += 1
+
+
+# --- a conversation's turns share its slot, on a Redis Cluster ------------------------------------------
+# A conversation's scripts write its history, head, lock and waiting list together with its turns' keys (a
+# step appends to the history; a turn's end hands the conversation to the next): on a cluster these must share
+# a slot. Keys are named by turn id alone (the workers name a call's keys from its turn id), so a
+# conversation's turns get ids whose slot is the conversation's: the id's last four hex digits are chosen for
+# it (`fit_turn_id`), and the id looks as any other.
+_SLOT_MASK = 0x3FFF  # a key's slot: the low 14 bits of the CRC16 (XMODEM) of its hash tag
+_FIT_DIGITS = 4
+
+
+def conversation_slot(conversation_id: str) -> int:
+    """The cluster slot of a conversation's keys (as a cluster names them, whatever this process's layout)."""
+    from redis.crc import key_slot  # only conversations on a cluster need it
+
+    return int(key_slot(f"{PREFIX}conversation:{{{conversation_id}}}:head".encode()))
+
+
+def turn_slot(turn_id: str) -> int:
+    """The cluster slot of a turn's keys (as a cluster names them, whatever this process's layout)."""
+    from redis.crc import key_slot  # only conversations on a cluster need it
+
+    return int(key_slot(f"{PREFIX}turn:{{{turn_id}}}:state".encode()))
+
+
+def fit_turn_id(stem: str, conversation_id: str) -> str | None:
+    """`stem` and four hex digits making a turn id whose keys share `conversation_id`'s slot on a cluster;
+    None when no four digits do (for about one stem in five: take another).
+
+    The slot is the low 14 bits of the id's CRC16 (XMODEM), which is linear: the CRC of `stem + digits` is
+    that of `stem + "0000"` XOR that of the digits' difference from "0000", itself the XOR of its two halves'
+    (`_fit_halves`), so the digits are found among 256 × 256 pairs by 256 lookups."""
+    import binascii  # only conversation turns need it
+
+    base = binascii.crc_hqx((stem + "0000").encode(), 0)
+    wanted = (conversation_slot(conversation_id) ^ base) & _SLOT_MASK
+    first, second = _fit_halves()
+    for value, digits in first.items():
+        rest = second.get(wanted ^ value)
+        if rest is not None:
+            return stem + digits + rest
+    return None
+
+
+@functools.cache
+def _fit_halves() -> tuple[dict[int, str], dict[int, str]]:
+    # For the first two of four digits and for the last two: the slot bits of the CRC of their difference
+    # from "00" placed in four zero bytes (at the front, or at the back) -> the digits (the first met).
+    import binascii
+
+    halves: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    for n in range(256):
+        digits = f"{n:02x}"
+        difference = bytes(ord(c) ^ ord("0") for c in digits)
+        for half, placed in zip(halves, (difference + b"\0\0", b"\0\0" + difference), strict=True):
+            half.setdefault(binascii.crc_hqx(placed, 0) & _SLOT_MASK, digits)
+    return halves
 
 
 # --- schedules (orchestrator.schedules) ------------------------------------------------------------------
@@ -348,7 +512,7 @@ def schedule_runs(name: str) -> str:
 
 
 def _turns() -> str:
-    # The turn queue's structures: one slot on a cluster, as the claim and the submit touch them together.
+    # The ready tokens of one Redis; on a cluster the slot of the lanes' ready tokens (`ready_tokens`).
     return PREFIX + ("{turns}:" if _cluster else "turns:")
 
 
@@ -366,12 +530,14 @@ def _limits() -> str:
 def _bind_shared_keys() -> None:
     # The module's names of the turn queue's keys, for the layout in use (read as `keys.TURNS_ACTIVE`, …).
     # The layout is one per process, chosen before any key is named: the module's own names follow it.
-    global TURN_QUEUE, TURNS_READY, TURNS_ACTIVE, TURNS_CLAIMING, TURNS_PARKED, TURNS_RECENT, TURNS_HOMES  # noqa: PLW0603
+    global TURN_QUEUE, TURNS_READY, TURNS_ACTIVE, TURNS_CLAIMING, TURNS_PARKED, TURNS_RECENT, TURNS_HOMES
     global CATALOGUE, TOOLS_SERVED, AGENTS, SCHEDULES, REDIS_MARKER, REDIS_LOSSES  # noqa: PLW0603
-    TURN_QUEUE, TURNS_READY = _turns() + "pending", _turns() + "ready"
-    TURNS_ACTIVE, TURNS_CLAIMING = _turns() + "active", _turns() + "claiming"
-    TURNS_PARKED, TURNS_RECENT = _turns() + "parked", _turns() + "recent"
-    TURNS_HOMES = _turns() + "homes"
+    # On a cluster each shard has its own (`QueueShard`): these are shard 0's, and the cluster's code names
+    # its shard each time.
+    first = QueueShard(0)
+    TURN_QUEUE, TURNS_READY = first.queue, _turns() + "ready"
+    TURNS_ACTIVE, TURNS_CLAIMING = first.active, first.claiming
+    TURNS_PARKED, TURNS_RECENT, TURNS_HOMES = first.parked, first.recent, first.homes
     # The catalogue's three hashes are written together (one MULTI): one slot on a cluster.
     catalogue = PREFIX + ("{catalogue}:" if _cluster else "")
     CATALOGUE, TOOLS_SERVED, AGENTS = (

@@ -66,8 +66,10 @@ __all__ = [
     "maybe_ran",
 ]
 
-REDIS_ERRORS: tuple[type[Exception], ...] = (rx.RedisError, OSError)
-"""What a Redis call raises when Redis fails (OSError: a socket error redis-py did not wrap)."""
+REDIS_ERRORS: tuple[type[Exception], ...] = (rx.RedisError, rx.RedisClusterException, OSError)
+"""What a Redis call raises when Redis fails (OSError: a socket error redis-py did not wrap;
+`RedisClusterException`: what redis-py's cluster client raises of its own, a slot no node covers or no node
+reachable, which is no `RedisError`)."""
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_CAP_S = 2.0
@@ -203,6 +205,14 @@ _TEXT_OF_CODE = (
     ("used memory > 'maxmemory'", "OOM"),
     ("You can't write against a read only replica", "READONLY"),
 )
+# What redis-py's cluster client says of its own (a `RedisClusterException`, with no code) when the cluster,
+# not the call, is at fault; any other is a wrong call.
+_CLUSTER_TEXT = (
+    ("cannot be connected", RedisErrorKind.UNREACHABLE),
+    ("has no redis_connection", RedisErrorKind.UNREACHABLE),
+    ("slots are not covered", RedisErrorKind.CLUSTER_MOVING),
+    ("could not agree on a valid slots cache", RedisErrorKind.CLUSTER_MOVING),
+)
 # Redis's words for a script that failed by itself (Redis 7: "… script: <sha>, on @user_script:3.").
 _SCRIPT_TEXT = re.compile(r"user_script|Error running script|Error compiling script|script: [0-9a-f]{40}")
 
@@ -215,7 +225,7 @@ def find_redis_error(exc: object) -> BaseException | None:
     while isinstance(exc, BaseException) and len(chain) < 8:  # a chain is short; a cycle must not loop
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    found = next((e for e in chain if isinstance(e, rx.RedisError)), None)
+    found = next((e for e in chain if isinstance(e, (rx.RedisError, rx.RedisClusterException))), None)
     return found if found is not None else next((e for e in chain if isinstance(e, OSError)), None)
 
 
@@ -233,6 +243,10 @@ def classify(exc: BaseException) -> RedisErrorClass | None:
     for cls, class_code, kind in _CODE_OF_CLASS:
         if isinstance(found, cls):
             return RedisErrorClass(kind, class_code)
+    if isinstance(found, rx.RedisClusterException):
+        text = str(found)
+        kind = next((k for words, k in _CLUSTER_TEXT if words in text), RedisErrorKind.WRONG_COMMAND)
+        return RedisErrorClass(kind, None)
     if _SCRIPT_TEXT.search(str(found)):
         return RedisErrorClass(RedisErrorKind.SCRIPT_ERROR, "ERR")
     status = getattr(found, "status_code", None)

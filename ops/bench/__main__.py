@@ -2,7 +2,9 @@
 
 The HTTP variant (`http_variant`: CPU per tool call of every process and what Redis does per call and per
 turn, the model over HTTP; then the first token's overhead, `first_token`) runs first, on a stack of its own;
-`--http-only` runs it alone (about two minutes in full on 2 cores), for working on what a call costs.
+the Redis Cluster's (`cluster_load`: how a burst's commands fall across three masters) last, on another;
+`--http-only` runs the HTTP variant alone (about two minutes in full on 2 cores), for working on what a call
+costs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis
 import typer
 from rich.console import Console
 
+from ops.bench.cluster_load import run_cluster_load
 from ops.bench.cpu import read_loadavg
 from ops.bench.http_variant import run_http_variant
 from ops.bench.model_limits import run_model_limits
@@ -55,6 +58,7 @@ def main(
     if not http_only:
         run_bench(sizes, emit, progress)
         run_model_limits(500 if quick else 2000, emit, progress)
+        run_cluster_load(sizes, emit, progress)
     if not json_only:
         facts = {
             **machine_facts(),

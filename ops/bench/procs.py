@@ -18,9 +18,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import redis
-
 from workers import keys
+from workers.connect import connect_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLLOOP_BIN = Path(sys.executable).parent / "toolloop"
@@ -115,7 +114,7 @@ def spawn_worker(
 
 def wait_catalogue(redis_url: str, hostname: str, proc: Proc, timeout_s: float) -> None:
     """Block until worker `hostname` has published a catalogue entry (it consumes then)."""
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -140,14 +139,14 @@ def start_orchestrator(
     command = command or [sys.executable, "-m", "ops.bench.instant"]
     full_env = {"TOOLLOOP_REDIS_URL": redis_url, **(env or {})}
     proc = Proc(command, full_env, "orchestrator")
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url)
     deadline = time.monotonic() + 30
     try:
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise RuntimeError(f"orchestrator exited early:\n{proc.log_text()}")
             members = client.zrange(keys.ORCHESTRATORS, 0, -1)
-            if any(f"-{proc.pid}-".encode() in m for m in members):
+            if any(f"-{proc.pid}-" in m for m in members):
                 return proc
             time.sleep(0.05)
     finally:

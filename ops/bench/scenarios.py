@@ -63,6 +63,8 @@ class Sizes:
     parallel_turns: int
     # First-token overhead (`ops.bench.first_token`): batches of a dozen streamed turns at once, per path.
     first_token_batches: int
+    # A Redis Cluster (`ops.bench.cluster_load`): a burst of this many turns of `calls_per_turn` calls.
+    cluster_turns: int
 
 
 FULL = Sizes(
@@ -88,6 +90,7 @@ FULL = Sizes(
     reaction_turns=20,
     parallel_turns=8,
     first_token_batches=4,
+    cluster_turns=900,
 )
 QUICK = Sizes(
     warmup=2,
@@ -113,6 +116,7 @@ QUICK = Sizes(
     reaction_turns=3,
     parallel_turns=4,
     first_token_batches=1,
+    cluster_turns=30,
 )
 
 

@@ -248,7 +248,8 @@ class BacklogReader:
         return build_tool_queues(queues, replies, now)
 
     async def _read_turns(self, client: aioredis.Redis) -> dict[tuple[str, str], TurnCount]:
-        ids = [text(turn_id) for turn_id in await client.zrange(keys.TURNS_ACTIVE, 0, -1)]
+        names = [shard.active for shard in keys.all_queue_shards()]
+        ids = [text(turn_id) for reply in await _range_many(client, names) for turn_id in reply]
         statuses: dict[str, TurnStatus | None] = {}
         for start in range(0, len(ids), _MGET_CHUNK):
             chunk = ids[start : start + _MGET_CHUNK]
@@ -273,6 +274,16 @@ class BacklogReader:
             pipe.zcount(keys.model_budget_line(key), since_ms, "+inf")
         replies = await pipe.execute()
         return {key: int(count) for key, count in zip(self.model_limit_keys, replies, strict=True)}
+
+
+async def _range_many(client: aioredis.Redis, names: list[str]) -> list[Any]:
+    # Each sorted set's members: one ZRANGE on one Redis; a pipeline of them over a cluster's shards.
+    if len(names) == 1:
+        return [await client.zrange(names[0], 0, -1)]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.zrange(name, 0, -1)
+    return list(await pipe.execute())
 
 
 async def _get_many(client: aioredis.Redis, names: list[str]) -> list[Any]:

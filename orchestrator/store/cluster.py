@@ -1,10 +1,12 @@
 """The turn queue on a Redis Cluster: what one script does on one Redis, done slot by slot (sans-IO).
 
 On a cluster (`TOOLLOOP_REDIS_CLUSTER`, `workers.keys`) a script may touch the keys of one slot only. A
-turn's keys share its slot (the turn id is their hash tag) and the turn queue's structures share another
-(`{turns}`): the queues and lanes, the homes hash, the active, claiming, parked and recent indexes and the
-tenants' running sets. So every operation that moves a turn through the queue is two scripts, one per side,
-run in an order that leaves nothing behind when its caller dies between them:
+turn's keys share its slot (the turn id is their hash tag) and the turn queue is cut in shards
+(`keys.QueueShard`), each in a slot of its own: its queues and lanes, its homes hash, its active, claiming,
+parked and recent indexes and its tenants' running sets. A named tenant's turns all go to its tenant's shard,
+where its cap is counted; the default tenant's are spread by turn id (`keys.queue_shard`). So every operation
+that moves a turn through the queue is two scripts, one per side, run in an order that leaves nothing behind
+when its caller dies between them:
 
     submit   the turn's keys (submit.lua)            then  enqueue.lua: homes, active, recent, queue;
              a retried submit that finds the turn still queued enqueues it again (enqueue.lua does it once)
@@ -18,6 +20,9 @@ run in an order that leaves nothing behind when its caller dies between them:
              when it refuses, so an answer coming in between finds the owner (told) or the parked turn (woken)
     control  control.lua: recorded, owner read       then  the owner's inbox told, or unpark.lua
 
+Idle claimers block on ready tokens (`keys.ready_tokens`, one list per lane in `{turns}`, the first lane
+first), each naming the shard of a turn queued or of a place freed, and pick in that shard; a claimer that
+waited a step with no token looks over every shard (`find_queued_shards`), for a turn whose token was lost.
 What the turn's own keys say decides; the queue side only points at turns, and whatever points at a turn
 that ended or is leased is dropped when met. Conversations (their head, history and lock in a slot of their
 own) do not run on a cluster yet: a submit naming one is refused before anything is stored.
@@ -25,17 +30,21 @@ own) do not run on a cluster yet: a submit naming one is refused before anything
 
 from __future__ import annotations
 
+import json
+import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.model import TurnRequest, TurnStatus
 from orchestrator.store import codec, operations, scripts
-from orchestrator.store.effects import Batch, Flow, RedisCommand, ScriptCall, Transaction, parse_reply
+from orchestrator.store.effects import Batch, Flow, RedisCommand, ScriptCall, parse_reply
 from orchestrator.store.operations import CLAIM_SKIP_BUDGET, LEASED_STATUSES, TERMINAL_STATUSES
 from orchestrator.store.scripts import ControlResult, ParkResult, SubmitResult, TakeOverResult
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
 from workers import keys
 from workers.contract import DEFAULT_TENANT
+from workers.keys import QueueShard
 from workers.scripts import build_notify_command
 
 # --- submitting ------------------------------------------------------------------------------------------
@@ -52,25 +61,54 @@ def refuse_conversation(request: TurnRequest) -> None:
 
 
 def enqueue(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[bool]:
-    """The queue's side of a submit (`enqueue.lua`); False when the turn was queued already."""
-    keys_ = [keys.TURNS_HOMES, keys.TURNS_ACTIVE, keys.TURNS_RECENT]
-    keys_ += [keys.turn_queue(request.priority, request.tenant), keys.lane_tenants(request.priority)]
-    keys_ += [keys.TURNS_READY]
-    args = [turn_id, repr(now), str(keys.RECENT_TURNS_MAX), request.tenant, request.priority]
-    args += [str(keys.READY_TOKENS_MAX)]
-    return ScriptCall(scripts.ENQUEUE, tuple(keys_), tuple(args), lambda reply: bool(int(reply)))
+    """The queue's side of a submit, in the turn's shard (`enqueue.lua`); False when the turn was queued
+    already."""
+    shard = keys.queue_shard(turn_id, request.tenant)
+    keys_ = (
+        shard.homes,
+        shard.active,
+        shard.recent,
+        shard.turn_queue(request.priority, request.tenant),
+        shard.lane_tenants(request.priority),
+    )
+    args = (turn_id, repr(now), str(keys.RECENT_TURNS_MAX), request.tenant, request.priority)
+    return ScriptCall(scripts.ENQUEUE, keys_, args, lambda reply: bool(int(reply)))
+
+
+def announce(shard: QueueShard, lane: str) -> Flow[None]:
+    """A ready token for `shard` in `lane`'s list: wakes one idle claimer, which picks there. The list is
+    trimmed to `READY_TOKENS_MAX` when a push finds it longer (tokens are hints: a sweep finds the rest)."""
+    length = yield RedisCommand(("RPUSH", keys.ready_tokens(lane), str(shard.index)), parse_reply)
+    if int(length) > keys.READY_TOKENS_MAX:
+        yield RedisCommand(("LTRIM", keys.ready_tokens(lane), -keys.READY_TOKENS_MAX, -1), parse_reply)
 
 
 def submit(request: TurnRequest, turn_id: str, now: float) -> Flow[SubmitResult]:
-    """Store the turn in its slot, then queue it in the queue's (a submit retried after dying between the two
-    queues the turn it left stored but not queued)."""
+    """Store the turn in its slot, then queue it in its shard and announce it (a submit retried after dying
+    between the two queues the turn it left stored but not queued)."""
     result: SubmitResult = yield operations.submit(request, turn_id, now)
     if result is SubmitResult.EXISTS:
         status: TurnStatus | None = yield operations.get_status(turn_id)
         if status is not TurnStatus.QUEUED:
             return result
-    yield enqueue(request, turn_id, now)
+    if (yield enqueue(request, turn_id, now)):
+        yield from announce(keys.queue_shard(turn_id, request.tenant), request.priority)
     return result
+
+
+def find_shard(turn_id: str) -> Flow[QueueShard]:
+    """The shard of a turn the caller knows only by id: its tenant's, read from its request (the default
+    tenant's rule when the request is gone: a sweep, which reads every shard, finds what that misses)."""
+
+    def parse(raw: Any) -> str:
+        try:
+            tenant = json.loads(raw).get("tenant") if raw else None
+        except (ValueError, AttributeError):
+            tenant = None
+        return tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
+
+    tenant: str = yield RedisCommand(("GET", keys.turn_request(turn_id)), parse)
+    return keys.queue_shard(turn_id, tenant)
 
 
 # --- claiming --------------------------------------------------------------------------------------------
@@ -82,12 +120,25 @@ def _parse_pick(reply: Any) -> str | codec.ClaimAgain | None:
     return codec.text(reply[1])
 
 
-def pick(caps: RunningCaps = NO_CAPS) -> ScriptCall[str | codec.ClaimAgain | None]:
-    """The next queued turn's id, put in the claiming list and its tenant's running set (`pick.lua`)."""
-    keys_ = [keys.TURN_QUEUE, keys.TURNS_PARKED, keys.TURNS_CLAIMING, keys.TURNS_HOMES]
-    keys_ += [keys.lane_tenants(lane) for lane in keys.TURN_LANES]
-    lane_queue_prefix = keys.turn_queue("batch", "\0").split("batch:\0")[0]
-    running_prefix, running_suffix = keys.tenant_running("\0").split("\0")
+def build_shard_caps(caps: RunningCaps) -> RunningCaps:
+    """The caps a shard's pick holds tenants to. A named tenant's turns are all in one shard: its cap as it
+    is. The default tenant's are spread over every shard, which counts its own: its cap is shared out
+    (rounded up, so a cap is never 0 in a shard)."""
+    default_cap = caps.by_tenant.get(DEFAULT_TENANT, caps.others)
+    if not default_cap or keys.queue_shard_count() == 1:
+        return caps
+    shared = math.ceil(default_cap / keys.queue_shard_count())
+    return RunningCaps({**caps.by_tenant, DEFAULT_TENANT: shared}, caps.others)
+
+
+def pick(shard: QueueShard, caps: RunningCaps = NO_CAPS) -> ScriptCall[str | codec.ClaimAgain | None]:
+    """The next queued turn's id in `shard`, put in its claiming list and its tenant's running set
+    (`pick.lua`)."""
+    caps = build_shard_caps(caps)
+    keys_ = [shard.queue, shard.parked, shard.claiming, shard.homes]
+    keys_ += [shard.lane_tenants(lane) for lane in keys.TURN_LANES]
+    lane_queue_prefix = shard.turn_queue("batch", "\0").split("batch:\0")[0]
+    running_prefix, running_suffix = shard.tenant_running("\0").split("\0")
     args = [" ".join(keys.TURN_LANES), lane_queue_prefix, running_prefix, running_suffix]
     args += [
         " ".join(f"{t} {n}" for t, n in caps.by_tenant.items()),
@@ -125,46 +176,91 @@ def lease(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[codec.C
     return ScriptCall(scripts.LEASE, keys_, args, _parse_lease(turn_id))
 
 
-def unpick(turn_id: str, tenant: str, ended: bool) -> ScriptCall[Any]:
+def unpick(shard: QueueShard, turn_id: str, tenant: str, ended: bool) -> ScriptCall[Any]:
     """Settle a pick (`unpick.lua`)."""
-    keys_ = (keys.TURNS_CLAIMING, keys.tenant_running(tenant))
+    keys_ = (shard.claiming, shard.tenant_running(tenant))
     return ScriptCall(scripts.UNPICK, keys_, (turn_id, "1" if ended else ""), parse_reply)
 
 
-def claim(
-    orchestrator_id: str, ttl_ms: int, caps: RunningCaps = NO_CAPS
-) -> Flow[codec.ClaimedTurn | codec.ClaimAgain | None]:
-    """`operations.claim` on a cluster: pick, lease, settle; `CLAIM_AGAIN` when the id picked could not be
-    leased (it ended, or another orchestrator holds it)."""
-    picked: str | codec.ClaimAgain | None = yield pick(caps)
-    if not isinstance(picked, str):
-        return picked
-    leased: codec.ClaimedTurn | int = yield lease(orchestrator_id, picked, ttl_ms)
-    request = leased.request if isinstance(leased, codec.ClaimedTurn) else None
-    tenant = request.tenant if request is not None else (yield home_tenant(picked))
-    yield unpick(picked, tenant, ended=leased == 0)
-    return leased if isinstance(leased, codec.ClaimedTurn) else codec.CLAIM_AGAIN
+def claim_in(
+    shard: QueueShard, orchestrator_id: str, ttl_ms: int, caps: RunningCaps = NO_CAPS
+) -> Flow[codec.ClaimedTurn | None]:
+    """The next turn of `shard`, leased: pick, lease, settle, again while what was picked could not be leased
+    (it ended, or another orchestrator holds it); None when the shard has nothing claimable."""
+    while True:
+        picked: str | codec.ClaimAgain | None = yield pick(shard, caps)
+        if picked is None:
+            return None
+        if not isinstance(picked, str):
+            continue
+        leased: codec.ClaimedTurn | int = yield lease(orchestrator_id, picked, ttl_ms)
+        request = leased.request if isinstance(leased, codec.ClaimedTurn) else None
+        tenant = request.tenant if request is not None else (yield home_tenant(shard, picked))
+        yield unpick(shard, picked, tenant, ended=leased == 0)
+        if isinstance(leased, codec.ClaimedTurn):
+            return leased
 
 
-def home_tenant(turn_id: str) -> RedisCommand[str]:
+def home_tenant(shard: QueueShard, turn_id: str) -> RedisCommand[str]:
     """The tenant the homes hash has for an active turn (the default tenant's when it has none)."""
 
     def parse(raw: Any) -> str:
         value = codec.text(raw) if raw is not None else ""
         return value.split(" ", 1)[1] if " " in value else DEFAULT_TENANT
 
-    return RedisCommand(("HGET", keys.TURNS_HOMES, turn_id), parse)
+    return RedisCommand(("HGET", shard.homes, turn_id), parse)
+
+
+def wait_ready(block_s: float) -> RedisCommand[QueueShard | None]:
+    """Block up to `block_s` for a ready token, the first lane's first: the shard it names, None when none
+    came (or it names no shard of this layout)."""
+
+    def parse(reply: Any) -> QueueShard | None:
+        if reply is None:
+            return None
+        try:
+            index = int(codec.text(reply[1]))
+        except ValueError:
+            return None
+        return QueueShard(index) if 0 <= index < keys.queue_shard_count() else None
+
+    lists = (keys.ready_tokens(lane) for lane in keys.TURN_LANES)
+    return RedisCommand(("BLPOP", *lists, f"{block_s:.3f}"), parse)
+
+
+def find_queued_shards() -> Batch[list[QueueShard]]:
+    """The shards with a lane or a queue to look at, from a random one on (claimers spread), in one round
+    trip: what a claimer reads when a step passed with no token."""
+    shards = keys.all_queue_shards()
+    first = random.randrange(len(shards))
+    shards = shards[first:] + shards[:first]
+    exists = tuple(
+        RedisCommand(("EXISTS", s.queue, *(s.lane_tenants(lane) for lane in keys.TURN_LANES)), int)
+        for s in shards
+    )
+    return Batch(exists, lambda found: [s for s, n in zip(shards, found, strict=True) if n])
 
 
 # --- a turn's end ----------------------------------------------------------------------------------------
 
 
-def leave(turn_id: str) -> ScriptCall[bool]:
-    """The queue's side of a turn's end (`leave.lua`); True when the turn was still active there."""
-    running_prefix, running_suffix = keys.tenant_running("\0").split("\0")
-    keys_ = (keys.TURNS_HOMES, keys.TURNS_ACTIVE, keys.TURNS_CLAIMING, keys.TURNS_READY)
-    args = (turn_id, running_prefix, running_suffix, str(keys.READY_TOKENS_MAX))
-    return ScriptCall(scripts.LEAVE, keys_, args, lambda reply: bool(int(reply)))
+def leave(turn_id: str, shard: QueueShard) -> ScriptCall[tuple[bool, bool]]:
+    """The queue's side of a turn's end (`leave.lua`): whether the turn was still active there, and whether
+    it freed a place in its tenant's running set."""
+    running_prefix, running_suffix = shard.tenant_running("\0").split("\0")
+    keys_ = (shard.homes, shard.active, shard.claiming)
+    args = (turn_id, running_prefix, running_suffix)
+    return ScriptCall(scripts.LEAVE, keys_, args, lambda reply: (bool(int(reply[0])), bool(int(reply[1]))))
+
+
+def end(turn_id: str, tenant: str | None = None) -> Flow[bool]:
+    """A turn's end on the queue's side, in its shard (read from its request when `tenant` is not given):
+    left, and a ready token pushed when that freed a place. True when the turn was still active there."""
+    shard = keys.queue_shard(turn_id, tenant) if tenant is not None else (yield from find_shard(turn_id))
+    removed, freed = yield leave(turn_id, shard)
+    if freed:
+        yield from announce(shard, "normal")
+    return bool(removed)
 
 
 # --- leases, orphans, the orchestrators ------------------------------------------------------------------
@@ -198,19 +294,25 @@ def unregister(orchestrator_id: str) -> Batch[Any]:
     return Batch(commands, parse_reply)
 
 
-def _read_queue_side() -> Transaction[tuple[list[str], list[str], set[str]]]:
-    # The claiming list, the active index and the parked set, at one moment.
-    commands = (
-        ("LRANGE", keys.TURNS_CLAIMING, 0, -1),
-        ("ZRANGE", keys.TURNS_ACTIVE, 0, -1),
-        ("ZRANGE", keys.TURNS_PARKED, 0, -1),
+class QueueSide:
+    """What one shard of the queue holds, read at one moment (`read_queue.lua`)."""
+
+    def __init__(self, shard: QueueShard, reply: Any) -> None:
+        claiming, active, parked = ([codec.text(i) for i in part or []] for part in reply)
+        self.shard = shard
+        self.claiming: list[str] = claiming
+        self.active: list[str] = active
+        self.parked: set[str] = set(parked)
+
+
+def read_queue_sides() -> Batch[list[QueueSide]]:
+    """Every shard's claiming list, active index and parked set (each shard at one moment), in one round
+    trip."""
+    shards = keys.all_queue_shards()
+    reads = tuple(
+        ScriptCall(scripts.READ_QUEUE, (s.claiming, s.active, s.parked), (), parse_reply) for s in shards
     )
-
-    def parse(replies: list[Any]) -> tuple[list[str], list[str], set[str]]:
-        claiming, active, parked = ([codec.text(i) for i in reply or []] for reply in replies)
-        return claiming, active, set(parked)
-
-    return Transaction(commands, parse)
+    return Batch(reads, lambda replies: [QueueSide(s, r) for s, r in zip(shards, replies, strict=True)])
 
 
 def _read_turn_sides(turn_ids: Sequence[str]) -> Batch[list[tuple[str | None, bool]]]:
@@ -230,46 +332,66 @@ def _read_turn_sides(turn_ids: Sequence[str]) -> Batch[list[tuple[str | None, bo
 
 def find_orphans(limit: int) -> Flow[list[str]]:
     """`operations.find_orphans` on a cluster, which also sweeps the queue side: an ended turn still active
-    there (its owner died before `leave.lua`) leaves it now, and an ended id in the claiming list goes."""
-    claiming, active, parked = yield _read_queue_side()
-    candidates = list(dict.fromkeys([*claiming, *(t for t in active if t not in parked)]))
+    there (its owner died before `leave.lua`) leaves it now, and an ended id in a claiming list goes."""
+    sides: list[QueueSide] = yield read_queue_sides()
+    shard_of: dict[str, QueueShard] = {}
+    in_claiming: set[str] = set()
+    for side in sides:
+        for turn_id in side.claiming:
+            shard_of.setdefault(turn_id, side.shard)
+            in_claiming.add(turn_id)
+        for turn_id in side.active:
+            if turn_id not in side.parked:
+                shard_of.setdefault(turn_id, side.shard)
+    candidates = list(shard_of)
     if not candidates:
         return []
-    sides: list[tuple[str | None, bool]] = yield _read_turn_sides(candidates)
+    turn_sides: list[tuple[str | None, bool]] = yield _read_turn_sides(candidates)
     terminal = set(TERMINAL_STATUSES.split())
     leased_statuses = set(LEASED_STATUSES.split())
-    in_claiming = set(claiming)
     found: list[str] = []
     ended: list[str] = []
-    for turn_id, (status, leased) in zip(candidates, sides, strict=True):
+    for turn_id, (status, leased) in zip(candidates, turn_sides, strict=True):
         if status is None or status in terminal:
             ended.append(turn_id)
         elif not leased and (turn_id in in_claiming or status in leased_statuses) and len(found) < limit:
             found.append(turn_id)
     if ended:
-        yield Batch(tuple(leave(t) for t in ended), parse_reply)
+        left: list[tuple[bool, bool]] = yield Batch(tuple(leave(t, shard_of[t]) for t in ended), list)
+        for turn_id, (_, freed) in zip(ended, left, strict=True):
+            if freed:
+                yield from announce(shard_of[turn_id], "normal")
     return found
 
 
 def take_over(orchestrator_id: str, turn_id: str, ttl_ms: int) -> Flow[TakeOverResult]:
-    """`operations.take_over` on a cluster: whether the id is in the claiming list is read first, and it is
-    taken out after."""
-    position = yield RedisCommand(("LPOS", keys.TURNS_CLAIMING, turn_id), parse_reply)
-    claiming = position is not None
-    result: TakeOverResult = yield operations.take_over(orchestrator_id, turn_id, ttl_ms, claiming=claiming)
-    if result is TakeOverResult.TAKEN and claiming:
-        yield RedisCommand(("LREM", keys.TURNS_CLAIMING, 0, turn_id), parse_reply)
+    """`operations.take_over` on a cluster: whether the id is in a shard's claiming list is read first (every
+    shard, one round trip), and it is taken out after."""
+    shards = keys.all_queue_shards()
+    positions = yield Batch(
+        tuple(RedisCommand(("LPOS", s.claiming, turn_id), parse_reply) for s in shards), list
+    )
+    claimed_in = [s for s, position in zip(shards, positions, strict=True) if position is not None]
+    result: TakeOverResult = yield operations.take_over(
+        orchestrator_id, turn_id, ttl_ms, claiming=bool(claimed_in)
+    )
+    if result is TakeOverResult.TAKEN and claimed_in:
+        yield Batch(
+            tuple(RedisCommand(("LREM", s.claiming, 0, turn_id), parse_reply) for s in claimed_in),
+            parse_reply,
+        )
     return result
 
 
 def read_active_statuses() -> Flow[list[tuple[str, TurnStatus | None]]]:
-    """`operations.read_active_statuses` on a cluster: the active index, then each turn's status."""
-    _, active, _ = yield _read_queue_side()
+    """`operations.read_active_statuses` on a cluster: every shard's active index, then each turn's status."""
+    sides: list[QueueSide] = yield read_queue_sides()
+    active = [turn_id for side in sides for turn_id in side.active]
     if not active:
         return []
-    sides: list[tuple[str | None, bool]] = yield _read_turn_sides(active)
+    turn_sides: list[tuple[str | None, bool]] = yield _read_turn_sides(active)
     out: list[tuple[str, TurnStatus | None]] = []
-    for turn_id, (status, _) in zip(active, sides, strict=True):
+    for turn_id, (status, _) in zip(active, turn_sides, strict=True):
         try:
             out.append((turn_id, codec.parse_status(status)))
         except ValueError:
@@ -277,24 +399,45 @@ def read_active_statuses() -> Flow[list[tuple[str, TurnStatus | None]]]:
     return out
 
 
+def read_active_ids() -> Batch[list[str]]:
+    """Every shard's active turn ids, in one round trip."""
+    reads = tuple(RedisCommand(("ZRANGE", s.active, 0, -1), parse_reply) for s in keys.all_queue_shards())
+    return Batch(reads, lambda replies: [codec.text(i) for reply in replies for i in reply or []])
+
+
 # --- parking and control ---------------------------------------------------------------------------------
 
 
 def park(orchestrator_id: str, turn_id: str, look_at: float, control_after: str) -> Flow[ParkResult]:
-    """`operations.park` on a cluster: into the parked set, then the lease given up (`park.lua`), and out of
-    the set again unless that parked it."""
-    yield RedisCommand(("ZADD", keys.TURNS_PARKED, repr(look_at), turn_id), parse_reply)
+    """`operations.park` on a cluster: into its shard's parked set, then the lease given up (`park.lua`), and
+    out of the set again unless that parked it."""
+    shard: QueueShard = yield from find_shard(turn_id)
+    yield RedisCommand(("ZADD", shard.parked, repr(look_at), turn_id), parse_reply)
     result: ParkResult = yield operations.park(orchestrator_id, turn_id, look_at, control_after)
     if result is not ParkResult.PARKED:
-        yield RedisCommand(("ZREM", keys.TURNS_PARKED, turn_id), parse_reply)
+        yield RedisCommand(("ZREM", shard.parked, turn_id), parse_reply)
     return result
 
 
-def unpark(turn_id: str) -> ScriptCall[bool]:
-    """Queue a parked turn an answer came for (`unpark.lua`)."""
-    return ScriptCall(
-        scripts.UNPARK, (keys.TURNS_PARKED, keys.TURN_QUEUE), (turn_id,), lambda r: bool(int(r))
-    )
+def unpark(turn_id: str) -> Flow[bool]:
+    """Queue a parked turn an answer came for, in its shard (`unpark.lua`), and announce it."""
+    shard: QueueShard = yield from find_shard(turn_id)
+    woken = yield ScriptCall(scripts.UNPARK, (shard.parked, shard.queue), (turn_id,), lambda r: bool(int(r)))
+    if woken:
+        yield from announce(shard, "normal")
+    return bool(woken)
+
+
+def wake_parked(due_by: float, limit: int) -> Flow[list[str]]:
+    """`operations.wake_parked` on a cluster: every shard's due turns queued (`wake.lua`, one round trip),
+    each announced."""
+    shards = keys.all_queue_shards()
+    calls = tuple(operations.wake_parked(due_by, limit, s.parked, s.queue) for s in shards)
+    woken: list[list[str]] = yield Batch(calls, list)
+    for shard, ids in zip(shards, woken, strict=True):
+        for _ in ids:
+            yield from announce(shard, "normal")
+    return [turn_id for ids in woken for turn_id in ids][:limit]
 
 
 def tell_owner(turn_id: str, told: operations.OwnerToTell) -> Flow[ControlResult]:
@@ -306,5 +449,5 @@ def tell_owner(turn_id: str, told: operations.OwnerToTell) -> Flow[ControlResult
         fields |= {"approved": told.approved, "id": told.entry_id}
         yield RedisCommand(build_notify_command(told.owner, fields), parse_reply)
     else:
-        yield unpark(turn_id)
+        yield from unpark(turn_id)
     return ControlResult.RECORDED

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
+from workers import keys
 from workers.contract import ToolOutcome, ToolSpec, redact
 from workers.contract import parse_tool_outcome as read_tool_outcome
 from workers.records import STORED
@@ -72,9 +73,16 @@ class ControlRequest(BaseModel):
 # --- builders (pure) -------------------------------------------------------------------------------------
 
 
-def new_turn_id() -> str:
-    """A fresh turn id: `turn_` + uuid4 hex."""
-    return TURN_ID_PREFIX + uuid.uuid4().hex
+def new_turn_id(conversation_id: str | None = None) -> str:
+    """A fresh turn id: `turn_` + uuid4 hex; for a turn of `conversation_id`, one whose keys share the
+    conversation's slot on a Redis Cluster (`keys.fit_turn_id`: its last four digits chosen), whatever the
+    layout here, so that a client need not know where its turns are stored."""
+    if conversation_id is None:
+        return TURN_ID_PREFIX + uuid.uuid4().hex
+    while True:
+        fitted = keys.fit_turn_id(TURN_ID_PREFIX + uuid.uuid4().hex[:28], conversation_id)
+        if fitted is not None:
+            return fitted
 
 
 def validate_turn_id(turn_id: str) -> str:

@@ -136,12 +136,15 @@ def claim(
     pushes, in steps of at most `READY_POLL_MS` — a turn queued by a script that pushes none (a woken
     parked turn, a previous release's submit) is claimed by the next step — and tries again."""
     deadline = clock() + timeout_s
+    if keys.is_cluster_layout():
+        step_cap_ms = min(cap_ms, READY_POLL_MS)
+        return (
+            yield from _claim_on_cluster(
+                orchestrator_id, deadline, clock, ttl_ms=ttl_ms, step_cap_ms=step_cap_ms, caps=caps
+            )
+        )
     while True:
-        claimed: codec.ClaimedTurn | codec.ClaimAgain | None
-        if keys.is_cluster_layout():
-            claimed = yield from cluster.claim(orchestrator_id, ttl_ms, caps)
-        else:
-            claimed = yield operations.claim(orchestrator_id, ttl_ms, caps)
+        claimed = yield operations.claim(orchestrator_id, ttl_ms, caps)
         if isinstance(claimed, codec.ClaimedTurn):
             return claimed
         if isinstance(claimed, codec.ClaimAgain):
@@ -150,6 +153,24 @@ def claim(
         if step_ms is None:
             return None
         yield operations.wait_ready(step_ms / 1000)
+
+
+def _claim_on_cluster(
+    orchestrator_id: str, deadline: float, clock: Clock, *, ttl_ms: int, step_cap_ms: int, caps: RunningCaps
+) -> Flow[codec.ClaimedTurn | None]:
+    # `claim` on a cluster's sharded queue: wait for a ready token and pick in the shard it names; a step with
+    # no token looks over every shard (a turn whose token was lost, a woken one whose token was trimmed).
+    shards: list[keys.QueueShard] = []
+    while True:
+        for shard in shards:
+            claimed = yield from cluster.claim_in(shard, orchestrator_id, ttl_ms, caps)
+            if claimed is not None:
+                return claimed
+        step_ms = build_step_ms(deadline, clock(), step_cap_ms)
+        if step_ms is None:
+            return None
+        woken: keys.QueueShard | None = yield cluster.wait_ready(step_ms / 1000)
+        shards = [woken] if woken is not None else (yield cluster.find_queued_shards())
 
 
 def wait_reply(reply_key: str, timeout_s: float, *, cap_ms: int, clock: Clock) -> Flow[bool]:
@@ -193,7 +214,7 @@ def save_outcome(
         turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id
     )
     if keys.is_cluster_layout():
-        yield cluster.leave(turn_id)  # whichever terminal write won: the first one's owner may have died
+        yield from cluster.end(turn_id)  # whichever terminal write won: the first one's owner may have died
     return result
 
 

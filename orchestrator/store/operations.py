@@ -216,11 +216,14 @@ def _parse_scored(reply: Any) -> list[tuple[str, float]]:
     return [(codec.text(member), float(score)) for member, score in items]
 
 
-def wake_parked(due_by: float, limit: int) -> ScriptCall[list[str]]:
-    """Queue the parked turns to be looked at by `due_by` (epoch s), at most `limit` (`wake.lua`)."""
+def wake_parked(
+    due_by: float, limit: int, parked: str | None = None, queue: str | None = None
+) -> ScriptCall[list[str]]:
+    """Queue the parked turns to be looked at by `due_by` (epoch s), at most `limit` (`wake.lua`); of one
+    shard's parked set and queue on a cluster."""
     return _script(
         scripts.WAKE,
-        [keys.TURNS_PARKED, keys.TURN_QUEUE],
+        [parked or keys.TURNS_PARKED, queue or keys.TURN_QUEUE],
         [repr(due_by), limit],
         lambda woken: [codec.text(t) for t in woken],
     )

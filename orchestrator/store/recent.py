@@ -121,13 +121,27 @@ class RecentCache:
         self._reads.pop(turn_id, None)
 
 
-def read_recent_ids(start: int, count: int) -> RedisCommand[list[tuple[str, float]]]:
-    """`count` ids of the index from rank `start`, newest first, with their submit times."""
+def read_recent_ids(
+    start: int, count: int
+) -> RedisCommand[list[tuple[str, float]]] | Batch[list[tuple[str, float]]]:
+    """`count` ids of the index from rank `start`, newest first, with their submit times (on a Redis Cluster,
+    where each shard of the turn queue keeps its own index, the shards' first `start + count` merged)."""
 
     def parse(reply: Any) -> list[tuple[str, float]]:
         return [(codec.text(member), float(score)) for member, score in reply]
 
-    return RedisCommand(("ZREVRANGE", keys.TURNS_RECENT, start, start + count - 1, "WITHSCORES"), parse)
+    if not keys.is_cluster_layout():
+        return RedisCommand(("ZREVRANGE", keys.TURNS_RECENT, start, start + count - 1, "WITHSCORES"), parse)
+
+    def merge(pages: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
+        merged = sorted((entry for page in pages for entry in page), key=lambda e: (-e[1], e[0]))
+        return merged[start : start + count]
+
+    reads = tuple(
+        RedisCommand(("ZREVRANGE", shard.recent, 0, start + count - 1, "WITHSCORES"), parse)
+        for shard in keys.all_queue_shards()
+    )
+    return Batch(reads, merge)
 
 
 def read_turns(
@@ -160,9 +174,14 @@ def read_turns(
     return Transaction(tuple(commands), parse)
 
 
-def forget(turn_ids: Sequence[str]) -> RedisCommand[Any]:
-    """Remove these ids (turns that have expired) from the index."""
-    return RedisCommand(("ZREM", keys.TURNS_RECENT, *turn_ids), parse_reply)
+def forget(turn_ids: Sequence[str]) -> RedisCommand[Any] | Batch[Any]:
+    """Remove these ids (turns that have expired) from the index (from every shard's, on a cluster)."""
+    if not keys.is_cluster_layout():
+        return RedisCommand(("ZREM", keys.TURNS_RECENT, *turn_ids), parse_reply)
+    removals = tuple(
+        RedisCommand(("ZREM", shard.recent, *turn_ids), parse_reply) for shard in keys.all_queue_shards()
+    )
+    return Batch(removals, parse_reply)
 
 
 def _data(fields: Mapping[str, str]) -> dict[str, Any]:

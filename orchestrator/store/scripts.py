@@ -52,6 +52,7 @@ __all__ = [
     "PICK",
     "RATE_LIMIT",
     "READ_HISTORY",
+    "READ_QUEUE",
     "READ_STATUSES",
     "RELEASE",
     "RENEW",
@@ -94,14 +95,15 @@ READ_STATUSES = load_script(_PACKAGE, "read_statuses")
 APPEND_EVENTS = load_script(_PACKAGE, "append_events")
 WRITE_TASKS = load_script(_PACKAGE, "write_tasks")
 RATE_LIMIT = load_script(_PACKAGE, "rate_limit")
-# A Redis Cluster's halves of submit.lua, claim.lua and save_outcome.lua in the turn queue's slot, and the
-# lease in the turn's (`orchestrator.store.cluster`).
+# A Redis Cluster's halves of submit.lua, claim.lua and save_outcome.lua in a turn queue shard's slot, the
+# lease in the turn's, and a shard's read for the sweep (`orchestrator.store.cluster`).
 ENQUEUE = load_script(_PACKAGE, "enqueue")
 PICK = load_script(_PACKAGE, "pick")
 LEASE = load_script(_PACKAGE, "lease")
 UNPICK = load_script(_PACKAGE, "unpick")
 LEAVE = load_script(_PACKAGE, "leave")
 UNPARK = load_script(_PACKAGE, "unpark")
+READ_QUEUE = load_script(_PACKAGE, "read_queue")
 
 
 class SubmitResult(IntEnum):

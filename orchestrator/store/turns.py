@@ -196,6 +196,8 @@ class TurnStore:
 
     async def wake_parked(self, due_by: float, limit: int = 100) -> list[str]:
         """Queue the parked turns to be looked at by `due_by` (epoch s); their ids."""
+        if keys.is_cluster_layout():
+            return await self._runner.run_flow(cluster.wake_parked(due_by, limit))
         return await self._runner.run(operations.wake_parked(due_by, limit))
 
     async def find_orphans(self, limit: int = 100) -> list[str]:

@@ -64,6 +64,11 @@ EXPECTED = {
     "first_token_overhead_sse_p99_ms": False,
     "streamed_delta_cpu_ms_client": False,
     "streamed_delta_cpu_ms_sse": False,
+    # Issue 35 item 3: a burst's commands across a three-master cluster, and a call's commands there.
+    "cluster_commands_spread_pct": False,
+    "cluster_redis_commands_per_call": False,
+    "cluster_redis_cpu_ms_per_call": False,
+    "cluster_turns_per_s": False,
     # Issue 19: the speed claims the suite no longer makes.
     "wait_wake_p99_ms": False,
     "cancel_latency_p99_ms": False,
@@ -78,15 +83,15 @@ STORAGE_GOALS = {"redis_written_per_turn_ratio": "<= 4", "redis_held_per_turn_ra
 
 @pytest.mark.e2e
 # The quick run took 143-155 s on 2 cores shared with other tests (load 3-4; the HTTP variant with the Redis
-# rows and the first token: ~45 s of it); room for more load.
-@pytest.mark.timeout(240)
+# rows and the first token: ~45 s of it), and the cluster's burst adds ~25 s; room for more load.
+@pytest.mark.timeout(330)
 def test_quick_bench_prints_every_metric() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "ops.bench", "--quick", "--json-only"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=230,
+        timeout=320,
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]

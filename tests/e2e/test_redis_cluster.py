@@ -11,138 +11,23 @@ loses no turn; the API submits, streams (a reader per turn) and lists; a convers
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 from redis.crc import key_slot
 
-from orchestrator import Client
+from ops.redis_cluster import RedisCluster
 from orchestrator.model import TurnOutcome
-from orchestrator.redis_server import RedisServer, find_free_port
-from tests.faults.env import MARK_VAR, PLAN_MODEL, call, find_marked_pids, is_running, wait_checked
-from tests.faults.sentinel_tools import STARTS
-from tests.support.e2e_model import RecordingModelServer
-from tests.support.e2e_processes import OrchestratorHandle, start_orchestrator
-from tests.support.processes import WorkerHandle, start_worker
-from tests.support.redis_cluster import RedisCluster
-from tests.support.served import Served, answers, start_toolloop
+from orchestrator.redis_server import find_free_port
+from tests.faults.env import PLAN_MODEL, is_running, wait_checked
+from tests.support.cluster_system import ClusterSystem, cluster_system, work_call
+from tests.support.served import answers, start_toolloop
 from tests.support.sse import SseStream, read_sse
-from tests.support.waiting import wait_until
 from workers import keys
-from workers.connect import connect_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-CLUSTER_VARIABLE = keys.CLUSTER_VARIABLE
-
-
-class ClusterSystem:
-    """Workers, orchestrators and a client on `cluster`, as a user runs them; `close` leaves nothing."""
-
-    def __init__(self, cluster: RedisCluster, broker: RedisServer, model: RecordingModelServer) -> None:
-        self.cluster = cluster
-        self.model = model
-        self.mark = uuid.uuid4().hex
-        self.env = {
-            MARK_VAR: self.mark,
-            CLUSTER_VARIABLE: "true",
-            "TOOLLOOP_BROKER_URL": broker.url,
-            "TOOLLOOP_LEASE_TTL_S": "3",
-            "TOOLLOOP_LOST_CALL_GRACE_S": "2",
-        }
-        self.redis = connect_redis(cluster.url, cluster=True)
-        self.client = Client(cluster.url)
-        self.workers: list[WorkerHandle] = []
-        self.orchestrators: list[OrchestratorHandle] = []
-        self.apis: list[Served] = []
-
-    def start_worker(self) -> WorkerHandle:
-        """A worker of the fault tools; returns once its catalogue entry is in the cluster."""
-        worker = start_worker(
-            self.cluster.url, ["tests.faults.sentinel_tools"], concurrency=3, env=self.env, wait=False
-        )
-        self.workers.append(worker)
-        self.wait_for(
-            "the worker's catalogue entry", lambda: self.redis.hget(keys.CATALOGUE, worker.hostname)
-        )
-        return worker
-
-    def start_orchestrator(self) -> OrchestratorHandle:
-        """An orchestrator; returns once it is registered."""
-        orchestrator = start_orchestrator(
-            self.cluster.url, model_base_url=self.model.base_url, env=self.env, wait=False
-        )
-        self.orchestrators.append(orchestrator)
-        self.wait_for(
-            "the orchestrator's registration",
-            lambda: (
-                is_running(orchestrator)
-                and self.redis.zscore(keys.ORCHESTRATORS, orchestrator.orchestrator_id) is not None
-            ),
-        )
-        return orchestrator
-
-    def wait_for(self, what: str, ready: Callable[[], object], timeout_s: float = 60.0) -> None:
-        """Block until `ready()` is true (Redis errors count as not yet); the logs if it never is."""
-
-        def check() -> object:
-            with contextlib.suppress(redis.RedisError):
-                return ready()
-            return False
-
-        wait_until(check, what, timeout_s=timeout_s, detail=self.logs)
-
-    def submit(self, turns: int, calls: int, rounds: int, seconds: float = 0.2) -> list[str]:
-        """`turns` turns of `rounds` rounds of `calls` parallel calls each."""
-        ids = []
-        for _ in range(turns):
-            # Every call its own: the same call a third time would stop the turn (the repeat guard).
-            plan = [{"calls": [_work(seconds) for _ in range(calls)]} for _ in range(rounds)]
-            ids.append(
-                self.client.submit(
-                    prompt=json.dumps({"plan": plan}),
-                    tools=["sentinel_work"],
-                    model=PLAN_MODEL,
-                    limits={"deadline_s": 240},
-                )
-            )
-        return ids
-
-    def starts(self) -> int:
-        """How many tool runs have started."""
-        with contextlib.suppress(redis.RedisError):
-            return int(self.redis.get(STARTS) or 0)
-        return 0
-
-    def logs(self) -> str:
-        """Every process's output so far."""
-        logs = [w.log_text() for w in self.workers] + [o.log_text() for o in self.orchestrators]
-        return "\n".join(logs + [a.log_text() for a in self.apis])
-
-    def close(self) -> None:
-        """Stop every process and the clients; kill anything still carrying the marker."""
-        for api in self.apis:
-            api.stop_with(signal.SIGTERM, 10)
-        for orchestrator in self.orchestrators:
-            orchestrator.stop()
-        for worker in self.workers:
-            worker.stop()
-        self.client.close()
-        self.redis.close()
-        for pid in find_marked_pids(self.mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _work(seconds: float) -> dict[str, object]:
-    return call("sentinel_work", tag=uuid.uuid4().hex[:12], seconds=seconds)
 
 
 @pytest.fixture(scope="module")
@@ -153,23 +38,8 @@ def cluster() -> Iterator[RedisCluster]:
 
 @pytest.fixture
 def system(cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterSystem]:
-    broker = RedisServer()
-    broker.start()
-    # The test's own Client names keys as every toolloop process on the cluster does.
-    monkeypatch.setenv(CLUSTER_VARIABLE, "true")
-    monkeypatch.setenv("TOOLLOOP_REDIS_URL", cluster.url)
-    monkeypatch.setenv("TOOLLOOP_BROKER_URL", broker.url)
-    keys.use_cluster_layout(True)
-    try:
-        with RecordingModelServer() as model:
-            running = ClusterSystem(cluster, broker, model)
-            try:
-                yield running
-            finally:
-                running.close()
-    finally:
-        keys.use_cluster_layout(False)
-        broker.stop()
+    with cluster_system(cluster, monkeypatch) as running:
+        yield running
 
 
 def _completed(outcomes: list[TurnOutcome]) -> None:
@@ -187,10 +57,27 @@ def test_a_burst_of_parallel_calls_completes_each_call_answered_once(system: Clu
     # Every key of a turn is in one slot: the turn id is their hash tag.
     turn_keys = [keys.turn_state(ids[0]), keys.turn_events(ids[0]), keys.turn_outcome(ids[0])]
     assert len({key_slot(k.encode()) for k in turn_keys}) == 1
-    # The queue's side was left clean: nothing active, claiming or homed.
-    assert system.redis.zcard(keys.TURNS_ACTIVE) == 0
-    assert system.redis.llen(keys.TURNS_CLAIMING) == 0
-    assert system.redis.hlen(keys.TURNS_HOMES) == 0
+    # The queue's side was left clean, in every shard: nothing active, claiming or homed.
+    for shard in keys.all_queue_shards():
+        assert system.redis.zcard(shard.active) == 0
+        assert system.redis.llen(shard.claiming) == 0
+        assert system.redis.hlen(shard.homes) == 0
+
+
+def test_a_bursts_commands_fall_evenly_across_the_masters(
+    system: ClusterSystem, cluster: RedisCluster
+) -> None:
+    system.start_worker()
+    system.start_orchestrator()
+    system.start_orchestrator()
+    cluster.reset_stats()
+    # Enough turns that their own keys, spread by turn id, even out (one turn is 1/300 of a master.s share).
+    ids = system.submit(turns=900, calls=1, rounds=1, seconds=0.01)
+    _completed(wait_checked(system.client, ids, 240))
+    counts = cluster.command_counts()
+    mean = sum(counts.values()) / len(counts)
+    spread = {port: round((n - mean) / mean, 3) for port, n in counts.items()}
+    assert all(abs(off) <= 0.25 for off in spread.values()), (counts, spread)
 
 
 def test_a_conversation_is_refused_with_a_clear_error(system: ClusterSystem) -> None:
@@ -217,7 +104,7 @@ def test_the_api_submits_streams_and_lists_turns_on_the_cluster(system: ClusterS
     system.apis.append(api)
     base_url = f"http://127.0.0.1:{port}"
     api.wait_for(lambda: answers(f"{base_url}/healthz"), "the API to answer /healthz", timeout_s=60)
-    plan = {"plan": [{"calls": [_work(0.1), _work(0.1)]}]}
+    plan = {"plan": [{"calls": [work_call(0.1), work_call(0.1)]}]}
     body = {"prompt": json.dumps(plan), "tools": ["sentinel_work"], "model": PLAN_MODEL}
 
     async def run() -> tuple[str, SseStream]:
@@ -246,8 +133,8 @@ def test_a_master_failed_over_mid_burst_loses_no_turn(
     ids = system.submit(turns=10, calls=2, rounds=3, seconds=0.3)
     before = system.starts()
     system.wait_for("tool runs under way", lambda: system.starts() > before + 4)
-    # The master of the queue's slot: every claim, submit and end goes through it.
-    master = cluster.master_of(keys.TURNS_ACTIVE)
+    # The master of the ready tokens' slot: every idle claimer blocks on it, every submit pushes there.
+    master = cluster.master_of(keys.ready_tokens("normal"))
     if how == "failover":
         cluster.failover(master)
     else:

@@ -314,6 +314,7 @@ RUN_BY: dict[str, object] = {
     "unpick": "tests/e2e/test_redis_cluster.py",
     "leave": "tests/e2e/test_redis_cluster.py",
     "unpark": "tests/e2e/test_redis_cluster.py",
+    "read_queue": "tests/e2e/test_redis_cluster.py",
 }
 
 

@@ -1,4 +1,4 @@
-"""The Redis Cluster fixture (`tests.support.redis_cluster`) is a real cluster: keys spread over three masters
+"""The Redis Cluster fixture (`ops.redis_cluster`) is a real cluster: keys spread over three masters
 by hash tag, one tag's keys meet in one Lua script, a failover (CLUSTER FAILOVER, then SIGKILL) keeps what
 was written and replicated, and `command_counts` grows on the master that served the commands.
 
@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.cluster
 
-from tests.support.redis_cluster import ClusterNode, RedisCluster
+from ops.redis_cluster import ClusterNode, RedisCluster
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -1,4 +1,4 @@
-"""A worker's call on one Redis and on a Redis Cluster (`tests.support.redis_cluster`), through its real
+"""A worker's call on one Redis and on a Redis Cluster (`ops.redis_cluster`), through its real
 scripts.
 
 On one Redis `start.lua` and `write_outcome.lua` notify the turn's owner themselves, with exactly the fields
@@ -20,7 +20,7 @@ import pytest
 import redis
 import redis.cluster
 
-from tests.support.redis_cluster import RedisCluster
+from ops.redis_cluster import RedisCluster
 from workers import keys, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.catalogue import publish_catalogue, remove_catalogue

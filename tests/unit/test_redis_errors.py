@@ -18,6 +18,7 @@ from redis._parsers.hiredis import _HiredisParser
 from workers.redis_errors import (
     BACKOFF_CAP_S,
     BACKOFF_FIRST_S,
+    REDIS_ERRORS,
     Backoff,
     RedisErrorKind,
     build_backoff_s,
@@ -190,6 +191,37 @@ def test_a_lost_connection_is_unreachable_and_may_have_run(error: Exception) -> 
     meaning = classify(error)
     assert meaning is not None and meaning.kind is K.UNREACHABLE and meaning.transient
     assert meaning.reconnect and maybe_ran(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (rx.SlotNotCoveredError("Slot 5 not covered by the cluster."), K.CLUSTER_MOVING),
+        (
+            rx.RedisClusterException(
+                "Redis Cluster cannot be connected. Please provide at least one reachable node: refused"
+            ),
+            K.UNREACHABLE,
+        ),
+        (
+            rx.RedisClusterException("All slots are not covered after query all startup_nodes. 5 of 16384"),
+            K.CLUSTER_MOVING,
+        ),
+        (rx.RedisClusterException("No way to dispatch this command to Redis Cluster. Missing key."), None),
+    ],
+    ids=["slot-not-covered", "no-node", "slots-missing", "no-key"],
+)
+def test_what_the_cluster_client_raises_of_its_own_has_its_kind(
+    error: Exception, kind: RedisErrorKind | None
+) -> None:
+    # Not `RedisError`s: caught all the same (REDIS_ERRORS), and a wrong call stays a bug.
+    assert isinstance(error, REDIS_ERRORS)
+    meaning = classify(error)
+    assert meaning is not None
+    if kind is None:
+        assert meaning.kind is K.WRONG_COMMAND and meaning.bug
+    else:
+        assert meaning.kind is kind and meaning.transient
 
 
 def test_only_a_lost_connection_or_a_demoted_master_asks_for_a_new_connection() -> None:

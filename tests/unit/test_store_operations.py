@@ -46,7 +46,7 @@ def lua_files() -> list[tuple[str, str]]:
 
 def test_every_script_is_a_lua_file_loaded_once() -> None:
     names = [name for name, _ in lua_files()]
-    assert len(names) == 30, names
+    assert len(names) == 31, names
     assert SUBMIT.source == resources.files("orchestrator.store").joinpath("lua/submit.lua").read_text()
 
 

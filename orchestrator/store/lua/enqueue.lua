@@ -1,7 +1,8 @@
--- Queue a stored turn on a Redis Cluster: the queue's part of submit.lua, in the queue's slot ({turns}), once.
+-- Queue a stored turn on a Redis Cluster: the queue's part of submit.lua, in its shard's slot, once. The caller
+-- then pushes a ready token naming the shard (the tokens are another slot's: `{turns}`).
 -- Returns 1 QUEUED, 0 when the turn is queued or claimed already (a retried submit).
--- KEYS: homes hash, active zset, recent zset, the queue of its lane and tenant, the lane's tenants, ready tokens.
--- ARGV: turn id, now, how many recent turns are kept, tenant, lane, how many ready tokens are kept.
+-- KEYS: homes hash, active zset, recent zset, the queue of its lane and tenant, the lane's tenants.
+-- ARGV: turn id, now, how many recent turns are kept, tenant, lane.
 -- The homes hash holds each active turn's lane and tenant ("<lane> <tenant>") from here to leave.lua: what the
 -- claim (pick.lua) reads on this side, where the turn's request is out of reach.
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[5] .. ' ' .. ARGV[4]) == 0 then return 0 end
@@ -10,6 +11,4 @@ redis.call('ZADD', KEYS[3], tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[3]) + 1))
 redis.call('RPUSH', KEYS[4], ARGV[1])
 if not redis.call('LPOS', KEYS[5], ARGV[4]) then redis.call('RPUSH', KEYS[5], ARGV[4]) end
-redis.call('RPUSH', KEYS[6], '1')
-redis.call('LTRIM', KEYS[6], -tonumber(ARGV[6]), -1)
 return 1

@@ -1,17 +1,16 @@
--- A turn's end on a Redis Cluster, in the queue's slot ({turns}): the queue's part of save_outcome.lua. The turn
--- leaves the homes hash, the active index and its tenant's running set; a ready token wakes a claimer for the
--- place it freed. Idempotent: a sweep runs it again for an ended turn whose owner died before it did.
--- KEYS: homes hash, active zset, claiming list, ready tokens. ARGV: turn id, running prefix, running suffix, how
--- many ready tokens are kept. Returns 1 when the turn was still there.
+-- A turn's end on a Redis Cluster, in its shard's slot: the queue's part of save_outcome.lua. The turn leaves
+-- the homes hash, the active index, the claiming list and its tenant's running set. Idempotent: a sweep runs it
+-- again for an ended turn whose owner died before it did.
+-- KEYS: homes hash, active zset, claiming list. ARGV: turn id, running prefix, running suffix.
+-- Returns {1 when the turn was still active (else 0), 1 when it freed a place in its tenant's running set}: the
+-- caller then pushes a ready token for the shard, as a held-back turn may be claimable now.
 local home = redis.call('HGET', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('LREM', KEYS[3], 0, ARGV[1])
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
+local freed = 0
 if home then
   local tenant = string.match(home, '^%S+ (.*)$')
-  if redis.call('SREM', ARGV[2] .. tenant .. ARGV[3], ARGV[1]) == 1 then
-    redis.call('RPUSH', KEYS[4], '1')
-    redis.call('LTRIM', KEYS[4], -tonumber(ARGV[4]), -1)
-  end
+  freed = redis.call('SREM', ARGV[2] .. tenant .. ARGV[3], ARGV[1])
 end
-return removed
+return {removed, freed}

@@ -1,4 +1,5 @@
-"""A Redis Cluster for tests: three masters and three replicas, all the one `redis-server` in cluster mode.
+"""A local Redis Cluster, for the tests and the bench: three masters and three replicas, all the one
+`redis-server` in cluster mode.
 
     with RedisCluster() as cluster:              # free ports (and their bus ports), files in a temp dir
         client = cluster.client()                # a redis.cluster.RedisCluster; cluster.url names it too
@@ -6,6 +7,7 @@
         cluster.failover(master)                 # CLUSTER FAILOVER on its replica; returns once all agree
         cluster.kill_master(master)              # SIGKILL; returns once promoted and the killed one rejoined
         cluster.command_counts()                 # {master port: commands it served}; reset_stats() zeroes
+        cluster.cpu_seconds()                    # {master port: its CPU seconds so far}
 
 The nodes are `orchestrator.redis_server.RedisServer`s (AOF on, fsynced every second) started with
 `--cluster-enabled yes`, each with its own directory in the temp dir for its data and its cluster
@@ -27,6 +29,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -38,7 +41,8 @@ from redis.crc import key_slot
 
 from orchestrator.errors import PortUnavailableError
 from orchestrator.redis_server import RedisServer, find_free_port, find_redis_server
-from tests.support.waiting import wait_until
+
+POLL_S = 0.05
 
 HOST = "127.0.0.1"
 # Generous: two cores shared with other suites; a settled cluster normally takes a few seconds.
@@ -248,6 +252,15 @@ class RedisCluster:
             )
         return counts
 
+    def cpu_seconds(self) -> dict[int, float]:
+        """{port of each current master: its CPU seconds so far (`used_cpu_sys` + `used_cpu_user`)}: a
+        difference of two readings is what it spent in between (CONFIG RESETSTAT does not reset it)."""
+        out: dict[int, float] = {}
+        for master in self.masters():
+            cpu = self.node_client(master).info("cpu")
+            out[master.port] = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        return out
+
     def reset_stats(self) -> None:
         """CONFIG RESETSTAT on every node."""
         for node in self.nodes:
@@ -271,11 +284,7 @@ class RedisCluster:
             if self._role(replica) == "master":
                 return True
             self.node_client(replica).cluster("FAILOVER")
-            try:
-                wait_until(lambda: self._role(replica) == "master", "a manual failover", MANUAL_FAILOVER_S)
-            except AssertionError:
-                return False
-            return True
+            return _poll(lambda: self._role(replica) == "master", MANUAL_FAILOVER_S)
 
         self._wait(f"port {replica.port} promoted by CLUSTER FAILOVER", promoted, timeout_s)
         self._wait(
@@ -380,7 +389,8 @@ class RedisCluster:
                 return done()
             return False
 
-        wait_until(check, what, timeout_s, detail=self.describe)
+        if not _poll(check, timeout_s):
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.describe()}")
 
     def _node(self, node_id: str) -> ClusterNode:
         for node in self.nodes:
@@ -455,3 +465,14 @@ class RedisCluster:
             if entry.role != "master" or not entry.slots:
                 return False
         return True
+
+
+def _poll(check: Callable[[], bool], timeout_s: float) -> bool:
+    # Whether `check()` came true within `timeout_s`.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
