@@ -24,6 +24,7 @@ default tenant's are spread by their turn id (`queue_shard`). The ready tokens t
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import zlib
 from dataclasses import dataclass
@@ -51,12 +52,21 @@ def is_cluster_layout() -> bool:
 
 def _tag(value: str) -> str:
     # The part of a key that picks its slot on a cluster; as it is on one Redis.
-    return "{" + value + "}" if _cluster else value
+    return _cluster_tag(value) if _cluster else value
+
+
+def _cluster_tag(value: str) -> str:
+    # "{value}": Redis hashes what lies between the "{" and the first "}" after it, the same part for every
+    # key of the value. A value starting with "}" would leave that empty (each key then hashed whole, in a
+    # slot of its own): its digest is the tag, the value kept after it.
+    if value.startswith("}"):
+        return "{" + hashlib.blake2b(value.encode(), digest_size=8).hexdigest() + "}" + value
+    return "{" + value + "}"
 
 
 def _call_tag(call_id: str, turn_id: str | None) -> str:
     # On a cluster a call's keys sit in its turn's slot (a direct call's in its own); on one Redis: the id.
-    return call_id if not _cluster else "{" + (turn_id or call_id) + "}:" + call_id
+    return call_id if not _cluster else _cluster_tag(turn_id or call_id) + ":" + call_id
 
 
 # --- retention -------------------------------------------------------------------------------------------
@@ -444,14 +454,14 @@ def conversation_slot(conversation_id: str) -> int:
     """The cluster slot of a conversation's keys (as a cluster names them, whatever this process's layout)."""
     from redis.crc import key_slot  # only conversations on a cluster need it
 
-    return int(key_slot(f"{PREFIX}conversation:{{{conversation_id}}}:head".encode()))
+    return int(key_slot(f"{PREFIX}conversation:{_cluster_tag(conversation_id)}:head".encode()))
 
 
 def turn_slot(turn_id: str) -> int:
     """The cluster slot of a turn's keys (as a cluster names them, whatever this process's layout)."""
     from redis.crc import key_slot  # only conversations on a cluster need it
 
-    return int(key_slot(f"{PREFIX}turn:{{{turn_id}}}:state".encode()))
+    return int(key_slot(f"{PREFIX}turn:{_cluster_tag(turn_id)}:state".encode()))
 
 
 def fit_turn_id(stem: str, conversation_id: str) -> str | None:

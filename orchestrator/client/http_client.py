@@ -611,7 +611,7 @@ class _HttpCore:
     @staticmethod
     def _build_submit(submission: Submission) -> HttpCall[str]:
         request = attach_trace_context(submission.request)
-        return build_submit_call(request, submission.turn_id or codec.new_turn_id())
+        return build_submit_call(request, submission.turn_id or codec.new_turn_id(request.conversation_id))
 
     @staticmethod
     def _stream_timeout(outage: ApiOutage) -> httpx.Timeout:

@@ -346,6 +346,6 @@ class DurabilityWatcher:
         if await self._runner.run(operation) is not LostResult.RECORDED:
             return
         if keys.is_cluster_layout():
-            await self._runner.run_flow(cluster.end(handle.turn_id, record.request.tenant))
+            await self._runner.run_flow(cluster.end(handle.turn_id, now))
         for outcome in record.call_outcomes:
             await self._runner.run_flow(flows.write_outcome(outcome, self._retention))

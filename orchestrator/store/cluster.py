@@ -50,19 +50,22 @@ from workers.scripts import build_notify_command
 # --- submitting ------------------------------------------------------------------------------------------
 
 
-def refuse_conversation(request: TurnRequest) -> None:
-    """Refuse, before anything is stored, what a cluster does not run yet: a turn of a conversation
-    (`ValueError`, as every other rule of a request)."""
-    if request.conversation_id is not None:
+def check_conversation_slot(request: TurnRequest, turn_id: str) -> None:
+    """A turn of a conversation must share its conversation's slot (its history, head, lock and waiting
+    list are written with the turn's keys): an id `codec.new_turn_id` made does; a caller's own id must have
+    been made so too (`ValueError`, before anything is stored)."""
+    conversation = request.conversation_id
+    if conversation is not None and keys.turn_slot(turn_id) != keys.conversation_slot(conversation):
         raise ValueError(
-            "conversation_id is not supported on a Redis Cluster yet (TOOLLOOP_REDIS_CLUSTER): submit the "
-            "turn without it and pass the history in its messages, or run on one Redis"
+            f"turn id {turn_id!r} cannot join conversation {conversation!r} on a Redis Cluster "
+            "(TOOLLOOP_REDIS_CLUSTER): a conversation's turns share its slot, so leave turn_id out, or make "
+            "it with orchestrator.new_turn_id(conversation_id)"
         )
 
 
-def enqueue(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[bool]:
+def enqueue(request: TurnRequest, turn_id: str, now: float, *, queued: bool = True) -> ScriptCall[bool]:
     """The queue's side of a submit, in the turn's shard (`enqueue.lua`); False when the turn was queued
-    already."""
+    already. Not `queued`: only indexed (active, recent), as a turn that waits behind its conversation's."""
     shard = keys.queue_shard(turn_id, request.tenant)
     keys_ = (
         shard.homes,
@@ -72,7 +75,7 @@ def enqueue(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[bool]:
         shard.lane_tenants(request.priority),
     )
     args = (turn_id, repr(now), str(keys.RECENT_TURNS_MAX), request.tenant, request.priority)
-    return ScriptCall(scripts.ENQUEUE, keys_, args, lambda reply: bool(int(reply)))
+    return ScriptCall(scripts.ENQUEUE, keys_, (*args, "1" if queued else ""), lambda reply: bool(int(reply)))
 
 
 def announce(shard: QueueShard, lane: str) -> Flow[None]:
@@ -84,31 +87,61 @@ def announce(shard: QueueShard, lane: str) -> Flow[None]:
 
 
 def submit(request: TurnRequest, turn_id: str, now: float) -> Flow[SubmitResult]:
-    """Store the turn in its slot, then queue it in its shard and announce it (a submit retried after dying
-    between the two queues the turn it left stored but not queued)."""
+    """Store the turn in its slot (behind its conversation's turn, when another holds the conversation),
+    then queue it in its shard and announce it. A submit retried after dying between the two queues the turn
+    it left stored but not queued."""
     result: SubmitResult = yield operations.submit(request, turn_id, now)
-    if result is SubmitResult.EXISTS:
-        status: TurnStatus | None = yield operations.get_status(turn_id)
-        if status is not TurnStatus.QUEUED:
-            return result
-    if (yield enqueue(request, turn_id, now)):
-        yield from announce(keys.queue_shard(turn_id, request.tenant), request.priority)
+    if result is SubmitResult.WAITING:
+        # Listed and counted as on one Redis; queued by the end of the conversation's turn before it (`end`).
+        yield enqueue(request, turn_id, now, queued=False)
+        return result
+    if result is SubmitResult.EXISTS and not (yield from _may_queue(request, turn_id)):
+        return result
+    yield from queue(request, turn_id, now)
     return result
 
 
-def find_shard(turn_id: str) -> Flow[QueueShard]:
-    """The shard of a turn the caller knows only by id: its tenant's, read from its request (the default
-    tenant's rule when the request is gone: a sweep, which reads every shard, finds what that misses)."""
+def queue(request: TurnRequest, turn_id: str, now: float) -> Flow[None]:
+    """Queue a stored turn in its shard (once) and announce it."""
+    if (yield enqueue(request, turn_id, now)):
+        yield from announce(keys.queue_shard(turn_id, request.tenant), request.priority)
 
-    def parse(raw: Any) -> str:
+
+def _may_queue(request: TurnRequest, turn_id: str) -> Flow[bool]:
+    # Whether a stored turn may go to the queue: still queued, and holding its conversation when it has one.
+    status: TurnStatus | None = yield operations.get_status(turn_id)
+    if status is not TurnStatus.QUEUED:
+        return False
+    if request.conversation_id is None:
+        return True
+    holder = yield RedisCommand(("GET", keys.conversation_lock(request.conversation_id)), parse_reply)
+    return holder is not None and codec.text(holder) == turn_id
+
+
+class Home:
+    """Where a turn belongs, read from its request: its tenant and conversation (the default tenant and none
+    when the request is gone: a sweep, which reads every shard, finds what that misses)."""
+
+    def __init__(self, raw: Any) -> None:
         try:
-            tenant = json.loads(raw).get("tenant") if raw else None
-        except (ValueError, AttributeError):
-            tenant = None
-        return tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
+            request = json.loads(raw) if raw else {}
+        except ValueError:
+            request = {}
+        tenant = request.get("tenant") if isinstance(request, dict) else None
+        conversation = request.get("conversation_id") if isinstance(request, dict) else None
+        self.tenant: str = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
+        self.conversation_id: str | None = conversation if isinstance(conversation, str) else None
 
-    tenant: str = yield RedisCommand(("GET", keys.turn_request(turn_id)), parse)
-    return keys.queue_shard(turn_id, tenant)
+
+def read_home(turn_id: str) -> RedisCommand[Home]:
+    """A turn's `Home`, from its request."""
+    return RedisCommand(("GET", keys.turn_request(turn_id)), Home)
+
+
+def find_shard(turn_id: str) -> Flow[QueueShard]:
+    """The shard of a turn the caller knows only by id: its tenant's, read from its request."""
+    home: Home = yield read_home(turn_id)
+    return keys.queue_shard(turn_id, home.tenant)
 
 
 # --- claiming --------------------------------------------------------------------------------------------
@@ -253,14 +286,33 @@ def leave(turn_id: str, shard: QueueShard) -> ScriptCall[tuple[bool, bool]]:
     return ScriptCall(scripts.LEAVE, keys_, args, lambda reply: (bool(int(reply[0])), bool(int(reply[1]))))
 
 
-def end(turn_id: str, tenant: str | None = None) -> Flow[bool]:
-    """A turn's end on the queue's side, in its shard (read from its request when `tenant` is not given):
-    left, and a ready token pushed when that freed a place. True when the turn was still active there."""
-    shard = keys.queue_shard(turn_id, tenant) if tenant is not None else (yield from find_shard(turn_id))
+def end(turn_id: str, now: float, shard: QueueShard | None = None) -> Flow[bool]:
+    """A turn's end on the queue's side, after its terminal write: the next turn of its conversation queued
+    (it holds the conversation from that write on), then the turn out of its shard, and a ready token pushed
+    when that freed a place. True when the turn was still active there. Run again by the sweep for a turn
+    still active (its owner died in between): each step is done once."""
+    home: Home = yield read_home(turn_id)
+    if home.conversation_id is not None:
+        yield from hand_over(turn_id, home.conversation_id, now)
+    shard = shard or keys.queue_shard(turn_id, home.tenant)
     removed, freed = yield leave(turn_id, shard)
     if freed:
         yield from announce(shard, "normal")
     return bool(removed)
+
+
+def hand_over(turn_id: str, conversation_id: str, now: float) -> Flow[None]:
+    """Queue the turn holding the conversation after `turn_id`'s end, if it is still to be queued."""
+    raw = yield RedisCommand(("GET", keys.conversation_lock(conversation_id)), parse_reply)
+    holder = codec.text(raw) if raw is not None else None
+    if holder is None or holder == turn_id:
+        return
+    status: TurnStatus | None = yield operations.get_status(holder)
+    if status is not TurnStatus.QUEUED:
+        return
+    request: TurnRequest | None = yield operations.get_request(holder)
+    if request is not None:
+        yield from queue(request, holder, now)
 
 
 # --- leases, orphans, the orchestrators ------------------------------------------------------------------
@@ -330,9 +382,10 @@ def _read_turn_sides(turn_ids: Sequence[str]) -> Batch[list[tuple[str | None, bo
     return Batch(tuple(ops), combine)
 
 
-def find_orphans(limit: int) -> Flow[list[str]]:
+def find_orphans(limit: int, now: float) -> Flow[list[str]]:
     """`operations.find_orphans` on a cluster, which also sweeps the queue side: an ended turn still active
-    there (its owner died before `leave.lua`) leaves it now, and an ended id in a claiming list goes."""
+    there (its owner died before its end was done there) is ended now (`end`), and an ended id in a claiming
+    list goes."""
     sides: list[QueueSide] = yield read_queue_sides()
     shard_of: dict[str, QueueShard] = {}
     in_claiming: set[str] = set()
@@ -356,11 +409,8 @@ def find_orphans(limit: int) -> Flow[list[str]]:
             ended.append(turn_id)
         elif not leased and (turn_id in in_claiming or status in leased_statuses) and len(found) < limit:
             found.append(turn_id)
-    if ended:
-        left: list[tuple[bool, bool]] = yield Batch(tuple(leave(t, shard_of[t]) for t in ended), list)
-        for turn_id, (_, freed) in zip(ended, left, strict=True):
-            if freed:
-                yield from announce(shard_of[turn_id], "normal")
+    for turn_id in ended:
+        yield from end(turn_id, now, shard_of[turn_id])
     return found
 
 

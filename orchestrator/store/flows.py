@@ -91,11 +91,11 @@ def submit(
     TOOLLOOP_TOOL_GONE_AFTER_S; read only when the turn names tools, and not when `recent`, the caller's last
     read, has them all), and its client-side tools' names (`check_client_tools`)."""
     codec.check_turn_request(request)
-    if keys.is_cluster_layout():
-        cluster.refuse_conversation(request)
     if check is not None:
         check(request)
-    tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id()
+    tid = codec.validate_turn_id(turn_id) if turn_id else codec.new_turn_id(request.conversation_id)
+    if keys.is_cluster_layout():
+        cluster.check_conversation_slot(request, tid)
     agents: Mapping[str, AgentSpec] = {}
     if request.agent is not None and request.parent is None:
         # A child turn's agent was checked when its parent's named it: a parent is never refused its child.
@@ -214,7 +214,8 @@ def save_outcome(
         turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id
     )
     if keys.is_cluster_layout():
-        yield from cluster.end(turn_id)  # whichever terminal write won: the first one's owner may have died
+        # Whichever terminal write won: the first one's owner may have died.
+        yield from cluster.end(turn_id, now)
     return result
 
 

@@ -87,8 +87,8 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     keys_ += [keys.conversation_lock(conversation) if conversation else ""]
     keys_ += [keys.conversation_waiting(conversation) if conversation else "", keys.TURNS_RECENT]
     keys_ += [keys.lane_tenants(request.priority), keys.TURNS_READY]
-    if not queue_side:
-        keys_ = [k if i in (0, 1, 3) else "" for i, k in enumerate(keys_)]
+    if not queue_side:  # the turn's keys and its conversation's (one slot) only
+        keys_ = [k if i in (0, 1, 3, 5, 6) else "" for i, k in enumerate(keys_)]
     args: list[str | int] = [turn_id, codec.dump_request(request), repr(now), json.dumps(event)]
     args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
     args += [request.tenant, keys.READY_TOKENS_MAX]
@@ -348,7 +348,7 @@ def save_outcome(
     The stored outcome and the conversation's head reference the turn's history list, whose first
     `len(outcome.messages)` entries are the outcome's messages (persisted by the steps before)."""
     history_key = keys.history(turn_id, conversation_id)
-    # On a cluster the queue's side of the end is `cluster.leave`'s, in the queue's slot: '' here.
+    # On a cluster the queue's side of the end is `cluster.end`'s, in the turn's queue shard: '' here.
     queue_side = not keys.is_cluster_layout()
     keys_ = [
         keys.turn_outcome(turn_id),

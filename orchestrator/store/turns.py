@@ -203,7 +203,7 @@ class TurnStore:
     async def find_orphans(self, limit: int = 100) -> list[str]:
         """Non-terminal turns that nobody leases: running/waiting ones, and ids a dead claimer left behind."""
         if keys.is_cluster_layout():
-            return await self._runner.run_flow(cluster.find_orphans(limit))
+            return await self._runner.run_flow(cluster.find_orphans(limit, codec.now_s()))
         return await self._runner.run(operations.find_orphans(limit))
 
     async def take_over(self, orchestrator_id: str, turn_id: str, ttl_s: float) -> bool:

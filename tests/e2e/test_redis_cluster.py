@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from redis.crc import key_slot
 
 from ops.redis_cluster import RedisCluster
+from orchestrator import HttpClient, new_turn_id
 from orchestrator.model import TurnOutcome
 from orchestrator.redis_server import find_free_port
+from orchestrator.store.recent import list_recent
+from orchestrator.store.runner import SyncRunner
 from tests.faults.env import PLAN_MODEL, is_running, wait_checked
 from tests.support.cluster_system import ClusterSystem, cluster_system, work_call
+from tests.support.plans import plan_prompt
 from tests.support.served import answers, start_toolloop
 from tests.support.sse import SseStream, read_sse
 from workers import keys
@@ -80,9 +86,49 @@ def test_a_bursts_commands_fall_evenly_across_the_masters(
     assert all(abs(off) <= 0.25 for off in spread.values()), (counts, spread)
 
 
-def test_a_conversation_is_refused_with_a_clear_error(system: ClusterSystem) -> None:
-    with pytest.raises(ValueError, match="conversation_id is not supported on a Redis Cluster"):
-        system.client.submit(prompt="hi", model=PLAN_MODEL, conversation_id="c1")
+def _conversation_turn(system: ClusterSystem, conversation: str, word: str, **kwargs: Any) -> str:
+    prompt = f"{word}: " + plan_prompt([{"calls": [work_call(0.2)]}, {"text": word}])
+    return system.client.submit(
+        prompt=prompt, tools=["sentinel_work"], model=PLAN_MODEL, conversation_id=conversation, **kwargs
+    )
+
+
+def test_a_conversations_turns_run_in_order_each_with_the_history_before_it(system: ClusterSystem) -> None:
+    system.start_worker()
+    first = system.start_orchestrator()
+    system.start_orchestrator()
+    conversations = [f"chat-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    words = ["one", "two", "three"]
+    # Submitted at once: each conversation's later turns wait for the one before.
+    ids = {
+        c: [_conversation_turn(system, c, w, tenant=None if i else "acme") for w in words]
+        for i, c in enumerate(conversations)
+    }
+    system.wait_for("a tool run under way", lambda: system.starts() > 0)
+    first.kill()  # its turns, running or waiting behind them, go on
+    for conversation, turn_ids in ids.items():
+        outcomes = [system.client.wait(t, timeout=120) for t in turn_ids]
+        _completed(outcomes)
+        # The last turn's history is the whole conversation's, each turn's prompt in its place.
+        prompts = [str(m.content).split(":")[0] for m in outcomes[-1].messages if m.role == "user"]
+        assert prompts == words, (conversation, prompts)
+        assert keys.turn_slot(turn_ids[0]) == keys.conversation_slot(conversation)
+    # Listed as on one Redis, newest submitted first, the turns that waited included.
+    listed = [turn.turn_id for turn in SyncRunner(system.redis).run_flow(list_recent(limit=100))]
+    for turn_ids in ids.values():
+        assert [t for t in listed if t in turn_ids] == turn_ids[::-1]
+
+
+def test_a_conversation_turns_own_id_must_share_its_slot(system: ClusterSystem) -> None:
+    conversation = f"chat-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError, match=r"cannot join conversation .* on a Redis Cluster"):
+        _conversation_turn(system, conversation, "hi", turn_id="turn_mine_1")
+    own = new_turn_id(conversation)
+    assert _conversation_turn(system, conversation, "hi", turn_id=own) == own
+    assert _conversation_turn(system, conversation, "hi", turn_id=own) == own  # a retried submit
+    system.start_worker()
+    system.start_orchestrator()
+    _completed([system.client.wait(own, timeout=60)])
 
 
 def test_an_orchestrator_killed_mid_turn_is_taken_over(system: ClusterSystem) -> None:
@@ -101,7 +147,7 @@ def test_the_api_submits_streams_and_lists_turns_on_the_cluster(system: ClusterS
     system.start_orchestrator()
     port = find_free_port()
     api = start_toolloop(["api", "--host", "127.0.0.1", "--port", str(port)], env=system.env)
-    system.apis.append(api)
+    system.services.append(api)
     base_url = f"http://127.0.0.1:{port}"
     api.wait_for(lambda: answers(f"{base_url}/healthz"), "the API to answer /healthz", timeout_s=60)
     plan = {"plan": [{"calls": [work_call(0.1), work_call(0.1)]}]}
@@ -121,6 +167,18 @@ def test_the_api_submits_streams_and_lists_turns_on_the_cluster(system: ClusterS
     assert names.count("tool_finished") == 2 and names[-1] == "turn_finished", names
     listed = httpx.get(f"{base_url}/v1/turns", timeout=30).json()
     assert turn_id in [t["turn_id"] for t in listed["turns"]], listed
+    # A conversation over HTTP: the client makes each turn's id, in the conversation's slot.
+    conversation = f"chat-{uuid.uuid4().hex[:8]}"
+    with HttpClient(base_url) as http_client:
+        turns = [
+            http_client.submit(
+                prompt=plan_prompt([{"text": w}]), model=PLAN_MODEL, conversation_id=conversation
+            )
+            for w in ("one", "two")
+        ]
+        outcome = http_client.wait(turns[-1], timeout=60)
+    assert outcome.status == "completed", outcome
+    assert len([m for m in outcome.messages if m.role == "user"]) == 2
 
 
 @pytest.mark.parametrize("how", ["failover", "kill"])

@@ -1,6 +1,7 @@
 """What runs on a Redis Cluster beyond a burst: turns that wait for a person (parked in their shard, listed by
 `toolloop pending`, woken by an answer, after their orchestrator died too), a tenant's `max_running_turns`
-held across orchestrators, an agent's child turn whose call waits for a person on its parent, and a fork.
+held across orchestrators, an agent's child turn whose call waits for a person on its parent, a fork, a
+schedule's runs from `toolloop beat`, and a model's rate limit pacing two orchestrators.
 
 The processes as a user runs them on a three-master cluster (`tests.support.cluster_system`), the scripted
 `plan` model over HTTP, the fault tools and the e2e tools on one prefork worker.
@@ -22,8 +23,9 @@ from orchestrator.store import flows
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.turn_view import PendingApproval
 from tests.faults.env import PLAN_MODEL, wait_checked
-from tests.support.cluster_system import ClusterSystem, cluster_system
+from tests.support.cluster_system import ClusterSystem, cluster_system, work_call
 from tests.support.plans import plan_prompt
+from tests.support.served import start_toolloop
 from tests.support.turns import event_data
 from workers import AgentSpec, keys
 from workers.contract import DEFAULT_TENANT
@@ -158,3 +160,39 @@ def test_a_fork_runs_on_from_an_edited_result(system: ClusterSystem) -> None:
     forked = system.client.wait(fork, timeout=60)
     assert forked.status == "completed" and "→ 42" in (forked.text or ""), forked
     assert [(link.turn_id, link.at) for link in system.client.get(original).forks] == [(fork, 2)]
+
+
+def test_a_schedule_runs_its_turns_from_a_beat_on_the_cluster(system: ClusterSystem) -> None:
+    system.start_worker()
+    system.start_orchestrator()
+    prompt = plan_prompt([{"calls": [work_call(0.1)]}, {"text": "ran"}])
+    system.client.schedule(
+        "cluster-tick", every_s=1, prompt=prompt, tools=["sentinel_work"], model=PLAN_MODEL
+    )
+    beat = start_toolloop(["beat", "--id", "cluster-beat"], env=system.env)
+    system.services.append(beat)  # stopped with the system
+    try:
+        system.wait_for("two runs of the schedule", lambda: len(_runs(system, "cluster-tick")) >= 2)
+        runs = _runs(system, "cluster-tick")
+    finally:
+        assert system.client.unschedule("cluster-tick")
+    _completed([system.client.wait(turn_id, timeout=60) for turn_id in runs])
+    assert {system.client.get(turn_id).request.schedule for turn_id in runs} == {"cluster-tick"}
+
+
+def _runs(system: ClusterSystem, name: str) -> list[str]:
+    view = next((v for v in system.client.schedules() if v.schedule.name == name), None)
+    return list(view.state.runs) if view is not None else []
+
+
+def test_a_models_rate_limit_paces_the_fleet_on_the_cluster(system: ClusterSystem) -> None:
+    # Two model calls a 2 s window for the whole fleet: 4 turns of 2 model calls each take three windows.
+    limits = {"scripted": {"requests_per_minute": 60, "window_s": 2}}
+    system.env["TOOLLOOP_MODEL_LIMITS"] = json.dumps(limits)
+    system.start_worker()
+    system.start_orchestrator()
+    system.start_orchestrator()
+    started = time.monotonic()
+    ids = system.submit(turns=4, calls=1, rounds=1, seconds=0.05)
+    _completed(wait_checked(system.client, ids, 120))
+    assert time.monotonic() - started >= 5.0

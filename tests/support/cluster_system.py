@@ -52,7 +52,7 @@ class ClusterSystem:
         self.client = Client(cluster.url)
         self.workers: list[WorkerHandle] = []
         self.orchestrators: list[OrchestratorHandle] = []
-        self.apis: list[Served] = []
+        self.services: list[Served] = []  # `toolloop api` and `toolloop beat` processes
 
     def start_worker(self, modules: Sequence[str] = ("tests.faults.sentinel_tools",)) -> WorkerHandle:
         """A worker of `modules` (the fault tools); returns once its catalogue entry is in the cluster."""
@@ -116,12 +116,12 @@ class ClusterSystem:
     def logs(self) -> str:
         """Every process's output so far."""
         logs = [w.log_text() for w in self.workers] + [o.log_text() for o in self.orchestrators]
-        return "\n".join(logs + [a.log_text() for a in self.apis])
+        return "\n".join(logs + [a.log_text() for a in self.services])
 
     def close(self) -> None:
         """Stop every process and the clients; kill anything still carrying the marker."""
-        for api in self.apis:
-            api.stop_with(signal.SIGTERM, 10)
+        for service in self.services:
+            service.stop_with(signal.SIGTERM, 10)
         for orchestrator in self.orchestrators:
             orchestrator.stop()
         for worker in self.workers:

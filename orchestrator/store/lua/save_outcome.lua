@@ -15,8 +15,10 @@
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
 -- outcome. A conversation's history list and head live CONVERSATION_TTL_S from its last turn's end; a turn's
 -- own history list lives as long as the turn's other keys.
--- On a Redis Cluster the active key is '' (and the turn has no conversation): only the turn's own keys are
--- written here, and the queue's part is leave.lua's, in the queue's slot (orchestrator.store.cluster).
+-- On a Redis Cluster the active key and the queue are '': the turn's own keys and its conversation's (one slot:
+-- a conversation's turn ids are chosen so) are written here; the queue's part is leave.lua's, in the turn's
+-- queue shard, and the conversation's next turn, which holds the lock from here, is queued by the caller
+-- (orchestrator.store.cluster).
 -- An absent key is '' (or, on a Redis Cluster, the first key again: every key a script is given must be in its
 -- slot).
 local function given(key) return key ~= nil and key ~= '' and key ~= KEYS[1] end
@@ -56,12 +58,15 @@ if given(KEYS[9]) then
     local nxt = redis.call('LPOP', KEYS[11])
     if nxt then
       redis.call('SET', KEYS[10], nxt)
-      local next_tenant, lane = tenant_and_lane(redis.call('GET', ARGV[18] .. nxt .. ARGV[19]))
-      local queue, lane_key = KEYS[8], ARGV[16] .. lane
-      if next_tenant ~= 'default' or lane ~= 'normal' then queue = ARGV[15] .. lane .. ':' .. next_tenant end
-      redis.call('RPUSH', queue, nxt)
-      if not redis.call('LPOS', lane_key, next_tenant) then redis.call('RPUSH', lane_key, next_tenant) end
-      ring()
+      -- On a cluster the next turn is queued by the caller, in its shard (it holds the lock from here).
+      if given(KEYS[8]) then
+        local next_tenant, lane = tenant_and_lane(redis.call('GET', ARGV[18] .. nxt .. ARGV[19]))
+        local queue, lane_key = KEYS[8], ARGV[16] .. lane
+        if next_tenant ~= 'default' or lane ~= 'normal' then queue = ARGV[15] .. lane .. ':' .. next_tenant end
+        redis.call('RPUSH', queue, nxt)
+        if not redis.call('LPOS', lane_key, next_tenant) then redis.call('RPUSH', lane_key, next_tenant) end
+        ring()
+      end
     else
       redis.call('DEL', KEYS[10])
     end

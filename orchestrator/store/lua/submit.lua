@@ -6,8 +6,9 @@
 --       recent turns are kept, tenant, how many ready tokens are kept.
 -- The recent turns (a zset by submit time, trimmed to the newest ARGV[8]) are what `GET /v1/turns` lists.
 -- A queued turn puts its tenant in its lane's rotation (once) and a ready token for a blocked claimer.
--- On a Redis Cluster the active key is '': the turn's own keys are written here, in its slot, and the queue's
--- part is enqueue.lua's, in the queue's slot (orchestrator.store.cluster).
+-- On a Redis Cluster the active key is '': the turn's own keys (and its conversation's, in the same slot: a
+-- conversation's turn ids are chosen so) are written here, and the queue's part is enqueue.lua's, in the
+-- turn's queue shard (orchestrator.store.cluster).
 -- An absent key is '' (or, on a Redis Cluster, the first key again: every key a script is given must be in its
 -- slot).
 local function given(key) return key ~= nil and key ~= '' and key ~= KEYS[1] end
@@ -15,11 +16,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'name', ARGV[7], 'at', ARGV[3], 'data', ARGV[4])
-if not given(KEYS[3]) then return 1 end
-redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[1])
-redis.call('ZADD', KEYS[8], tonumber(ARGV[3]), ARGV[1])
-redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -(tonumber(ARGV[8]) + 1))
+-- On a cluster the queue's side is absent ('' active key): a turn that may run now is queued by the caller.
+local queue_side = given(KEYS[3])
+if queue_side then
+  redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[1])
+  redis.call('ZADD', KEYS[8], tonumber(ARGV[3]), ARGV[1])
+  redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -(tonumber(ARGV[8]) + 1))
+end
 local function queue()
+  if not queue_side then return end
   redis.call('RPUSH', KEYS[5], ARGV[1])
   if not redis.call('LPOS', KEYS[9], ARGV[9]) then redis.call('RPUSH', KEYS[9], ARGV[9]) end
   redis.call('RPUSH', KEYS[10], '1')
