@@ -179,6 +179,17 @@ class AsyncMasterCheckingPool(aiosentinel.SentinelConnectionPool):
                     raise
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
+    async def release(self, connection: Any) -> None:
+        """Take a connection back; one to an address the sentinels no longer name is disconnected first.
+
+        redis-py's sync pool checks this (`owns_connection`), its asyncio one does not: a connection busy
+        while the pool learnt of a new master (a blocking read, a slow script) would go on writing to the old
+        one, writable until the sentinels demote it and then wiped."""
+        master = self.master_address
+        if self.is_master and master is not None and (connection.host, connection.port) != tuple(master):
+            await connection.disconnect()
+        await super().release(connection)
+
 
 class SentinelRedis(redis.Redis):
     """A client of the master the sentinels name; closing it closes its connections to the sentinels too."""

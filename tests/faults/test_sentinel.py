@@ -263,18 +263,29 @@ def _push_sync(url: str, name: str, stop: threading.Event, into: Writes) -> None
 
 
 async def _push_async(url: str, name: str, stop: threading.Event, into: Writes) -> None:
-    client = connect_redis_async(url, master_name=name, socket_timeout=2)
-    try:
+    # Two writers and a blocking reader share the client's pool, as an orchestrator's tasks do: the reader's
+    # connection is busy when the pool learns of the new master, and goes back to the pool after.
+    client = connect_redis_async(url, master_name=name, socket_timeout=3)
+
+    async def write(writer: int) -> None:
         for i in itertools.count():
             if stop.is_set():
                 return
             sent = time.monotonic()
             try:
-                await client.rpush(PUSHED, f"async:{i}")
-                into.acked.append((sent, f"async:{i}"))
+                await client.rpush(PUSHED, f"async:{writer}:{i}")
+                into.acked.append((sent, f"async:{writer}:{i}"))
             except redis.RedisError:
                 into.errors += 1
             await asyncio.sleep(0.02)
+
+    async def block() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(redis.RedisError):
+                await client.blpop([PUSHED + ":never"], timeout=1)
+
+    try:
+        await asyncio.gather(write(0), write(1), block())
     finally:
         await client.aclose()
 
