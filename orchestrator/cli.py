@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 import orchestrator.commands.schedules as schedule_commands
 from orchestrator.commands import flower, fork, normalize, tools, turns, turns_api
+from orchestrator.commands.exits import describe_validation_error
 from workers.errors import RedisConfigError
 
 # The distribution `pip install` knows toolloop by (the command and the packages are named otherwise).
@@ -76,4 +78,11 @@ def main() -> None:
     except RedisConfigError as exc:
         # A configuration mistake (a Sentinel URL without its master name, say): one line, not a traceback.
         typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+    except ValidationError as exc:
+        # Settings read from the environment that break a rule (a cluster without its broker, say), met by a
+        # command that reads them before it can say so itself: one line too. Any other is a bug: raised.
+        if not exc.title.endswith("Settings"):
+            raise
+        typer.echo(f"error: {describe_validation_error(exc, 'settings')}", err=True)
         raise SystemExit(2) from None

@@ -250,6 +250,16 @@ def _cluster_options(redis_url: str, ssl_cert_reqs: str, options: dict[str, Any]
     return built
 
 
+def check_redis_url(redis_url: str, *, cluster: bool | None = None) -> None:
+    """`RedisConfigError` for a `redis_url` no client could be made of in this layout (`cluster`; default:
+    this process's): a cluster's Sentinel URL or database other than 0, a Sentinel URL naming no master. For
+    a process that checks its configuration before it starts serving."""
+    if keys.is_cluster_layout() if cluster is None else cluster:
+        _check_cluster_url(redis_url)
+    elif is_sentinel_url(redis_url):
+        resolve_master_name()
+
+
 def connect_redis(
     redis_url: str,
     ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,
@@ -267,7 +277,12 @@ def connect_redis(
     """
     if keys.is_cluster_layout() if cluster is None else cluster:
         built = _cluster_options(redis_url, ssl_cert_reqs, options)
-        return redis.cluster.RedisCluster.from_url(redis_url, **built)  # type: ignore[return-value]
+        try:
+            return redis.cluster.RedisCluster.from_url(redis_url, **built)  # type: ignore[return-value]
+        except REDIS_ERRORS as exc:
+            # The sync client reads the cluster's slots as it is made: no node answering is an unreachable
+            # Redis to its caller (a `ConnectionError`, as a client of one Redis raises at its first command).
+            raise _cluster_failure(redis_url, exc) from exc
     if not is_sentinel_url(redis_url):
         return redis.Redis.from_url(redis_url, **build_redis_options(redis_url, ssl_cert_reqs, **options))
     name, target, kwargs = _build_sentinel_kwargs(redis_url, master_name, options)
@@ -277,6 +292,18 @@ def connect_redis(
     )
     client.sentinels = manager
     return client
+
+
+def _cluster_failure(redis_url: str, exc: Exception) -> Exception:
+    # A node that is no cluster's (TOOLLOOP_REDIS_CLUSTER on against one Redis) is a configuration mistake;
+    # no node answering, or the cluster not serving every slot yet, is Redis away.
+    shown = maybe_sanitize_url(redis_url)
+    if is_transient(exc):
+        return redis.exceptions.ConnectionError(f"no node of the Redis Cluster at {shown} answers: {exc}")
+    return RedisConfigError(
+        f"TOOLLOOP_REDIS_CLUSTER is on but {shown} is not a node of a Redis Cluster ({exc}): unset it for "
+        "one Redis"
+    )
 
 
 def connect_redis_async(

@@ -8,8 +8,9 @@ broker channels — catches the whole family (`REDIS_ERRORS`, or `redis.RedisErr
     kind             transient  what Redis says                                      codes, redis-py classes
     unreachable      yes        the connection is lost, refused, timed out, or none  ConnectionError,
                                 is free (a restart, a network cut, a full pool)      TimeoutError, OSError
-    failover         yes        a master demoted, a replica without its master, a    READONLY, MASTERDOWN,
-                                master short of replicas                             NOREPLICAS
+    failover         yes        a master demoted (a blocked read on it unblocked     READONLY, MASTERDOWN,
+                                too), a replica without its master, a master short  NOREPLICAS, UNBLOCKED
+                                of replicas
     out of memory    yes        `maxmemory` reached under `noeviction`: writes        OOM
                                 refused until something frees memory
     loading          yes        Redis is loading its data after a restart, or busy   LOADING, BUSY
@@ -62,6 +63,7 @@ __all__ = [
     "classify",
     "find_redis_error",
     "is_bug",
+    "is_cluster_reply",
     "is_transient",
     "maybe_ran",
 ]
@@ -136,9 +138,10 @@ class RedisErrorClass:
     @property
     def reconnect(self) -> bool:
         """True when a new connection is what mends it: the connection is lost, or it leads to a master a
-        failover demoted (READONLY; redis-py's Sentinel client drops such a connection for that reason).
+        failover demoted (READONLY, UNBLOCKED; redis-py's Sentinel client drops such a connection for that
+        reason).
         Any other transient refusal ends on the same connection."""
-        return self.kind is RedisErrorKind.UNREACHABLE or self.code == "READONLY"
+        return self.kind is RedisErrorKind.UNREACHABLE or self.code in ("READONLY", "UNBLOCKED")
 
     @property
     def maybe_ran(self) -> bool:
@@ -152,6 +155,9 @@ _KIND_OF_CODE: dict[str, RedisErrorKind] = {
     "READONLY": RedisErrorKind.FAILOVER,
     "MASTERDOWN": RedisErrorKind.FAILOVER,
     "NOREPLICAS": RedisErrorKind.FAILOVER,
+    # "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)": a
+    # blocking read (BLPOP, XREAD BLOCK) on a master a failover demoted.
+    "UNBLOCKED": RedisErrorKind.FAILOVER,
     "OOM": RedisErrorKind.OUT_OF_MEMORY,
     "LOADING": RedisErrorKind.LOADING,
     "BUSY": RedisErrorKind.LOADING,
@@ -208,6 +214,8 @@ _TEXT_OF_CODE = (
 # What redis-py's cluster client says of its own (a `RedisClusterException`, with no code) when the cluster,
 # not the call, is at fault; any other is a wrong call.
 _CLUSTER_TEXT = (
+    # A node that is no cluster's (TOOLLOOP_REDIS_CLUSTER on against one Redis), inside "cannot be connected".
+    ("Cluster mode is not enabled", RedisErrorKind.WRONG_COMMAND),
     ("cannot be connected", RedisErrorKind.UNREACHABLE),
     ("has no redis_connection", RedisErrorKind.UNREACHABLE),
     ("slots are not covered", RedisErrorKind.CLUSTER_MOVING),
@@ -274,6 +282,14 @@ def is_transient(exc: BaseException) -> bool:
     """True when `exc` is a Redis failure that waiting mends (pure): retry it after `build_backoff_s`."""
     meaning = classify(exc)
     return meaning is not None and meaning.transient
+
+
+def is_cluster_reply(exc: BaseException) -> bool:
+    """True when `exc` is a reply only a Redis Cluster's node gives (pure): MOVED, ASK, TRYAGAIN,
+    CLUSTERDOWN, CROSSSLOT. To a client that takes its Redis for one Redis it says that Redis is a node of a
+    cluster: a configuration mistake no wait mends."""
+    meaning = classify(exc)
+    return meaning is not None and meaning.code in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT")
 
 
 def is_bug(exc: BaseException) -> bool:

@@ -40,6 +40,7 @@ from orchestrator.commands.exits import (
 )
 from orchestrator.model import TurnOutcome, TurnPriority, TurnStatus
 from orchestrator.settings import get_settings
+from workers.connect import check_redis_url
 
 
 def parse_context(text: str | None) -> dict[str, Any]:
@@ -351,6 +352,7 @@ def api_command(
     from orchestrator.errors import ApiKeysError
 
     settings = get_settings()
+    check_redis_url(settings.redis_url)  # a RedisConfigError in one line now, not uvicorn's traceback later
     token = settings.api_token.get_secret_value().strip() if settings.api_token else ""
     try:
         has_keys = bool(Access.from_settings(settings).keys)

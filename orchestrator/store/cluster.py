@@ -38,7 +38,7 @@ from typing import Any
 
 from orchestrator.model import TurnRequest, TurnStatus
 from orchestrator.store import codec, operations, scripts
-from orchestrator.store.effects import Batch, Flow, RedisCommand, ScriptCall, parse_reply
+from orchestrator.store.effects import Batch, Flow, RedisCommand, ScriptCall, Transaction, parse_reply
 from orchestrator.store.operations import CLAIM_SKIP_BUDGET, LEASED_STATUSES, TERMINAL_STATUSES
 from orchestrator.store.scripts import ControlResult, ParkResult, SubmitResult, TakeOverResult
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
@@ -92,8 +92,10 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> Flow[SubmitResult]
     it left stored but not queued."""
     result: SubmitResult = yield operations.submit(request, turn_id, now)
     if result is SubmitResult.WAITING:
-        # Listed and counted as on one Redis; queued by the end of the conversation's turn before it (`end`).
+        # Listed and counted as on one Redis; queued by the end of the conversation's turn before it (`end`),
+        # whose waiting list keeps it: its keys are kept too.
         yield enqueue(request, turn_id, now, queued=False)
+        yield keep(turn_id)
         return result
     if result is SubmitResult.EXISTS and not (yield from _may_queue(request, turn_id)):
         return result
@@ -105,6 +107,12 @@ def queue(request: TurnRequest, turn_id: str, now: float) -> Flow[None]:
     """Queue a stored turn in its shard (once) and announce it."""
     if (yield enqueue(request, turn_id, now)):
         yield from announce(keys.queue_shard(turn_id, request.tenant), request.priority)
+
+
+def keep(turn_id: str) -> Transaction[Any]:
+    """Keep the keys a submit gave an expiry until its turn was queued (`submit.lua`)."""
+    names = (keys.turn_request(turn_id), keys.turn_status(turn_id), keys.turn_events(turn_id))
+    return Transaction(tuple(("PERSIST", name) for name in names), parse_reply)
 
 
 def _may_queue(request: TurnRequest, turn_id: str) -> Flow[bool]:
@@ -198,6 +206,7 @@ def lease(orchestrator_id: str, turn_id: str, ttl_ms: int) -> ScriptCall[codec.C
         keys.turn_lease(turn_id),
         keys.turn_request(turn_id),
         keys.turn_state(turn_id),
+        keys.turn_events(turn_id),
     )
     args = (
         orchestrator_id,

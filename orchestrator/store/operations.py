@@ -92,6 +92,10 @@ def submit(request: TurnRequest, turn_id: str, now: float) -> ScriptCall[SubmitR
     args: list[str | int] = [turn_id, codec.dump_request(request), repr(now), json.dumps(event)]
     args += [keys.EVENTS_MAXLEN, TurnStatus.QUEUED.value, codec.TURN_QUEUED, keys.RECENT_TURNS_MAX]
     args += [request.tenant, keys.READY_TOKENS_MAX]
+    if not queue_side:
+        args.append(
+            keys.TURN_TTL_S
+        )  # until it is queued (`cluster.submit`): a dead caller leaves no turn for good
     return _script(scripts.SUBMIT, keys_, args, lambda reply: SubmitResult(int(reply)))
 
 

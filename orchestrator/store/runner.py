@@ -25,6 +25,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
@@ -48,7 +49,9 @@ from orchestrator.store.effects import (
     Stream,
     Transaction,
 )
-from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify, is_transient
+from workers import keys
+from workers.errors import RedisConfigError
+from workers.redis_errors import REDIS_ERRORS, RedisErrorKind, classify, is_cluster_reply, is_transient
 from workers.redis_retry import build_backoff_s
 from workers.scripts import Script, fill_absent_keys
 
@@ -86,6 +89,30 @@ class Patience:
         return None if left <= 0 else min(backoff, left)
 
 
+def find_lost_connection(exc: AttributeError) -> redis.ConnectionError | None:
+    """The lost connection behind `exc`, when redis-py's asyncio code raised it on a connection another task
+    closed meanwhile (its writer gone: seen in the cluster client's pipeline while a master was replaced);
+    None for any other `AttributeError`, a bug to raise."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    if f"{os.sep}redis{os.sep}asyncio{os.sep}" not in where or "NoneType" not in str(exc):
+        return None
+    return redis.ConnectionError(f"the connection was lost while it was used ({exc})")
+
+
+def check_layout(exc: Exception, where: str) -> None:
+    """`RedisConfigError` when `exc` says this process takes a Redis Cluster's node for one Redis (a reply
+    only a cluster gives, TOOLLOOP_REDIS_CLUSTER unset): no wait mends that, and the person who set it up
+    must hear what to set rather than that Redis cannot be reached."""
+    if is_cluster_reply(exc) and not keys.is_cluster_layout():
+        raise RedisConfigError(
+            f"Redis at {where} is a node of a Redis Cluster (it answered {' '.join(str(exc).split())}): set "
+            "TOOLLOOP_REDIS_CLUSTER=true, and TOOLLOOP_BROKER_URL, on every process"
+        ) from exc
+
+
 class Outage:
     """The failed tries of one operation: the pause before the next, one log line at the first failure and
     one when Redis answers again, and `RedisUnavailableError` once the patience has run out."""
@@ -98,6 +125,7 @@ class Outage:
 
     def failed(self, exc: Exception) -> float:
         """The pause before the next try of the operation that raised `exc`; raises when not to retry."""
+        check_layout(exc, self.where)
         if not is_transient(exc):
             raise exc
         self.failures += 1
@@ -240,7 +268,11 @@ class SyncRunner:
     def run(self, operation: Operation[T], patience: Patience | None = None) -> T:
         """One round trip: the parsed reply of `operation`, retried while Redis is away within `patience`."""
         if patience is None:
-            return operation.parse(send(self.client, operation, self._registered))
+            try:
+                return operation.parse(send(self.client, operation, self._registered))
+            except REDIS_ERRORS as exc:
+                check_layout(exc, self.where)
+                raise
         outage = Outage(patience, self.where)
         while True:
             try:
@@ -293,16 +325,29 @@ class AsyncRunner:
     async def run(self, operation: Operation[T], patience: Patience | None = None) -> T:
         """One round trip: the parsed reply of `operation`, retried while Redis is away within `patience`."""
         if patience is None:
-            return operation.parse(await send(self.client, operation, self._registered))
+            try:
+                return operation.parse(await self._send(operation))
+            except REDIS_ERRORS as exc:
+                check_layout(exc, self.where)
+                raise
         outage = Outage(patience, self.where)
         while True:
             try:
-                reply = await send(self.client, operation, self._registered)
+                reply = await self._send(operation)
             except REDIS_ERRORS as exc:
                 await self._sleep(outage.failed(exc))
                 continue
             outage.ended()
             return operation.parse(reply)
+
+    async def _send(self, operation: Operation[T]) -> Any:
+        try:
+            return await send(self.client, operation, self._registered)
+        except AttributeError as exc:
+            lost = find_lost_connection(exc)
+            if lost is None:
+                raise
+            raise lost from exc
 
     async def perform(self, step: Effect | Item[Any], patience: Patience | None = None) -> Any:
         """What a flow gets back for `step` (None for an `Item`)."""

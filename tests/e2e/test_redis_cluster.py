@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,13 +25,15 @@ from redis.crc import key_slot
 
 from ops.redis_cluster import RedisCluster
 from orchestrator import HttpClient, new_turn_id
-from orchestrator.model import TurnOutcome
+from orchestrator.model import TurnOutcome, TurnRequest
 from orchestrator.redis_server import find_free_port
+from orchestrator.store import operations
 from orchestrator.store.recent import list_recent
 from orchestrator.store.runner import SyncRunner
 from tests.faults.env import PLAN_MODEL, is_running, wait_checked
 from tests.support.cluster_system import ClusterSystem, cluster_system, work_call
 from tests.support.plans import plan_prompt
+from tests.support.processes import ROOT, TOOLLOOP_BIN
 from tests.support.served import answers, start_toolloop
 from tests.support.sse import SseStream, read_sse
 from workers import keys
@@ -63,11 +68,18 @@ def test_a_burst_of_parallel_calls_completes_each_call_answered_once(system: Clu
     # Every key of a turn is in one slot: the turn id is their hash tag.
     turn_keys = [keys.turn_state(ids[0]), keys.turn_events(ids[0]), keys.turn_outcome(ids[0])]
     assert len({key_slot(k.encode()) for k in turn_keys}) == 1
-    # The queue's side was left clean, in every shard: nothing active, claiming or homed.
-    for shard in keys.all_queue_shards():
-        assert system.redis.zcard(shard.active) == 0
-        assert system.redis.llen(shard.claiming) == 0
-        assert system.redis.hlen(shard.homes) == 0
+    # The queue's side is left clean, in every shard: nothing active, claiming or homed (a turn leaves its
+    # shard just after its outcome is written).
+    shards = keys.all_queue_shards()
+    system.wait_for(
+        "every shard left clean",
+        lambda: (
+            not any(
+                system.redis.zcard(s.active) or system.redis.llen(s.claiming) or system.redis.hlen(s.homes)
+                for s in shards
+            )
+        ),
+    )
 
 
 def test_a_bursts_commands_fall_evenly_across_the_masters(
@@ -129,6 +141,41 @@ def test_a_conversation_turns_own_id_must_share_its_slot(system: ClusterSystem) 
     system.start_worker()
     system.start_orchestrator()
     _completed([system.client.wait(own, timeout=60)])
+
+
+def test_a_client_that_takes_a_clusters_node_for_one_redis_says_what_to_set(cluster: RedisCluster) -> None:
+    # Without TOOLLOOP_REDIS_CLUSTER a command meets MOVED or CROSSSLOT: one line naming the setting, exit 2.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLOOP_")}
+    env |= {"PYTHONPATH": str(ROOT), "TOOLLOOP_REDIS_URL": cluster.url}
+    for command in (["show", "turn_not_here"], ["pending"]):
+        result = subprocess.run(
+            [str(TOOLLOOP_BIN), *command], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        if result.returncode == 0:  # `pending` read a key of the node's own slots: nothing to say
+            continue
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert len(lines) == 1 and "set TOOLLOOP_REDIS_CLUSTER=true" in lines[0], lines
+
+
+def test_a_turn_stored_but_never_queued_expires_and_a_queued_one_is_kept(system: ClusterSystem) -> None:
+    # A submit that died between storing the turn and queuing it: its keys expire with the turn retention.
+    orphan = new_turn_id()
+    request = TurnRequest(prompt="never queued", model=PLAN_MODEL)
+    SyncRunner(system.redis).run(operations.submit(request, orphan, time.time()))
+    for name in (keys.turn_request(orphan), keys.turn_status(orphan), keys.turn_events(orphan)):
+        assert 0 < system.redis.ttl(name) <= keys.TURN_TTL_S
+    # A turn claimed, and one waiting behind its conversation's: kept while they last.
+    system.start_worker()
+    system.start_orchestrator()
+    conversation = f"chat-{uuid.uuid4().hex[:8]}"
+    running = _conversation_turn(system, conversation, "one")
+    waiting = _conversation_turn(system, conversation, "two")
+    system.wait_for("the first turn running", lambda: system.client.get(running).status == "running")
+    for turn_id in (running, waiting):
+        for name in (keys.turn_request(turn_id), keys.turn_status(turn_id), keys.turn_events(turn_id)):
+            assert system.redis.ttl(name) == -1, (turn_id, name)
+    _completed([system.client.wait(t, timeout=60) for t in (running, waiting)])
 
 
 def test_an_orchestrator_killed_mid_turn_is_taken_over(system: ClusterSystem) -> None:

@@ -15,9 +15,11 @@ from orchestrator.errors import RedisUnavailableError
 from orchestrator.model import TurnRequest
 from orchestrator.store import flows, operations
 from orchestrator.store.connection import build_shown_url
-from orchestrator.store.runner import AsyncRunner, Patience, SyncRunner, is_transient
+from orchestrator.store.runner import AsyncRunner, Patience, SyncRunner, check_layout, is_transient
 from orchestrator.store.scripts import SubmitResult
 from tests.support.fake_time import SleepingClock
+from workers import keys
+from workers.errors import RedisConfigError
 from workers.redis_retry import BACKOFF_MAX_S, BACKOFF_MIN_S
 
 pytestmark = pytest.mark.timeout(10)
@@ -211,3 +213,55 @@ def test_a_submit_retried_after_its_reply_was_lost_stores_the_turn_once() -> Non
 )
 def test_a_shown_url_hides_every_password(url: str, shown: str) -> None:
     assert build_shown_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        redis.exceptions.MovedError("3999 127.0.0.1:30002"),
+        redis.exceptions.ClusterCrossSlotError("CROSSSLOT Keys in request don't hash to the same slot"),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+    ],
+    ids=["moved", "crossslot", "clusterdown"],
+)
+def test_a_reply_only_a_cluster_gives_is_a_setting_to_fix_on_one_redis(reply: Exception) -> None:
+    with pytest.raises(RedisConfigError, match="set TOOLLOOP_REDIS_CLUSTER=true"):
+        check_layout(reply, "redis://node-1:6379/0")
+    keys.use_cluster_layout(True)
+    try:
+        check_layout(reply, "redis://node-1:6379/0")  # on a cluster: the cluster's own business
+    finally:
+        keys.use_cluster_layout(False)
+    check_layout(redis.ConnectionError("Connection refused"), "redis://node-1:6379/0")
+
+
+class WriterGoneRedis:
+    """An asyncio client whose first command meets what redis-py's pipeline met while a cluster's master was
+    replaced: a connection another task closed, its writer gone (redis-py's own code raises)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def execute_command(self, *words: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await redis.asyncio.connection.Connection()._send_packed_command([b"GET t\r\n"])
+        return "running"
+
+
+async def test_a_connection_closed_under_redis_py_is_a_lost_connection_ridden_out() -> None:
+    clock = SleepingClock()
+    runner = AsyncRunner(WriterGoneRedis(), where=SHOWN, sleep=clock.asleep)  # type: ignore[arg-type]
+    status = await runner.run(operations.get_status("t"), Patience.for_s(2.0, clock.now))
+    assert status == "running"
+    with pytest.raises(redis.ConnectionError, match="the connection was lost"):
+        await AsyncRunner(WriterGoneRedis()).run(operations.get_status("t"))  # type: ignore[arg-type]
+
+
+async def test_any_other_attribute_error_is_a_bug_raised_as_it_is() -> None:
+    class Broken:
+        async def execute_command(self, *words: Any) -> Any:
+            return None.writelines  # type: ignore[attr-defined]
+
+    with pytest.raises(AttributeError):
+        await AsyncRunner(Broken()).run(operations.get_status("t"))  # type: ignore[arg-type]

@@ -52,6 +52,12 @@ def parse_reply(line: str) -> Exception:
 REPLIES: list[tuple[str, RedisErrorKind, str | None, type[Exception]]] = [
     ("READONLY You can't write against a read only replica.", K.FAILOVER, "READONLY", rx.ReadOnlyError),
     (
+        "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+        K.FAILOVER,
+        "UNBLOCKED",
+        rx.ResponseError,
+    ),
+    (
         "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
         K.FAILOVER,
         "MASTERDOWN",
@@ -208,8 +214,15 @@ def test_a_lost_connection_is_unreachable_and_may_have_run(error: Exception) -> 
             K.CLUSTER_MOVING,
         ),
         (rx.RedisClusterException("No way to dispatch this command to Redis Cluster. Missing key."), None),
+        (
+            rx.RedisClusterException(
+                "Redis Cluster cannot be connected. Please provide at least one reachable node: Cluster mode "
+                "is not enabled on this node"
+            ),
+            None,
+        ),
     ],
-    ids=["slot-not-covered", "no-node", "slots-missing", "no-key"],
+    ids=["slot-not-covered", "no-node", "slots-missing", "no-key", "no-cluster"],
 )
 def test_what_the_cluster_client_raises_of_its_own_has_its_kind(
     error: Exception, kind: RedisErrorKind | None
@@ -228,7 +241,10 @@ def test_only_a_lost_connection_or_a_demoted_master_asks_for_a_new_connection() 
     reconnect = {
         reply for reply, *_ in REPLIES if (meaning := classify(parse_reply(reply))) and meaning.reconnect
     }
-    assert reconnect == {"READONLY You can't write against a read only replica."}
+    assert reconnect == {
+        "READONLY You can't write against a read only replica.",
+        "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+    }
 
 
 def test_an_error_kombu_wrapped_is_found_behind_its_wrapper() -> None:

@@ -3,7 +3,8 @@
 -- KEYS: request, status, active, events, the queue of its lane and tenant, conversation lock ('' if none),
 --       conversation waiting (''), recent turns, the lane's tenants, the ready tokens.
 -- ARGV: turn id, request JSON, now, event data JSON, events maxlen, queued status, queued event name, how many
---       recent turns are kept, tenant, how many ready tokens are kept.
+--       recent turns are kept, tenant, how many ready tokens are kept, and on a Redis Cluster how long the
+--       turn's keys live unless a lease (lease.lua) or its wait behind its conversation's turn keeps them.
 -- The recent turns (a zset by submit time, trimmed to the newest ARGV[8]) are what `GET /v1/turns` lists.
 -- A queued turn puts its tenant in its lane's rotation (once) and a ready token for a blocked claimer.
 -- On a Redis Cluster the active key is '': the turn's own keys (and its conversation's, in the same slot: a
@@ -17,7 +18,12 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'name', ARGV[7], 'at', ARGV[3], 'data', ARGV[4])
 -- On a cluster the queue's side is absent ('' active key): a turn that may run now is queued by the caller.
+-- Until it is, its keys expire (ARGV[11]): a caller that died in between, and never got the id to submit it
+-- again, leaves nothing for good.
 local queue_side = given(KEYS[3])
+if not queue_side and ARGV[11] then
+  for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4]}) do redis.call('EXPIRE', key, tonumber(ARGV[11])) end
+end
 if queue_side then
   redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[1])
   redis.call('ZADD', KEYS[8], tonumber(ARGV[3]), ARGV[1])
