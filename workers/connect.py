@@ -260,6 +260,27 @@ def check_redis_url(redis_url: str, *, cluster: bool | None = None) -> None:
         resolve_master_name()
 
 
+def probe_redis_layout(redis_url: str) -> None:
+    """`RedisConfigError` when Redis answers that this process's layout is not its own: TOOLLOOP_REDIS_CLUSTER
+    on against one Redis, or off against a cluster's node. Nothing when it answers as expected, or not at all
+    (a process that starts before its Redis rides that out). For a long-running process, before it starts."""
+    check_redis_url(redis_url)
+    try:
+        client = connect_redis(redis_url, socket_timeout=5)  # a cluster's client reads the slots here
+    except REDIS_ERRORS:
+        return
+    try:
+        if not keys.is_cluster_layout() and int(client.info("cluster").get("cluster_enabled", 0)) == 1:
+            raise RedisConfigError(
+                f"{maybe_sanitize_url(redis_url)} is a node of a Redis Cluster: set "
+                "TOOLLOOP_REDIS_CLUSTER=true, and TOOLLOOP_BROKER_URL, on every process"
+            )
+    except REDIS_ERRORS:
+        return
+    finally:
+        client.close()
+
+
 def connect_redis(
     redis_url: str,
     ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS,

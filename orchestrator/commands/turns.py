@@ -14,6 +14,7 @@ from orchestrator.commands.exits import describe_validation_error
 from orchestrator.errors import ModelConfigError
 from orchestrator.pricing import build_price_table
 from orchestrator.settings import get_settings
+from workers.connect import probe_redis_layout
 
 # A setting the orchestrator cannot start with (as `toolloop submit`'s bad input).
 EXIT_CONFIG = 2
@@ -42,6 +43,7 @@ def orchestrator(
     except (ValidationError, SettingsError, ModelConfigError) as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
+    probe_redis_layout(settings.redis_url)  # a cluster taken for one Redis, or the reverse: one line, exit 2
     raise_open_files_limit(settings.model_max_connections + OTHER_FILES)
     if metrics_port is not None:
         metrics.serve_metrics(metrics_port)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.redis_server import find_free_port
+from orchestrator.redis_server import RedisServer, find_free_port
 from tests.support.processes import ROOT, TOOLLOOP_BIN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -61,3 +61,10 @@ def test_a_cluster_no_node_of_which_answers_is_one_line_and_exit_3(command: list
     )
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Redis Cluster" in _one_line(result)
+
+
+def test_an_orchestrator_taking_one_redis_for_a_cluster_stops_in_one_line() -> None:
+    with RedisServer() as server:
+        result = run(["orchestrator"], TOOLLOOP_REDIS_URL=server.url, TOOLLOOP_BROKER_URL=server.url)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "is not a node of a Redis Cluster" in _one_line(result)

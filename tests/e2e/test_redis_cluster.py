@@ -147,7 +147,7 @@ def test_a_client_that_takes_a_clusters_node_for_one_redis_says_what_to_set(clus
     # Without TOOLLOOP_REDIS_CLUSTER a command meets MOVED or CROSSSLOT: one line naming the setting, exit 2.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLOOP_")}
     env |= {"PYTHONPATH": str(ROOT), "TOOLLOOP_REDIS_URL": cluster.url}
-    for command in (["show", "turn_not_here"], ["pending"]):
+    for command in (["show", "turn_not_here"], ["pending"], ["orchestrator"]):
         result = subprocess.run(
             [str(TOOLLOOP_BIN), *command], env=env, capture_output=True, text=True, timeout=60, check=False
         )
