@@ -78,10 +78,12 @@ def enqueue(request: TurnRequest, turn_id: str, now: float, *, queued: bool = Tr
     return ScriptCall(scripts.ENQUEUE, keys_, (*args, "1" if queued else ""), lambda reply: bool(int(reply)))
 
 
-def announce(shard: QueueShard, lane: str) -> Flow[None]:
-    """A ready token for `shard` in `lane`'s list: wakes one idle claimer, which picks there. The list is
-    trimmed to `READY_TOKENS_MAX` when a push finds it longer (tokens are hints: a sweep finds the rest)."""
-    length = yield RedisCommand(("RPUSH", keys.ready_tokens(lane), str(shard.index)), parse_reply)
+def announce(shard: QueueShard, lane: str, count: int = 1) -> Flow[None]:
+    """`count` ready tokens for `shard` in `lane`'s list, in one push: each wakes one idle claimer, which
+    picks there. The list is trimmed to `READY_TOKENS_MAX` when a push finds it longer (tokens are hints: a
+    sweep finds the rest)."""
+    tokens = [str(shard.index)] * count
+    length = yield RedisCommand(("RPUSH", keys.ready_tokens(lane), *tokens), parse_reply)
     if int(length) > keys.READY_TOKENS_MAX:
         yield RedisCommand(("LTRIM", keys.ready_tokens(lane), -keys.READY_TOKENS_MAX, -1), parse_reply)
 
@@ -458,12 +460,6 @@ def read_active_statuses() -> Flow[list[tuple[str, TurnStatus | None]]]:
     return out
 
 
-def read_active_ids() -> Batch[list[str]]:
-    """Every shard's active turn ids, in one round trip."""
-    reads = tuple(RedisCommand(("ZRANGE", s.active, 0, -1), parse_reply) for s in keys.all_queue_shards())
-    return Batch(reads, lambda replies: [codec.text(i) for reply in replies for i in reply or []])
-
-
 # --- parking and control ---------------------------------------------------------------------------------
 
 
@@ -494,8 +490,8 @@ def wake_parked(due_by: float, limit: int) -> Flow[list[str]]:
     calls = tuple(operations.wake_parked(due_by, limit, s.parked, s.queue) for s in shards)
     woken: list[list[str]] = yield Batch(calls, list)
     for shard, ids in zip(shards, woken, strict=True):
-        for _ in ids:
-            yield from announce(shard, "normal")
+        if ids:
+            yield from announce(shard, "normal", len(ids))
     return [turn_id for ids in woken for turn_id in ids][:limit]
 
 
