@@ -38,6 +38,7 @@ class TurnHandle:
         "dropped",
         "entries",
         "feeding",
+        "lists_kept",
         "lock",
         "log",
         "state_json",
@@ -61,6 +62,9 @@ class TurnHandle:
         self.entries: list[str] = entries if entries is not None else []
         # The turn's log list's entries, which hold its state's audit lists (`LOGGED_FIELDS`).
         self.log: list[str] = log if log is not None else []
+        # True once this owner saved a step: its lists hold no TTL then (a conversation's history list carries
+        # one between two turns, which the owner's first save removes).
+        self.lists_kept = False
         self._state: TurnState | None = state
         self.state_json = state_json
         self.claimed_at = time.monotonic()
@@ -106,6 +110,7 @@ class TurnHandle:
         """The state just saved, its JSON, and (when it added to them) its lists' entries now stored."""
         self._state = state
         self.state_json = state_json
+        self.lists_kept = True
         if entries is not None:
             self.entries = entries
         if log is not None:

@@ -118,7 +118,13 @@ async def persist_step(
         write = store.resave_step if unsure else store.write_step
         try:
             result = await write(
-                handle.turn_id, state_json, status, emits, orchestrator_id=orchestrator_id, append=append
+                handle.turn_id,
+                state_json,
+                status,
+                emits,
+                orchestrator_id=orchestrator_id,
+                append=append,
+                lists_kept=handle.lists_kept,
             )
             if result is SaveResult.HISTORY_GAP:
                 log.warning("turn %s: its lists lost entries; writing them again", handle.turn_id)

@@ -15,8 +15,10 @@ record. `finish` makes the two agree:
 
 `finish` returns those last events rather than writing them: the runtime writes them first in the step
 that records the answer (`ModelResponded.preview`), in its one round trip instead of one more of their own.
-The ticker's first write waits `FIRST_FLUSH_S` for more of the answer, so an answer that comes whole within
-it (a fast model, a cached one) costs no write of its own at all; a person does not see 10 ms.
+The ticker's first write goes out as soon as the provider's reader waits for the network, not on a clock:
+an answer that comes whole (a fast model, a cached one, a reply not streamed) is parsed to its end without
+the reader waiting, so it costs no write of its own, while the first piece of a streamed answer reaches its
+readers with no delay added to the model's own.
 
 Writing never holds up the model: the provider's reader only appends to a buffer, a ticker task writes.
 A write that fails (Redis away, full, slow past `WRITE_TIMEOUT_S`) drops that event — the outcome and the
@@ -49,8 +51,6 @@ MODEL_STREAM_RESET = "model_stream_reset"
 # events a page can take in one piece.
 MAX_EVENT_CHARS = 8_000
 WRITE_TIMEOUT_S = 2.0
-# How long the first write waits for more of the answer (at most `flush_s`).
-FIRST_FLUSH_S = 0.01
 
 Events = list[tuple[str, dict[str, Any]]]
 
@@ -133,7 +133,9 @@ class CallStream:
         return {"llm_call": self._llm_call, "call_id": call_id, "tool": delta.tool}
 
     async def _tick(self) -> None:
-        await asyncio.sleep(min(self._flush_s, FIRST_FLUSH_S))
+        # The task runs first when the reader that buffered the first piece waits (tasks do not preempt one
+        # another); one more turn of the loop lets a reader woken by the rest of a whole answer go first.
+        await asyncio.sleep(0)
         while True:
             async with self._lock:
                 await self._flush()

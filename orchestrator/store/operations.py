@@ -312,16 +312,18 @@ def save_step(
     now: float,
     append: Appended | None = None,
     audit_ttl_s: int = keys.AUDIT_TTL_S,
+    lists_kept: bool = False,
 ) -> ScriptCall[SaveResult]:
     """A step's state, status, new messages and events, fenced by the lease when `orchestrator_id` is given
     (`save_step.lua`). `turn_finished` is left out: only `save_outcome` publishes it.
 
     With `append`, its messages are appended to its history list (which must hold `append.start` before
-    them), and the outcome keys of the calls they answer become stubs (`consumed`) kept `audit_ttl_s`."""
+    them), and the outcome keys of the calls they answer become stubs (`consumed`) kept `audit_ttl_s`.
+    `lists_kept`: the caller saved into these lists before, as their owner (they hold no TTL to remove)."""
     add = append or Appended("", 0, ())
     args: list[str | int] = [state_json, status.value, orchestrator_id or "", keys.EVENTS_MAXLEN]
     args += [TERMINAL_STATUSES, audit_ttl_s, add.start, len(add.messages), add.log_start, len(add.log)]
-    args += [*add.messages, *add.log]
+    args += ["" if lists_kept else "1", *add.messages, *add.log]
     args += [build_consumed_stub(outcome) for outcome in add.consumed]
     for name, data in events:
         if name != codec.TURN_FINISHED:

@@ -255,9 +255,11 @@ class TurnStore:
         *,
         orchestrator_id: str | None = None,
         append: Appended | None = None,
+        lists_kept: bool = False,
     ) -> SaveResult:
         """Persist a step's state and status, append its new messages (`append`) to the turn's history list,
-        and `append_event` each `(name, data)` in `events`, atomically, in one round trip.
+        and `append_event` each `(name, data)` in `events`, atomically, in one round trip. `lists_kept`: the
+        caller, the turn's owner, saved into its lists before (they carry no TTL to remove).
 
         Not SAVED (and nothing written) when the turn is already terminal, when, given `orchestrator_id`, that
         orchestrator no longer holds the lease, or when the list lacks messages before `append.start`
@@ -271,6 +273,7 @@ class TurnStore:
             now=codec.now_s(),
             append=append,
             audit_ttl_s=self.retention.audit_ttl_s,
+            lists_kept=lists_kept,
         )
         return await self._runner.run(operation)
 
@@ -304,6 +307,7 @@ class TurnStore:
         *,
         orchestrator_id: str | None = None,
         append: Appended | None = None,
+        lists_kept: bool = False,
     ) -> SaveResult:
         """`save_step` again after a try whose reply was lost: SAVED at once if that try saved `state_json`.
 
@@ -313,7 +317,13 @@ class TurnStore:
         if await self.load_state(turn_id) == state_json:
             return SaveResult.SAVED
         return await self.write_step(
-            turn_id, state_json, status, events, orchestrator_id=orchestrator_id, append=append
+            turn_id,
+            state_json,
+            status,
+            events,
+            orchestrator_id=orchestrator_id,
+            append=append,
+            lists_kept=lists_kept,
         )
 
     async def get_status(self, turn_id: str) -> TurnStatus | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,37 @@ async def test_consumed_outcomes_keep_a_stub_and_late_ones_stay(store: TurnStore
     assert stub["consumed"] is True and "result" not in stub and "content" not in stub and stub["ok"] is True
     assert 0 < await store.redis.ttl(keys.outcome(call)) <= 200
     assert len(await store.redis.lrange(keys.late_outcomes(call), 0, -1)) == 1
+
+
+async def command_calls(store: TurnStore) -> dict[str, int]:
+    stats = await store.redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()}
+
+
+async def commands_of(store: TurnStore, save: Any) -> dict[str, int]:
+    """The commands Redis ran for one save (inside its script included), by name."""
+    before = await command_calls(store)
+    assert await save
+    after = await command_calls(store)
+    return {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
+
+
+async def test_a_step_costs_one_push_per_list_and_rewrites_nothing_unchanged(store: TurnStore) -> None:
+    # What a step costs Redis is what a tool call costs it (`make bench`): no command a step can spare.
+    turn_id = await store.submit(TurnRequest(prompt="a", conversation_id="talk"))
+    key = keys.conversation_history("talk")
+    # The conversation's list as a previous turn left it: entries, and the TTL its end gave them.
+    await store.redis.rpush(key, *dump_entries(texts("x", "y")))
+    await store.redis.expire(key, 500)
+    first = store.write_step(turn_id, "{}", TurnStatus.RUNNING, append=appended(key, 2, texts("a", "b", "c")))
+    used = await commands_of(store, first)
+    # The owner's first save takes the TTL off; its three messages go in one push; the status is new.
+    assert used["rpush"] == 1 and used["llen"] == 1 and used["persist"] == 1 and used["set"] == 2
+    assert await store.redis.ttl(key) == -1
+    later = store.write_step(
+        turn_id, '{"n": 1}', TurnStatus.RUNNING, append=appended(key, 5, texts("d", "e")), lists_kept=True
+    )
+    used = await commands_of(store, later)
+    # Its later saves: the list has no TTL to take off, and the status "running" is already stored.
+    assert used["rpush"] == 1 and "persist" not in used and used["set"] == 1
+    assert await entries(store, key) == ["x", "y", "a", "b", "c", "d", "e"]

@@ -91,6 +91,35 @@ async def test_an_answer_that_did_not_stream_is_one_text_delta() -> None:
     ]
 
 
+async def test_the_first_piece_goes_out_when_the_reader_waits_not_on_a_clock() -> None:
+    events = Events()
+    # A flush period far longer than the test: only the first write can happen here.
+    stream = CallStream(events.append, 0, flush_s=60.0)
+    await stream.on_delta(TextDelta("Hel"))
+    await stream.on_delta(TextDelta("lo"))
+    assert events.writes == 0  # the reader has not waited yet: it may still be reading a whole answer
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # The reader waits for the network (the next piece is not there yet); a few turns of the loop suffice.
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert events.items == [("text_delta", {"llm_call": 0, "text": "Hello"})]
+    assert loop.time() - started < 0.005
+    await end(stream, events, answer("Hello"))
+    assert events.texts() == ["Hello"]
+
+
+async def test_an_answer_read_whole_without_waiting_costs_no_write_of_its_own() -> None:
+    events = Events()
+    stream = CallStream(events.append, 0, flush_s=0.2)
+    for piece in ("The ", "whole ", "answer"):
+        await stream.on_delta(TextDelta(piece))
+    # The reader reached the end of the body without waiting: the step that records the answer writes it.
+    owed = await stream.finish(answer("The whole answer"))
+    assert events.writes == 0
+    assert owed == [("text_delta", {"llm_call": 0, "text": "The whole answer"})]
+
+
 async def test_text_the_normaliser_reshaped_is_reset_and_sent_whole() -> None:
     events = Events()
     stream = CallStream(events.append, 1, flush_s=0.01)

@@ -134,10 +134,11 @@ def test_save_step_carries_the_events_but_never_turn_finished() -> None:
     op = operations.save_step("t", "{}", TurnStatus.WAITING, events, orchestrator_id=None, now=3.0)
     assert op.script is SAVE_STEP and op.keys[3] == keys.turn_events("t")
     assert op.args[:5] == ("{}", "waiting", "", str(keys.EVENTS_MAXLEN), TERMINAL)
-    # Nothing appended: no list, the audit TTL, expected lengths and counts of 0, then the events.
-    assert op.keys[4:] == ("", "") and op.args[5:10] == (str(keys.AUDIT_TTL_S), "0", "0", "0", "0")
-    assert op.args[10::3] == ("round_completed", "model_called") and op.args[11] == "3.0"
-    assert json.loads(op.args[12]) == {"api_key": "***"}
+    # Nothing appended: no list, the audit TTL, expected lengths and counts of 0, lists that may carry a TTL
+    # (not said to be kept), then the events.
+    assert op.keys[4:] == ("", "") and op.args[5:11] == (str(keys.AUDIT_TTL_S), "0", "0", "0", "0", "1")
+    assert op.args[11::3] == ("round_completed", "model_called") and op.args[12] == "3.0"
+    assert json.loads(op.args[13]) == {"api_key": "***"}
     assert [op.parse(n) for n in (-2, -1, 0, 1)] == list(SaveResult)
 
 

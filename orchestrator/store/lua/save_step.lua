@@ -8,8 +8,9 @@
 --       outcome key of each call whose answer enters the history with this step.
 -- ARGV: state JSON, status, orchestrator id ('' = no fencing), events maxlen, terminal statuses (spaced), audit
 --       TTL s, history length before the messages, message count m, log length before its entries, entry count
---       n, then the m messages (JSON each), the n log entries, one stub JSON per outcome key, then
---       (name, at, data JSON) per event.
+--       n, '1' when a list that holds entries already may carry a TTL (the first save of a turn's owner: a
+--       conversation's history outlives its last turn by a TTL), then the m messages (JSON each), the n log
+--       entries, one stub JSON per outcome key, then (name, at, data JSON) per event.
 -- The lists are append-only: a step writes its new entries once. Entries past the expected length were left by
 -- a try whose reply was lost, or by a turn of the conversation that was lost with Redis's data: the state is the
 -- truth, so they are dropped before the append (a retried save never appends twice).
@@ -22,29 +23,39 @@ local st = redis.call('GET', KEYS[2])
 if st and terminal[st] then return 0 end
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return -1 end
 local m, n = tonumber(ARGV[8]), tonumber(ARGV[10])
-local lists = {{KEYS[5], tonumber(ARGV[7]), 11, m}, {KEYS[6], tonumber(ARGV[9]), 11 + m, n}}
+local lists = {{KEYS[5], tonumber(ARGV[7]), 12, m}, {KEYS[6], tonumber(ARGV[9]), 12 + m, n}}
 for _, list in ipairs(lists) do
-  if given(list[1]) and redis.call('LLEN', list[1]) < list[2] then return -2 end
+  if given(list[1]) then
+    list[5] = redis.call('LLEN', list[1])
+    if list[5] < list[2] then return -2 end
+  end
+end
+-- Pushed in pieces: Lua's unpack takes a bounded number of values.
+local function push(key, first, last)
+  for i = first, last, 1000 do
+    redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 999, last)))
+  end
 end
 for _, list in ipairs(lists) do
-  local key, from, first, count = list[1], list[2], list[3], list[4]
+  local key, from, first, count, length = list[1], list[2], list[3], list[4], list[5]
   if given(key) then
-    if redis.call('LLEN', key) > from then
+    if length > from then
       if from == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, from - 1) end
     end
-    for i = first, first + count - 1 do redis.call('RPUSH', key, ARGV[i]) end
-    -- A running turn's lists never expire; its end sets their TTL (save_outcome.lua).
-    redis.call('PERSIST', key)
+    push(key, first, first + count - 1)
+    -- A running turn's lists never expire; its end sets their TTL (save_outcome.lua). A list this save
+    -- created, or one its owner saved into before, has none.
+    if from > 0 and ARGV[11] == '1' then redis.call('PERSIST', key) end
   end
 end
 local audit_ttl = tonumber(ARGV[6])
-local stubs = 11 + m + n
+local stubs = 12 + m + n
 for j = 7, #KEYS do
   -- Kept (as a stub) rather than deleted: a worker's start.lua skips a redelivered call whose outcome exists.
   redis.call('SET', KEYS[j], ARGV[stubs + j - 7], 'EX', audit_ttl)
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
+if st ~= ARGV[2] then redis.call('SET', KEYS[2], ARGV[2]) end
 for i = stubs + #KEYS - 6, #ARGV, 3 do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'name', ARGV[i], 'at', ARGV[i + 1],
              'data', ARGV[i + 2])
