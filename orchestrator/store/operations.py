@@ -137,6 +137,7 @@ def claim(
     claimable, `CLAIM_AGAIN` when the script passed over many ended ids and should be called again now
     (`claim.lua`)."""
     keys_ = [keys.TURN_QUEUE, keys.TURNS_PARKED, *(keys.lane_tenants(lane) for lane in keys.TURN_LANES)]
+    keys_.append(keys.TURNS_READY)
     args: list[str | int] = [orchestrator_id, ttl_ms, TurnStatus.QUEUED.value, TurnStatus.RUNNING.value]
     args += [TERMINAL_STATUSES, *_split(keys.turn_status), *_split(keys.turn_lease)]
     args += [*_split(keys.turn_request), *_split(keys.turn_state), " ".join(keys.TURN_LANES)]

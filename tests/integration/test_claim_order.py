@@ -96,6 +96,29 @@ def test_a_tenant_at_its_cap_is_passed_over_and_served_as_its_turns_end(runner: 
     assert {codec_text(t) for t in runner.client.smembers(keys.tenant_running("acme"))} == {"a2", "a3"}
 
 
+def test_ready_tokens_wake_claimers_only_for_what_a_claim_can_take(runner: SyncRunner) -> None:
+    # Each submit pushes a token; one claimer takes the queue's turns one after the other without waiting for
+    # them, and the claim that finds nothing drops the tokens left: each would wake a claimer for nothing.
+    for n in range(3):
+        submit(runner, f"a{n}")
+    assert runner.client.llen(keys.TURNS_READY) == 3
+    assert claim_all(runner) == ["a0", "a1", "a2"]
+    assert runner.client.llen(keys.TURNS_READY) == 0
+    # A turn's end frees a place only its tenant's queued turns can use: with none queued, it wakes nobody.
+    finish(runner, "a0")
+    assert runner.client.llen(keys.TURNS_READY) == 0
+    caps = RunningCaps({"acme": 1}, 0)
+    submit(runner, "c0", "acme")
+    submit(runner, "c1", "acme")
+    submit(runner, "b0", "beta")
+    assert claim_all(runner, caps) == ["c0", "b0"]
+    finish(runner, "b0")  # beta has nothing queued
+    assert runner.client.llen(keys.TURNS_READY) == 0
+    finish(runner, "c0")  # acme's c1 waits for this place
+    assert runner.client.llen(keys.TURNS_READY) == 1
+    assert claim_all(runner, caps) == ["c1"]
+
+
 def test_the_default_cap_holds_each_other_tenant_on_its_own(runner: SyncRunner) -> None:
     caps = RunningCaps({"acme": 3}, 1)
     for tenant in ("acme", "beta", "gamma"):

@@ -80,7 +80,7 @@ def test_claim_and_take_over_get_the_statuses_as_arguments() -> None:
     claim = operations.claim("orch", 1500, caps)
     assert claim.script is CLAIM
     lanes = tuple(keys.lane_tenants(lane) for lane in ("interactive", "normal", "batch"))
-    assert claim.keys == (keys.TURN_QUEUE, keys.TURNS_PARKED, *lanes)
+    assert claim.keys == (keys.TURN_QUEUE, keys.TURNS_PARKED, *lanes, keys.TURNS_READY)
     assert claim.args[:5] == ("orch", "1500", "queued", "running", TERMINAL)
     assert claim.args[13:] == (
         "interactive normal batch",

@@ -4,7 +4,11 @@
 -- Returns 0 when nothing is claimable; 2 when this call gave up after too many skipped ids (call again at
 -- once); {1, turn id, request or false, 1 when the turn has a saved state (else 0)} when CLAIMED.
 -- KEYS: the previous releases' queue (the default tenant's normal lane), parked zset, then each lane's
---       tenants (in the order of ARGV[14]).
+--       tenants (in the order of ARGV[14]), then the ready tokens.
+-- With nothing claimable the ready tokens are dropped: each announced a turn claimed since (a claimer takes
+-- the queue's next turns without waiting for their tokens) or a place freed that nothing queued can use, and
+-- every orchestrator woken by one would only run this script to find nothing. A turn queued later pushes a
+-- token of its own.
 -- ARGV: orchestrator id, lease TTL ms, queued status, running status, terminal statuses (spaced),
 --       status prefix, status suffix, lease prefix, lease suffix, request prefix, request suffix, state
 --       prefix, state suffix, lanes (spaced), lane queue prefix, running prefix, running suffix,
@@ -32,9 +36,16 @@ local function queue_key(lane, tenant)
   return ARGV[15] .. lane .. ':' .. tenant
 end
 
+-- A request read once per call: the queue's head is read for its tenant, then again as the turn leased.
+local requests = {}
+local function request_of(id)
+  if requests[id] == nil then requests[id] = redis.call('GET', ARGV[10] .. id .. ARGV[11]) end
+  return requests[id]
+end
+
 -- The tenant and lane a request names ('default', 'normal' when it names none, or does not parse).
 local function tenant_and_lane(id)
-  local raw = redis.call('GET', ARGV[10] .. id .. ARGV[11])
+  local raw = request_of(id)
   if not raw then return DEFAULT, NORMAL end
   local ok, request = pcall(cjson.decode, raw)
   if not ok or type(request) ~= 'table' then return DEFAULT, NORMAL end
@@ -102,7 +113,7 @@ local function lease(id, tenant)
   if st == ARGV[3] then redis.call('SET', status_key(id), ARGV[4]) end
   redis.call('SADD', running_key(tenant), id)
   local has_state = redis.call('EXISTS', ARGV[12] .. id .. ARGV[13])
-  return {1, id, redis.call('GET', ARGV[10] .. id .. ARGV[11]), has_state}
+  return {1, id, request_of(id), has_state}
 end
 
 local skipped = 0
@@ -130,4 +141,5 @@ for _, lane in ipairs(lanes) do
     end
   end
 end
+redis.call('DEL', KEYS[3 + #lanes])
 return 0

@@ -9,7 +9,7 @@
 --       running prefix, running suffix, lane queue prefix, lane tenants prefix, how many ready tokens are kept,
 --       request prefix, request suffix.
 -- The turn leaves its tenant's running set (claim.lua), and a ready token wakes a claimer for the place it
--- freed; the conversation's next turn goes to the queue of its own lane and tenant (as submit.lua's).
+-- freed when its tenant has turns queued; the conversation's next turn goes to the queue of its own lane and tenant (as submit.lua's).
 -- The lease is released here when that orchestrator holds it, whichever terminal write won: the turn is over
 -- for its owner either way, and a separate release would cost it one more round trip per turn.
 -- The finished event is added here, atomically with the outcome, so a reader that sees it can always read the
@@ -43,9 +43,16 @@ local function ring()
   redis.call('RPUSH', KEYS[15], '1')
   redis.call('LTRIM', KEYS[15], -tonumber(ARGV[17]), -1)
 end
+-- The place freed matters only to turns queued behind a cap: a tenant with none queued wakes nobody (an
+-- orchestrator woken for nothing runs a claim that finds nothing).
+local function waiting(tenant)
+  local queues = {KEYS[8], ARGV[15] .. 'interactive:' .. tenant, ARGV[15] .. 'batch:' .. tenant}
+  if tenant ~= 'default' then queues[#queues + 1] = ARGV[15] .. 'normal:' .. tenant end
+  return redis.call('EXISTS', unpack(queues)) > 0
+end
 if given(KEYS[3]) then
   local tenant = tenant_and_lane(redis.call('GET', KEYS[5]))
-  if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 then ring() end
+  if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 and waiting(tenant) then ring() end
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'name', ARGV[9], 'at', ARGV[7], 'data', ARGV[5])
 for i = 4, 7 do redis.call('EXPIRE', KEYS[i], ttl) end
