@@ -7,6 +7,12 @@ have room. One more after the answer when there is something to write (`ModelLim
 `model_limits.build_settlement`): a refund, a correction of the tokens, a pause. Time is Redis's, one clock
 for the fleet.
 
+A call that draws from no budget only has its model's pause to check: an orchestrator that found the model
+not paused trusts that for `PAUSE_SEEN_S` before it reads it again, so a busy fleet does not pay a round trip
+per model call to learn that nothing is paused. A pause one orchestrator writes holds the others' calls
+within that moment (the one that met the provider's signal holds its own at once); the calls sent meanwhile
+meet the provider's own answer, as they would have on their way already.
+
 A Redis that does not answer holds no call: the limiter is a courtesy to the provider, whose own 429s still
 stand behind it, and the turn's steps need Redis anyway. The call goes, unmetered, with a warning.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,6 +48,9 @@ from workers import keys
 from workers.contract import DEFAULT_TENANT
 
 log = logging.getLogger("toolloop.orchestrator")
+
+# How long a model found not paused is trusted not to be, for calls that draw from no budget.
+PAUSE_SEEN_S = 0.25
 
 # What held a call, as `rate_limit.lua` answers it.
 _HELD_BY: Mapping[int, LimitName] = {1: "provider", 2: "requests_per_minute", 3: "tokens_per_minute"}
@@ -110,6 +120,8 @@ class ModelLimiter:
         self._limits = dict(limits)
         self._tenant_limits = dict(tenant_limits or {})
         self._budgets: dict[tuple[str, str], tuple[Budget, ...]] = {}
+        # By model: until when (monotonic s) it is known not to be paused.
+        self._unpaused_until: dict[str, float] = {}
 
     def _budgets_of(self, model: str, tenant: str) -> tuple[Budget, ...]:
         budgets = self._budgets.get((model, tenant))
@@ -127,14 +139,23 @@ class ModelLimiter:
         when Redis does not answer."""
         budgets = self._budgets_of(model, tenant)
         reservation = call or uuid.uuid4().hex
+        unbudgeted = not budgets
+        if unbudgeted and time.monotonic() < self._unpaused_until.get(model, 0.0):
+            return Granted(model, reservation, (), tokens)
         try:
-            return await self._runner.run(admit(model, budgets, reservation, tokens))
+            admission = await self._runner.run(admit(model, budgets, reservation, tokens))
         except redis.RedisError as exc:
             log.warning("model %s called without its rate limits: Redis did not answer (%r)", model, exc)
             return Granted(model, reservation)
+        if unbudgeted and isinstance(admission, Granted):
+            self._unpaused_until[model] = time.monotonic() + PAUSE_SEEN_S
+        return admission
 
     async def settle(self, granted: Granted, settlement: Settlement) -> None:
         """Write what a granted call left; a Redis that does not answer loses it (logged)."""
+        if settlement.pause_s > 0:
+            # This orchestrator's next calls of the model read the pause it writes.
+            self._unpaused_until.pop(granted.model, None)
         try:
             await self._runner.run(settle(granted, settlement))
         except redis.RedisError as exc:

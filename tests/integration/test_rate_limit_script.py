@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.model_limits import Granted, ModelLimit, Settlement, Throttled
 from orchestrator.store.connection import connect_async
-from orchestrator.store.rate_limits import ModelLimiter
+from orchestrator.store.rate_limits import PAUSE_SEEN_S, ModelLimiter
 from workers import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -83,6 +83,31 @@ async def test_a_pause_holds_every_call_until_it_is_over(client: aioredis.Redis)
     assert await client.pttl(keys.model_pause(MODEL)) > 200
     await asyncio.sleep(0.6)
     assert isinstance(await other.admit(MODEL, 0, "u:0"), Granted)
+
+
+async def test_a_model_seen_unpaused_costs_no_read_per_call_and_a_pause_still_holds(
+    client: aioredis.Redis,
+) -> None:
+    # Without a budget, a call only checks its model's pause: seen clear, it is trusted for PAUSE_SEEN_S.
+    one, other = ModelLimiter(client, {}), ModelLimiter(client, {})
+    before = await script_calls(client)
+    for n in range(5):
+        assert isinstance(await one.admit(MODEL, 0, f"t:{n}"), Granted)
+    assert await script_calls(client) - before == 1
+    # A pause the other orchestrator meets holds its own next call at once, and this one's within the moment.
+    await other.settle(Granted(MODEL, "u:0"), Settlement(pause_s=5.0))
+    held = await other.admit(MODEL, 0, "u:1")
+    assert isinstance(held, Throttled) and held.limit == "provider"
+    await asyncio.sleep(PAUSE_SEEN_S)
+    held = await one.admit(MODEL, 0, "t:5")
+    assert isinstance(held, Throttled) and held.limit == "provider"
+
+
+async def script_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0)) + int(
+        stats.get("cmdstat_eval", {}).get("calls", 0)
+    )
 
 
 async def test_a_call_is_counted_from_when_its_answer_began(client: aioredis.Redis) -> None:
