@@ -4,6 +4,7 @@ previous releases still claimed."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -117,6 +118,16 @@ def test_ready_tokens_wake_claimers_only_for_what_a_claim_can_take(runner: SyncR
     finish(runner, "c0")  # acme's c1 waits for this place
     assert runner.client.llen(keys.TURNS_READY) == 1
     assert claim_all(runner, caps) == ["c1"]
+
+
+def test_the_ready_tokens_stay_under_their_cap(runner: SyncRunner) -> None:
+    for n in range(4):
+        op = operations.submit(TurnRequest(prompt=f"t{n}"), f"t{n}", 1.0)
+        # A cap of 2 instead of the default (the argument that holds keys.READY_TOKENS_MAX).
+        at = len(op.args) - 1
+        assert op.args[at] == str(keys.READY_TOKENS_MAX)
+        runner.run(dataclasses.replace(op, args=(*op.args[:at], "2")))
+    assert runner.client.llen(keys.TURNS_READY) == 2
 
 
 def test_the_default_cap_holds_each_other_tenant_on_its_own(runner: SyncRunner) -> None:

@@ -40,8 +40,9 @@ local function tenant_and_lane(raw)
   return tenant, lane
 end
 local function ring()
-  redis.call('RPUSH', KEYS[15], '1')
-  redis.call('LTRIM', KEYS[15], -tonumber(ARGV[17]), -1)
+  if redis.call('RPUSH', KEYS[15], '1') > tonumber(ARGV[17]) then
+    redis.call('LTRIM', KEYS[15], -tonumber(ARGV[17]), -1)
+  end
 end
 -- The place freed matters only to turns queued behind a cap: a tenant with none queued wakes nobody (an
 -- orchestrator woken for nothing runs a claim that finds nothing).

@@ -33,8 +33,10 @@ local function queue()
   if not queue_side then return end
   redis.call('RPUSH', KEYS[5], ARGV[1])
   if not redis.call('LPOS', KEYS[9], ARGV[9]) then redis.call('RPUSH', KEYS[9], ARGV[9]) end
-  redis.call('RPUSH', KEYS[10], '1')
-  redis.call('LTRIM', KEYS[10], -tonumber(ARGV[10]), -1)
+  -- Trimmed only past its cap: RPUSH tells the length.
+  if redis.call('RPUSH', KEYS[10], '1') > tonumber(ARGV[10]) then
+    redis.call('LTRIM', KEYS[10], -tonumber(ARGV[10]), -1)
+  end
 end
 if given(KEYS[6]) then
   if redis.call('SET', KEYS[6], ARGV[1], 'NX') then
