@@ -24,6 +24,9 @@ What changes (`RestartSafeChannel`, `RestartSafeQoS`; Celery's consumer puts the
 - a closed channel never restores itself (it could no longer route the message, and kombu would drop it
   from the unacked hash unrouted): a reject with requeue that arrives after the close goes to `PENDING` too.
 
+Every channel the worker opens through its consumer (the consuming one, the task events' one) sends its
+commands through one Redis client (`SharedClientChannel`), where kombu builds a new one per command.
+
 The same consumer refuses what it cannot read instead of dying of it (`workers.poison`): a list item that is
 no kombu envelope is checked as the channel takes it (`RestartSafeChannel`), a message Celery could not take
 as a task as the consumer receives it (`RestartSafeConsumer.create_task_handler`).
@@ -184,8 +187,32 @@ def restore_pending(qos: RestartSafeQoS) -> None:
         logger.warning("restored %d unacked message(s) kept while Redis was away", len(tags))
 
 
-class RestartSafeChannel(kombu_redis.Channel):
-    """kombu's Redis channel that can still reach Redis after its connection let go of it (module doc)."""
+class SharedClientChannel(kombu_redis.Channel):
+    """kombu's Redis channel with one synchronous client, not a new one per command.
+
+    kombu builds a fresh `redis.Redis` (its response-callback table filled anew) for every publish, ack and
+    unacked record (`conn_or_acquire`); with task events on, a worker's parent did so for each event it
+    published, about 17 % of its CPU under load. One client over the channel's pool sends the same commands:
+    redis-py takes a connection from the pool per command (thread-safe), a forked process's pool drops its
+    parent's connections by itself, and a pool kombu builds again (a channel's pools dropped at close) gets a
+    client of its own.
+    """
+
+    _shared_client: Any = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if asynchronous:
+            # kombu keeps that one already (`Channel.client`, its BRPOP and LISTEN).
+            return super()._create_client(asynchronous=True)  # type: ignore[misc]  # kombu's, untyped
+        client = self._shared_client
+        if client is None or client.connection_pool is not self.pool:
+            client = self._shared_client = super()._create_client()  # type: ignore[misc]
+        return client
+
+
+class RestartSafeChannel(SharedClientChannel):
+    """kombu's Redis channel that can still reach Redis after its connection let go of it (module doc), with
+    one synchronous client (`SharedClientChannel`: an ack and an unacked record per call)."""
 
     QoS = RestartSafeQoS
     broker_key: str
@@ -301,6 +328,19 @@ def use_master_checking_sentinels() -> None:
     TRANSPORT_ALIASES["sentinel"] = f"{__name__}:{MasterCheckingSentinelTransport.__name__}"
 
 
+class SharedClientSentinelChannel(SharedClientChannel, MasterCheckingSentinelChannel):
+    """`SharedClientChannel` for a `sentinel://` broker: its pool asks the sentinels for the master."""
+
+
+def use_shared_clients(transport: Transport) -> None:
+    """Open `transport`'s channels as `SharedClientChannel`s (a Redis or Sentinel transport; others as they
+    are): the worker's event connection, which publishes every task event."""
+    if isinstance(transport, kombu_redis.SentinelTransport):
+        transport.Channel = SharedClientSentinelChannel
+    elif isinstance(transport, kombu_redis.Transport):
+        transport.Channel = SharedClientChannel
+
+
 class RestartSafeSentinelChannel(RestartSafeChannel, MasterCheckingSentinelChannel):
     """`RestartSafeChannel` for a `sentinel://` broker: its pool asks the sentinels for the master."""
 
@@ -319,8 +359,9 @@ def use_restart_safe_channels(transport: Transport) -> None:
 class RestartSafeConsumer(Consumer):
     """Celery's worker consumer on a connection whose channels ride out a Redis restart (module doc).
 
-    Only the consumer's connection holds unacked deliveries; the worker's other connections (events, the
-    producer pool) keep kombu's channels."""
+    Only the consumer's connection holds unacked deliveries; the event connection Celery opens through the
+    consumer shares one client per channel (`SharedClientChannel`), and the producer pool keeps kombu's
+    channels."""
 
     # Celery's (untyped in celery-types): set once the consumer connects, and its task strategies by name.
     connection_errors: tuple[type[BaseException], ...]
@@ -333,6 +374,13 @@ class RestartSafeConsumer(Consumer):
         connection = self.app.connection_for_read(heartbeat=heartbeat)
         use_restart_safe_channels(connection.transport)
         cast(Any, connection.transport).message_guard = self.message_guard
+        return self.ensure_connected(connection)
+
+    def connection_for_write(self, url: str | None = None, heartbeat: float | None = None) -> Connection:
+        """Celery's writing connection (the task events' dispatcher), its channels each publishing through
+        one client (`SharedClientChannel`)."""
+        connection = self.app.connection_for_write(url=url, heartbeat=heartbeat)
+        use_shared_clients(connection.transport)
         return self.ensure_connected(connection)
 
     @cached_property
