@@ -207,16 +207,24 @@ class CallStore:
             pipe.set(write.idempotency_key, write.idempotency_record, ex=keys.IDEMPOTENCY_TTL_S)
         won_index = len(pipe)
         if not landed:
+            # The script drops the holder's running guard itself, whatever the write's result.
             script_keys, script_args = scripts.build_write_outcome_call(
-                call_id, turn_id, write.outcome_json, write.reply_key, write.fence
+                call_id,
+                turn_id,
+                write.outcome_json,
+                write.reply_key,
+                write.fence,
+                running_holder=write.holder,
+                running_holder_is_prefix=write.holder_is_prefix,
             )
             _queue_script(pipe, self._write.sha, script_keys, script_args)
         elif lease_key is not None:
             pipe.get(lease_key)
         if write.holder is not None:
             holder = [write.holder, "1" if write.holder_is_prefix else ""]
-            running = keys.running(call_id, turn_id)
-            _queue_script(pipe, self._release.sha, [running], holder)
+            if landed:
+                running = keys.running(call_id, turn_id)
+                _queue_script(pipe, self._release.sha, [running], holder)
             if write.idempotency_lock is not None:
                 _queue_script(pipe, self._release.sha, [write.idempotency_lock], holder)
         results = pipe.execute()

@@ -199,10 +199,16 @@ def build_write_outcome_call(
     *,
     ttls: tuple[int, int] | None = None,
     notify: bool | None = None,
+    running_holder: str | None = None,
+    running_holder_is_prefix: bool = False,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically; with `fence`, the
     write is refused (FENCED) once a later execution of the call has started. `ttls`: how long the outcome
     and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`).
+
+    `running_holder`: the token of the execution whose running guard goes with the write, whatever its
+    result (with `running_holder_is_prefix`, any token starting with it; '': whoever holds it), as
+    `release.lua` would drop it; None: the guard is left alone.
 
     `notify`: whether the script notifies the turn's owner itself (default: on one Redis). Without, its reply
     is `[result, owner]` (`parse_write_reply`), and the caller of a WON write with an owner adds
@@ -227,10 +233,13 @@ def build_write_outcome_call(
         str(keys.INBOX_MAXLEN),
         str(keys.INBOX_OUTCOME_MAX_BYTES),
     ]
-    if fence is not None:
-        script_keys.append(keys.fence(call_id, turn_id))
+    if fence is not None or running_holder is not None:
+        script_keys.append(keys.fence(call_id, turn_id) if fence is not None else absent)
     args += [str(fence.attempt), fence.holder] if fence is not None else ["0", ""]
     args.append(str(ttls[1]))
+    if running_holder is not None:
+        script_keys.append(keys.running(call_id, turn_id))
+        args += [running_holder, "1" if running_holder_is_prefix else ""]
     return script_keys, args
 
 

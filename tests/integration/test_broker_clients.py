@@ -34,7 +34,7 @@ def connection(redis_url: str) -> Iterator[Connection]:
 
 def _client_of(channel: SharedClientChannel) -> redis.Redis:
     with channel.conn_or_acquire() as client:
-        return client  # type: ignore[no-any-return]  # kombu's, untyped
+        return client
 
 
 def test_a_channel_publishes_through_one_client(connection: Connection, redis_client: redis.Redis) -> None:

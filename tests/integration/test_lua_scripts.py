@@ -209,6 +209,70 @@ def test_the_fence_refuses_a_superseded_execution_and_a_gone_turn(call_store: Ca
     assert call_store.finish(OutcomeWrite.of(late, None)) is scripts.WriteResult.LOST
 
 
+def test_the_outcome_write_drops_its_writers_running_guard_whatever_it_comes_to(
+    call_store: CallStore,
+) -> None:
+    db = call_store.client
+
+    def write(call_id: str, fence: scripts.Fence, holder: str, prefix: bool = False) -> scripts.WriteResult:
+        outcome = ToolOutcome(call_id=call_id, tool="echo", ok=True, result=holder, content=holder)
+        return call_store.finish(OutcomeWrite.of(outcome, fence, holder=holder, holder_is_prefix=prefix))
+
+    def start(call_id: str, token: str, attempt: int = 1) -> tuple[int, int]:
+        request = ToolCallRequest(call_id=call_id, tool="echo", attempt=attempt)
+        return call_store.start(request, token=token, running_ttl_s=10, worker="w")
+
+    def guard(call_id: str) -> bytes | None:
+        return db.get(keys.running(call_id))  # type: ignore[return-value]  # bytes: not decoded
+
+    # WON: the guard goes with the outcome.
+    assert start("r1", "1|w:1:a") == (1, 0)
+    assert write("r1", scripts.Fence(1, "1|w:1:a"), "1|w:1:a") is scripts.WriteResult.WON
+    assert guard("r1") is None
+    # LOST (another writer answered first): the guard goes too.
+    assert start("r2", "1|w:1:b") == (1, 0)
+    synthetic = ToolOutcome(call_id="r2", tool="echo", ok=False, content="Error: lost")
+    assert call_store.finish(OutcomeWrite.of(synthetic, None)) is scripts.WriteResult.WON
+    assert guard("r2") == b"1|w:1:b", "a writer naming no holder drops no guard"
+    assert write("r2", scripts.Fence(1, "1|w:1:b"), "1|w:1:b") is scripts.WriteResult.LOST
+    assert guard("r2") is None
+    # FENCED: the superseded writer's guard is gone already, and the current execution's stays.
+    assert start("r3", "1|w:1:c") == (1, 0)
+    db.delete(keys.running("r3"))
+    assert start("r3", "2|w:2:d", attempt=2) == (2, 0)
+    assert write("r3", scripts.Fence(1, "1|w:1:c"), "1|w:1:c") is scripts.WriteResult.FENCED
+    assert write("r3", scripts.Fence(1, "1|w:1:"), "1|w:1:", prefix=True) is scripts.WriteResult.FENCED
+    assert guard("r3") == b"2|w:2:d"
+    # The parent, for its dead pool process: by the prefix, and only its own process's.
+    assert write("r3", scripts.Fence(2, "2|w:9:"), "2|w:9:", prefix=True) is scripts.WriteResult.FENCED
+    assert guard("r3") == b"2|w:2:d"
+    assert write("r3", scripts.Fence(2, "2|w:2:"), "2|w:2:", prefix=True) is scripts.WriteResult.WON
+    assert guard("r3") is None
+    # Redis lost the fence: the guard is read, and dropped only for its holder.
+    assert start("r4", "1|w:1:e") == (1, 0)
+    db.delete(keys.fence("r4"))
+    assert write("r4", scripts.Fence(1, "1|w:1:x"), "1|w:1:x") is scripts.WriteResult.WON
+    assert guard("r4") == b"1|w:1:e"
+    assert write("r4", scripts.Fence(1, "1|w:1:e"), "1|w:1:e") is scripts.WriteResult.LOST
+    assert guard("r4") is None
+
+
+def test_a_turn_with_a_lease_exists_for_the_start_script(call_store: CallStore) -> None:
+    db = call_store.client
+    request = ToolCallRequest(call_id="c5", tool="echo", turn_id="t5")
+    db.set(keys.turn_lease("t5"), "orch-a")  # leased: its request is not looked for
+    assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)
+    assert db.xlen(keys.inbox("orch-a")) == 1, "the owner was told"
+    assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)  # a lost reply
+    assert db.xlen(keys.inbox("orch-a")) == 1, "a repeat tells no one again"
+    db.delete(keys.turn_lease("t5"))
+    other = ToolCallRequest(call_id="c6", tool="echo", turn_id="t5")
+    assert call_store.start(other, token="1|w:1:b", running_ttl_s=10, worker="w") == (
+        scripts.StartResult.TURN_GONE,
+        0,
+    )
+
+
 def test_write_tasks_runs_kombus_commands_in_order(runner: SyncRunner) -> None:
     client = runner.client
     assert isinstance(client, redis.Redis)

@@ -286,6 +286,7 @@ def test_on_one_redis_the_scripts_get_what_they_got_and_notify_themselves() -> N
         "",
         "toolloop:reply:direct_k1",
         "toolloop:fence:direct_k1",
+        "toolloop:running:direct_k1",  # the guard the write drops
     ]
     assert write_args[2] == "toolloop:inbox:"
     assert [words for words in recorder.commands if words[0] == "XADD"] == []

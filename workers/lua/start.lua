@@ -8,40 +8,40 @@
 --       outcome key again; either stands for none (`workers.scripts.build_absent_key`).
 -- ARGV: running token, running TTL ms, attempts TTL s, inbox prefix, call id, turn id, worker, started at,
 --       inbox maxlen, dispatch attempt.
--- The token is unique per execution: finding it already set means this execution's first try ran and only
--- its reply was lost, so the attempt it counted is returned again. The fence holds the token of the latest
--- execution to start, `<dispatch attempt>|…`; it lives as long as the attempt count.
+-- The token is unique per execution: finding it already holding the running guard means this execution's
+-- first try ran and only its reply was lost, so the attempt it counted is returned again. The fence holds the
+-- token of the latest execution to start, `<dispatch attempt>|…`; it lives as long as the attempt count.
+-- A turn with a lease exists (its owner holds it): its request is looked for only when the lease is gone.
 -- The notification goes to the owner's inbox, `<inbox prefix><owner>`, with the fields of
 -- `workers.scripts.build_started_notification`. With an empty inbox prefix (a Redis Cluster: the inbox is in
 -- another slot) nothing is added here and a started execution's reply names the owner for the caller to
 -- notify, {0 STARTED, attempt, owner or false}, a repeat's too (its first try's caller may not have).
 local function given(key) return key ~= '' and key ~= KEYS[1] end
-local function owner()
-  if given(KEYS[4]) then return redis.call('GET', KEYS[4]) end
-  return false
-end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-if given(KEYS[6]) and redis.call('EXISTS', KEYS[6]) == 0 then return {-4, 0} end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  local attempt = tonumber(redis.call('GET', KEYS[3]) or '1')
-  if ARGV[4] == '' then return {0, attempt, owner()} end
-  return {0, attempt}
-end
+local owner = false
+if given(KEYS[4]) then owner = redis.call('GET', KEYS[4]) end
+if not owner and given(KEYS[6]) and redis.call('EXISTS', KEYS[6]) == 0 then return {-4, 0} end
 local current = redis.call('GET', KEYS[5])
 if current then
   local current_attempt = tonumber(string.match(current, '^(%d+)|')) or 0
   if current_attempt > tonumber(ARGV[10]) then return {-3, current_attempt} end
 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then
+  -- Held by another execution, or by this one: a repeat, whose fence is still its own (the guard and the
+  -- fence are taken together, and a later start takes the fence only with the guard).
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    local attempt = tonumber(redis.call('GET', KEYS[3]) or '1')
+    if ARGV[4] == '' then return {0, attempt, owner} end
+    return {0, attempt}
+  end
   return {-2, redis.call('PTTL', KEYS[2])}
 end
 redis.call('SET', KEYS[5], ARGV[1], 'EX', tonumber(ARGV[3]))
 local n = redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-local lease_owner = owner()
-if ARGV[4] == '' then return {0, n, lease_owner} end
-if lease_owner then
-  redis.call('XADD', ARGV[4] .. lease_owner, 'MAXLEN', '~', ARGV[9], '*', 'kind', 'started',
+if ARGV[4] == '' then return {0, n, owner} end
+if owner then
+  redis.call('XADD', ARGV[4] .. owner, 'MAXLEN', '~', ARGV[9], '*', 'kind', 'started',
              'turn', ARGV[6], 'call', ARGV[5], 'attempt', tostring(n), 'worker', ARGV[7], 'at', ARGV[8])
 end
 return {0, n}
