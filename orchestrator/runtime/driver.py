@@ -60,7 +60,14 @@ from orchestrator.runtime.adopt import (
 from orchestrator.runtime.handle import HydratedTurns, TurnHandle, forget_task
 from orchestrator.runtime.inbox import build_control_event
 from orchestrator.runtime.perform import Performer, build_context_budget
-from orchestrator.runtime.persist import build_emits, count_answer, persist_step
+from orchestrator.runtime.persist import (
+    Ending,
+    Persisted,
+    build_emits,
+    build_ending,
+    count_answer,
+    persist_step,
+)
 from orchestrator.runtime.timers import TimerHeap
 from orchestrator.settings import Settings
 from orchestrator.store.codec import ClaimedTurn
@@ -354,12 +361,19 @@ class TurnDriver:
             finished = [e.outcome for e in pending if isinstance(e, ToolFinished)]
             # An unchanged state without events is already saved: nothing to write.
             changed = save or emits or state is not before
-            if changed and not await self._persist(handle, (before, state), emits, finished):
-                return
+            persisted = Persisted.SAVED
+            if changed:
+                ending = build_ending(handle, state, todo)
+                persisted = await self._persist(handle, (before, state), emits, finished, ending)
+                if persisted is Persisted.REFUSED:
+                    return
             save = False
             for previous, after, event in answered:
                 count_answer(previous, after, event)
-            pending = await self._perform(handle, state, [c for c in todo if not isinstance(c, Emit)])
+            commands = [c for c in todo if not isinstance(c, Emit)]
+            pending = await self._perform(
+                handle, state, commands, finish_stored=persisted is Persisted.FINISHED
+            )
             todo = []
             if not pending:
                 look_at = machine.parkable(state)
@@ -373,9 +387,11 @@ class TurnDriver:
         steps: tuple[TurnState, TurnState],
         emits: Sequence[tuple[str, Mapping[str, Any]]],
         finished: Sequence[ToolOutcome] = (),
-    ) -> bool:
-        # `steps`: the state last saved and the one to save; `finished`: the outcomes stepped in between.
-        saved = persist_step(
+        ending: Ending | None = None,
+    ) -> Persisted:
+        # `steps`: the state last saved and the one to save; `finished`: the outcomes stepped in between;
+        # `ending`: the outcome stored with the step, when it is the turn's last.
+        persisted = await persist_step(
             self._store,
             self._retry,
             handle,
@@ -383,18 +399,24 @@ class TurnDriver:
             emits=emits,
             finished=finished,
             orchestrator_id=self._orchestrator_id,
+            ending=ending,
         )
-        if not await saved:
+        if persisted is Persisted.REFUSED:
             # Terminal already, or another orchestrator holds the lease now: this copy is stale.
             log.warning("turn %s: state not saved (lease lost or turn ended); dropping it", handle.turn_id)
             await self._drop(handle, release=False)
-            return False
-        return True
+        return persisted
 
     async def _perform(
-        self, handle: TurnHandle, state: TurnState, commands: Sequence[Command]
+        self,
+        handle: TurnHandle,
+        state: TurnState,
+        commands: Sequence[Command],
+        *,
+        finish_stored: bool = False,
     ) -> list[Event]:
-        """Perform `commands` in order; the events they produce at once, to step next."""
+        """Perform `commands` in order; the events they produce at once, to step next. `finish_stored`: the
+        step's save stored the outcome of its `Finish` already (`build_ending`)."""
         follow_ups: list[Event] = []
         finishing = False
         for command in commands:
@@ -405,6 +427,8 @@ class TurnDriver:
             elif isinstance(command, AskAttention):
                 if self._attention is not None:
                     self._attention.ask(handle.turn_id, command)
+            elif isinstance(command, Finish) and finish_stored:
+                finishing = True
             elif isinstance(command, Finish):
                 if state.parent is not None:
                     # Told before the outcome is stored: a crash in between ends the turn again after a

@@ -11,26 +11,41 @@ appends after the expected length in any case, so a message is never stored twic
 the state had (expired, or lost with Redis's data) is written again whole.
 
 A step's events (`build_emits`) are the streamed events its model calls still owed, then the machine's; an
-outcome is counted once it became its call's answer (`count_answer`).
+outcome is counted once it became its call's answer (`count_answer`). A turn's last step carries its outcome
+(`build_ending`): the save and the terminal write are one round trip.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from orchestrator import metrics
-from orchestrator.machine.events import Command, Emit, Event, ModelFailed, ModelResponded, ToolFinished
+from orchestrator.machine.events import (
+    ArmTimer,
+    CancelTimer,
+    Command,
+    Emit,
+    Event,
+    Finish,
+    ModelFailed,
+    ModelResponded,
+    ToolFinished,
+)
 from orchestrator.machine.layout import dump_log
 from orchestrator.machine.state import TurnState, dump_entries, dump_state, find_call
-from orchestrator.model import Message, ToolMessage, TurnStatus
+from orchestrator.model import Message, ToolMessage, TurnOutcome, TurnStatus
 from orchestrator.outage import REDIS_ERRORS, RedisRetry
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import to_wire_outcome
+from orchestrator.store.flows import Unread
 from orchestrator.store.history import Appended
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
+from workers import keys
 from workers.contract import ToolOutcome
 from workers.redis_errors import maybe_ran
 
@@ -42,6 +57,21 @@ def build_emits(events: Sequence[Event], commands: Sequence[Command]) -> list[tu
     they were shown before the answer), then the machine's `Emit` commands, in order."""
     owed = [e for event in events if isinstance(event, ModelResponded | ModelFailed) for e in event.preview]
     return [*owed, *((c.event_name, c.data) for c in commands if isinstance(c, Emit))]
+
+
+def build_ending(handle: TurnHandle, state: TurnState, commands: Sequence[Command]) -> Ending | None:
+    """The outcome to store with the save of `state`, when its step ends the turn and nothing the step asks
+    for must happen before the outcome is stored: its `Finish` comes after timers and events only (a
+    synthetic outcome, a revocation, a parent's report go first, or after it, as the list has them). Only on
+    one Redis (a cluster's end has a queue shard's part) and with the turn's conversation known."""
+    if keys.is_cluster_layout() or state.parent is not None or isinstance(handle.conversation_id, Unread):
+        return None
+    for command in commands:
+        if isinstance(command, Finish):
+            return Ending(command.outcome, handle.conversation_id)
+        if not isinstance(command, Emit | ArmTimer | CancelTimer):
+            return None
+    return None
 
 
 def find_consumed(
@@ -88,6 +118,22 @@ def build_append(
     return append, entries, log
 
 
+@dataclass(frozen=True)
+class Ending:
+    """The outcome a turn's last step stores with it (`TurnStore.finish_step`), and its conversation."""
+
+    outcome: TurnOutcome
+    conversation_id: str | None
+
+
+class Persisted(IntEnum):
+    """What `persist_step` did: nothing (refused), the step, or the step with the turn's outcome."""
+
+    REFUSED = 0
+    SAVED = 1
+    FINISHED = 2
+
+
 async def persist_step(
     store: TurnStore,
     retry: RedisRetry,
@@ -97,9 +143,14 @@ async def persist_step(
     emits: Sequence[tuple[str, Mapping[str, Any]]],
     finished: Sequence[ToolOutcome],
     orchestrator_id: str,
-) -> bool:
-    """Save the step that turned `before` into `state` (retried until it lands); False when refused (the
-    turn is terminal already, or another orchestrator holds its lease). `steps`: (before, state)."""
+    ending: Ending | None = None,
+) -> Persisted:
+    """Save the step that turned `before` into `state` (retried until it lands); REFUSED when the turn is
+    terminal already, or another orchestrator holds its lease. `steps`: (before, state).
+
+    With `ending`, the turn's outcome goes in the same round trip (FINISHED) — unless a try failed in a way
+    that may have written it: then the step is proved or saved alone (SAVED) and the caller stores the
+    outcome, whose first terminal write wins."""
     before, state = steps
     # The terminal status is written by `save_outcome` (Finish), atomically with the outcome; a terminal
     # state saved before it keeps a live status, and a resumed terminal state finishes on adoption.
@@ -111,13 +162,13 @@ async def persist_step(
 
     state_json = dump(logged)
     unsure = False
+    ends = False
 
-    async def save() -> SaveResult:
-        nonlocal unsure, append, entries, logged, state_json
+    async def write(whole: bool) -> SaveResult:
+        nonlocal ends
         # After a lost connection a try may have saved all but its reply; a refused one wrote nothing.
-        write = store.resave_step if unsure else store.write_step
-        try:
-            result = await write(
+        if unsure and not whole:
+            return await store.resave_step(
                 handle.turn_id,
                 state_json,
                 status,
@@ -126,22 +177,48 @@ async def persist_step(
                 append=append,
                 lists_kept=handle.lists_kept,
             )
+        if ending is not None and not unsure:
+            ends = True
+            return await store.finish_step(
+                handle.turn_id,
+                state_json,
+                status,
+                emits,
+                outcome=ending.outcome,
+                conversation_id=ending.conversation_id,
+                orchestrator_id=orchestrator_id,
+                append=append,
+                lists_kept=handle.lists_kept,
+            )
+        ends = False
+        return await store.write_step(
+            handle.turn_id,
+            state_json,
+            status,
+            emits,
+            orchestrator_id=orchestrator_id,
+            append=append,
+            lists_kept=handle.lists_kept and not whole,
+        )
+
+    async def save() -> SaveResult:
+        nonlocal unsure, append, entries, logged, state_json
+        try:
+            result = await write(whole=False)
             if result is SaveResult.HISTORY_GAP:
                 log.warning("turn %s: its lists lost entries; writing them again", handle.turn_id)
                 append, entries, logged = build_append(handle, before, state, finished, whole=True)
                 state_json = dump(logged)
-                result = await store.write_step(
-                    handle.turn_id, state_json, status, emits, orchestrator_id=orchestrator_id, append=append
-                )
+                result = await write(whole=True)
         except REDIS_ERRORS as exc:
             unsure = unsure or maybe_ran(exc)
             raise
         return result
 
     if await retry.call("steps", save) is not SaveResult.SAVED:
-        return False
+        return Persisted.REFUSED
     handle.set_state(state, state_json, entries, logged)
-    return True
+    return Persisted.FINISHED if ends else Persisted.SAVED
 
 
 def count_answer(before: TurnState, after: TurnState, event: ToolFinished) -> None:

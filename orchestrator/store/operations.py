@@ -340,6 +340,14 @@ def save_step(
     return _script(scripts.SAVE_STEP, keys_, args, lambda reply: SaveResult(int(reply)))
 
 
+def finish_step(step: ScriptCall[SaveResult], end: ScriptCall[FinishResult]) -> ScriptCall[SaveResult]:
+    """A turn's last step (`save_step`) and its outcome (`save_outcome`) in one script call: the step's
+    refusal writes neither; SAVED means both are stored (`scripts.FINISH_STEP`). One Redis only: on a
+    Redis Cluster the end has a queue shard's part (`cluster.end`)."""
+    args = (str(len(step.keys)), str(len(step.args)), *step.args, *end.args)
+    return ScriptCall(scripts.FINISH_STEP, step.keys + end.keys, args, step.parse)
+
+
 def save_outcome(
     turn_id: str,
     outcome: TurnOutcome,

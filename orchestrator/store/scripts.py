@@ -15,6 +15,7 @@ running guard). Each file's header states its KEYS, ARGV and reply; the builders
 | `keep_inbox.lua`    | 1 when the inbox was missing (created empty), else 0     |
 | `save_step.lua`     | `SaveResult`: SAVED / TERMINAL / LEASE_LOST / HISTORY_GAP|
 | `save_outcome.lua`  | `FinishResult`: FINISHED / ALREADY_TERMINAL              |
+| `finish_step`       | `SaveResult`: SAVED (and finished) or the step's refusal |
 | `read_history.lua`  | the values read, then the history they reference        |
 | `append_events.lua` | the stream id of the last event added                   |
 | `control.lua`       | `ControlResult`: UNKNOWN / TERMINAL / RECORDED           |
@@ -45,6 +46,7 @@ __all__ = [
     "CONTROL",
     "ENQUEUE",
     "FIND_ORPHANS",
+    "FINISH_STEP",
     "KEEP_INBOX",
     "LEASE",
     "LEAVE",
@@ -104,6 +106,42 @@ UNPICK = load_script(_PACKAGE, "unpick")
 LEAVE = load_script(_PACKAGE, "leave")
 UNPARK = load_script(_PACKAGE, "unpark")
 READ_QUEUE = load_script(_PACKAGE, "read_queue")
+
+
+def build_finish_step(step: Script, end: Script) -> Script:
+    """A turn's last step and its outcome as one script: `step` (save_step.lua) and, once it saved, `end`
+    (save_outcome.lua), each file's body run whole as a function of its own KEYS and ARGV — one source for
+    each rule, one round trip for the turn's end.
+
+    KEYS: the step's, then the outcome's. ARGV: how many of the KEYS and of the ARGV are the step's, then the
+    step's ARGV, then the outcome's. Returns the step's `SaveResult`: a refusal writes nothing (the outcome
+    neither), SAVED means the outcome is stored too (the step found the turn live, so its terminal write is
+    the first)."""
+    source = f"""-- {step.name}.lua, then {end.name}.lua when the step saved: one round trip (built by
+-- orchestrator.store.scripts.build_finish_step, whose docstring gives KEYS, ARGV and the reply).
+local function save_step(KEYS, ARGV)
+{step.source}
+end
+local function save_outcome(KEYS, ARGV)
+{end.source}
+end
+local step_keys, step_args, end_keys, end_args = {{}}, {{}}, {{}}, {{}}
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, #KEYS do
+  if i <= nk then step_keys[#step_keys + 1] = KEYS[i] else end_keys[#end_keys + 1] = KEYS[i] end
+end
+for i = 3, #ARGV do
+  if i <= na + 2 then step_args[#step_args + 1] = ARGV[i] else end_args[#end_args + 1] = ARGV[i] end
+end
+local saved = save_step(step_keys, step_args)
+if saved ~= 1 then return saved end
+save_outcome(end_keys, end_args)
+return 1
+"""
+    return Script("finish_step", source)
+
+
+FINISH_STEP = build_finish_step(SAVE_STEP, SAVE_OUTCOME)
 
 
 class SubmitResult(IntEnum):

@@ -277,6 +277,39 @@ class TurnStore:
         )
         return await self._runner.run(operation)
 
+    async def finish_step(
+        self,
+        turn_id: str,
+        state_json: str,
+        status: TurnStatus,
+        events: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        outcome: TurnOutcome,
+        conversation_id: str | None,
+        orchestrator_id: str,
+        append: Appended | None = None,
+        lists_kept: bool = False,
+    ) -> SaveResult:
+        """`write_step` and `save_outcome` in one round trip, for a turn's last step: SAVED when both are
+        stored (and the lease released); the step's refusal otherwise, with nothing written. One Redis only
+        (`operations.finish_step`)."""
+        now = codec.now_s()
+        step = operations.save_step(
+            turn_id,
+            state_json,
+            status,
+            events,
+            orchestrator_id=orchestrator_id,
+            now=now,
+            append=append,
+            audit_ttl_s=self.retention.audit_ttl_s,
+            lists_kept=lists_kept,
+        )
+        end = operations.save_outcome(
+            turn_id, outcome, conversation_id, now, self.retention, orchestrator_id=orchestrator_id
+        )
+        return await self._runner.run(operations.finish_step(step, end))
+
     async def save_outcome(
         self,
         turn_id: str,

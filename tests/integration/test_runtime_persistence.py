@@ -9,6 +9,7 @@ import pytest
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads
 from orchestrator.store.history import Prior, StoredState
+from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
 from workers import keys
 from workers.contract import ToolOutcome, dump_tool_outcome
@@ -51,6 +52,69 @@ async def test_turn_finished_is_left_to_the_outcome_write(store: TurnStore) -> N
     events = [("round_completed", {}), ("turn_finished", {"status": "completed"})]
     assert await store.save_step(turn_id, "{}", TurnStatus.RUNNING, events)
     assert [e.name for e in await store.read_events(turn_id)] == ["turn_queued", "round_completed"]
+
+
+async def script_calls(store: TurnStore) -> int:
+    """Script calls Redis ran (an EVALSHA refused for a script it had not loaded yet is not one)."""
+    stats = await store.redis.info("commandstats")
+    ran = 0
+    for name in ("evalsha", "eval"):
+        stat = stats.get(f"cmdstat_{name}", {})
+        refused = int(stat.get("failed_calls", 0)) + int(stat.get("rejected_calls", 0))
+        ran += int(stat.get("calls", 0)) - refused
+    return ran
+
+
+async def test_a_turns_last_step_and_its_outcome_are_one_round_trip(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    done = TurnOutcome(turn_id=turn_id, status="completed", text="ok")
+    calls = await script_calls(store)
+    saved = await store.finish_step(
+        turn_id,
+        '{"v": 9}',
+        TurnStatus.RUNNING,
+        [("model_responded", {})],
+        outcome=done,
+        conversation_id=None,
+        orchestrator_id="orch-a",
+    )
+    assert saved is SaveResult.SAVED and await script_calls(store) - calls == 1
+    assert await store.load_state(turn_id) == '{"v": 9}'
+    assert await store.get_status(turn_id) == TurnStatus.COMPLETED
+    assert (await store.get_outcome(turn_id)) == done
+    names = [e.name for e in await store.read_events(turn_id)]
+    assert names == ["turn_queued", "model_responded", "turn_finished"]
+    # The lease went with it; the turn left the active index.
+    assert await store.redis.get(keys.turn_lease(turn_id)) is None
+    assert await store.redis.zscore(keys.TURNS_ACTIVE, turn_id) is None
+
+
+async def test_a_refused_last_step_stores_no_outcome_either(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+    done = TurnOutcome(turn_id=turn_id, status="completed", text="ok")
+    refused = await store.finish_step(
+        turn_id,
+        '{"v": 9}',
+        TurnStatus.RUNNING,
+        [("model_responded", {})],
+        outcome=done,
+        conversation_id=None,
+        orchestrator_id="orch-b",
+    )
+    assert refused is SaveResult.LEASE_LOST
+    assert await store.get_outcome(turn_id) is None
+    assert await store.get_status(turn_id) == TurnStatus.RUNNING
+    assert [e.name for e in await store.read_events(turn_id)] == ["turn_queued"]
+    # Ended already: the step is refused, and the first terminal write stands.
+    assert await store.save_outcome(turn_id, done.model_copy(update={"text": "first"}))
+    again = await store.finish_step(
+        turn_id, "{}", TurnStatus.RUNNING, (), outcome=done, conversation_id=None, orchestrator_id="orch-a"
+    )
+    assert again is SaveResult.TERMINAL
+    stored = await store.get_outcome(turn_id)
+    assert stored is not None and stored.text == "first"
 
 
 def outcome(call_id: str, turn_id: str, result: str) -> ToolOutcome:

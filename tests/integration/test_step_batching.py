@@ -44,13 +44,22 @@ CALLS = 3
 
 
 class CountingStore(TurnStore):
-    """The real store, counting the steps it saves."""
+    """The real store, counting the steps it saves, and the outcomes it stores apart from a step."""
 
     saves = 0
+    ends_apart = 0
 
     async def write_step(self, *args: Any, **kwargs: Any) -> SaveResult:
         self.saves += 1
         return await super().write_step(*args, **kwargs)
+
+    async def finish_step(self, *args: Any, **kwargs: Any) -> SaveResult:
+        self.saves += 1
+        return await super().finish_step(*args, **kwargs)
+
+    async def save_outcome(self, *args: Any, **kwargs: Any) -> bool:
+        self.ends_apart += 1
+        return await super().save_outcome(*args, **kwargs)
 
 
 @pytest.fixture
@@ -116,9 +125,10 @@ async def test_outcomes_delivered_while_a_step_runs_are_stepped_and_saved_once(
         outcome = await async_wait_for(lambda: store.get_outcome(handle.turn_id), "the turn's outcome")
     assert outcome.status == "completed"
     assert outcome.tool_executions == CALLS
-    # One save for the three outcomes, one for the model's final answer (the outcome itself is written by
-    # `save_outcome`); a step per delivery would have saved four times.
+    # One save for the three outcomes, one for the model's final answer, which stores the turn's outcome
+    # with it (one round trip for the turn's end); a step per delivery would have saved four times.
     assert store.saves - saves_before == 2
+    assert store.ends_apart == 0
 
 
 async def test_outcomes_that_leave_the_round_waiting_are_held_for_its_last(
