@@ -2,10 +2,10 @@
 
 One start script per execution (`start.lua`) does the redelivery dedupe, the fence (`workers.fence`), the
 running guard, the attempt count and the "started" notification in a single round trip; one pipeline writes
-the outcome and its companions (`OutcomeWrite`, which the spool keeps when Redis refuses it). Every step takes
-an optional `RedisRetry` (workers.redis_retry) and is safe to repeat after a lost reply: the start script
-knows its execution's token, the idempotency claim its holder, and a repeated outcome write first looks
-whether the earlier try's outcome landed.
+the outcome and its companions (`OutcomeWrite`, which the spool keeps when Redis refuses it), the outcome's
+script dropping the running guard itself. Every step takes an optional `RedisRetry` (workers.redis_retry) and
+is safe to repeat after a lost reply: the start script knows its execution's token, the idempotency claim its
+holder, and a repeated outcome write first looks whether the earlier try's outcome landed.
 
 A call's keys are named with its turn (`keys.outcome(call_id, turn_id)`: on a Redis Cluster they share the
 turn's slot), so every method that names a call takes its turn id too (None: a direct call). On a cluster the
