@@ -6,7 +6,8 @@ Redis keeps a turn for its retention period; a team that keeps turns forever set
 (`workers/examples/archive_sqlite.py` writes it into SQLite). The task is sent as
 `send_task(name, kwargs={"record": <TurnRecord as JSON>}, queue=...)`.
 
-    driver: Finish → ArchivingTurnStore.save_outcome ── stored ──► TurnArchiver.archive (a task of its own)
+    driver: Finish → ArchivingTurnStore.save_outcome (or .finish_step, with the turn's last step)
+            ── stored ──► TurnArchiver.archive (a task of its own)
     TurnArchiver: read the request and the calls' outcome envelopes → build_turn_record → Publisher
 
 Guarantees: a record is sent at most once per finished turn by the orchestrator that stored its outcome,
@@ -36,10 +37,13 @@ from orchestrator.model import (
     ToolMessage,
     TurnOutcome,
     TurnRequest,
+    TurnStatus,
 )
 from orchestrator.outage import REDIS_ERRORS, RedisRetry, is_redis_failure
 from orchestrator.runtime.inbox import build_wire_call_id
 from orchestrator.store.flows import UNREAD, Unread
+from orchestrator.store.history import Appended
+from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turn_view import (
     build_initial_messages,
     build_shown_outcome,
@@ -330,3 +334,39 @@ class ArchivingTurnStore(TurnStore):
             self.archiver.archive(turn_id, outcome)
         self._unsure.discard(turn_id)
         return finished
+
+    async def finish_step(
+        self,
+        turn_id: str,
+        state_json: str,
+        status: TurnStatus,
+        events: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        outcome: TurnOutcome,
+        conversation_id: str | None,
+        orchestrator_id: str,
+        append: Appended | None = None,
+        lists_kept: bool = False,
+    ) -> SaveResult:
+        """`TurnStore.finish_step`, then, once the outcome is stored by it, archive. A try whose reply was
+        lost is followed by the step alone and `save_outcome`, which archives the turn then."""
+        try:
+            saved = await super().finish_step(
+                turn_id,
+                state_json,
+                status,
+                events,
+                outcome=outcome,
+                conversation_id=conversation_id,
+                orchestrator_id=orchestrator_id,
+                append=append,
+                lists_kept=lists_kept,
+            )
+        except REDIS_ERRORS as exc:
+            if maybe_ran(exc):
+                self._unsure.add(turn_id)
+            raise
+        if saved is SaveResult.SAVED:
+            self.archiver.archive(turn_id, outcome)
+            self._unsure.discard(turn_id)
+        return saved

@@ -6,8 +6,12 @@ parts are read differently:
 
 - the client is the benchmark's own process, without its children: those are the workers, the orchestrator
   and the servers, each counted as a part of its own;
-- the worker is split into its parent (the consumer: fetching messages, task events, acks, heartbeats) and
+- a worker is split into its parent (the consumer: fetching messages, task events, acks, heartbeats) and
   its pool children (running the tasks).
+
+Plain Celery's worker is a stock `celery worker` of its own when the run starts one (the HTTP variant's,
+`plain_celery`: `Processes.celery_worker`); else plain tasks run on toolloop's worker, whose parts count for
+both.
 
 The model server is a part of its own, never counted in `all`: it stands for a hosted model whose CPU nobody
 running toolloop pays. The API (`toolloop api`) is a part when a run starts one (the first-token scenario).
@@ -30,10 +34,13 @@ REDIS = "redis"
 ORCHESTRATOR = "orchestrator"
 MODEL_SERVER = "model_server"
 API = "api"
+CELERY_WORKER_PARENT = "celery_worker_parent"
+CELERY_WORKER_CHILDREN = "celery_worker_children"
 # What "all processes" sums, for toolloop and for plain Celery (which has no orchestrator).
 TOOLLOOP_PARTS = (CLIENT, WORKER_PARENT, WORKER_CHILDREN, REDIS, ORCHESTRATOR)
-CELERY_PARTS = (CLIENT, WORKER_PARENT, WORKER_CHILDREN, REDIS)
+CELERY_PARTS = (CLIENT, CELERY_WORKER_PARENT, CELERY_WORKER_CHILDREN, REDIS)
 WORKER_PARTS = (WORKER_PARENT, WORKER_CHILDREN)
+CELERY_WORKER_PARTS = (CELERY_WORKER_PARENT, CELERY_WORKER_CHILDREN)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Processes:
     orchestrator: int
     model_server: int
     api: int | None = None
+    # Plain Celery's own worker (None: plain tasks run on `worker`).
+    celery_worker: int | None = None
 
 
 def _read_entry(stat_path: Path) -> _Entry | None:
@@ -90,17 +99,27 @@ def _tree_s(table: Mapping[int, _Entry], root: int) -> float:
     return total
 
 
+def _worker_s(table: Mapping[int, _Entry], pid: int) -> tuple[float, float]:
+    # A worker's parent, and its pool children (with theirs).
+    parent = table.get(pid)
+    parent_s = parent.own_s if parent is not None else 0.0
+    return parent_s, _tree_s(table, pid) - parent_s
+
+
 def read_parts_s(procs: Processes) -> dict[str, float]:
     """CPU seconds each part used so far."""
     table = _process_table()
     client = table.get(procs.client)
-    parent = table.get(procs.worker)
-    worker_s = _tree_s(table, procs.worker)
-    parent_s = parent.own_s if parent is not None else 0.0
+    parent_s, children_s = _worker_s(table, procs.worker)
+    celery_parent_s, celery_children_s = (
+        _worker_s(table, procs.celery_worker) if procs.celery_worker is not None else (parent_s, children_s)
+    )
     return {
         CLIENT: client.own_s if client is not None else 0.0,
         WORKER_PARENT: parent_s,
-        WORKER_CHILDREN: worker_s - parent_s,
+        WORKER_CHILDREN: children_s,
+        CELERY_WORKER_PARENT: celery_parent_s,
+        CELERY_WORKER_CHILDREN: celery_children_s,
         REDIS: _tree_s(table, procs.redis),
         ORCHESTRATOR: _tree_s(table, procs.orchestrator),
         MODEL_SERVER: _tree_s(table, procs.model_server),

@@ -4,11 +4,13 @@ against plain Celery measured in the same run.
 A stack of its own, so that every process on its Redis is one that is measured: a fresh Redis, one
 `toolloop worker` of `WORKERS` prefork processes (task events on: `worker_send_task_events`, as `-E`), the
 shipped `toolloop orchestrator` with its `scripted:` models at the bench's model server over HTTP
-(`http_model`), and this process as the client. Each round sends `turns × 5` plain Celery no-op tasks
-(`send_task` all, then `AsyncResult.get` each) and `turns` toolloop turns of 5 no-op calls each in one
-model round (submitted all, then waited for each; the model asked to stream, as `submit` does by default),
-the two phases in turn, which one first alternating from round to round.
-CPU is read from /proc around each phase (`cpu`): client, worker parent and pool children, Redis, the
+(`http_model`), a stock `celery worker -E` of `WORKERS` prefork processes for plain Celery's tasks
+(`plain_celery`: acks late, prefetch 1, results in Redis, nothing of toolloop's consumer), and this process
+as the client. Each round sends `turns × 5` plain Celery no-op tasks (`send_task` all, then
+`AsyncResult.get` each) and `turns` toolloop turns of 5 no-op calls each in one model round (submitted all,
+then waited for each; the model asked to stream, as `submit` does by default), the two phases in turn, which
+one first alternating from round to round.
+CPU is read from /proc around each phase (`cpu`): client, each worker's parent and pool children, Redis, the
 orchestrator, and apart, the model server, which no "all processes" figure includes. Redis is also read
 from itself around each phase (`redis_load`: `INFO commandstats`, commands run inside scripts included,
 `INFO cpu`, `used_memory`): the Redis rows per call and per turn, and the tool calls a second one Redis core
@@ -30,9 +32,25 @@ from pathlib import Path
 from types import TracebackType
 
 from ops.bench import cpu, first_token
-from ops.bench.cpu import CELERY_PARTS, TOOLLOOP_PARTS, WORKER_PARTS, CpuWatch, Processes, Window
+from ops.bench.cpu import (
+    CELERY_PARTS,
+    CELERY_WORKER_PARTS,
+    TOOLLOOP_PARTS,
+    WORKER_PARTS,
+    CpuWatch,
+    Processes,
+    Window,
+)
 from ops.bench.http_model import HostedPace, ModelServer
-from ops.bench.procs import TOOLLOOP_BIN, Proc, spawn_worker, start_orchestrator, wait_catalogue
+from ops.bench.plain_celery import PLAIN_QUEUE
+from ops.bench.procs import (
+    TOOLLOOP_BIN,
+    Proc,
+    spawn_plain_worker,
+    spawn_worker,
+    start_orchestrator,
+    wait_catalogue,
+)
 from ops.bench.redis_load import (
     MemoryBursts,
     RedisCpu,
@@ -96,6 +114,8 @@ class HttpStack:
         # The worker's imports and the orchestrator's overlap: the worker is waited for last.
         worker, hostname = spawn_worker(url, queues=[BENCH_QUEUE], concurrency=WORKERS)
         self._procs.append(worker)
+        plain = spawn_plain_worker(url, WORKERS)
+        self._procs.append(plain)
         env = {"TOOLLOOP_SCRIPTED_BASE_URL": self.model.base_url, "TOOLLOOP_LOG_LEVEL": "WARNING"}
         orchestrator = start_orchestrator(url, env, command=[str(TOOLLOOP_BIN), "orchestrator"])
         self._procs.append(orchestrator)
@@ -111,6 +131,7 @@ class HttpStack:
             redis=self._server.pid,
             orchestrator=orchestrator.pid,
             model_server=self.model.proc.pid,
+            celery_worker=plain.pid,
         )
 
     def add(self, proc: Proc) -> None:
@@ -158,8 +179,9 @@ def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
     """Warm both paths up, then `sizes.http_rounds` rounds of plain tasks then turns."""
     assert stack.client is not None and stack.app is not None and stack.processes is not None
     client, app = stack.client, stack.app
-    # Imports, connections, script loads and the model server's first requests: paid before measuring.
-    measure_celery_throughput(app, max(10, sizes.warmup * CALLS_PER_TURN))
+    # Imports, connections, script loads and the model server's first requests: paid before measuring (the
+    # plain worker's first task waits for it to start).
+    measure_celery_throughput(app, max(10, sizes.warmup * CALLS_PER_TURN), PLAIN_QUEUE)
     run_turns(client, max(2, sizes.warmup))
     watch = CpuWatch(stack.processes)
     r = client.redis
@@ -179,7 +201,7 @@ def measure(stack: HttpStack, sizes: Sizes, progress: Progress) -> HttpRun:
             before = read_redis(r)
             watch.start()
             if phase == "celery":
-                measure_celery_throughput(app, calls)
+                measure_celery_throughput(app, calls, PLAIN_QUEUE)
             else:
                 run_turns(client, sizes.http_turns)
             windows[phase] = watch.stop(calls, settle_s=SETTLE_S)
@@ -206,7 +228,7 @@ def measure_memory(client: Client, app: ToolloopCelery, turns: int) -> MemoryBur
     run_turns(client, turns)
     time.sleep(MEMORY_SETTLE_S)
     middle = read_redis(r)
-    measure_celery_throughput(app, turns * CALLS_PER_TURN)
+    measure_celery_throughput(app, turns * CALLS_PER_TURN, PLAIN_QUEUE)
     time.sleep(MEMORY_SETTLE_S)
     after = read_redis(r)
     calls = turns * CALLS_PER_TURN
@@ -256,7 +278,7 @@ def build_metrics(run: HttpRun, loadavg: tuple[str, str]) -> list[Metric]:
     worker = compared(
         "worker_cpu_ms_per_call",
         tool.ms_per_unit(*WORKER_PARTS),
-        celery.ms_per_unit(*WORKER_PARTS),
+        celery.ms_per_unit(*CELERY_WORKER_PARTS),
         "ms CPU",
         goal_ratio=WORKER_RATIO_GOAL,
         lower_is_better=True,
@@ -308,8 +330,8 @@ def _worker_split(tool: Window, celery: Window) -> dict[str, object]:
     return {
         "parent_ms": round(tool.ms_per_unit(cpu.WORKER_PARENT), 3),
         "children_ms": round(tool.ms_per_unit(cpu.WORKER_CHILDREN), 3),
-        "celery_parent_ms": round(celery.ms_per_unit(cpu.WORKER_PARENT), 3),
-        "celery_children_ms": round(celery.ms_per_unit(cpu.WORKER_CHILDREN), 3),
+        "celery_parent_ms": round(celery.ms_per_unit(cpu.CELERY_WORKER_PARENT), 3),
+        "celery_children_ms": round(celery.ms_per_unit(cpu.CELERY_WORKER_CHILDREN), 3),
     }
 
 

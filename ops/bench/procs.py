@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ops.bench.plain_celery import build_worker_command
 from workers import keys
 from workers.connect import connect_redis
 
@@ -110,6 +111,14 @@ def spawn_worker(
     ]
     full_env = {"TOOLLOOP_REDIS_URL": redis_url, "TOOLLOOP_TOOL_MODULES": modules, **(env or {})}
     return Proc(command, full_env, "worker"), hostname
+
+
+def spawn_plain_worker(redis_url: str, concurrency: int) -> Proc:
+    """Plain Celery's own stock `celery worker -E` (`plain_celery`), started, not yet ready: its first task
+    waits for it."""
+    hostname = f"plain-{uuid.uuid4().hex[:8]}@localhost"
+    command = build_worker_command(sys.executable, hostname, concurrency)
+    return Proc(command, {"TOOLLOOP_REDIS_URL": redis_url}, "celery")
 
 
 def wait_catalogue(redis_url: str, hostname: str, proc: Proc, timeout_s: float) -> None:

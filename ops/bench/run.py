@@ -16,11 +16,19 @@ from celery import Celery
 
 from ops.bench import reactions, scenarios, storage, streaming
 from ops.bench.instant import MODEL_CPU_FILE_ENV
-from ops.bench.procs import Proc, measure_idle_cpu_pct, read_rss_mb, start_orchestrator, start_worker
+from ops.bench.plain_celery import PLAIN_QUEUE, PLAIN_TASK
+from ops.bench.procs import (
+    Proc,
+    measure_idle_cpu_pct,
+    read_rss_mb,
+    spawn_plain_worker,
+    start_orchestrator,
+    start_worker,
+)
 from ops.bench.report import Metric, compared, with_goal
 from ops.bench.scenarios import Sizes, summarise
 from ops.bench.storage import LONG_LIVED_S
-from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, PLAIN_TASK, SLOW_QUEUE
+from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, SLOW_QUEUE
 from orchestrator import Client
 from orchestrator.redis_server import RedisServer
 from orchestrator.settings import Settings
@@ -66,15 +74,18 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
             orchestrator = start_orchestrator(url, {MODEL_CPU_FILE_ENV: model_cpu_file})
             procs.append(orchestrator)
             for workers in sizes.worker_counts:
-                progress(f"{workers} worker process(es)")
+                progress(f"{workers} worker process(es), toolloop's and plain Celery's")
                 worker = start_worker(url, queues=[BENCH_QUEUE], concurrency=workers)
                 procs.append(worker)
+                plain = spawn_plain_worker(url, workers)
+                procs.append(plain)
                 _warm_up(client, app, sizes)
                 if workers == ROUNDTRIP_WORKERS:
                     _roundtrips(client, app, sizes, emit)
                 _throughput(client, app, sizes, workers, emit)
-                worker.stop()
-                procs.remove(worker)
+                for stopped in (worker, plain):
+                    stopped.stop()
+                    procs.remove(stopped)
             # Before the deadline lag, whose slow calls outlive their turns and write late outcomes.
             worker = start_worker(url, queues=[BENCH_QUEUE], concurrency=ROUNDTRIP_WORKERS)
             procs.append(worker)
@@ -112,12 +123,12 @@ def run_bench(sizes: Sizes, emit: Emit, progress: Progress) -> None:
 
 def _warm_up(client: Client, app: Celery, sizes: Sizes) -> None:
     for _ in range(max(1, sizes.warmup // 4)):
-        app.send_task(PLAIN_TASK, queue=BENCH_QUEUE).get(timeout=30)
+        app.send_task(PLAIN_TASK, queue=PLAIN_QUEUE).get(timeout=60)
         scenarios.wait_completed(client, scenarios.submit_turn(client, NOOP_TOOL, 1))
 
 
 def _roundtrips(client: Client, app: Celery, sizes: Sizes, emit: Emit) -> None:
-    samples = scenarios.measure_roundtrips(client, app, sizes)
+    samples = scenarios.measure_roundtrips(client, app, sizes, PLAIN_QUEUE)
     tool, celery = summarise(samples.toolloop_ms), summarise(samples.celery_ms)
     workers = {"workers": ROUNDTRIP_WORKERS, "samples": len(samples.toolloop_ms)}
     for pct in ("p50", "p99"):
@@ -140,7 +151,7 @@ def _roundtrips(client: Client, app: Celery, sizes: Sizes, emit: Emit) -> None:
 
 def _throughput(client: Client, app: Celery, sizes: Sizes, workers: int, emit: Emit) -> None:
     calls = sizes.turns * sizes.calls_per_turn
-    celery_rate = scenarios.measure_celery_throughput(app, calls)
+    celery_rate = scenarios.measure_celery_throughput(app, calls, PLAIN_QUEUE)
     tool_rate = scenarios.measure_tool_throughput(client, sizes)
     extra = {"workers": workers, "calls": calls, "turns": sizes.turns}
     metric = compared(

@@ -20,8 +20,9 @@ from typing import Any
 from celery import Celery
 
 from ops.bench.instant import INSTANT_MODEL
+from ops.bench.plain_celery import PLAIN_QUEUE, PLAIN_TASK
 from ops.bench.report import percentile
-from ops.bench.tools import BENCH_QUEUE, NOOP_TOOL, PARK_TOOL, PLAIN_TASK, SLOW_QUEUE
+from ops.bench.tools import NOOP_TOOL, PARK_TOOL, SLOW_QUEUE
 from orchestrator import Client
 from orchestrator.errors import BenchError
 from orchestrator.store import codec
@@ -141,7 +142,7 @@ def submit_turn(
 def read_events(client: Client, turn_id: str) -> list[TurnEvent]:
     """Every event of a turn, oldest first."""
     entries: list[tuple[str, dict[str, str]]] = client.redis.xrange(keys.turn_events(turn_id))  # type: ignore[assignment]  # redis-py types the decoded reply loosely
-    return [codec.parse_event(turn_id, entry_id, fields) for entry_id, fields in entries]
+    return codec.parse_entries(turn_id, entries)
 
 
 def _first(events: Sequence[TurnEvent], name: str) -> TurnEvent:
@@ -167,12 +168,13 @@ class Roundtrips:
     overhead_ms: list[float]
 
 
-def measure_roundtrips(client: Client, app: Celery, sizes: Sizes) -> Roundtrips:
-    """Alternate one toolloop turn of one no-op call and one plain Celery no-op task, one at a time."""
+def measure_roundtrips(client: Client, app: Celery, sizes: Sizes, queue: str = PLAIN_QUEUE) -> Roundtrips:
+    """Alternate one toolloop turn of one no-op call and one plain Celery no-op task (on `queue`), one at a
+    time."""
     result = Roundtrips([], [], [])
     for i in range(sizes.warmup + sizes.roundtrips):
         t0 = time.perf_counter()
-        app.send_task(PLAIN_TASK, queue=BENCH_QUEUE).get(timeout=30)
+        app.send_task(PLAIN_TASK, queue=queue).get(timeout=30)
         celery_ms = (time.perf_counter() - t0) * 1000
         submitted_at = time.time()
         turn_id = submit_turn(client, NOOP_TOOL, 1)
@@ -191,10 +193,10 @@ def measure_roundtrips(client: Client, app: Celery, sizes: Sizes) -> Roundtrips:
     return result
 
 
-def measure_celery_throughput(app: Celery, tasks: int) -> float:
-    """Plain Celery: publish `tasks` no-op tasks, then read every result; tasks per second."""
+def measure_celery_throughput(app: Celery, tasks: int, queue: str = PLAIN_QUEUE) -> float:
+    """Plain Celery: publish `tasks` no-op tasks to `queue`, then read every result; tasks per second."""
     t0 = time.perf_counter()
-    results = [app.send_task(PLAIN_TASK, queue=BENCH_QUEUE) for _ in range(tasks)]
+    results = [app.send_task(PLAIN_TASK, queue=queue) for _ in range(tasks)]
     for r in results:
         r.get(timeout=300)
     return tasks / (time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 """What the benchmark's workers serve (`TOOLLOOP_TOOL_MODULES=ops.bench.tools`).
 
-- `bench_noop`: a tool that does nothing, on the `bench` queue: one round trip through toolloop.
-- `bench.noop`: a plain Celery task that does nothing, on the same queue and workers: the baseline.
+- `bench_noop`: a tool that does nothing, on the `bench` queue: one round trip through toolloop (the
+  baseline, a plain Celery no-op task, runs on a stock Celery worker of its own: `plain_celery`).
 - `bench_blob`: a tool whose result is `kb` kB of text, on the `bench` queue: storage and CPU per call grow
   with the conversation, so these scenarios need results of a chosen size.
 - `bench_sleep`: a tool that sleeps a second on the `bench` queue: do the calls of several turns run side
@@ -15,19 +15,15 @@ from __future__ import annotations
 import random
 import time
 
-from celery import shared_task
-
 from workers import tool
 
 SLOW_QUEUE = "bench-slow"
-# The no-op tool and the plain Celery task share one queue: same workers, same path to them.
 BENCH_QUEUE = "bench"
 NOOP_TOOL = "bench_noop"
 PARK_TOOL = "bench_park"
 BLOB_TOOL = "bench_blob"
 # A kB of a result is 1000 bytes (hex digits: one byte each in UTF-8 and in JSON, nothing escaped).
 BLOB_KB = 1000
-PLAIN_TASK = "bench.noop"
 SLEEP_TOOL = "bench_sleep"
 
 
@@ -56,10 +52,3 @@ def bench_sleep(seconds: float = 1.0) -> str:
     """Sleep for `seconds` on the bench queue: calls of several turns at once show how they spread."""
     time.sleep(seconds)
     return "slept"
-
-
-# shared_task: registered on the worker's app when it is finalised, whatever app imported this module.
-@shared_task(name=PLAIN_TASK, ignore_result=False)
-def plain_noop() -> str:
-    """The baseline: a plain Celery no-op task whose result is read with `AsyncResult.get`."""
-    return "ok"

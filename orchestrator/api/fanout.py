@@ -39,7 +39,7 @@ from redis.typing import KeyT, StreamIdT
 
 from orchestrator import metrics
 from orchestrator.store import codec
-from orchestrator.store.codec import TurnEvent
+from orchestrator.store.codec import StreamId, TurnEvent, parse_stream_id
 from orchestrator.store.connection import block_cap_ms
 from workers import keys
 from workers.redis_errors import REDIS_ERRORS, Backoff
@@ -50,15 +50,6 @@ log = logging.getLogger("toolloop.api")
 READ_BLOCK_MS = 250
 # Entries read per turn per read: a turn with a longer backlog continues at the next read.
 READ_COUNT = 100
-
-StreamId = tuple[int, int]
-
-
-def parse_stream_id(text: str) -> StreamId:
-    """A stream id as a comparable pair: `"1700000000000-3"` → (1700000000000, 3); `"5"` → (5, 0), as XREAD
-    reads an id without a sequence number."""
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 @dataclass(eq=False)
@@ -265,7 +256,7 @@ class EventFanout:
         turn_of_key = {keys.turn_events(t): t for t in read.starts}
         for key, entries in groups:
             turn_id = turn_of_key[key]
-            events = [codec.parse_event(turn_id, entry_id, fields) for entry_id, fields in entries]
+            events = codec.parse_entries(turn_id, entries)
             start = read.starts[turn_id]
             for subscription in list(self._subscriptions.get(turn_id, ())):
                 # One that subscribed during the read from further back would miss what lies between.

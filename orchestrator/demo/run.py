@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -37,6 +36,7 @@ from orchestrator.demo.view import EventPrinter, print_summary, print_transcript
 from orchestrator.errors import DemoError
 from orchestrator.model import TurnOutcome
 from orchestrator.redis_server import RedisServer
+from orchestrator.store import codec
 from orchestrator.store.catalogue import read_catalogue
 from workers import keys
 from workers.connect import connect_redis
@@ -295,12 +295,12 @@ def _follow(
     while time.monotonic() < deadline:
         processes.check_alive()
         entries = cast(list[tuple[str, dict[str, str]]], client.redis.xrange(stream, min=f"({after}"))
-        for entry_id, fields in entries:
-            after = entry_id
-            data = json.loads(fields.get("data", "{}"))
-            event = {"name": fields.get("name", ""), "at": float(fields.get("at", 0)), **data}
+        for stored in codec.parse_entries(turn_id, entries):
+            event = {"name": stored.name, "at": stored.at, **stored.data}
             events.append(event)
             printer.show(event)
+        if entries:
+            after = entries[-1][0]
         outcome = client.outcome(turn_id)
         if outcome is not None:
             return outcome, events

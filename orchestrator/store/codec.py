@@ -24,7 +24,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -149,6 +149,63 @@ def build_event_fields(name: str, data: Mapping[str, Any], now: float) -> dict[s
     return {"name": name, "at": repr(now), "data": json.dumps(redact(dict(data)), default=str)}
 
 
+# A step's events are one entry of the turn's stream (`save_step.lua`): the first in the entry's own fields
+# (`name`, `at`, `data`, as a lone event is stored), the others in `more`, a JSON array of [name, data].
+# The entry's id is its last event's; the events before it have the ids just below it, which the script
+# keeps free (`parse_entry`): every event has an id of its own to resume after, in the stream's order.
+MORE_FIELD = "more"
+
+StreamId = tuple[int, int]
+
+
+def parse_stream_id(text: str) -> StreamId:
+    """A stream id as a comparable pair: `"1700000000000-3"` → (1700000000000, 3); `"5"` → (5, 0), as XREAD
+    reads an id without a sequence number."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def build_entry_fields(events: Sequence[tuple[str, Mapping[str, Any]]], now: float) -> list[str]:
+    """The fields of the one stream entry that holds `events` (at least one), in XADD's order: the first
+    event's `name`, `at` and `data`, then `more` with the others (redacted as `build_event_fields`)."""
+    first = build_event_fields(events[0][0], events[0][1], now)
+    fields = ["name", first["name"], "at", first["at"], "data", first["data"]]
+    if len(events) > 1:
+        rest = [[name, redact(dict(data))] for name, data in events[1:]]
+        fields += [MORE_FIELD, json.dumps(rest, default=str)]
+    return fields
+
+
+def parse_entry(turn_id: str, entry_id: bytes | str, fields: Mapping[Any, Any]) -> list[TurnEvent]:
+    """The events of one entry of a turn's events stream, each with its own id (see `MORE_FIELD`)."""
+    decoded = parse_fields(fields)
+    at = float(decoded.get("at", "0"))
+    found: list[tuple[str, Any]] = [(decoded.get("name", ""), json.loads(decoded.get("data", "{}")))]
+    more = decoded.get(MORE_FIELD)
+    if more:
+        found += [(str(name), data) for name, data in json.loads(more)]
+    ms, seq = parse_stream_id(text(entry_id))
+    first = seq - (len(found) - 1)
+    return [
+        TurnEvent(id=f"{ms}-{first + k}", name=name, turn_id=turn_id, at=at, data=data if data else {})
+        for k, (name, data) in enumerate(found)
+    ]
+
+
+def parse_entries(
+    turn_id: str, entries: Iterable[tuple[Any, Mapping[Any, Any]]], after: str = "0"
+) -> list[TurnEvent]:
+    """The events of these entries that come after the stream id `after`: an entry read after an id holds
+    the events before it too when that id is one of its own."""
+    cursor = parse_stream_id(after)
+    return [
+        event
+        for entry_id, fields in entries
+        for event in parse_entry(turn_id, entry_id, fields)
+        if parse_stream_id(event.id) > cursor
+    ]
+
+
 def dump_control_arguments(arguments: Mapping[str, Any] | None) -> str:
     """An approval's edited arguments as the control stream stores them: JSON text, "" for none."""
     if arguments is None:
@@ -250,18 +307,6 @@ def parse_request(value: bytes | str | None) -> TurnRequest | None:
 def parse_tool_outcome(value: bytes | str | None) -> ToolOutcome | None:
     """A stored tool `ToolOutcome` envelope, or None."""
     return None if value is None else read_tool_outcome(value)
-
-
-def parse_event(turn_id: str, entry_id: bytes | str, fields: Mapping[Any, Any]) -> TurnEvent:
-    """One entry of a turn's events stream."""
-    decoded = parse_fields(fields)
-    return TurnEvent(
-        id=text(entry_id),
-        name=decoded.get("name", ""),
-        turn_id=turn_id,
-        at=float(decoded.get("at", "0")),
-        data=json.loads(decoded.get("data", "{}")),
-    )
 
 
 def parse_control(entry_id: bytes | str, fields: Mapping[Any, Any]) -> ControlRequest:

@@ -326,10 +326,11 @@ def save_step(
     args += [TERMINAL_STATUSES, audit_ttl_s, add.start, len(add.messages), add.log_start, len(add.log)]
     args += ["" if lists_kept else "1", *add.messages, *add.log]
     args += [build_consumed_stub(outcome) for outcome in add.consumed]
-    for name, data in events:
-        if name != codec.TURN_FINISHED:
-            fields = codec.build_event_fields(name, data, now)
-            args += [fields["name"], fields["at"], fields["data"]]
+    # The step's events, one stream entry for them all (`codec.MORE_FIELD`).
+    emitted = [(name, data) for name, data in events if name != codec.TURN_FINISHED]
+    args.append(len(emitted))
+    if emitted:
+        args += codec.build_entry_fields(emitted, now)
     keys_ = [keys.turn_state(turn_id), keys.turn_status(turn_id), keys.turn_lease(turn_id)]
     keys_ += [
         keys.turn_events(turn_id),
@@ -422,7 +423,7 @@ def read_events(
     """Events after the stream id `after`; with `block_ms` (already capped), waits that long for one."""
     return RedisCommand(
         _xread(keys.turn_events(turn_id), after, block_ms, count),
-        lambda reply: [codec.parse_event(turn_id, i, f) for i, f in codec.parse_stream_reply(reply)],
+        lambda reply: codec.parse_entries(turn_id, codec.parse_stream_reply(reply), after),
     )
 
 

@@ -20,7 +20,6 @@ request's); it then reads on through the index, page by page, until it has `limi
 
 from __future__ import annotations
 
-import json
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -184,12 +183,12 @@ def forget(turn_ids: Sequence[str]) -> RedisCommand[Any] | Batch[Any]:
     return Batch(removals, parse_reply)
 
 
-def _data(fields: Mapping[str, str]) -> dict[str, Any]:
+def _events(turn_id: str, entry_id: Any, fields: Mapping[Any, Any]) -> list[codec.TurnEvent]:
+    # An entry this release cannot read is passed over: a listing never fails on one turn's events.
     try:
-        data = json.loads(fields.get("data", "{}"))
+        return codec.parse_entry(turn_id, entry_id, fields)
     except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return []
 
 
 def _start(turn_id: str, submitted_at: float, status: TurnStatus, request_raw: Any) -> RecentTurn:
@@ -205,9 +204,9 @@ def _start(turn_id: str, submitted_at: float, status: TurnStatus, request_raw: A
     )
 
 
-def _apply(turn: RecentTurn, tools: Counter[str], name: str, fields: Mapping[str, str]) -> None:
+def _apply(turn: RecentTurn, tools: Counter[str], event: codec.TurnEvent) -> None:
     # One summary event: its time, and what its data says.
-    at, data = float(fields.get("at", "0")), _data(fields)
+    name, at, data = event.name, event.at, event.data
     if name == "turn_queued":
         turn.submitted_at = at
     elif name == "turn_started":
@@ -232,9 +231,9 @@ def advance(previous: Read | None, listed: tuple[str, float], reply: tuple[Any, 
     tools: Counter[str] = Counter(turn.tools)
     for entry_id, raw_fields in entries or []:
         cursor = codec.text(entry_id)
-        fields = codec.parse_fields(raw_fields)
-        if fields.get("name", "") in _SUMMARY_EVENTS:
-            _apply(turn, tools, fields["name"], fields)
+        for event in _events(turn_id, entry_id, raw_fields):
+            if event.name in _SUMMARY_EVENTS:
+                _apply(turn, tools, event)
     if turn.finished_at is not None and turn.submitted_at is not None:
         turn.duration_s = round(turn.finished_at - turn.submitted_at, 3)
     turn.tools = dict(sorted(tools.items()))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator.model import ToolMessage
+from orchestrator.store import codec
 from tests.faults.env import FaultEnv, call
 from tests.support.processes import start_worker
 from tests.support.tcp_proxy import TcpProxy
@@ -58,9 +59,9 @@ PARTITIONS = [
 
 def _event_at(env: FaultEnv, turn_id: str, name: str) -> float | None:
     """When the turn's first event `name` happened (epoch seconds), or None."""
-    for _, fields in env.redis.xrange(keys.turn_events(turn_id)):
-        if fields.get("name") == name:
-            return float(fields["at"])
+    for event in codec.parse_entries(turn_id, env.redis.xrange(keys.turn_events(turn_id))):
+        if event.name == name:
+            return event.at
     return None
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.model import TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.runtime.inbox import parse_inbox, parse_payloads
+from orchestrator.store.codec import parse_stream_id
 from orchestrator.store.history import Prior, StoredState
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
@@ -32,6 +33,30 @@ async def test_a_step_saves_its_state_and_events_together(store: TurnStore) -> N
     assert stored[1].data == {"call_id": "c1", "api_key": "***"}
     # One timestamp per step: its events were written together.
     assert stored[1].at == stored[2].at
+
+
+async def test_a_steps_events_are_one_entry_each_with_an_id_to_resume_after(store: TurnStore) -> None:
+    turn_id = await store.submit(TurnRequest(prompt="x"))
+    stream = keys.turn_events(turn_id)
+    first = [("tool_dispatched", {"call_id": f"c{n}"}) for n in range(4)]
+    assert await store.save_step(turn_id, '{"v": 1}', TurnStatus.RUNNING, first)
+    assert await store.save_step(
+        turn_id, '{"v": 2}', TurnStatus.RUNNING, [("tool_started", {"call_id": "c0"})]
+    )
+    assert await store.save_step(turn_id, '{"v": 3}', TurnStatus.RUNNING, [("a", {}), ("b", {"n": 1})])
+    # One XADD a step: turn_queued, the four dispatches, the start, the pair.
+    assert await store.redis.xlen(stream) == 4
+    events = await store.read_events(turn_id)
+    assert [e.name for e in events] == ["turn_queued", *(["tool_dispatched"] * 4), "tool_started", "a", "b"]
+    assert [e.data.get("call_id") for e in events[1:5]] == ["c0", "c1", "c2", "c3"]
+    ids = [parse_stream_id(e.id) for e in events]
+    assert ids == sorted(set(ids)), "each event has an id of its own, in the stream's order"
+    # Resuming after any of them, in the middle of an entry too, gives exactly the events after it.
+    for n, event in enumerate(events):
+        assert await store.read_events(turn_id, after=event.id) == events[n + 1 :]
+    # A lone event is stored as it always was: name, at, data.
+    [(_, lone)] = await store.redis.xrange(stream, min=events[5].id, max=events[5].id)
+    assert set(lone) == {"name", "at", "data"}
 
 
 async def test_a_refused_step_writes_neither_state_nor_events(store: TurnStore) -> None:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from orchestrator.model import ToolMessage
+from orchestrator.store import codec
 from tests.faults.env import PLAN_MODEL, FaultEnv, call
 from tests.support.processes import TOOLLOOP_BIN
 from tests.support.served import Served
@@ -108,8 +109,8 @@ def test_each_key_sees_only_its_tenant_and_the_admin_sees_both(deployment: Deplo
         assert view["tenant"] == "globex" and view["request"]["tenant"] == "globex"
         assert wait_status(admin, ours, "completed")["tenant"] == "acme"
         # The tenant is in the turn's events, and reached the tool as `ctx.tenant`.
-        events = deployment.env.redis.xrange(keys.turn_events(theirs))
-        started = [json.loads(f["data"]) for _, f in events if f["name"] == "turn_started"]
+        events = codec.parse_entries(theirs, deployment.env.redis.xrange(keys.turn_events(theirs)))
+        started = [e.data for e in events if e.name == "turn_started"]
         assert started[0]["tenant"] == "globex"
     outcome = deployment.env.client.wait(theirs, 30)
     (answer,) = [m for m in outcome.messages if isinstance(m, ToolMessage)]

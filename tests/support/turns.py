@@ -11,28 +11,22 @@ the check that its history answers every call once.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import redis
 
 from orchestrator.client.redis_client import Client
 from orchestrator.model import Message, ToolMessage, TurnOutcome
+from orchestrator.store import codec
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
 from workers import keys
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def turn_events(db: redis.Redis, turn_id: str) -> list[dict[str, Any]]:
-    """Every event of the turn's stream so far, oldest first: its stream id, name and data (parsed)."""
-    events = []
-    for entry_id, raw_fields in db.xrange(keys.turn_events(turn_id)) or []:
-        fields = {_text(key): _text(value) for key, value in (raw_fields or {}).items()}
-        events.append({"id": _text(entry_id), "name": fields.get("name"), "data": json.loads(fields["data"])})
-    return events
+    """Every event of the turn's stream so far, oldest first: its stream id, name and data (parsed; a step's
+    events share an entry, each with an id of its own: `codec.parse_entry`)."""
+    entries = db.xrange(keys.turn_events(turn_id)) or []
+    return [{"id": e.id, "name": e.name, "data": e.data} for e in codec.parse_entries(turn_id, entries)]
 
 
 def event_data(db: redis.Redis, turn_id: str, name: str) -> list[dict[str, Any]]:
@@ -42,7 +36,7 @@ def event_data(db: redis.Redis, turn_id: str, name: str) -> list[dict[str, Any]]
 
 def event_ids(db: redis.Redis, turn_id: str) -> list[str]:
     """The stream id of every event the turn has so far, oldest first: what an SSE stream must send."""
-    return [_text(entry_id) for entry_id, _ in db.xrange(keys.turn_events(turn_id)) or []]
+    return [event["id"] for event in turn_events(db, turn_id)]
 
 
 def wait_outcome(client: Client, turn_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> TurnOutcome:

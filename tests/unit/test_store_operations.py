@@ -135,10 +135,15 @@ def test_save_step_carries_the_events_but_never_turn_finished() -> None:
     assert op.script is SAVE_STEP and op.keys[3] == keys.turn_events("t")
     assert op.args[:5] == ("{}", "waiting", "", str(keys.EVENTS_MAXLEN), TERMINAL)
     # Nothing appended: no list, the audit TTL, expected lengths and counts of 0, lists that may carry a TTL
-    # (not said to be kept), then the events.
+    # (not said to be kept), then the events: how many, and the fields of the one entry that holds them.
     assert op.keys[4:] == ("", "") and op.args[5:11] == (str(keys.AUDIT_TTL_S), "0", "0", "0", "0", "1")
-    assert op.args[11::3] == ("round_completed", "model_called") and op.args[12] == "3.0"
-    assert json.loads(op.args[13]) == {"api_key": "***"}
+    assert (
+        op.args[11] == "2"
+        and op.args[12:16:2] == ("name", "at")
+        and op.args[13:17:2] == ("round_completed", "3.0")
+    )
+    assert json.loads(op.args[17]) == {"api_key": "***"}
+    assert op.args[18] == "more" and json.loads(op.args[19]) == [["model_called", {"n": 1}]]
     assert [op.parse(n) for n in (-2, -1, 0, 1)] == list(SaveResult)
 
 

@@ -10,7 +10,11 @@
 --       TTL s, history length before the messages, message count m, log length before its entries, entry count
 --       n, '1' when a list that holds entries already may carry a TTL (the first save of a turn's owner: a
 --       conversation's history outlives its last turn by a TTL), then the m messages (JSON each), the n log
---       entries, one stub JSON per outcome key, then (name, at, data JSON) per event.
+--       entries, one stub JSON per outcome key, then the number of events e, then (when e > 0) the fields of
+--       the one stream entry that holds them (orchestrator.store.codec.build_entry_fields).
+-- The step's events are one entry. Its id is its last event's, and the e - 1 ids just below it are its other
+-- events' (orchestrator.store.codec.parse_entry): it is chosen past the stream's last entry, so that those
+-- are free and every event has an id of its own in the stream's order. A lone event takes the next id.
 -- The lists are append-only: a step writes its new entries once. Entries past the expected length were left by
 -- a try whose reply was lost, or by a turn of the conversation that was lost with Redis's data: the state is the
 -- truth, so they are dropped before the append (a retried save never appends twice).
@@ -56,8 +60,19 @@ for j = 7, #KEYS do
 end
 redis.call('SET', KEYS[1], ARGV[1])
 if st ~= ARGV[2] then redis.call('SET', KEYS[2], ARGV[2]) end
-for i = stubs + #KEYS - 6, #ARGV, 3 do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'name', ARGV[i], 'at', ARGV[i + 1],
-             'data', ARGV[i + 2])
+local first = stubs + #KEYS - 6
+local count = tonumber(ARGV[first])
+if count == 1 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, first + 1, #ARGV))
+elseif count > 1 then
+  -- The stream's last id is its last entry's: nothing else removes entries from a turn's stream.
+  local ms, seq = math.floor(tonumber(ARGV[first + 4]) * 1000), 0
+  local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)[1]
+  if last then
+    local last_ms, last_seq = string.match(last[1], '^(%d+)-(%d+)$')
+    if tonumber(last_ms) >= ms then ms, seq = tonumber(last_ms), tonumber(last_seq) + 1 end
+  end
+  local id = string.format('%d-%d', ms, seq + count - 1)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], id, unpack(ARGV, first + 1, #ARGV))
 end
 return 1
