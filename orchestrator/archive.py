@@ -320,11 +320,16 @@ class ArchivingTurnStore(TurnStore):
         *,
         conversation_id: str | Unread | None = UNREAD,
         orchestrator_id: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
         """`TurnStore.save_outcome`, then, once stored by this call (or a lost-reply try of it), archive."""
         try:
             finished = await super().save_outcome(
-                turn_id, outcome, conversation_id=conversation_id, orchestrator_id=orchestrator_id
+                turn_id,
+                outcome,
+                conversation_id=conversation_id,
+                orchestrator_id=orchestrator_id,
+                tenant=tenant,
             )
         except REDIS_ERRORS as exc:
             if maybe_ran(exc):
@@ -347,6 +352,7 @@ class ArchivingTurnStore(TurnStore):
         orchestrator_id: str,
         append: Appended | None = None,
         lists_kept: bool = False,
+        tenant: str | None = None,
     ) -> SaveResult:
         """`TurnStore.finish_step`, then, once the outcome is stored by it, archive. A try whose reply was
         lost is followed by the step alone and `save_outcome`, which archives the turn then."""
@@ -361,6 +367,7 @@ class ArchivingTurnStore(TurnStore):
                 orchestrator_id=orchestrator_id,
                 append=append,
                 lists_kept=lists_kept,
+                tenant=tenant,
             )
         except REDIS_ERRORS as exc:
             if maybe_ran(exc):

@@ -444,6 +444,7 @@ class TurnDriver:
                     command.outcome,
                     conversation_id=handle.conversation_id,
                     orchestrator_id=self._orchestrator_id,
+                    tenant=state.tenant,
                 )
                 await self._retry.call("finish", save)
                 finishing = True

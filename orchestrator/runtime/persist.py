@@ -68,7 +68,7 @@ def build_ending(handle: TurnHandle, state: TurnState, commands: Sequence[Comman
         return None
     for command in commands:
         if isinstance(command, Finish):
-            return Ending(command.outcome, handle.conversation_id)
+            return Ending(command.outcome, handle.conversation_id, state.tenant)
         if not isinstance(command, Emit | ArmTimer | CancelTimer):
             return None
     return None
@@ -120,10 +120,12 @@ def build_append(
 
 @dataclass(frozen=True)
 class Ending:
-    """The outcome a turn's last step stores with it (`TurnStore.finish_step`), and its conversation."""
+    """The outcome a turn's last step stores with it (`TurnStore.finish_step`), and the turn's conversation
+    and tenant."""
 
     outcome: TurnOutcome
     conversation_id: str | None
+    tenant: str
 
 
 class Persisted(IntEnum):
@@ -189,6 +191,7 @@ async def persist_step(
                 orchestrator_id=orchestrator_id,
                 append=append,
                 lists_kept=handle.lists_kept,
+                tenant=ending.tenant,
             )
         ends = False
         return await store.write_step(

@@ -34,6 +34,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.model import TurnRequest, TurnStatus
@@ -128,24 +129,33 @@ def _may_queue(request: TurnRequest, turn_id: str) -> Flow[bool]:
     return holder is not None and codec.text(holder) == turn_id
 
 
+@dataclass(frozen=True)
 class Home:
-    """Where a turn belongs, read from its request: its tenant and conversation (the default tenant and none
-    when the request is gone: a sweep, which reads every shard, finds what that misses)."""
+    """Where a turn belongs: its tenant and conversation. Its owner knows them; others read them from its
+    request (`read_home`)."""
 
-    def __init__(self, raw: Any) -> None:
-        try:
-            request = json.loads(raw) if raw else {}
-        except ValueError:
-            request = {}
-        tenant = request.get("tenant") if isinstance(request, dict) else None
-        conversation = request.get("conversation_id") if isinstance(request, dict) else None
-        self.tenant: str = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
-        self.conversation_id: str | None = conversation if isinstance(conversation, str) else None
+    tenant: str
+    conversation_id: str | None
+
+
+def parse_home(raw: Any) -> Home:
+    """A turn's `Home` from its stored request (the default tenant and none when the request is gone: a sweep,
+    which reads every shard, finds what that misses)."""
+    try:
+        request = json.loads(raw) if raw else {}
+    except ValueError:
+        request = {}
+    tenant = request.get("tenant") if isinstance(request, dict) else None
+    conversation = request.get("conversation_id") if isinstance(request, dict) else None
+    return Home(
+        tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT,
+        conversation if isinstance(conversation, str) else None,
+    )
 
 
 def read_home(turn_id: str) -> RedisCommand[Home]:
     """A turn's `Home`, from its request."""
-    return RedisCommand(("GET", keys.turn_request(turn_id)), Home)
+    return RedisCommand(("GET", keys.turn_request(turn_id)), parse_home)
 
 
 def find_shard(turn_id: str) -> Flow[QueueShard]:
@@ -297,12 +307,14 @@ def leave(turn_id: str, shard: QueueShard) -> ScriptCall[tuple[bool, bool]]:
     return ScriptCall(scripts.LEAVE, keys_, args, lambda reply: (bool(int(reply[0])), bool(int(reply[1]))))
 
 
-def end(turn_id: str, now: float, shard: QueueShard | None = None) -> Flow[bool]:
+def end(turn_id: str, now: float, shard: QueueShard | None = None, home: Home | None = None) -> Flow[bool]:
     """A turn's end on the queue's side, after its terminal write: the next turn of its conversation queued
     (it holds the conversation from that write on), then the turn out of its shard, and a ready token pushed
     when that freed a place. True when the turn was still active there. Run again by the sweep for a turn
-    still active (its owner died in between): each step is done once."""
-    home: Home = yield read_home(turn_id)
+    still active (its owner died in between): each step is done once. `home`: the turn's, when the caller
+    knows it (its owner), else read from its request."""
+    if home is None:
+        home = yield read_home(turn_id)
     if home.conversation_id is not None:
         yield from hand_over(turn_id, home.conversation_id, now)
     shard = shard or keys.queue_shard(turn_id, home.tenant)

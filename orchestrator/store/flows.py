@@ -204,18 +204,21 @@ def save_outcome(
     retention: Retention = DEFAULT_RETENTION,
     *,
     orchestrator_id: str | None = None,
+    tenant: str | None = None,
 ) -> Flow[FinishResult]:
     """The terminal write (releasing `orchestrator_id`'s lease); the turn's conversation is read from its
-    request when `UNREAD`."""
+    request when `UNREAD`, and its tenant when None (its owner knows both)."""
     if isinstance(conversation_id, Unread):
         request: TurnRequest | None = yield operations.get_request(turn_id)
         conversation_id = request.conversation_id if request else None
+        tenant = request.tenant if request else tenant
     result: FinishResult = yield operations.save_outcome(
-        turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id
+        turn_id, outcome, conversation_id, now, retention, orchestrator_id=orchestrator_id, tenant=tenant
     )
     if keys.is_cluster_layout():
         # Whichever terminal write won: the first one's owner may have died.
-        yield from cluster.end(turn_id, now)
+        home = cluster.Home(tenant, conversation_id) if tenant is not None else None
+        yield from cluster.end(turn_id, now, home=home)
     return result
 
 

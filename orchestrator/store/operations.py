@@ -357,9 +357,11 @@ def save_outcome(
     retention: keys.Retention = keys.DEFAULT_RETENTION,
     *,
     orchestrator_id: str | None = None,
+    tenant: str | None = None,
 ) -> ScriptCall[FinishResult]:
     """The terminal write, with `turn_finished` and the conversation's next turn (`save_outcome.lua`); with
-    `orchestrator_id`, the lease that orchestrator holds on the turn is released in the same script.
+    `orchestrator_id`, the lease that orchestrator holds on the turn is released in the same script. `tenant`:
+    the turn's, when the caller knows it (else the script reads it from the request).
 
     The stored outcome and the conversation's head reference the turn's history list, whose first
     `len(outcome.messages)` entries are the outcome's messages (persisted by the steps before)."""
@@ -391,7 +393,7 @@ def save_outcome(
     args += [retention.conversation_ttl_s, head, orchestrator_id or ""]
     lane_queue_prefix = keys.turn_queue("batch", "\0").split("batch:\0")[0]
     args += [*_split(keys.tenant_running), lane_queue_prefix, keys.lane_tenants(""), keys.READY_TOKENS_MAX]
-    args += _split(keys.turn_request)
+    args += [*_split(keys.turn_request), tenant or ""]
     return _script(scripts.SAVE_OUTCOME, keys_, args, lambda reply: FinishResult(int(reply)))
 
 

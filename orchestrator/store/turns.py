@@ -289,6 +289,7 @@ class TurnStore:
         orchestrator_id: str,
         append: Appended | None = None,
         lists_kept: bool = False,
+        tenant: str | None = None,
     ) -> SaveResult:
         """`write_step` and `save_outcome` in one round trip, for a turn's last step: SAVED when both are
         stored (and the lease released); the step's refusal otherwise, with nothing written. One Redis only
@@ -306,7 +307,13 @@ class TurnStore:
             lists_kept=lists_kept,
         )
         end = operations.save_outcome(
-            turn_id, outcome, conversation_id, now, self.retention, orchestrator_id=orchestrator_id
+            turn_id,
+            outcome,
+            conversation_id,
+            now,
+            self.retention,
+            orchestrator_id=orchestrator_id,
+            tenant=tenant,
         )
         return await self._runner.run(operations.finish_step(step, end))
 
@@ -317,6 +324,7 @@ class TurnStore:
         *,
         conversation_id: str | Unread | None = UNREAD,
         orchestrator_id: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
         """The terminal write: outcome, status, `turn_finished` event, TTLs, conversation head and next turn.
 
@@ -327,7 +335,13 @@ class TurnStore:
         already terminal (the first terminal write wins).
         """
         flow = flows.save_outcome(
-            turn_id, outcome, conversation_id, codec.now_s(), self.retention, orchestrator_id=orchestrator_id
+            turn_id,
+            outcome,
+            conversation_id,
+            codec.now_s(),
+            self.retention,
+            orchestrator_id=orchestrator_id,
+            tenant=tenant,
         )
         return await self._runner.run_flow(flow) is FinishResult.FINISHED
 

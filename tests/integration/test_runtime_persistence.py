@@ -115,6 +115,39 @@ async def test_a_turns_last_step_and_its_outcome_are_one_round_trip(store: TurnS
     assert await store.redis.zscore(keys.TURNS_ACTIVE, turn_id) is None
 
 
+async def gets(store: TurnStore) -> int:
+    stats = await store.redis.info("commandstats")
+    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+async def test_an_owner_that_knows_the_tenant_ends_the_turn_without_reading_its_request(
+    store: TurnStore,
+) -> None:
+    ends = []
+    for tenant in ("acme", None):
+        turn_id = await store.submit(TurnRequest(prompt="x", tenant="acme"))
+        assert await store.claim("orch-a", timeout_s=1.0) == turn_id
+        assert await store.redis.sismember(keys.tenant_running("acme"), turn_id)
+        before = await gets(store)
+        done = TurnOutcome(turn_id=turn_id, status="completed", text="ok")
+        saved = await store.finish_step(
+            turn_id,
+            "{}",
+            TurnStatus.RUNNING,
+            (),
+            outcome=done,
+            conversation_id=None,
+            orchestrator_id="orch-a",
+            tenant=tenant,
+        )
+        assert saved is SaveResult.SAVED
+        ends.append(await gets(store) - before)
+        # Out of its tenant's running set either way: the place it held is free.
+        assert not await store.redis.sismember(keys.tenant_running("acme"), turn_id)
+    # The request (the whole of it, decoded by the script) is read only by an end that does not know.
+    assert ends[1] - ends[0] == 1
+
+
 async def test_a_refused_last_step_stores_no_outcome_either(store: TurnStore) -> None:
     turn_id = await store.submit(TurnRequest(prompt="x"))
     assert await store.claim("orch-a", timeout_s=1.0) == turn_id

@@ -163,7 +163,9 @@ def test_save_outcome_passes_ttl_caps_statuses_and_the_event_name() -> None:
         str(keys.READY_TOKENS_MAX),
         "toolloop:turn:",
         ":request",
+        "",  # the tenant, read from the request by the script when the caller does not know it
     )
+    assert operations.save_outcome("t", outcome, None, 7.0, tenant="acme").args[19] == "acme"
     assert op.args[5:9] == (str(keys.EVENTS_MAXLEN), "7.0", TERMINAL, "turn_finished")
     assert op.args[9] == str(keys.CONVERSATION_TTL_S)
     assert json.loads(op.args[4])["status"] == "completed"

@@ -7,7 +7,8 @@
 --       data JSON, events maxlen, now, terminal statuses (spaced), finished event name, conversation TTL s,
 --       head JSON (the same reference, for the conversation's next turn), the finishing orchestrator's id,
 --       running prefix, running suffix, lane queue prefix, lane tenants prefix, how many ready tokens are kept,
---       request prefix, request suffix.
+--       request prefix, request suffix, the turn's tenant ('' when the caller does not know it: read from the
+--       request, which costs decoding it whole).
 -- The turn leaves its tenant's running set (claim.lua), and a ready token wakes a claimer for the place it
 -- freed when its tenant has turns queued; the conversation's next turn goes to the queue of its own lane and tenant (as submit.lua's).
 -- The lease is released here when that orchestrator holds it, whichever terminal write won: the turn is over
@@ -52,7 +53,8 @@ local function waiting(tenant)
   return redis.call('EXISTS', unpack(queues)) > 0
 end
 if given(KEYS[3]) then
-  local tenant = tenant_and_lane(redis.call('GET', KEYS[5]))
+  local tenant = ARGV[20]
+  if not tenant or tenant == '' then tenant = tenant_and_lane(redis.call('GET', KEYS[5])) end
   if redis.call('SREM', ARGV[13] .. tenant .. ARGV[14], ARGV[1]) == 1 and waiting(tenant) then ring() end
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'name', ARGV[9], 'at', ARGV[7], 'data', ARGV[5])
