@@ -235,6 +235,12 @@ def measure_memory(client: Client, app: ToolloopCelery, turns: int) -> MemoryBur
     return MemoryBursts(build_use(before, middle, calls), build_use(middle, after, calls), MEMORY_SETTLE_S)
 
 
+_AS_TOOLLOOP_PART = {
+    cpu.CELERY_WORKER_PARENT: cpu.WORKER_PARENT,
+    cpu.CELERY_WORKER_CHILDREN: cpu.WORKER_CHILDREN,
+}
+
+
 def _versus(
     name: str, tool: Window, celery: Window, parts: tuple[str, ...], extra: dict[str, object]
 ) -> Metric:
@@ -261,7 +267,10 @@ def build_metrics(run: HttpRun, loadavg: tuple[str, str]) -> list[Metric]:
     all_extra = {
         **common,
         "toolloop_ms": tool.breakdown_ms(TOOLLOOP_PARTS),
-        "celery_ms": celery.breakdown_ms(CELERY_PARTS),
+        # Named as toolloop's parts are: plain Celery's worker is its own, its parent and pool the same parts.
+        "celery_ms": {
+            _AS_TOOLLOOP_PART.get(part, part): ms for part, ms in celery.breakdown_ms(CELERY_PARTS).items()
+        },
         "rounds": per_round,
         "model_server_excluded": True,
         "loadavg_before": loadavg[0],
