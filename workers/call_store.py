@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from workers import keys, scripts
+from workers import keys, packing, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
 from workers.progress import ProgressSink
@@ -194,9 +195,8 @@ class CallStore:
 
     def _finish_once(self, write: OutcomeWrite, *, check_landed: bool) -> scripts.WriteResult:
         call_id, turn_id = write.call_id, write.turn_id
-        landed = (
-            check_landed and self.client.get(keys.outcome(call_id, turn_id)) == write.outcome_json.encode()
-        )
+        stored = self.client.get(keys.outcome(call_id, turn_id)) if check_landed else None
+        landed = stored is not None and packing.unpack(stored) == write.outcome_json
         # On a cluster the owner is notified here, not by the script. A write that landed already (an
         # earlier try's reply lost) may have left it unnotified: its owner is read with the rest, told again.
         lease_key = keys.turn_lease(turn_id) if keys.is_cluster_layout() and turn_id is not None else None
@@ -238,7 +238,7 @@ class CallStore:
             self._notify(owner, fields)
         return result
 
-    def _notify(self, owner: str, fields: dict[str, str]) -> None:
+    def _notify(self, owner: str, fields: Mapping[str, str | bytes]) -> None:
         # The notification a script adds on one Redis, added by its caller on a Redis Cluster.
         client: Any = self.client  # redis-py's execute_command is untyped
         client.execute_command(*scripts.build_notify_command(owner, fields))
@@ -285,7 +285,7 @@ class CallStore:
         return parse_tool_outcome(raw) if raw is not None else None
 
 
-def _queue_script(pipe: Any, sha: str, script_keys: list[str], args: list[str]) -> None:
+def _queue_script(pipe: Any, sha: str, script_keys: list[str], args: Sequence[str | bytes]) -> None:
     # EVALSHA straight into the pipeline: a registered Script in a pipeline first asks SCRIPT EXISTS, one more
     # round trip per call; a missing script comes back as NoScriptError instead. Through execute_command: a
     # cluster client's pipeline refuses its `evalsha` method (not the command, which it routes by its keys).

@@ -129,8 +129,11 @@ def build_redis_options(
     redis_url: str, ssl_cert_reqs: str = DEFAULT_SSL_CERT_REQS, **options: Any
 ) -> dict[str, Any]:
     """Client options for a Redis URL: decoded replies unless `options` say otherwise, redis-py's `options`
-    (e.g. `socket_connect_timeout`), and for `rediss://` always an explicit certificate policy."""
-    built: dict[str, Any] = {"decode_responses": True, **options}
+    (e.g. `socket_connect_timeout`), and for `rediss://` always an explicit certificate policy.
+
+    Replies are decoded with `surrogateescape`: a compressed record (`workers.packing`) is bytes that are not
+    UTF-8, read as text that encodes back to the same bytes instead of failing the whole reply."""
+    built: dict[str, Any] = {"decode_responses": True, "encoding_errors": "surrogateescape", **options}
     if redis_url.startswith("rediss://"):
         built["ssl_cert_reqs"] = ssl_cert_reqs
     return built

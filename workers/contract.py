@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from workers import packing
 from workers.records import STORED, is_stored, read_known
 
 if TYPE_CHECKING:
@@ -196,9 +197,9 @@ def dump_tool_outcome(outcome: ToolOutcome) -> str:
 
 
 def parse_tool_outcome(raw: str | bytes) -> ToolOutcome:
-    """An outcome from `dump_tool_outcome`'s JSON (or a full one, as written before; or a consumed stub, whose
-    content and result are gone: read as empty)."""
-    data = json.loads(raw)
+    """An outcome from `dump_tool_outcome`'s JSON as stored (`workers.packing`: compressed when large; or a
+    full one, as written before; or a consumed stub, whose content and result are gone: read as empty)."""
+    data = json.loads(packing.unpack(raw))
     if isinstance(data, dict) and "content" not in data:
         derived = None if data.get(CONSUMED_FIELD) else derive_content(data.get("result"))
         data["content"] = derived if derived is not None else ""

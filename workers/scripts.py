@@ -29,13 +29,13 @@ nothing to it and name the owner in their reply, and the caller adds the same no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
 from typing import Any
 
-from workers import keys
+from workers import keys, packing
 from workers.settings import get_worker_settings
 
 
@@ -171,20 +171,29 @@ def build_started_notification(
     }
 
 
-def build_outcome_notification(turn_id: str, call_id: str, outcome_json: str) -> dict[str, str]:
+def build_outcome_notification(turn_id: str, call_id: str, outcome_json: str) -> dict[str, str | bytes]:
     """The fields of an `outcome` notification in the owner's inbox, as `write_outcome.lua` writes them: the
-    turn, the call's wire id and the outcome JSON itself when it is at most `keys.INBOX_OUTCOME_MAX_BYTES`
-    bytes ('' otherwise: the owner reads it from its key)."""
-    small = len(outcome_json.encode("utf-8")) <= keys.INBOX_OUTCOME_MAX_BYTES
-    return {"kind": "outcome", "turn": turn_id, "call": call_id, "outcome": outcome_json if small else ""}
+    turn, the call's wire id and the outcome as stored (`packing.pack`) when that is at most
+    `keys.INBOX_OUTCOME_MAX_BYTES` bytes ('' otherwise: the owner reads it from its key)."""
+    stored = packing.pack(outcome_json)
+    small = packing.stored_size(stored) <= keys.INBOX_OUTCOME_MAX_BYTES
+    return {"kind": "outcome", "turn": turn_id, "call": call_id, "outcome": stored if small else ""}
 
 
-def build_notify_command(owner: str, fields: dict[str, str]) -> tuple[str | int, ...]:
+def build_notify_command(owner: str, fields: Mapping[str, str | bytes]) -> tuple[str | bytes | int, ...]:
     """The XADD of one notification into `owner`'s inbox, capped as the scripts cap it (MAXLEN ~
     `keys.INBOX_MAXLEN`). NOMKSTREAM: the scripts write only while the owner's lease lives, so its inbox
     exists (`keys.build_inbox_ttl_s`); a caller that writes a moment after reading the lease creates none
     that would never expire."""
-    words: list[str | int] = ["XADD", keys.inbox(owner), "NOMKSTREAM", "MAXLEN", "~", keys.INBOX_MAXLEN, "*"]
+    words: list[str | bytes | int] = [
+        "XADD",
+        keys.inbox(owner),
+        "NOMKSTREAM",
+        "MAXLEN",
+        "~",
+        keys.INBOX_MAXLEN,
+        "*",
+    ]
     for field, value in fields.items():
         words += [field, value]
     return tuple(words)
@@ -201,8 +210,9 @@ def build_write_outcome_call(
     notify: bool | None = None,
     running_holder: str | None = None,
     running_holder_is_prefix: bool = False,
-) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically; with `fence`, the
+) -> tuple[list[str], list[str | bytes]]:
+    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically (the outcome as stored:
+    `packing.pack` of `outcome_json`); with `fence`, the
     write is refused (FENCED) once a later execution of the call has started. `ttls`: how long the outcome
     and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`).
 
@@ -224,8 +234,8 @@ def build_write_outcome_call(
         keys.turn_lease(turn_id) if turn_id else absent,
         reply_key or absent,
     ]
-    args = [
-        outcome_json,
+    args: list[str | bytes] = [
+        packing.pack(outcome_json),
         str(ttls[0]),
         build_inbox_prefix(notify),
         call_id,

@@ -11,12 +11,13 @@ by default its own, `tool.<name>`), and a worker consumes exactly the queues of 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers import keys
+from workers import keys, packing
 from workers.connect import build_sentinel_broker_url, is_sentinel_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -64,6 +65,10 @@ class WorkerSettings(BaseSettings):
     # Serve the worker's own Prometheus `/metrics` (refused messages, `workers.metrics`) on this port
     # (TOOLLOOP_WORKER_METRICS_PORT); unset, none.
     worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    # Large tool outcomes and history entries are written zlib-compressed (TOOLLOOP_COMPRESSION, `zlib`);
+    # `off` writes them plain, for a deployment that still runs a release that cannot read them
+    # (`workers.packing`). Every release since reads both, whatever this says.
+    compression: Literal["zlib", "off"] = "zlib"
 
     @model_validator(mode="after")
     def _cluster_needs_a_broker(self) -> WorkerSettings:
@@ -76,6 +81,12 @@ class WorkerSettings(BaseSettings):
             # The layout was read from the environment at import; settings built otherwise (a test, a CLI
             # flag) set it here, before any key is named.
             keys.use_cluster_layout(self.redis_cluster)
+        return self
+
+    @model_validator(mode="after")
+    def _apply_compression(self) -> WorkerSettings:
+        # Read from the environment at import too; settings built otherwise (a test, a CLI flag) set it here.
+        packing.use_compression(self.compression == "zlib")
         return self
 
     @property

@@ -267,8 +267,9 @@ def now_s() -> float:
 
 
 def text(value: Any) -> str:
-    """A Redis reply as str, whether or not the client decodes responses."""
-    return value.decode() if isinstance(value, bytes) else value
+    """A Redis reply as str, whether or not the client decodes responses (as a decoding client does, with
+    `surrogateescape`: a compressed record stays its bytes, `workers.packing`)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
 
 
 def parse_fields(fields: Mapping[Any, Any]) -> dict[str, str]:

@@ -25,7 +25,7 @@ T = TypeVar("T")
 class RedisCommand(Generic[T]):
     """One Redis command (its words, as for redis-py's `execute_command`) and the parser of its reply."""
 
-    args: tuple[str | int | float, ...]
+    args: tuple[str | bytes | int | float, ...]
     parse: Callable[[Any], T]
 
 
@@ -35,7 +35,7 @@ class ScriptCall(Generic[T]):
 
     script: Script
     keys: tuple[str, ...]
-    args: tuple[str, ...]
+    args: tuple[str | bytes, ...]
     parse: Callable[[Any], T]
 
 

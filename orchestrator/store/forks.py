@@ -220,9 +220,7 @@ def _parse_state_history(
 ) -> list[Message]:
     try:
         return list(
-            load_state(
-                codec.text(state), [codec.text(e) for e in entries], [codec.text(e) for e in log]
-            ).history
+            load_state(codec.text(state), history.read_entries(entries), [codec.text(e) for e in log]).history
         )
     except ValueError:
         inline = parse_state_messages(state)  # a layout this release reads only for its messages

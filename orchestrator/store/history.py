@@ -1,12 +1,12 @@
 """The stored history: append-only lists of messages, and the references to them (pure, no I/O).
 
-A turn's messages are stored once, one JSON each, in a Redis list (`workers.keys.history`): its
-conversation's, shared by the conversation's turns, or its own. Whatever holds a history refers to the list
-instead of copying it: the machine's state (`orchestrator.machine.state.dump_state`), the terminal outcome and
-the conversation's head hold `history_key` (the list) and `history_len` (its first so many entries are theirs:
-the list only grows, so a reference stays true). `read_history.lua` reads a value and the history it
-references in one round trip; the parsers here put the messages back, so every reader gets a `TurnOutcome`
-with all its `messages`.
+A turn's messages are stored once, one JSON each (compressed when large: `workers.packing`), in a Redis list
+(`workers.keys.history`): its conversation's, shared by the conversation's turns, or its own. Whatever holds a
+history refers to the list instead of copying it: the machine's state
+(`orchestrator.machine.state.dump_state`), the terminal outcome and the conversation's head hold `history_key`
+(the list) and `history_len` (its first so many entries are theirs: the list only grows, so a reference stays
+true). `read_history.lua` reads a value and the history it references in one round trip; the parsers here put
+the messages back, so every reader gets a `TurnOutcome` with all its `messages`.
 
 Values written by the previous layout hold their messages inline (a version 2 state, an outcome with
 `messages`, a head holding a bare turn id): they are read as they are.
@@ -26,7 +26,7 @@ from orchestrator.model import Message, TurnOutcome, TurnRequest
 from orchestrator.store import codec
 from orchestrator.store.effects import ScriptCall
 from orchestrator.store.scripts import READ_HISTORY
-from workers import keys
+from workers import keys, packing
 from workers.contract import ToolOutcome
 from workers.records import STORED
 
@@ -34,9 +34,14 @@ T = TypeVar("T")
 _MESSAGES = TypeAdapter(list[Message])
 
 
+def read_entries(entries: Sequence[Any]) -> list[str]:
+    """A history list's entries as read (compressed when large: `workers.packing`) as their JSON texts."""
+    return [packing.unpack(e) for e in entries]
+
+
 def parse_messages(entries: Sequence[Any]) -> list[Message]:
-    """List entries (JSON texts, as read) as messages."""
-    return _MESSAGES.validate_json("[" + ",".join(codec.text(e) for e in entries) + "]", context=STORED)
+    """List entries (JSON texts, or as read) as messages."""
+    return _MESSAGES.validate_json("[" + ",".join(read_entries(entries)) + "]", context=STORED)
 
 
 def _with_reference(body: str, history_key: str, history_len: int) -> str:
@@ -114,7 +119,7 @@ def parse_head(raw: bytes | str | None, history: Sequence[Any]) -> Head:
     except ValueError:
         data = None
     if isinstance(data, dict) and HISTORY_KEY_FIELD in data:
-        entries = [codec.text(e) for e in history]
+        entries = read_entries(history)
         return Head(Prior(parse_messages(entries), entries), None)
     return Head(None, text)
 
@@ -133,7 +138,7 @@ def parse_state(raw: bytes | str | None, history: Sequence[Any], log: Sequence[A
     """A state read by `read_history.lua`, with the entries it references."""
     if raw is None:
         return None
-    return StoredState(codec.text(raw), [codec.text(e) for e in history], [codec.text(e) for e in log])
+    return StoredState(codec.text(raw), read_entries(history), [codec.text(e) for e in log])
 
 
 # --- the operations reading them (`read_history.lua`) ----------------------------------------------------

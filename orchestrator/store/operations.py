@@ -34,7 +34,7 @@ from orchestrator.store.scripts import (
 )
 from orchestrator.store.turn_view import TurnView
 from orchestrator.tenant_limits import NO_CAPS, RunningCaps
-from workers import keys
+from workers import keys, packing
 from workers.contract import ToolOutcome, build_consumed_stub, dump_tool_outcome
 from workers.records import warn_once
 from workers.scripts import (
@@ -65,9 +65,10 @@ def _text_or_none(reply: Any) -> str | None:
 
 
 def _script(
-    script: scripts.Script, keys_: Sequence[str], args: Sequence[str | int], parse: Callable[[Any], T]
+    script: scripts.Script, keys_: Sequence[str], args: Sequence[str | bytes | int], parse: Callable[[Any], T]
 ) -> ScriptCall[T]:
-    return ScriptCall(script, tuple(keys_), tuple(str(a) for a in args), parse)
+    # Bytes go as they are: a compressed record (`workers.packing`) is not text.
+    return ScriptCall(script, tuple(keys_), tuple(a if isinstance(a, bytes) else str(a) for a in args), parse)
 
 
 # --- submitting, claiming, leases ------------------------------------------------------------------------
@@ -322,9 +323,9 @@ def save_step(
     them), and the outcome keys of the calls they answer become stubs (`consumed`) kept `audit_ttl_s`.
     `lists_kept`: the caller saved into these lists before, as their owner (they hold no TTL to remove)."""
     add = append or Appended("", 0, ())
-    args: list[str | int] = [state_json, status.value, orchestrator_id or "", keys.EVENTS_MAXLEN]
+    args: list[str | bytes | int] = [state_json, status.value, orchestrator_id or "", keys.EVENTS_MAXLEN]
     args += [TERMINAL_STATUSES, audit_ttl_s, add.start, len(add.messages), add.log_start, len(add.log)]
-    args += ["" if lists_kept else "1", *add.messages, *add.log]
+    args += ["" if lists_kept else "1", *(packing.pack(m) for m in add.messages), *add.log]
     args += [build_consumed_stub(outcome) for outcome in add.consumed]
     # The step's events, one stream entry for them all (`codec.MORE_FIELD`).
     emitted = [(name, data) for name, data in events if name != codec.TURN_FINISHED]

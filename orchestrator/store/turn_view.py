@@ -34,6 +34,7 @@ from orchestrator.model import (
 )
 from orchestrator.store.codec import parse_request, parse_status, text
 from orchestrator.store.history import parse_outcome as parse_stored_outcome
+from orchestrator.store.history import read_entries
 from workers import keys
 from workers.contract import DEFAULT_TENANT, redact
 
@@ -159,7 +160,7 @@ def _read_state(
     if state_json is None:
         return None
     try:
-        return load_state(state_json, [text(m) for m in history], [text(e) for e in log])
+        return load_state(state_json, read_entries(history), [text(e) for e in log])
     except ValueError:  # StateVersionError, bad JSON and pydantic's ValidationError are all ValueErrors
         return None
 

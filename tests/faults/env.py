@@ -42,6 +42,7 @@ from tests.support.processes import WorkerHandle, start_worker
 from tests.support.served import Served, answers, start_toolloop
 from tests.support.waiting import wait_for, wait_until
 from workers.app import ToolloopCelery, create_app
+from workers.connect import connect_redis
 from workers.settings import WorkerSettings
 
 TERMINAL = {"completed", "stopped", "failed", "cancelled"}
@@ -110,7 +111,8 @@ class FaultEnv:
         self.orchestrators: list[OrchestratorHandle] = []
         self.apis: list[Served] = []
         self.client = Client(self.url)
-        self.redis = redis.Redis.from_url(self.url, decode_responses=True)
+        # Decoded as every toolloop process decodes (`build_redis_options`): large records are compressed.
+        self.redis: redis.Redis = connect_redis(self.url)
         self._celery: ToolloopCelery | None = None
 
     # --- processes -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from orchestrator.store.history import Appended
 from orchestrator.store.scripts import SaveResult
 from orchestrator.store.turns import TurnStore
 from tests.unit.machine.harness import Driver, answer, calls, ok
-from workers import keys
+from workers import keys, packing
 from workers.contract import ToolOutcome, dump_tool_outcome
 
 pytestmark = pytest.mark.integration
@@ -167,8 +167,10 @@ async def test_consumed_outcomes_keep_a_stub_and_late_ones_stay(store: TurnStore
     late = real.model_copy(update={"result": "late", "content": "late"})
     await store.write_outcome(real)
     await store.write_outcome(late)
-    assert len(await store.redis.get(keys.outcome(call))) == len(dump_tool_outcome(real))  # the result once
-    assert "content" not in json.loads(await store.redis.get(keys.outcome(call)))
+    stored = await store.redis.get(keys.outcome(call))
+    # The result once, and large: compressed (`workers.packing`).
+    assert packing.unpack(stored) == dump_tool_outcome(real) and packing.stored_size(stored) < 500
+    assert "content" not in json.loads(packing.unpack(stored))
     assert await store.read_outcomes({call: turn_id}) == {call: real}
     key = keys.turn_history(turn_id)
     assert await store.save_step(turn_id, "{}", TurnStatus.RUNNING, append=appended(key, 0, texts("a"), real))

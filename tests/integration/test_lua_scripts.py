@@ -7,6 +7,7 @@ checks that it names every script file there is.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from importlib import resources
 
@@ -20,7 +21,7 @@ from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.runner import SyncRunner
 from orchestrator.store.task_queue import BrokerCommand, write_tasks
 from tests.support.store_db import store_db_url
-from workers import keys, scripts
+from workers import keys, packing, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.connect import connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome
@@ -131,12 +132,20 @@ def test_write_outcome_notifies_with_the_outcome_up_to_the_inline_limit(runner: 
     run(operations.submit(TurnRequest(prompt="a"), "t1", 1.0))
     assert claim_one(runner) == "t1"
     small = ToolOutcome(call_id="c1", tool="echo", turn_id="t1", ok=True, result="x", content="x")
-    big = small.model_copy(update={"call_id": "c2", "content": "y" * keys.INBOX_OUTCOME_MAX_BYTES})
+    # Past the limit even compressed (random hex digits shrink to 58 %), and past it only uncompressed.
+    noise = random.Random(0).randbytes(keys.INBOX_OUTCOME_MAX_BYTES).hex()
+    big = small.model_copy(update={"call_id": "c2", "content": noise})
+    repeated = small.model_copy(update={"call_id": "c3", "content": "y" * keys.INBOX_OUTCOME_MAX_BYTES})
     assert run(operations.write_outcome(small)) == (scripts.WriteResult.WON, None)
     assert run(operations.write_outcome(small)) == (scripts.WriteResult.LOST, None)
     assert run(operations.write_outcome(big)) == (scripts.WriteResult.WON, None)
+    assert run(operations.write_outcome(repeated)) == (scripts.WriteResult.WON, None)
     inbox = [fields for _, fields in run(operations.read_inbox("orch-a", "0", 10, 10))]
-    assert [(f["call"], f["outcome"]) for f in inbox] == [("c1", dump_tool_outcome(small)), ("c2", "")]
+    assert [(f["call"], packing.unpack(f["outcome"])) for f in inbox] == [
+        ("c1", dump_tool_outcome(small)),
+        ("c2", ""),
+        ("c3", dump_tool_outcome(repeated)),
+    ]
     assert runner.client.llen(keys.late_outcomes("c1")) == 1
 
 

@@ -7,13 +7,14 @@ XADD; on one Redis the keys are named as every earlier release named them and th
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from redis.crc import key_slot
 
-from workers import keys, scripts
+from workers import keys, packing, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.concurrency import SlotStore, build_all_slot_keys, build_slot_claim
 from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
@@ -297,14 +298,24 @@ def test_on_one_redis_the_scripts_get_what_they_got_and_notify_themselves() -> N
 
 
 def test_a_large_outcome_is_not_carried_in_its_notification() -> None:
+    # The limit is on the bytes stored: plain, ...
     small, large = "x" * keys.INBOX_OUTCOME_MAX_BYTES, "é" * (keys.INBOX_OUTCOME_MAX_BYTES // 2 + 1)
-    assert scripts.build_outcome_notification("t", "t/c", small)["outcome"] == small
-    assert scripts.build_outcome_notification("t", "t/c", large) == {
-        "kind": "outcome",
-        "turn": "t",
-        "call": "t/c",
-        "outcome": "",
-    }
+    packing.use_compression(False)
+    try:
+        assert scripts.build_outcome_notification("t", "t/c", small)["outcome"] == small
+        assert scripts.build_outcome_notification("t", "t/c", large) == {
+            "kind": "outcome",
+            "turn": "t",
+            "call": "t/c",
+            "outcome": "",
+        }
+    finally:
+        packing.use_compression(True)
+    # ... or compressed: what shrinks under the limit is carried (compressed), what does not is not.
+    carried = scripts.build_outcome_notification("t", "t/c", large)["outcome"]
+    assert isinstance(carried, bytes) and packing.unpack(carried) == large
+    noise = random.Random(0).randbytes(keys.INBOX_OUTCOME_MAX_BYTES).hex()
+    assert scripts.build_outcome_notification("t", "t/c", noise)["outcome"] == ""
 
 
 def test_both_reply_shapes_of_the_scripts_parse() -> None:
