@@ -184,6 +184,8 @@ def inspect_envelope(payload: Any) -> Refusal | None:
     if headers is not None and not isinstance(headers, dict):
         return Refusal(RefusalReason.PROTOCOL, "the envelope's headers are not an object", call)
     body = payload.get("body")
+    if body is not None and not isinstance(body, str):
+        return Refusal(RefusalReason.BAD_ENVELOPE, "the body is not text", call)
     if body and properties.get("body_encoding") == "base64":
         if not isinstance(body, str):
             return Refusal(RefusalReason.BAD_ENVELOPE, "the body is not base64 text", call)

@@ -104,6 +104,11 @@ BAD_MESSAGES: list[tuple[str, str | bytes, str]] = [
     ("unknown task", build_envelope(_call_body(), build_headers(task="evil.task")), "unknown_task"),
     ("bad base64", build_envelope(b"", build_headers(), raw_body="!!!not-base64"), "bad_envelope"),
     (
+        "body not text",
+        json.dumps({**json.loads(build_envelope(b"", build_headers())), "body": {"a": 1}}),
+        "bad_envelope",
+    ),
+    (
         "pickle",
         build_envelope(b"\x80\x04K\x01.", build_headers(), content_type="application/x-python-serialize"),
         "content_type",

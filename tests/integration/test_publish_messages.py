@@ -11,7 +11,6 @@ the broker being the state Redis), whose messages must be kombu's to the byte.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
 import uuid
@@ -41,7 +40,7 @@ from tests.support.counting_outage import CountingOutage, tries_failed
 from tests.support.processes import WorkerHandle
 from tests.support.task_events import TaskEvents
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_for
-from workers.app import ToolloopCelery, create_app
+from workers.app import BODY_ENCODING, ToolloopCelery, create_app
 from workers.contract import ToolCallRequest, ToolSpec, build_task_name
 from workers.settings import WorkerSettings
 
@@ -98,8 +97,9 @@ def read_queue(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
 
 
 def decode_body(message: Mapping[str, Any]) -> Any:
-    assert message["properties"]["body_encoding"] == "base64"
-    return json.loads(base64.b64decode(message["body"]))
+    # The body as it is, not in kombu's default base64 (`workers.app.BODY_ENCODING`).
+    assert message["properties"]["body_encoding"] == BODY_ENCODING
+    return json.loads(message["body"])
 
 
 def differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
