@@ -75,7 +75,7 @@ setup-redis:
 	}
 
 # Three test processes on two cores: most tests wait on the processes they start (workers, orchestrators,
-# Redis), so a third keeps the cores busy (24 minutes with two, 15 with three, on two cores).
+# Redis), so a third keeps the cores busy (24 minutes with two, 15–19 with three, on two cores).
 TEST_PROCESSES ?= 3
 
 test: setup

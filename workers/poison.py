@@ -187,8 +187,6 @@ def inspect_envelope(payload: Any) -> Refusal | None:
     if body is not None and not isinstance(body, str):
         return Refusal(RefusalReason.BAD_ENVELOPE, "the body is not text", call)
     if body and properties.get("body_encoding") == "base64":
-        if not isinstance(body, str):
-            return Refusal(RefusalReason.BAD_ENVELOPE, "the body is not base64 text", call)
         try:
             base64.b64decode(body.encode("utf-8"), validate=True)
         except (binascii.Error, ValueError):

@@ -13,7 +13,7 @@ from kombu import Connection
 from orchestrator.publishing.publisher import get_producer_app
 from orchestrator.settings import Settings
 from orchestrator.store.connection import MAX_BLOCK_MS, block_cap_ms, connect_async, connect_sync
-from workers.app import PRIORITY_STEPS, build_celery_config, create_app
+from workers.app import BODY_ENCODING, PRIORITY_STEPS, build_celery_config, create_app
 from workers.connect import (
     MASTER_NAME_VARIABLE,
     AsyncMasterCheckingPool,
@@ -94,6 +94,7 @@ def test_the_broker_and_the_backend_are_told_the_master_name() -> None:
         "visibility_timeout": 60,
         "master_name": "mymaster",
         "priority_steps": list(PRIORITY_STEPS),
+        "body_encoding": BODY_ENCODING,
     }
     assert config["result_backend_transport_options"]["master_name"] == "mymaster"
     assert config["result_backend"] == "sentinel://h1:26379/0;sentinel://h2:26380/0"
