@@ -51,8 +51,7 @@ class OrchestratorHandle(Served):
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no lease released, nothing persisted beyond the last step."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        self.kill_group()
         self.process.wait(timeout=10)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
@@ -63,8 +62,7 @@ class OrchestratorHandle(Served):
                 os.kill(self.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.process.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        self.kill_group()
         if self.process.poll() is None:
             self.process.wait(timeout=5)
         return code

@@ -39,6 +39,8 @@ class WorkerHandle:
         self.hostname = hostname
         self.redis_url = redis_url
         self.log_path = log_path
+        # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
+        self._group_killed = False
 
     @property
     def pid(self) -> int:
@@ -88,7 +90,9 @@ class WorkerHandle:
                 os.kill(self.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
-        _signal_group(self.pid, signal.SIGKILL)
+        if not self._group_killed:
+            _signal_group(self.pid, signal.SIGKILL)
+            self._group_killed = True
         if self.process.poll() is None:
             self.process.wait(timeout=5)
 

@@ -33,6 +33,8 @@ class Served:
     def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
         self.process = process
         self.log_path = log_path
+        # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
+        self._group_killed = False
 
     @property
     def pid(self) -> int:
@@ -62,10 +64,16 @@ class Served:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (whatever is left of it) and reap the main process."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        self.kill_group()
         if self.process.poll() is None:
             self.process.wait(timeout=10)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process group, the first time only (a stale group id may be another's by then)."""
+        if not self._group_killed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self._group_killed = True
 
     def group_alive(self) -> bool:
         """True while any process of its group (a pool child, a redis-server it started) is still there."""
