@@ -143,10 +143,21 @@ class SentinelCluster:
 
     def ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until every sentinel names the same master, knows the other sentinels, and sees the other
-        node replicating from it in good health: until a failover has a replica to promote. (After a
-        failover the sentinels learn the demoted master's state from its INFO, every ten seconds; a loaded
-        machine can put them in TILT mode for thirty.)"""
+        node replicating from it in good health and holding every write made so far: until a failover has
+        a replica to promote that loses nothing already acknowledged. (After a failover the sentinels learn
+        the demoted master's state from its INFO, every ten seconds; a loaded machine can put them in TILT
+        mode for thirty.)"""
         self._wait("the sentinels ready for a failover", self._ready, timeout_s)
+        # The link being up says nothing of lag: on a loaded machine the replica can be a few hundred ms of
+        # writes behind, and a turn submitted in them would be lost with the old master. Wait until the
+        # replica has what the master had now; writes after this are the failover's "last moments".
+        master, replica = self.master(), self.replica()
+        written = int(self._client(master).info("replication")["master_repl_offset"])
+        self._wait(
+            f"port {replica.port} caught up with port {master.port}",
+            lambda: int(self._client(replica).info("replication").get("slave_repl_offset", -1)) >= written,
+            timeout_s,
+        )
 
     def failover(self, timeout_s: float = READY_TIMEOUT_S) -> RedisServer:
         """Once `ready`, SENTINEL FAILOVER (the old master stays up, and takes writes until the sentinels
