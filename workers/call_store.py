@@ -197,6 +197,7 @@ class CallStore:
         call_id, turn_id = write.call_id, write.turn_id
         stored = self.client.get(keys.outcome(call_id, turn_id)) if check_landed else None
         landed = stored is not None and packing.unpack(stored) == write.outcome_json
+        packed = packing.pack(write.outcome_json)  # once, for the script and a cluster's notification both
         # On a cluster the owner is notified here, not by the script. A write that landed already (an
         # earlier try's reply lost) may have left it unnotified: its owner is read with the rest, told again.
         lease_key = keys.turn_lease(turn_id) if keys.is_cluster_layout() and turn_id is not None else None
@@ -211,7 +212,7 @@ class CallStore:
             script_keys, script_args = scripts.build_write_outcome_call(
                 call_id,
                 turn_id,
-                write.outcome_json,
+                packed,
                 write.reply_key,
                 write.fence,
                 running_holder=write.holder,
@@ -234,7 +235,7 @@ class CallStore:
         else:
             result, owner = scripts.parse_write_reply(results[won_index])
         if result is scripts.WriteResult.WON and owner is not None and turn_id is not None:
-            fields = scripts.build_outcome_notification(turn_id, call_id, write.outcome_json)
+            fields = scripts.build_outcome_notification(turn_id, call_id, packed)
             self._notify(owner, fields)
         return result
 

@@ -171,11 +171,11 @@ def build_started_notification(
     }
 
 
-def build_outcome_notification(turn_id: str, call_id: str, outcome_json: str) -> dict[str, str | bytes]:
+def build_outcome_notification(turn_id: str, call_id: str, stored: str | bytes) -> dict[str, str | bytes]:
     """The fields of an `outcome` notification in the owner's inbox, as `write_outcome.lua` writes them: the
-    turn, the call's wire id and the outcome as stored (`packing.pack`) when that is at most
-    `keys.INBOX_OUTCOME_MAX_BYTES` bytes ('' otherwise: the owner reads it from its key)."""
-    stored = packing.pack(outcome_json)
+    turn, the call's wire id and the outcome as stored (`packing.pack` of its JSON, as its writer packed it
+    for `build_write_outcome_call`: compressed once) when that is at most `keys.INBOX_OUTCOME_MAX_BYTES`
+    bytes ('' otherwise: the owner reads it from its key)."""
     small = packing.stored_size(stored) <= keys.INBOX_OUTCOME_MAX_BYTES
     return {"kind": "outcome", "turn": turn_id, "call": call_id, "outcome": stored if small else ""}
 
@@ -202,7 +202,7 @@ def build_notify_command(owner: str, fields: Mapping[str, str | bytes]) -> tuple
 def build_write_outcome_call(
     call_id: str,
     turn_id: str | None,
-    outcome_json: str,
+    stored: str | bytes,
     reply_key: str | None = None,
     fence: Fence | None = None,
     *,
@@ -211,10 +211,10 @@ def build_write_outcome_call(
     running_holder: str | None = None,
     running_holder_is_prefix: bool = False,
 ) -> tuple[list[str], list[str | bytes]]:
-    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically (the outcome as stored:
-    `packing.pack` of `outcome_json`); with `fence`, the
-    write is refused (FENCED) once a later execution of the call has started. `ttls`: how long the outcome
-    and a late one are kept (default: the settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`).
+    """KEYS and ARGV of `write_outcome.lua`, so both sides write outcomes identically (`stored`: the
+    outcome as stored, `packing.pack` of its JSON); with `fence`, the write is refused (FENCED) once a later
+    execution of the call has started. `ttls`: how long the outcome and a late one are kept (default: the
+    settings `TOOLLOOP_OUTCOME_TTL_S`, `TOOLLOOP_AUDIT_TTL_S`).
 
     `running_holder`: the token of the execution whose running guard goes with the write, whatever its
     result (with `running_holder_is_prefix`, any token starting with it; '': whoever holds it), as
@@ -235,7 +235,7 @@ def build_write_outcome_call(
         reply_key or absent,
     ]
     args: list[str | bytes] = [
-        packing.pack(outcome_json),
+        stored,
         str(ttls[0]),
         build_inbox_prefix(notify),
         call_id,

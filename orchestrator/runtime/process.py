@@ -73,6 +73,9 @@ __all__ = [
 ]
 
 BLOCK_S = 1.0  # how long one blocking Redis read waits (a stop request cancels it at once)
+# How long one claim waits for a turn (blocking on ready tokens, looking again every READY_POLL_MS): every
+# new wait begins with a claim script, so a short one would cost an idle orchestrator Redis's work for naught.
+CLAIM_WAIT_S = 30.0
 INBOX_ACK_S = 1.0  # how often the inbox stream is trimmed up to what was handled
 # How long a stopping orchestrator waits for Redis at most (releasing leases, unregistering): past it a lease
 # is left to expire, and its turn is taken over as after a crash.
@@ -292,7 +295,7 @@ class Runtime:
             try:
                 claimed = await self.store.claim_turn(
                     self.orchestrator_id,
-                    timeout_s=BLOCK_S,
+                    timeout_s=CLAIM_WAIT_S,
                     lease_ttl_s=self.options.lease_ttl_s,
                     caps=self.running_caps,
                 )

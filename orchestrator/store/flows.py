@@ -31,8 +31,12 @@ from workers.keys import DEFAULT_RETENTION, Retention
 
 Clock = Callable[[], float]
 
-# The longest a claimer with nothing to claim blocks before it looks again without a ready token.
-READY_POLL_MS = 500
+# The longest a claimer with nothing to claim blocks before it looks again without a ready token. Every
+# script that queues a turn pushes one (a submit, a woken parked turn, a turn's end that frees a tenant's
+# place): the poll is only for a token lost (trimmed, or dropped with Redis's data) and a previous release's
+# wake-up, which pushed none. Each look is a claim script of some twenty commands: at 0.5 s an idle
+# orchestrator cost Redis ~40 commands a second.
+READY_POLL_MS = 2000
 
 
 class Unread:
@@ -132,9 +136,10 @@ def claim(
     came within `timeout_s`.
 
     One script picks and leases it (`operations.claim`: lanes in order, tenants in turn, a tenant at its cap
-    passed over); with nothing to claim, the flow blocks on the ready tokens a submit or a turn's end
-    pushes, in steps of at most `READY_POLL_MS` — a turn queued by a script that pushes none (a woken
-    parked turn, a previous release's submit) is claimed by the next step — and tries again."""
+    passed over); with nothing to claim, the flow blocks on the ready tokens a submit, a woken turn or a
+    turn's end pushes, and tries again when one comes, or unprompted every `READY_POLL_MS` (a token lost, a
+    turn a previous release woke). A wait that reaches `timeout_s` ends without trying again: a caller in a
+    loop tries first thing."""
     deadline = clock() + timeout_s
     if keys.is_cluster_layout():
         step_cap_ms = min(cap_ms, READY_POLL_MS)
@@ -149,10 +154,15 @@ def claim(
             return claimed
         if isinstance(claimed, codec.ClaimAgain):
             continue
-        step_ms = build_step_ms(deadline, clock(), min(cap_ms, READY_POLL_MS))
-        if step_ms is None:
-            return None
-        yield operations.wait_ready(step_ms / 1000)
+        poll_at = clock() + READY_POLL_MS / 1000
+        while True:
+            step_ms = build_step_ms(min(deadline, poll_at), clock(), cap_ms)
+            if step_ms is None:
+                if clock() >= deadline:
+                    return None
+                break  # the unprompted look is due
+            if (yield operations.wait_ready(step_ms / 1000)):
+                break
 
 
 def _claim_on_cluster(

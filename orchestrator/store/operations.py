@@ -225,12 +225,15 @@ def _parse_scored(reply: Any) -> list[tuple[str, float]]:
 def wake_parked(
     due_by: float, limit: int, parked: str | None = None, queue: str | None = None
 ) -> ScriptCall[list[str]]:
-    """Queue the parked turns to be looked at by `due_by` (epoch s), at most `limit` (`wake.lua`); of one
-    shard's parked set and queue on a cluster."""
+    """Queue the parked turns to be looked at by `due_by` (epoch s), at most `limit` (`wake.lua`), each with
+    a ready token; of one shard's parked set and queue on a cluster (where the caller announces them)."""
+    script_keys = [parked or keys.TURNS_PARKED, queue or keys.TURN_QUEUE]
+    if parked is None:
+        script_keys.append(keys.TURNS_READY)
     return _script(
         scripts.WAKE,
-        [parked or keys.TURNS_PARKED, queue or keys.TURN_QUEUE],
-        [repr(due_by), limit],
+        script_keys,
+        [repr(due_by), limit, keys.READY_TOKENS_MAX],
         lambda woken: [codec.text(t) for t in woken],
     )
 
@@ -466,12 +469,13 @@ def control(
     # (`cluster.tell_owner`), from the owner the script returns.
     queue_side = not keys.is_cluster_layout()
     keys_ = [keys.turn_control(turn_id), keys.turn_lease(turn_id), keys.turn_status(turn_id)]
-    keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE] if queue_side else ["", ""]
+    keys_ += [keys.TURNS_PARKED, keys.TURN_QUEUE, keys.TURNS_READY] if queue_side else ["", "", ""]
     approved_arg = "" if approved is None else ("1" if approved else "0")
     inbox_prefix = keys.INBOX_PREFIX if queue_side else ""
     args: list[str | int] = [inbox_prefix, turn_id, kind, call_id or "", approved_arg, repr(now)]
     args += [keys.INBOX_MAXLEN, TERMINAL_STATUSES]
     args += [codec.dump_control_arguments(arguments), reason or "", decided_by or "", result or ""]
+    args.append(keys.READY_TOKENS_MAX)
 
     def parse(reply: Any) -> ControlResult | OwnerToTell:
         if not isinstance(reply, list):
@@ -538,14 +542,15 @@ def write_outcome(
     still to notify (`notify_owner`) when the script could not, on a Redis Cluster."""
     ttls = (retention.outcome_ttl_s, retention.audit_ttl_s)
     keys_, args = build_write_outcome_call(
-        outcome.call_id, outcome.turn_id, dump_tool_outcome(outcome), ttls=ttls
+        outcome.call_id, outcome.turn_id, packing.pack(dump_tool_outcome(outcome)), ttls=ttls
     )
     return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_reply)
 
 
 def notify_owner(owner: str, outcome: ToolOutcome) -> RedisCommand[Any]:
     """The `outcome` notification `write_outcome.lua` writes on one Redis, into `owner`'s inbox."""
-    fields = build_outcome_notification(outcome.turn_id or "", outcome.call_id, dump_tool_outcome(outcome))
+    stored = packing.pack(dump_tool_outcome(outcome))
+    fields = build_outcome_notification(outcome.turn_id or "", outcome.call_id, stored)
     return RedisCommand(build_notify_command(owner, fields), parse_reply)
 
 

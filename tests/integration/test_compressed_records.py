@@ -52,6 +52,7 @@ async def run_turns(
 ) -> list[tuple[str, int]]:
     """`turns` turns of `echo_plan` in one conversation, one after the other: each one's id, and the bytes
     Redis received while it ran."""
+    compressing = packing.is_compressing()  # building the settings sets the process's switch
     async with ScriptedServer() as base_url:
         config = Settings(redis_url=redis_url, scripted_base_url=base_url, model="scripted:plan", **settings)
         store = TurnStore.from_url(redis_url)
@@ -68,7 +69,7 @@ async def run_turns(
                     ran.append((turn_id, input_bytes(redis_url) - before))
         finally:
             await store.aclose()
-            Settings(redis_url=redis_url)  # the process's switch back to its default
+            packing.use_compression(compressing)
     return ran
 
 

@@ -325,11 +325,13 @@ def test_park_wake_and_an_answer_that_wakes_a_parked_turn(runner: SyncRunner) ->
     assert run(operations.list_parked()) == [("p1", 50.0), ("p2", 90.0)]
     # Parked turns hold no lease, and no orphan scan takes them over.
     assert run(operations.find_orphans(10)) == []
-    client.delete(keys.TURN_QUEUE)
-    # An answer queues a parked turn at once (at the front); the next answer finds it queued, not parked.
+    client.delete(keys.TURN_QUEUE, keys.TURNS_READY)
+    # An answer queues a parked turn at once (at the front) with a ready token for a blocked claimer; the
+    # next answer finds it queued, not parked.
     run(operations.control("p2", "approval", "c1", True, 3.0, decided_by="ana"))
     assert run(operations.control("p2", "approval", "c2", True, 3.0)) is lua.ControlResult.RECORDED
     assert [codec_text(t) for t in client.lrange(keys.TURN_QUEUE, 0, -1)] == ["p2"]
+    assert client.llen(keys.TURNS_READY) == 1
     requests = run(operations.read_control("p2", "0"))
     assert [(r.call_id, r.decided_by) for r in requests] == [("c1", "ana"), ("c2", None)]
     # A wait that ends unanswered: woken by whoever scans first, once.
@@ -337,6 +339,7 @@ def test_park_wake_and_an_answer_that_wakes_a_parked_turn(runner: SyncRunner) ->
     assert run(operations.wake_parked(51.0, 10)) == ["p1"]
     assert run(operations.wake_parked(99.0, 10)) == []
     assert [codec_text(t) for t in client.lrange(keys.TURN_QUEUE, 0, -1)] == ["p1", "p2"]
+    assert client.llen(keys.TURNS_READY) == 2
     assert run(operations.list_parked()) == []
 
 

@@ -23,7 +23,7 @@ from tests.support.calls import wait_tool_outcome
 from tests.support.processes import WorkerHandle
 from tests.support.tools import COUNT_PREFIX
 from tests.support.waiting import wait_for, wait_until
-from workers import keys, scripts
+from workers import keys, packing, scripts
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, build_failure, parse_tool_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -217,7 +217,9 @@ def test_concurrent_writers_leave_exactly_one_outcome(redis_client: redis.Redis)
 
     def write(i: int) -> None:
         outcome = build_failure((call_id, "echo", None), FailureKind.TIMEOUT, f"writer {i}")
-        script_keys, args = scripts.build_write_outcome_call(call_id, None, outcome.model_dump_json())
+        script_keys, args = scripts.build_write_outcome_call(
+            call_id, None, packing.pack(outcome.model_dump_json())
+        )
         client = redis.Redis(connection_pool=redis_client.connection_pool)
         barrier.wait()
         wins.append(scripts.parse_write_result(script(keys=script_keys, args=args, client=client)))

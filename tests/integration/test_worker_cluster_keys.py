@@ -22,7 +22,7 @@ import redis
 import redis.cluster
 
 from ops.redis_cluster import RedisCluster
-from workers import keys, scripts
+from workers import keys, packing, scripts
 from workers.call_store import CallStore, OutcomeWrite
 from workers.catalogue import publish_catalogue, remove_catalogue
 from workers.concurrency import SlotStore, build_slot_claim
@@ -100,7 +100,7 @@ def test_on_one_redis_the_scripts_notify_with_the_fields_the_worker_builds(
         ).items()
     )
     assert told == list(
-        scripts.build_outcome_notification(turn_id, request.call_id, write.outcome_json).items()
+        scripts.build_outcome_notification(turn_id, request.call_id, packing.pack(write.outcome_json)).items()
     )
     assert client.xlen(keys.inbox(OWNER)) == 2, "each notification once"
 
@@ -165,7 +165,7 @@ def test_on_a_cluster_a_turn_calls_start_and_outcome_reach_its_owners_inbox(on_c
             turn_id, request.call_id, attempt=1, worker="w@host", at=dict(started)["at"]
         )
         assert started == list(expected.items())
-    told = scripts.build_outcome_notification(turn_id, request.call_id, write.outcome_json)
+    told = scripts.build_outcome_notification(turn_id, request.call_id, packing.pack(write.outcome_json))
     assert finished == list(told.items())
     assert on_cluster.read_outcome(request.call_id, turn_id) == outcome
     assert client.exists(keys.running(request.call_id, turn_id), keys.idempotency_lock(idem_key)) == 0

@@ -36,9 +36,9 @@ def test_a_result_is_recorded_as_json_and_an_error_as_the_reason() -> None:
     recorded_reply = [view(), ControlResult.RECORDED]
     steps, recorded = drive(flows.send_client_result("t", "c1", 1.0, result={"a": 1}), list(recorded_reply))
     assert recorded and steps[-1].args[2:4] == ("client_result", "c1")
-    assert steps[-1].args[9:] == ("", "", '{"a":1}')
+    assert steps[-1].args[9:12] == ("", "", '{"a":1}')
     steps, _ = drive(flows.send_client_result("t", "c1", 1.0, error="denied"), list(recorded_reply))
-    assert steps[-1].args[9:] == ("denied", "", "")
+    assert steps[-1].args[9:12] == ("denied", "", "")
 
 
 @pytest.mark.parametrize(

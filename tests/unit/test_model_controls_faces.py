@@ -289,7 +289,7 @@ def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anyt
         flows.send_approval("t", "c1", True, 1.0, arguments={"amount": 5, "to": "bob"}),
         [waiting_view("transfer"), {"transfer": TRANSFER}, ControlResult.RECORDED],
     )
-    assert recorded and steps[-1].args[8:] == ('{"amount":5,"to":"bob"}', "", "", "")
+    assert recorded and steps[-1].args[8:12] == ('{"amount":5,"to":"bob"}', "", "", "")
     # No live worker serves the tool: the orchestrator checks.
     assert drive(
         flows.send_approval("t", "c1", True, 1.0, arguments={"x": 1}),
@@ -305,7 +305,7 @@ def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anyt
         flows.send_approval("t", "c1", False, 1.0, reason="no"),
         [waiting_view("transfer"), ControlResult.RECORDED],
     )
-    assert len(steps) == 2 and steps[1].args[8:] == ("", "no", "", "")
+    assert len(steps) == 2 and steps[1].args[8:12] == ("", "no", "", "")
     # An ended turn: its view is read, nothing waits, and the script says it has ended.
     assert not drive(flows.send_approval("t", "c1", False, 1.0), [ended_view(), ControlResult.TERMINAL])[1]
 

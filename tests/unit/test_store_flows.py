@@ -56,8 +56,14 @@ def words(steps: list[Any]) -> list[Any]:
 DONE = TurnOutcome(turn_id="t", status="completed", text="4")
 
 
+def ticking(*times: float) -> Callable[[], float]:
+    """A clock that reads `times` in turn, then stays at the last."""
+    ticks = list(times)
+    return lambda: ticks.pop(0) if len(ticks) > 1 else ticks[0]
+
+
 def test_claim_waits_for_a_ready_token_in_capped_steps_and_claims_again_when_told() -> None:
-    flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=clock(0, 0))
+    flow = flows.claim("orch", timeout_s=5.0, ttl_ms=9000, cap_ms=2000, clock=ticking(0))
     claimed = ClaimedTurn("t2", TurnRequest(prompt="x"), False)
     steps, result = drive(flow, [None, True, CLAIM_AGAIN, claimed])
     assert words(steps) == ["claim", "BLPOP", "claim", "claim"]
@@ -65,8 +71,23 @@ def test_claim_waits_for_a_ready_token_in_capped_steps_and_claims_again_when_tol
     assert steps[1].args[-1] == f"{READY_POLL_MS / 1000:.3f}"
     assert steps[0].args[:2] == ("orch", "9000") and result is claimed
     assert words(
-        drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=clock(0, 1.0)), [None])[0]
+        drive(flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=10, clock=ticking(0, 1.0)), [None])[0]
     ) == ["claim"]
+
+
+def test_claim_without_a_token_looks_again_only_once_the_poll_is_due() -> None:
+    # Capped steps of 0.5 s: no token in the first three, the fourth reaches the poll; then it claims again.
+    poll_s = READY_POLL_MS / 1000
+    times = [0, 0, 0, 0.5, 1.0, poll_s - 0.5, poll_s, poll_s]
+    flow = flows.claim("o", timeout_s=60.0, ttl_ms=1, cap_ms=500, clock=ticking(*times))
+    claimed = ClaimedTurn("t", TurnRequest(prompt="x"), False)
+    steps, result = drive(flow, [None, False, False, False, False, claimed])
+    assert words(steps) == ["claim", "BLPOP", "BLPOP", "BLPOP", "BLPOP", "claim"] and result is claimed
+    # A wait that reaches its timeout ends without another claim: the caller's next wait begins with one.
+    ending = flows.claim("o", timeout_s=1.0, ttl_ms=1, cap_ms=5000, clock=ticking(0, 0, 0, 1.0))
+    steps, result = drive(ending, [None, False])
+    assert words(steps) == ["claim", "BLPOP"] and result is None
+    assert steps[1].args[-1] == "1.000"
 
 
 def test_wait_outcome_reads_the_outcome_only_when_there_is_one() -> None:

@@ -193,14 +193,16 @@ def test_control_needs_a_call_id_for_an_approval_and_caps_the_inbox() -> None:
         "",
         "",
         "",
+        str(keys.READY_TOKENS_MAX),
     )
-    assert op.keys[3:] == (keys.TURNS_PARKED, keys.TURN_QUEUE)  # a parked turn is woken
+    # A parked turn is woken, with a ready token.
+    assert op.keys[3:] == (keys.TURNS_PARKED, keys.TURN_QUEUE, keys.TURNS_READY)
     assert [op.parse(n) for n in (-1, 0, 1, 2)] == list(ControlResult)
     assert operations.control("t", "cancel", None, None, 2.0).args[3:5] == ("", "")
     edited = operations.control(
         "t", "approval", "c", True, 2.0, arguments={"to": "bob"}, reason="why", decided_by="ana"
     )
-    assert edited.args[8:] == ('{"to":"bob"}', "why", "ana", "")
+    assert edited.args[8:12] == ('{"to":"bob"}', "why", "ana", "")
     answered = operations.control("t", "client_result", "c", None, 2.0, reason="failed", result=None)
     assert (answered.args[2], answered.args[9], answered.args[11]) == ("client_result", "failed", "")
     assert operations.control("t", "client_result", "c", None, 2.0, result="[1]").args[11] == "[1]"

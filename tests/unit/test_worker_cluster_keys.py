@@ -298,12 +298,12 @@ def test_on_one_redis_the_scripts_get_what_they_got_and_notify_themselves() -> N
 
 
 def test_a_large_outcome_is_not_carried_in_its_notification() -> None:
-    # The limit is on the bytes stored: plain, ...
+    # The limit is on the bytes stored (the writer's `packing.pack`): plain, ...
     small, large = "x" * keys.INBOX_OUTCOME_MAX_BYTES, "é" * (keys.INBOX_OUTCOME_MAX_BYTES // 2 + 1)
     packing.use_compression(False)
     try:
-        assert scripts.build_outcome_notification("t", "t/c", small)["outcome"] == small
-        assert scripts.build_outcome_notification("t", "t/c", large) == {
+        assert scripts.build_outcome_notification("t", "t/c", packing.pack(small))["outcome"] == small
+        assert scripts.build_outcome_notification("t", "t/c", packing.pack(large)) == {
             "kind": "outcome",
             "turn": "t",
             "call": "t/c",
@@ -312,10 +312,10 @@ def test_a_large_outcome_is_not_carried_in_its_notification() -> None:
     finally:
         packing.use_compression(True)
     # ... or compressed: what shrinks under the limit is carried (compressed), what does not is not.
-    carried = scripts.build_outcome_notification("t", "t/c", large)["outcome"]
+    carried = scripts.build_outcome_notification("t", "t/c", packing.pack(large))["outcome"]
     assert isinstance(carried, bytes) and packing.unpack(carried) == large
     noise = random.Random(0).randbytes(keys.INBOX_OUTCOME_MAX_BYTES).hex()
-    assert scripts.build_outcome_notification("t", "t/c", noise)["outcome"] == ""
+    assert scripts.build_outcome_notification("t", "t/c", packing.pack(noise))["outcome"] == ""
 
 
 def test_both_reply_shapes_of_the_scripts_parse() -> None:

@@ -2,10 +2,13 @@
 -- only waits for people, park.lua) is woken instead: queued at the front, for any orchestrator to claim.
 -- Returns orchestrator.store.scripts.ControlResult: -1 UNKNOWN (no such turn), 0 TERMINAL, 1 RECORDED,
 -- 2 DECIDED (an answer of this kind about this call was recorded already: the first answer stands).
--- KEYS: control stream, lease, status, parked zset, turn queue ('' for both on a Redis Cluster).
+-- KEYS: control stream, lease, status, parked zset, turn queue, ready tokens ('' for the last three on a Redis
+--       Cluster).
 -- ARGV: inbox prefix ('' on a Redis Cluster: the owner's inbox is in another slot), turn id, kind, call id, approved ('1'/'0'/''), now, inbox maxlen, terminal statuses
 --       (spaced), an approval's edited arguments (JSON, '' for none), a reason ('' for none), who decided
---       ('' for not said), a client-side tool's result (JSON, '' for none: an error is the reason).
+--       ('' for not said), a client-side tool's result (JSON, '' for none: an error is the reason), how many
+--       ready tokens are kept.
+-- A woken turn pushes a ready token, as a submit does: a blocked claimer takes it at once.
 -- On a Redis Cluster (an empty inbox prefix) the owner is told, or the parked turn woken, by the caller: the
 -- reply is then {result, owner or false, control entry id} (orchestrator.store.cluster).
 -- Entries written before arguments, reasons, deciders and results existed lack those fields: readers take them
@@ -41,5 +44,8 @@ if owner then
              'control', ARGV[3], 'call', ARGV[4], 'approved', ARGV[5], 'id', id)
 elseif given(KEYS[4]) and redis.call('ZREM', KEYS[4], ARGV[2]) == 1 then
   redis.call('LPUSH', KEYS[5], ARGV[2])
+  if given(KEYS[6]) and redis.call('RPUSH', KEYS[6], '1') > tonumber(ARGV[13]) then
+    redis.call('LTRIM', KEYS[6], -tonumber(ARGV[13]), -1)
+  end
 end
 return 1
