@@ -10,7 +10,6 @@ A recorded pid counts as alive while `/proc/<pid>` exists: a zombie the worker f
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 
 from tests.faults.descendant_tools import KINDS
 from tests.faults.env import FaultEnv
+from tests.support.process_groups import signal_group
 from tests.support.processes import WorkerHandle
 from tests.support.waiting import wait_for, wait_until
 from workers.contract import FailureKind
@@ -153,8 +153,7 @@ def test_kill_subtree_ends_a_whole_tree() -> None:
         # The others were re-parented to init (or a subreaper above the test): dead, reaped there or not.
         wait_until(lambda: not any(_running(p) for p in tree[1:]), "the whole tree to end")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(shell.pid, signal.SIGKILL)
+        signal_group(shell, signal.SIGKILL)
         shell.wait(timeout=10)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support.process_groups import signal_group
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_until
 from workers import keys
 
@@ -91,7 +92,7 @@ class WorkerHandle:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
         if not self._group_killed:
-            _signal_group(self.pid, signal.SIGKILL)
+            signal_group(self.process, signal.SIGKILL)
             self._group_killed = True
         if self.process.poll() is None:
             self.process.wait(timeout=5)
@@ -114,11 +115,6 @@ def wait_while_running(
         return False
 
     wait_until(still_running_check, what, timeout_s, detail=log_text)
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
 
 
 def start_worker(

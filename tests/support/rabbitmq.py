@@ -29,6 +29,7 @@ from types import TracebackType
 import pytest
 
 from orchestrator.redis_server import find_free_port
+from tests.support.process_groups import signal_group
 
 # Debian's package puts the server's own scripts here; /usr/sbin/rabbitmq-server would `su` to the
 # rabbitmq user, who cannot write the test's temp dir.
@@ -145,8 +146,7 @@ class RabbitServer:
         process = self.process
         if process is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
+        signal_group(process, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=STOP_TIMEOUT_S)
         self.kill()
@@ -156,8 +156,7 @@ class RabbitServer:
         process = self.process
         if process is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
         self.process = None

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from orchestrator.redis_server import find_free_port
+from tests.support.process_groups import signal_group, signal_process
 from tests.support.processes import ROOT, TOOLLOOP_BIN, wait_while_running
 from tests.support.waiting import DEFAULT_TIMEOUT_S
 
@@ -54,8 +55,7 @@ class Served:
     def stop_with(self, signum: int, within_s: float) -> tuple[int | None, float]:
         """Send `signum` to the main process and wait up to `within_s`: (exit code or None, seconds taken)."""
         started = time.monotonic()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signum)
+        signal_process(self.process, signum)
         try:
             code: int | None = self.process.wait(timeout=within_s)
         except subprocess.TimeoutExpired:
@@ -71,8 +71,7 @@ class Served:
     def kill_group(self) -> None:
         """SIGKILL the process group, the first time only (a stale group id may be another's by then)."""
         if not self._group_killed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+            signal_group(self.process, signal.SIGKILL)
             self._group_killed = True
 
     def group_alive(self) -> bool:
