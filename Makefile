@@ -118,6 +118,12 @@ docs: setup
 bench: setup
 	$(BIN)/python -m ops.bench
 
+# The wheel and sdist a release publishes, into dist/ (uv's build frontend: .venv has no pip).
+.PHONY: wheel
+wheel: | $(UV)
+	$(UV) build --python $(PYTHON) --out-dir dist --quiet
+	@ls dist
+
 clean:
 	rm -rf $(VENV) $(UV_VENV) $(LOWEST) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 

@@ -224,6 +224,16 @@ class RedisServer:
         self.stop()
 
 
+def make_default_data_dir() -> Path:
+    """`DEFAULT_DATA_DIR`, created, its `.toolloop/` holding a `.gitignore` of everything: it is made in the
+    folder `toolloop redis` runs in, often an app's own checkout, where git would list the data files."""
+    DEFAULT_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    ignore = DEFAULT_DATA_DIR.parent / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# Made by `toolloop redis`: its data, never committed.\n*\n")
+    return DEFAULT_DATA_DIR
+
+
 def lock_data_dir(data_dir: Path) -> IO[bytes]:
     """Hold an exclusive lock on `data_dir` (created if need be) while the returned file stays open.
 
@@ -262,7 +272,7 @@ def run_foreground(
     stops: started again on the same directory, Redis comes back with every turn. Without, a temp dir is
     used and removed (nothing in it would survive anyway).
     """
-    directory = Path(data_dir) if data_dir is not None else (DEFAULT_DATA_DIR if appendonly else None)
+    directory = Path(data_dir) if data_dir is not None else (make_default_data_dir() if appendonly else None)
     lock = lock_data_dir(directory) if directory is not None else None
     # Loading a large append-only file takes a while, during which Redis answers LOADING.
     server = RedisServer(

@@ -118,6 +118,16 @@ def test_toolloop_redis_persists_by_default_and_comes_back_with_its_data(tmp_pat
     finally:
         _stop(process)
     assert (tmp_path / ".toolloop" / "redis").is_dir()
+    # Made in the folder it runs in, often an app's checkout: git is told to leave the data alone.
+    assert (tmp_path / ".toolloop" / ".gitignore").read_text().splitlines()[-1] == "*"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    listed = subprocess.run(
+        ["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert ".toolloop" not in listed, listed
 
     process, banner = _start_toolloop_redis(tmp_path, "--port", str(port))
     try:
