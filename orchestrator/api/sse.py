@@ -91,7 +91,9 @@ EVENT_TYPES: dict[str, str] = {
     "tool_progress": "A tool's own report while it runs (`message`, `fraction`).",
     "tool_redispatched": "A call whose worker was lost was sent again.",
     "tool_synthesis_requested": "toolloop answers a call itself (a timeout, a lost worker, a stop).",
-    "tool_finished": "A call's outcome arrived (`ok`, `failure_kind`, `duration_ms`).",
+    "tool_finished": (
+        "A call's outcome arrived (`ok`, `failure_kind`, `duration_ms`; a failure's `error`, its first line)."
+    ),
     "tool_synthesized": "A call was answered by toolloop rather than by its tool.",
     "late_outcome": "An outcome came after its call was answered otherwise; kept, not used.",
     "turn_stopping": "The turn is stopping (`reason`: cancelled, a limit, the deadline…).",

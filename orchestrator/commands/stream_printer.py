@@ -78,8 +78,8 @@ class StreamPrinter:
                     f"⏸ {tool} waits for a person's approval ({build_duration(left)} left): "
                     f"toolloop approve {turn_id} {call_id} [--deny]"
                 )
-            case ToolFinishedEvent(tool=tool, ok=ok, failure_kind=kind):
-                self._note(f"{'✓' if ok else '✗'} {tool}{'' if ok else f' ({kind})'}")
+            case ToolFinishedEvent(tool=tool, ok=ok, failure_kind=kind, error=error):
+                self._note(f"✓ {tool}" if ok else f"✗ {tool} ({kind}){f': {error}' if error else ''}")
             case ModelStreamResetEvent(llm_call=llm_call):
                 if self._writing == llm_call:
                     self.end_line()

@@ -605,9 +605,25 @@ def on_tool_finished(draft: Draft, event: ToolFinished) -> None:
         attempts=outcome.attempts,
         duration_ms=outcome.duration_ms,
         worker=outcome.worker,
+        error=build_error_line(outcome),
     )
     if not outcome.ok:
         _apply_failure_policies(draft, call.tool, outcome, event.at)
+
+
+# The first line of a failed call's error, for a watcher to see why (the whole of it is the call's answer in
+# the history): an event stays small.
+ERROR_LINE_MAX = 200
+
+
+def build_error_line(outcome: ToolOutcome) -> str | None:
+    """What a failed call's `tool_finished` event says of its error: its first line, cut to `ERROR_LINE_MAX`
+    characters; None for a call that succeeded."""
+    if outcome.ok:
+        return None
+    text = (outcome.error or outcome.content or "").strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 1] + "…"
 
 
 def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: float) -> None:

@@ -101,6 +101,8 @@ class ToolFinishedEvent(StreamEvent):
     duration_ms: float | None = None
     worker: str | None = None
     synthetic: bool = False
+    # A failed call's error, its first line (events written before it existed have none).
+    error: str | None = None
 
 
 class CallWaitingEvent(StreamEvent):
