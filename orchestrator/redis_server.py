@@ -225,9 +225,10 @@ class RedisServer:
 
 
 def make_default_data_dir() -> Path:
-    """`DEFAULT_DATA_DIR`, created, its `.toolloop/` holding a `.gitignore` of everything: it is made in the
-    folder `toolloop redis` runs in, often an app's own checkout, where git would list the data files."""
-    DEFAULT_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    """`DEFAULT_DATA_DIR`, its `.toolloop/` made and holding a `.gitignore` of everything (`lock_data_dir`
+    makes the rest): it is made in the folder `toolloop redis` runs in, often an app's own checkout, where
+    git would list the data files."""
+    DEFAULT_DATA_DIR.parent.mkdir(parents=True, exist_ok=True)
     ignore = DEFAULT_DATA_DIR.parent / ".gitignore"
     if not ignore.exists():
         ignore.write_text("# Made by `toolloop redis`: its data, never committed.\n*\n")

@@ -618,12 +618,11 @@ ERROR_LINE_MAX = 200
 
 def build_error_line(outcome: ToolOutcome) -> str | None:
     """What a failed call's `tool_finished` event says of its error: its first line, cut to `ERROR_LINE_MAX`
-    characters; None for a call that succeeded."""
-    if outcome.ok:
+    characters; None for a call that succeeded, or failed saying nothing."""
+    lines = [] if outcome.ok else (outcome.error or outcome.content or "").strip().splitlines()
+    if not lines:
         return None
-    text = (outcome.error or outcome.content or "").strip()
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 1] + "…"
+    return lines[0] if len(lines[0]) <= ERROR_LINE_MAX else lines[0][: ERROR_LINE_MAX - 1] + "…"
 
 
 def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: float) -> None:

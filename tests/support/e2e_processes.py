@@ -15,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support.process_groups import signal_process
 from tests.support.processes import ROOT, TOOLLOOP_BIN
 from tests.support.served import Served
 from workers import keys
@@ -58,8 +59,7 @@ class OrchestratorHandle(Served):
         """SIGTERM (graceful), then SIGKILL of the group; returns the exit code of the graceful stop."""
         code = self.process.poll()
         if code is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+            signal_process(self.process, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.process.wait(timeout=timeout_s)
         self.kill_group()

@@ -25,6 +25,20 @@ def signal_group(process: subprocess.Popen[Any], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
+def group_alive(process: subprocess.Popen[Any]) -> bool:
+    """Whether any process of the group `process` leads is still there (a number handed out again, once
+    `process` is reaped, says nothing of it: the kernel reuses none while the group lives)."""
+    if process.poll() is not None and pid_exists(process.pid):
+        return False
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def signal_process(process: subprocess.Popen[Any], signum: int) -> None:
     """Send `signum` to `process` itself while it has not been reaped (its pid is its own until then)."""
     if process.poll() is None:

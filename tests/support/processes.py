@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.process_groups import signal_group
+from tests.support.process_groups import signal_group, signal_process
 from tests.support.waiting import DEFAULT_TIMEOUT_S, wait_until
 from workers import keys
 
@@ -41,7 +41,6 @@ class WorkerHandle:
         self.redis_url = redis_url
         self.log_path = log_path
         # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
-        self._group_killed = False
 
     @property
     def pid(self) -> int:
@@ -87,13 +86,10 @@ class WorkerHandle:
         """Warm shutdown (SIGTERM), then SIGKILL of the whole process group; idempotent."""
         if self.process.poll() is None:
             # The main process only: it stops its pool children itself (a warm shutdown).
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+            signal_process(self.process, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
-        if not self._group_killed:
-            signal_group(self.process, signal.SIGKILL)
-            self._group_killed = True
+        signal_group(self.process, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait(timeout=5)
 

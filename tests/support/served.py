@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from orchestrator.redis_server import find_free_port
-from tests.support.process_groups import signal_group, signal_process
+from tests.support.process_groups import group_alive, signal_group, signal_process
 from tests.support.processes import ROOT, TOOLLOOP_BIN, wait_while_running
 from tests.support.waiting import DEFAULT_TIMEOUT_S
 
@@ -35,7 +35,6 @@ class Served:
         self.process = process
         self.log_path = log_path
         # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
-        self._group_killed = False
 
     @property
     def pid(self) -> int:
@@ -69,20 +68,12 @@ class Served:
             self.process.wait(timeout=10)
 
     def kill_group(self) -> None:
-        """SIGKILL the process group, the first time only (a stale group id may be another's by then)."""
-        if not self._group_killed:
-            signal_group(self.process, signal.SIGKILL)
-            self._group_killed = True
+        """SIGKILL the process group, while its id is still its own (`process_groups.signal_group`)."""
+        signal_group(self.process, signal.SIGKILL)
 
     def group_alive(self) -> bool:
         """True while any process of its group (a pool child, a redis-server it started) is still there."""
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return group_alive(self.process)
 
 
 def start_toolloop(
