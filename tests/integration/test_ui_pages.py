@@ -225,7 +225,8 @@ def test_with_a_token_a_page_asks_to_sign_in_with_a_form_and_keeps_a_read_only_s
     with httpx.Client(base_url=str(secured.base_url), cookies={SESSION_COOKIE: session}) as browser:
         page = browser.get(f"/ui/turns/{turn_id}")
         assert page.status_code == 200 and TOKEN not in page.text and 'action="/ui/session/end"' in page.text
-        assert browser.get("/ui").status_code == 200
+        listing = browser.get("/ui")
+        assert listing.status_code == 200 and 'action="/ui/session/end"' in listing.text
         assert [t["turn_id"] for t in browser.get("/v1/turns").json()["turns"]] == [turn_id]
         assert browser.get(f"/v1/turns/{turn_id}").json()["status"] == "completed"
         events = browser.get(f"/v1/turns/{turn_id}/events")  # the finished turn's stream ends by itself
@@ -243,6 +244,11 @@ def test_with_a_token_a_page_asks_to_sign_in_with_a_form_and_keeps_a_read_only_s
         assert forger.get("/ui").status_code == 401 and forger.get("/v1/turns").status_code == 401
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     assert secured.get("/v1/turns", headers=bearer).status_code == 200
+    # A page read with a bearer header has no session to sign out of: no button.
+    with httpx.Client(base_url=str(secured.base_url), headers=bearer) as script:
+        for path in ("/ui", f"/ui/turns/{turn_id}"):
+            page = script.get(path)
+            assert page.status_code == 200 and "session/end" not in page.text and "{{" not in page.text
     assert secured.get("/ui", headers=bearer).status_code == 200
 
 
@@ -269,6 +275,10 @@ def test_a_key_in_the_address_is_no_longer_taken_nor_logged(
 def test_an_open_api_needs_no_sign_in(api: httpx.Client) -> None:
     assert api.get("/ui", params={"token": "x", "tenant": "acme"}).headers["location"] == "/ui?tenant=acme"
     assert api.get("/ui/session").headers["location"] == "/ui"
+    # Nor shows a sign-out button: there is nothing to sign out of.
+    for path in ("/ui", "/ui/turns/t_0123456789abcdef0123456789abcdef"):
+        page = api.get(path)
+        assert page.status_code == 200 and "session/end" not in page.text and "{{" not in page.text
 
 
 APPROVER_KEY = "ui-approver-key-7a1"

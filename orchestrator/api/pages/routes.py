@@ -123,10 +123,33 @@ def build_flower_url(url: str | None) -> str:
     return url.rstrip("/")
 
 
-def build_turn_page(turn_id: str, flower_url: str, csrf_token: str = "", can_approve: bool = False) -> str:
+# The sign-out button, on a page read through a session only: an open API and a bearer header have nothing
+# to sign out of.
+SIGN_OUT_FORM = (
+    '<form method="post" action="/ui/session/end" class="sign-out">'
+    '<button type="submit">Sign out</button></form>\n'
+)
+
+
+def build_sign_out(request: Request, access: Access) -> str:
+    """The sign-out form when the page is read through a live session, else ""."""
+    if access.open:
+        return ""
+    cookie = request.cookies.get(SESSION_COOKIE)
+    return SIGN_OUT_FORM if cookie and access.find_session(cookie) is not None else ""
+
+
+def build_turns_page(sign_out: str = "") -> str:
+    """The recent turns' page, with its sign-out form (`build_sign_out`) or none."""
+    return read_static("turns.html").replace("{{sign_out}}", sign_out)
+
+
+def build_turn_page(
+    turn_id: str, flower_url: str, csrf_token: str = "", can_approve: bool = False, sign_out: str = ""
+) -> str:
     """The turn page, its turn id, Flower address, CSRF token and whether its reader may approve escaped
-    into attributes."""
-    page = read_static("turn.html")
+    into attributes, with its sign-out form (`build_sign_out`) or none."""
+    page = read_static("turn.html").replace("{{sign_out}}", sign_out)
     page = page.replace("{{turn_id}}", escape(turn_id, quote=True))
     page = page.replace("{{csrf_token}}", escape(csrf_token, quote=True))
     page = page.replace("{{can_approve}}", "true" if can_approve else "false")
@@ -255,8 +278,11 @@ def build_pages_router(settings: Settings) -> APIRouter:
 
     @router.get("/ui")
     async def turns_page(request: Request) -> Response:
-        page = HTMLResponse(read_static("turns.html"), headers=PAGE_HEADERS)
-        return check_page(request, request.app.state.access) or page
+        access: Access = request.app.state.access
+        refused = check_page(request, access)
+        if refused is not None:
+            return refused
+        return HTMLResponse(build_turns_page(build_sign_out(request, access)), headers=PAGE_HEADERS)
 
     @router.get("/ui/turns/{turn_id}")
     async def turn_page(turn_id: str, request: Request) -> Response:
@@ -269,7 +295,7 @@ def build_pages_router(settings: Settings) -> APIRouter:
             raise HTTPException(404, "not a turn id") from None
         access: Access = request.app.state.access
         csrf_token, can_approve = find_approver(request, access)
-        page = build_turn_page(turn_id, flower_url, csrf_token, can_approve)
+        page = build_turn_page(turn_id, flower_url, csrf_token, can_approve, build_sign_out(request, access))
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
     @router.get("/ui/static/{name}")
