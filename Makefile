@@ -79,7 +79,7 @@ setup-redis:
 	}
 
 # Three test processes on two cores: most tests wait on the workers, orchestrators and Redis servers they
-# start (about 19 minutes, against 24 with two).
+# start (about 14 minutes in all; four are faster still, but load the machine to 100 % for most of the run).
 TEST_PROCESSES ?= 3
 
 test: setup
