@@ -234,9 +234,10 @@ def save_outcome(
 
 def write_outcome(outcome: ToolOutcome, retention: Retention = DEFAULT_RETENTION) -> Flow[ToolOutcome]:
     """First writer wins: the outcome stored for the call, `outcome` or an earlier one."""
-    result, owner = yield operations.write_outcome(outcome, retention)
+    stored = operations.pack_outcome(outcome)  # compressed once, for the record and the notification alike
+    result, owner = yield operations.write_outcome(outcome, retention, stored)
     if owner is not None:
-        yield operations.notify_owner(owner, outcome)
+        yield operations.notify_owner(owner, outcome, stored)
     if result is WriteResult.WON:
         return outcome
     winner: ToolOutcome | None = yield operations.get_tool_outcome(outcome.call_id, outcome.turn_id)

@@ -535,21 +535,28 @@ def get_tool_outcome(call_id: str, turn_id: str | None) -> RedisCommand[ToolOutc
     return RedisCommand(("GET", keys.outcome(call_id, turn_id)), codec.parse_tool_outcome)
 
 
+def pack_outcome(outcome: ToolOutcome) -> str | bytes:
+    """An outcome as it is stored and notified: its JSON, compressed when large (`packing.pack`)."""
+    return packing.pack(dump_tool_outcome(outcome))
+
+
 def write_outcome(
-    outcome: ToolOutcome, retention: keys.Retention = keys.DEFAULT_RETENTION
+    outcome: ToolOutcome,
+    retention: keys.Retention = keys.DEFAULT_RETENTION,
+    stored: str | bytes | None = None,
 ) -> ScriptCall[tuple[WriteResult, str | None]]:
     """First writer wins, notifying the turn's owner (`write_outcome.lua`, the workers' own); with the owner
-    still to notify (`notify_owner`) when the script could not, on a Redis Cluster."""
+    still to notify (`notify_owner`) when the script could not, on a Redis Cluster. `stored`: the outcome
+    packed already (`pack_outcome`), so that a caller that notifies too compresses it once."""
     ttls = (retention.outcome_ttl_s, retention.audit_ttl_s)
-    keys_, args = build_write_outcome_call(
-        outcome.call_id, outcome.turn_id, packing.pack(dump_tool_outcome(outcome)), ttls=ttls
-    )
+    packed = pack_outcome(outcome) if stored is None else stored
+    keys_, args = build_write_outcome_call(outcome.call_id, outcome.turn_id, packed, ttls=ttls)
     return _script(scripts.WRITE_OUTCOME, keys_, args, parse_write_reply)
 
 
-def notify_owner(owner: str, outcome: ToolOutcome) -> RedisCommand[Any]:
-    """The `outcome` notification `write_outcome.lua` writes on one Redis, into `owner`'s inbox."""
-    stored = packing.pack(dump_tool_outcome(outcome))
+def notify_owner(owner: str, outcome: ToolOutcome, stored: str | bytes) -> RedisCommand[Any]:
+    """The `outcome` notification `write_outcome.lua` writes on one Redis, into `owner`'s inbox (`stored`:
+    the outcome as `write_outcome` stored it, `pack_outcome`)."""
     fields = build_outcome_notification(outcome.turn_id or "", outcome.call_id, stored)
     return RedisCommand(build_notify_command(owner, fields), parse_reply)
 

@@ -27,7 +27,7 @@ from orchestrator.store.runner import AsyncRunner, SyncRunner
 from orchestrator.store.scripts import ControlResult, FinishResult, SubmitResult, TakeOverResult, WriteResult
 from orchestrator.submit_checks import check_submit
 from tests.support.flows import drive, drive_with
-from workers import keys
+from workers import keys, packing
 from workers.contract import FailureKind, ToolOutcome, ToolSpec, parse_tool_outcome
 
 pytestmark = pytest.mark.timeout(10)
@@ -171,6 +171,25 @@ def test_control_write_outcome_and_save_outcome_flows() -> None:
     assert words(steps) == ["GET", "save_outcome"] and steps[1].keys[9] == keys.conversation_lock("conv")
     assert result is FinishResult.FINISHED
     assert words(drive(flows.save_outcome("t", DONE, None, 1.0), [0])[0]) == ["save_outcome"]
+
+
+def test_a_cluster_outcome_is_compressed_once_for_its_record_and_its_notification(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    packs: list[str] = []
+    real_pack = packing.pack
+
+    def counting_pack(text: str) -> str | bytes:
+        packs.append(text)
+        return real_pack(text)
+
+    monkeypatch.setattr(packing, "pack", counting_pack)
+    large = ToolOutcome(call_id="c", turn_id="t", tool="t", ok=True, content="word " * 2000)
+    steps, _ = drive(flows.write_outcome(large), [(WriteResult.WON, "orch-1"), 1])
+    assert len(packs) == 1
+    stored = real_pack(packs[0])
+    assert isinstance(stored, bytes)  # compressed: 10 kB of one word
+    assert stored in steps[0].args and steps[1].args[-1] == stored  # the script's and the notice's alike
 
 
 CATALOGUE = {
