@@ -33,6 +33,7 @@ WARM_UP = 30  # turns of each kind before measuring: imports, caches and pools a
 MIB = 1024 * 1024
 # What RSS moves by on its own between two readings of an idle process (allocator arenas, GC timing).
 SLACK_BYTES = 2 * MIB
+BURSTS = 3  # of waiting turns, each measured
 
 
 @pytest.fixture
@@ -112,18 +113,26 @@ def test_waiting_turns_hold_no_lease_nor_memory_and_an_approval_wakes_them(
     # second burst reuses it; only memory kept per waiting turn would grow the process again.
     wait_parked(module_redis_client, submit_waiting(client, max(WARM_UP, count)), timeout_s)
     wait_finished(client, submit_finished(client, WARM_UP), timeout_s)
+    # Several bursts, each measured: memory kept per waiting turn grows the process in every one of them,
+    # while a burst whose turns were in flight together more than before (a loaded machine's timing) only
+    # raises the heap's high-water mark once. The smallest growth is the one that tells.
+    waiting: list[str] = []
+    grown_waiting = []
+    for _ in range(BURSTS):
+        before = settled_rss(first.pid)
+        burst = submit_waiting(client, count)
+        wait_parked(module_redis_client, burst, timeout_s)
+        grown_waiting.append(settled_rss(first.pid) - before)
+        waiting += burst
     before = settled_rss(first.pid)
-    waiting = submit_waiting(client, count)
-    wait_parked(module_redis_client, waiting, timeout_s)
-    after_waiting = settled_rss(first.pid)
     wait_finished(client, submit_finished(client, count), timeout_s)
-    after_finished = settled_rss(first.pid)
-    grown_waiting, grown_finished = after_waiting - before, after_finished - after_waiting
+    grown_finished = settled_rss(first.pid) - before
     print(
-        f"\norchestrator RSS {before / MIB:.1f} MiB; +{grown_waiting / MIB:.2f} MiB for {count} turns "
+        f"\norchestrator RSS {before / MIB:.1f} MiB; "
+        f"+{' / +'.join(f'{g / MIB:.2f}' for g in grown_waiting)} MiB for each burst of {count} turns "
         f"waiting for approval, +{grown_finished / MIB:.2f} MiB for {count} finished turns"
     )
-    assert grown_waiting <= grown_finished + SLACK_BYTES
+    assert min(grown_waiting) <= grown_finished + SLACK_BYTES
     # No lease is held for a waiting turn: none is in any orchestrator.
     pipe = module_redis_client.pipeline()
     for turn_id in waiting:
