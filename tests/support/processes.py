@@ -40,7 +40,6 @@ class WorkerHandle:
         self.hostname = hostname
         self.redis_url = redis_url
         self.log_path = log_path
-        # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
 
     @property
     def pid(self) -> int:

@@ -34,7 +34,6 @@ class Served:
     def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
         self.process = process
         self.log_path = log_path
-        # Its process group is SIGKILLed once: later, its id may be another process's group (pids wrap).
 
     @property
     def pid(self) -> int:

@@ -131,12 +131,17 @@ SIGN_OUT_FORM = (
 )
 
 
-def build_sign_out(request: Request, access: Access) -> str:
-    """The sign-out form when the page is read through a live session, else ""."""
-    if access.open:
-        return ""
+def find_page_session(request: Request, access: Access) -> tuple[str, Caller] | None:
+    """The session a page is read through: its cookie and its key's caller; None for an open API, a bearer
+    header or no live session."""
     cookie = request.cookies.get(SESSION_COOKIE)
-    return SIGN_OUT_FORM if cookie and access.find_session(cookie) is not None else ""
+    caller = access.find_session(cookie) if cookie and not access.open else None
+    return (cookie, caller) if cookie and caller is not None else None
+
+
+def build_sign_out(session: tuple[str, Caller] | None) -> str:
+    """The sign-out form for a page read through a session (`find_page_session`), else ""."""
+    return SIGN_OUT_FORM if session is not None else ""
 
 
 def build_turns_page(sign_out: str = "") -> str:
@@ -156,16 +161,15 @@ def build_turn_page(
     return page.replace("{{flower_url}}", escape(flower_url, quote=True))
 
 
-def find_approver(request: Request, access: Access) -> tuple[str, bool]:
-    """The turn page's CSRF token (its session's; "" without one) and whether its reader may approve from
-    it: an open API's reader, or a session whose key has `approve` (a bearer header is no session a page's
-    script can send again)."""
+def find_approver(access: Access, session: tuple[str, Caller] | None) -> tuple[str, bool]:
+    """The turn page's CSRF token (its session's, `find_page_session`; "" without one) and whether its
+    reader may approve from it: an open API's reader, or a session whose key has `approve` (a bearer header
+    is no session a page's script can send again)."""
     if access.open:
         return "", True
-    cookie = request.cookies.get(SESSION_COOKIE)
-    caller = access.find_session(cookie) if cookie else None
-    if caller is None or cookie is None:
+    if session is None:
         return "", False
+    cookie, caller = session
     return build_csrf_token(cookie), caller.can("approve")
 
 
@@ -282,7 +286,8 @@ def build_pages_router(settings: Settings) -> APIRouter:
         refused = check_page(request, access)
         if refused is not None:
             return refused
-        return HTMLResponse(build_turns_page(build_sign_out(request, access)), headers=PAGE_HEADERS)
+        sign_out = build_sign_out(find_page_session(request, access))
+        return HTMLResponse(build_turns_page(sign_out), headers=PAGE_HEADERS)
 
     @router.get("/ui/turns/{turn_id}")
     async def turn_page(turn_id: str, request: Request) -> Response:
@@ -294,8 +299,9 @@ def build_pages_router(settings: Settings) -> APIRouter:
         except ValueError:
             raise HTTPException(404, "not a turn id") from None
         access: Access = request.app.state.access
-        csrf_token, can_approve = find_approver(request, access)
-        page = build_turn_page(turn_id, flower_url, csrf_token, can_approve, build_sign_out(request, access))
+        session = find_page_session(request, access)
+        csrf_token, can_approve = find_approver(access, session)
+        page = build_turn_page(turn_id, flower_url, csrf_token, can_approve, build_sign_out(session))
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
     @router.get("/ui/static/{name}")
