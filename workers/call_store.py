@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from workers import keys, packing, scripts
 from workers.connect import DEFAULT_SSL_CERT_REQS, connect_redis
 from workers.contract import ToolCallRequest, ToolOutcome, dump_tool_outcome, parse_tool_outcome
+from workers.fence import parse_fence
 from workers.progress import ProgressSink
 from workers.redis_errors import RedisErrorKind, classify
 from workers.redis_retry import RedisRetry
@@ -163,7 +164,7 @@ class CallStore:
             return self.client.get(keys.fence(call_id, turn_id))
 
         current = retry.call(once, "the fence of a call") if retry is not None else once(0)
-        return current is None or current == token.encode()
+        return current is None or parse_fence(_text(current))[0] == token
 
     def finish(
         self, write: OutcomeWrite, *, retry: RedisRetry | None = None, check_landed: bool = False
@@ -269,14 +270,19 @@ class CallStore:
     def read_holder(self, call_id: str, turn_id: str | None) -> str | None:
         """The token of the execution holding the call's running guard, if any."""
         value = self.client.get(keys.running(call_id, turn_id))
-        return value.decode() if isinstance(value, bytes) else value
+        return _text(value) if value is not None else None
 
     def read_worker_pttl_ms(self, worker: str) -> int:
         """What is left of `worker`'s heartbeat key's life, in ms (-2: no heartbeat; `keys.worker_seen`)."""
         return int(self.client.pttl(keys.worker_seen(worker)))
 
     def read_attempts(self, call_id: str, turn_id: str | None) -> int:
-        """How many executions of the call have started."""
+        """How many executions of the call have started: the count its fence holds (`workers.fence`), or
+        for a fence an older worker wrote, the attempts key it kept."""
+        fence = self.client.get(keys.fence(call_id, turn_id))
+        count = parse_fence(_text(fence))[1] if fence is not None else None
+        if count is not None:
+            return count
         value = self.client.get(keys.attempts(call_id, turn_id))
         return int(value) if value is not None else 0
 
@@ -284,6 +290,10 @@ class CallStore:
         """The call's winning outcome, if any."""
         raw = self.client.get(keys.outcome(call_id, turn_id))
         return parse_tool_outcome(raw) if raw is not None else None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _queue_script(pipe: Any, sha: str, script_keys: list[str], args: Sequence[str | bytes]) -> None:

@@ -2,7 +2,8 @@
 
 Every execution of a call (a delivery run by a pool process) carries a token unique to it,
 `<dispatch attempt>|<worker>:<pid>:<suffix>`. Its start script (`start.lua`) stores the token in
-`keys.fence(call_id, turn_id)`, and refuses outright a delivery of an older dispatch attempt once a newer
+`keys.fence(call_id, turn_id)`, followed by the call's count of executions (`<token>#<count>`,
+`parse_fence`), and refuses outright a delivery of an older dispatch attempt once a newer
 one has started there (SUPERSEDED). From then on an execution whose token is no longer the fence's was
 superseded — its worker froze (SIGSTOP, a VM paused) past the hard limit and the orchestrator dispatched
 the call again, say — and it does nothing more: it checks the fence before the tool's body
@@ -37,6 +38,8 @@ from workers.scripts import Fence
 # limit (`workers.execution.RUNNING_MARGIN_S`), so the guard is still there to take over.
 TAKEOVER_SILENCE_S = 2 * keys.WORKER_BEAT_S
 TAKEOVER_CONFIRM_S = 2 * keys.WORKER_BEAT_S
+# Between a fence's token and the call's count of executions (`parse_fence`): no token holds it.
+FENCE_COUNT_SEPARATOR = "#"
 
 
 def build_execution_token(attempt: int, worker: str, pid: int) -> str:
@@ -68,6 +71,15 @@ def parse_token(token: str) -> tuple[int, str] | None:
     if not sep or not attempt.isdigit() or not worker or not suffix:
         return None
     return int(attempt), worker
+
+
+def parse_fence(value: str) -> tuple[str, int | None]:
+    """(token, count of executions) of a fence's value, `<token>#<count>` as `start.lua` writes it; the count
+    is None for a fence an older worker wrote (the token alone, its count in `keys.attempts`)."""
+    token, sep, count = value.rpartition(FENCE_COUNT_SEPARATOR)
+    if not sep or not count.isdigit():
+        return value, None
+    return token, int(count)
 
 
 def build_worker_silence_s(seen_pttl_ms: int) -> float:

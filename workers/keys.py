@@ -126,7 +126,8 @@ def full_result(call_id: str, turn_id: str | None = None) -> str:
 
 
 def attempts(call_id: str, turn_id: str | None = None) -> str:
-    """INCR per execution start: counts attempts across retries and redeliveries."""
+    """Where workers kept a call's count of executions before the fence held it (`workers.fence`): read only,
+    for a call whose fence an older worker wrote."""
     return f"{PREFIX}attempts:{_call_tag(call_id, turn_id)}"
 
 
@@ -136,8 +137,9 @@ def running(call_id: str, turn_id: str | None = None) -> str:
 
 
 def fence(call_id: str, turn_id: str | None = None) -> str:
-    """The token of the call's current execution (`workers.fence`), set by its start script: an execution
-    that finds another's token here was superseded and neither starts its tool nor writes an outcome."""
+    """The token of the call's current execution and the call's count of executions, `<token>#<count>`
+    (`workers.fence`), set by its start script: an execution that finds another's token here was superseded
+    and neither starts its tool nor writes an outcome."""
     return f"{PREFIX}fence:{_call_tag(call_id, turn_id)}"
 
 

@@ -30,6 +30,7 @@ from tests.faults.hung_tools import DONE, STARTS
 from tests.support.processes import WorkerHandle
 from tests.support.waiting import wait_for, wait_until
 from workers import keys
+from workers.fence import parse_fence
 from workers.outcomes import build_idempotency_key
 
 pytestmark = [pytest.mark.e2e]
@@ -66,11 +67,11 @@ def _started_call(env: FaultEnv, seen: set[str]) -> str:
 
 def _token(env: FaultEnv, call_id: str) -> str:
     """The token of the call's current execution (the fence)."""
-    return str(env.redis.get(keys.fence(call_id)) or "")
+    return parse_fence(str(env.redis.get(keys.fence(call_id)) or ""))[0]
 
 
 def _attempts(env: FaultEnv, call_id: str) -> int:
-    return int(env.redis.get(keys.attempts(call_id)) or 0)
+    return parse_fence(str(env.redis.get(keys.fence(call_id)) or ""))[1] or 0
 
 
 def _holder(env: FaultEnv, token: str) -> WorkerHandle:

@@ -130,7 +130,7 @@ def test_a_call_whose_turn_is_gone_is_not_run(store: CallStore) -> None:
     decision = _execute(store, request)
     assert isinstance(decision, Skipped) and "no longer exists" in decision.reason
     assert RUNS == []
-    assert store.client.exists(keys.outcome(request.call_id), keys.attempts(request.call_id)) == 0
+    assert store.client.exists(keys.outcome(request.call_id), keys.fence(request.call_id)) == 0
     store.client.set(keys.turn_request("turn_vanished"), "{}")
     assert isinstance(_execute(store, request), Finished) and len(RUNS) == 1
 
@@ -160,7 +160,7 @@ def test_the_parent_answers_only_for_its_own_execution(store: CallStore) -> None
     assert store.client.exists(keys.running(request.call_id)) == 0
 
 
-def test_a_calls_attempt_count_and_fence_follow_the_retention_settings(
+def test_a_calls_fence_follows_the_retention_settings(
     store: CallStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from workers.settings import get_worker_settings
@@ -171,10 +171,7 @@ def test_a_calls_attempt_count_and_fence_follow_the_retention_settings(
     try:
         request = _request(uuid.uuid4().hex)
         store.start(request, token=build_process_holder(1, "w@host", 99) + "a1", running_ttl_s=10, worker="w")
-        ttls = [
-            store.client.ttl(keys.attempts(request.call_id)),
-            store.client.ttl(keys.fence(request.call_id)),
-        ]
+        ttls = [store.client.ttl(keys.fence(request.call_id))]
     finally:
         get_worker_settings.cache_clear()
     # As long as the outcome or the audit records, whichever is longer: not the built-in seven days.

@@ -176,6 +176,27 @@ def test_the_workers_start_idempotency_and_release_scripts(call_store: CallStore
     assert claim(key, holder="3|w:3:c", lock_ttl_s=5) == (scripts.IdempotencyClaim.STORED, '{"result": 1}')
 
 
+def test_a_calls_count_of_executions_is_kept_in_its_fence(call_store: CallStore) -> None:
+    db = call_store.client
+    request = ToolCallRequest(call_id="c7", tool="echo")
+    assert call_store.start(request, token="1|w:1:a", running_ttl_s=10, worker="w") == (1, 0)
+    assert db.get(keys.fence("c7")) == b"1|w:1:a#1"
+    call_store.release("c7", None, "1|w:1:a")  # its process died: the parent retries the call
+    assert call_store.start(request, token="1|w:1:b", running_ttl_s=10, worker="w") == (2, 0)
+    assert call_store.start(request, token="1|w:1:b", running_ttl_s=10, worker="w") == (2, 0)  # a lost reply
+    assert db.get(keys.fence("c7")) == b"1|w:1:b#2"
+    assert call_store.read_attempts("c7", None) == 2
+    assert call_store.is_current("c7", None, "1|w:1:b") and not call_store.is_current("c7", None, "1|w:1:a")
+    assert db.exists(keys.attempts("c7")) == 0, "no key of its own"
+    # A call an older worker started: its fence holds the token alone, its count the attempts key.
+    db.set(keys.fence("c8"), "1|v:1:a")
+    db.set(keys.attempts("c8"), "3")
+    assert call_store.read_attempts("c8", None) == 3
+    older = ToolCallRequest(call_id="c8", tool="echo")
+    assert call_store.start(older, token="1|w:1:c", running_ttl_s=10, worker="w") == (4, 0)
+    assert call_store.read_attempts("c8", None) == 4
+
+
 def test_the_fence_refuses_a_superseded_execution_and_a_gone_turn(call_store: CallStore) -> None:
     db = call_store.client
     first = ToolCallRequest(call_id="c2", tool="echo", turn_id="t2", attempt=1)

@@ -240,7 +240,7 @@ def test_revoked_task_is_cancelled(redis_url: str, worker: WorkerHandle, redis_c
     # A tool that would run 4.5 s (under its 5 s soft limit): ample time to revoke it while it runs.
     request = build_direct_request("counted", {"tag": _tag(), "sleep_s": 4.5}, None, 30.0, time.time())
     dispatch_call(app, _spec(redis_client, "counted"), request)
-    wait_until(lambda: redis_client.get(keys.attempts(request.call_id)), "the call to start")
+    wait_until(lambda: redis_client.get(keys.fence(request.call_id)), "the call to start")
     revoke_call(app, build_task_id(request), terminate=True)
     outcome = wait_tool_outcome(redis_client, request.call_id)
     assert outcome.failure_kind is FailureKind.CANCELLED

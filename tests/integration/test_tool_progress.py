@@ -134,7 +134,9 @@ def test_script_adds_nothing_after_the_turn_or_the_call_ended(
     turn_id = _open_turn(redis_client)
     wire_id = build_wire_call_id(turn_id, "c")
     assert _append(sink, turn_id, wire_id) is ProgressResult.ADDED  # no fence: Redis lost it, ours
-    redis_client.set(keys.fence(wire_id), "1|w:1:a")
+    redis_client.set(keys.fence(wire_id), "1|w:1:a")  # as an older worker wrote it: the token alone
+    assert _append(sink, turn_id, wire_id) is ProgressResult.ADDED
+    redis_client.set(keys.fence(wire_id), "1|w:1:a#2")  # the token and the call's count of executions
     assert _append(sink, turn_id, wire_id) is ProgressResult.ADDED
     assert _append(sink, turn_id, wire_id, token="2|w:2:b") is ProgressResult.CALL_DONE  # superseded
     redis_client.set(keys.outcome(wire_id), "{}")
@@ -142,7 +144,7 @@ def test_script_adds_nothing_after_the_turn_or_the_call_ended(
     redis_client.delete(keys.outcome(wire_id))
     redis_client.set(keys.turn_outcome(turn_id), "{}")
     assert _append(sink, turn_id, wire_id) is ProgressResult.ENDED
-    assert len(event_data(redis_client, turn_id, "tool_progress")) == 2
+    assert len(event_data(redis_client, turn_id, "tool_progress")) == 3
 
 
 # --- the state Redis frozen or stopped while the tool reports -----------------------------------------------

@@ -132,8 +132,8 @@ def _tag() -> str:
 
 
 def _started_calls(db: redis.Redis) -> set[bytes]:
-    # The start script counts each execution under `keys.attempts(call_id)`; those keys outlive the test.
-    return set(db.scan_iter(match=keys.attempts("*")))
+    # The start script sets each started call's fence (`keys.fence(call_id)`); those keys outlive the test.
+    return set(db.scan_iter(match=keys.fence("*")))
 
 
 def _start_identical(

@@ -9,6 +9,7 @@
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
 local fence = redis.call('GET', KEYS[4])
-if fence and fence ~= ARGV[1] then return 2 end
+-- The fence's token, less the count of executions after it (start.lua: `<token>#<count>`).
+if fence and (string.match(fence, '^(.*)#%d+$') or fence) ~= ARGV[1] then return 2 end
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'name', ARGV[3], 'at', ARGV[4], 'data', ARGV[5])
 return 1

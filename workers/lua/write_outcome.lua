@@ -21,8 +21,12 @@ local function held_by_holder(held)
   if ARGV[11] == '' or held == ARGV[11] then return true end
   return ARGV[12] == '1' and string.sub(held, 1, #ARGV[11]) == ARGV[11]
 end
+-- The fence's token: its value less the count of executions start.lua keeps after it (`<token>#<count>`).
 local current = false
-if given(5) then current = redis.call('GET', KEYS[5]) end
+if given(5) then
+  current = redis.call('GET', KEYS[5])
+  if current then current = string.match(current, '^(.*)#%d+$') or current end
+end
 local function release()
   if not given(6) then return end
   -- start.lua takes the guard and sets the fence to the same token together, and a later start takes the
