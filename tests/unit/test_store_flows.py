@@ -95,9 +95,9 @@ def test_wait_outcome_reads_the_outcome_only_when_there_is_one() -> None:
     finished = event("5-0", "turn_finished")
     replies = [("3-0", TurnStatus.RUNNING), [event("4-0")], [], TurnStatus.WAITING, [finished], DONE]
     steps, outcome = drive(flow, replies)
-    # The newest id and the status in one MULTI; the outcome (with the messages it references) only after
+    # The newest id and the status in one round trip; the outcome (with the messages it references) only after
     # `turn_finished`; the status again after a quiet read.
-    assert [type(s).__name__ for s in steps[:1]] == ["Transaction"]
+    assert [type(s).__name__ for s in steps[:1]] == ["Batch"]
     assert words(steps[1:]) == ["XREAD", "XREAD", "GET", "XREAD", "read_history"]
     reads = [s.args for s in steps[1:] if s.args[0] == "XREAD"]
     assert reads[0][1:3] == ("BLOCK", 1000) and reads[0][-1] == "3-0"  # capped, from the newest id
@@ -129,7 +129,7 @@ def test_wait_outcome_raises_for_an_unknown_turn_and_at_its_deadline() -> None:
 
 def test_progress_is_the_newest_event_id_and_the_status_together() -> None:
     progress = flows.get_progress("t")
-    assert [words[0] for words in progress.commands] == ["XREVRANGE", "GET"]
+    assert [op.args[0] for op in progress.operations if isinstance(op, RedisCommand)] == ["XREVRANGE", "GET"]
     assert progress.parse([[], None]) == ("0", None)
     assert progress.parse([[(b"9-1", {})], b"running"]) == ("9-1", TurnStatus.RUNNING)
 
