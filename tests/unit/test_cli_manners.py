@@ -109,3 +109,23 @@ def test_submit_names_the_closest_tool_to_a_misspelt_one(fake_client: type[FakeC
         result.stderr == "error: unknown tool 'ad' (did you mean 'add'?) in 'tools'; available: add, echo\n"
     )
     assert fake_client.submitted == []
+
+
+def test_flower_without_the_ops_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.commands import flower
+
+    monkeypatch.setattr(flower, "is_flower_installed", lambda: False)
+    result = runner.invoke(cli.app, ["flower", "--port", "5599"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: Flower is not installed here: pip install 'celery-toolloop[ops]'\n"
+
+
+def test_the_demos_next_steps_say_what_applies_to_this_run() -> None:
+    from orchestrator.demo.view import build_next_steps
+
+    stopped = build_next_steps("turn_1", "redis://h:1/0", keep_running=False, flower_installed=True)
+    assert "toolloop demo --keep-running" in stopped and "ops extra" not in stopped
+    assert "TOOLLOOP_REDIS_URL=redis://h:1/0 toolloop show turn_1" in stopped
+    running = build_next_steps("turn_1", "redis://h:1/0", keep_running=True, flower_installed=False)
+    assert "--keep-running" not in running and "until Ctrl-C" in running
+    assert "Flower comes with the ops extra" in running

@@ -290,6 +290,33 @@ def test_ci_runs_only_the_makefile() -> None:
     assert commands == ["make lint", "make test"]
 
 
+def make_targets() -> dict[str, tuple[list[str], list[str]]]:
+    """Each Makefile rule's target: (its prerequisites, its recipe lines)."""
+    rules: dict[str, tuple[list[str], list[str]]] = {}
+    current: list[str] | None = None
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        rule = re.match(r"^([A-Za-z$(][\w$().-]*):(?!=)\s*([^|]*)", line)
+        if rule:
+            current = []
+            rules[rule.group(1)] = (rule.group(2).split(), current)
+        elif line.startswith("\t") and current is not None:
+            current.append(line.strip())
+        elif not line.startswith("\t"):
+            current = None
+    return rules
+
+
+def test_the_demo_lint_and_docs_install_nothing_outside_the_checkout() -> None:
+    rules = make_targets()
+    for target in ("demo", "lint", "docs"):
+        assert rules[target][0] == ["setup-venv"], target
+    venv_prerequisites, venv_recipe = rules["setup-venv"]
+    assert venv_prerequisites == ["$(STAMP)"] and not any("apt-get" in line for line in venv_recipe)
+    # The tests' system packages come with `make setup`, which `make test` runs.
+    assert rules["test"][0] == ["setup"]
+    assert any("setup-rabbitmq" in line for line in rules["setup"][1])
+
+
 def dockerignore_patterns() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
