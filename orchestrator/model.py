@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from workers.contract import DEFAULT_TENANT, TENANT_PATTERN, ApprovalTimeoutAction, FailureKind
+from workers.contract import (
+    DEFAULT_TENANT,
+    TENANT_PATTERN,
+    ApprovalTimeoutAction,
+    FailureKind,
+    check_context_size,
+)
 from workers.records import ForbidsUnknownFields, is_stored, read_known
 
 ParsedT = TypeVar("ParsedT", bound=BaseModel)
@@ -399,6 +405,14 @@ class TurnRequest(ForbidsUnknownFields):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"client tools named twice: {', '.join(repeated)}")
+        return value
+
+    @field_validator("context")
+    @classmethod
+    def _context_fits_a_task_message(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # A stored request is read as it was stored (its calls answer for a context too large themselves).
+        if not is_stored(info):
+            check_context_size(value)
         return value
 
     @field_validator("priority", mode="before")

@@ -28,6 +28,10 @@ CONTEXT_PARAM_NAMES = ("ctx", "context")
 DEFAULT_TENANT = "default"
 # What a tenant may be called: a short identifier, safe in a metric label, a log line and a URL.
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# A turn's `context` goes with every one of its tool calls, in the task message, which a worker reads only up
+# to the arguments' limit and an allowance for the rest (`workers.poison.build_max_body_bytes`): a context is
+# held well inside that allowance, and refused at submit past it rather than failing each call later.
+MAX_CONTEXT_BYTES = 256 * 1024
 
 
 ApprovalTimeoutAction = Literal["deny", "approve"]
@@ -204,6 +208,17 @@ def parse_tool_outcome(raw: str | bytes) -> ToolOutcome:
         derived = None if data.get(CONSUMED_FIELD) else derive_content(data.get("result"))
         data["content"] = derived if derived is not None else ""
     return ToolOutcome.model_validate(data, context=STORED)
+
+
+def check_context_size(context: Any) -> None:
+    """Refuse (ValueError) a turn's `context` over `MAX_CONTEXT_BYTES` as a task message carries it (JSON,
+    non-ASCII escaped, as kombu writes it)."""
+    size = len(json.dumps(context, ensure_ascii=True, default=str))
+    if size > MAX_CONTEXT_BYTES:
+        raise ValueError(
+            f"the context is {size} bytes of JSON, over the {MAX_CONTEXT_BYTES} allowed: every tool call of the "
+            "turn carries it; keep large data where the tools can read it, and pass its id"
+        )
 
 
 def build_consumed_stub(outcome: ToolOutcome) -> str:

@@ -50,6 +50,8 @@ def test_submit_answers_202_with_an_id_and_the_turn_is_stored(api: httpx.Client)
         ({"prompt": 42}, "prompt"),
         ({"prompt": "x", "limits": {"max_llm_calls": "many"}}, "max_llm_calls"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+        # Under the body's limit, over what a task message carries for each tool call.
+        ({"prompt": "x", "context": {"blob": "x" * 300_000}}, "every tool call of the turn carries it"),
     ],
 )
 def test_bad_bodies_get_422_with_a_clear_message(

@@ -40,7 +40,14 @@ from orchestrator.runtime.inbox import build_control_event
 from orchestrator.store import codec, history, operations
 from orchestrator.store.history import StoredState
 from tests.unit.machine.harness import Driver, calls
-from workers.contract import FailureKind, ToolCallRequest, ToolSpec, dump_tool_outcome, parse_tool_outcome
+from workers.contract import (
+    MAX_CONTEXT_BYTES,
+    FailureKind,
+    ToolCallRequest,
+    ToolSpec,
+    dump_tool_outcome,
+    parse_tool_outcome,
+)
 from workers.records import STORED, warn_once
 
 # A request as the release before the model controls stored it: every limit it knew, written out whole.
@@ -108,6 +115,17 @@ def test_what_a_person_sends_still_refuses_unknown_fields(
     with pytest.raises(ValidationError) as refused:
         TurnRequest.model_validate(sent)
     assert [(e["type"], e["loc"]) for e in refused.value.errors()] == [("extra_forbidden", where)]
+
+
+def test_a_context_too_large_for_a_task_message_is_refused_at_submit_and_read_when_stored() -> None:
+    context = {"blob": "é" * (MAX_CONTEXT_BYTES // 6 + 1)}  # escaped as kombu writes it: \u00e9, 6 bytes
+    with pytest.raises(ValidationError) as refused:
+        TurnRequest.model_validate({"prompt": "hi", "context": context})
+    assert [e["loc"] for e in refused.value.errors()] == [("context",)]
+    assert "every tool call of the turn carries it" in str(refused.value)
+    TurnRequest.model_validate({"prompt": "hi", "context": {"blob": "é" * (MAX_CONTEXT_BYTES // 6 - 4)}})
+    stored = codec.parse_request(json.dumps({"prompt": "hi", "context": context}))
+    assert stored is not None and stored.context == context
 
 
 def test_a_stored_request_writes_only_the_limits_and_settings_it_sets() -> None:
