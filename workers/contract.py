@@ -216,8 +216,8 @@ def check_context_size(context: Any) -> None:
     size = len(json.dumps(context, ensure_ascii=True, default=str))
     if size > MAX_CONTEXT_BYTES:
         raise ValueError(
-            f"the context is {size} bytes of JSON, over the {MAX_CONTEXT_BYTES} allowed: every tool call of the "
-            "turn carries it; keep large data where the tools can read it, and pass its id"
+            f"the context is {size} bytes of JSON, over the {MAX_CONTEXT_BYTES} allowed: every tool call of "
+            "the turn carries it; keep large data where the tools can read it, and pass its id"
         )
 
 

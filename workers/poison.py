@@ -65,8 +65,8 @@ logger = logging.getLogger(__name__)
 JSON_CONTENT_TYPE = "application/json"
 JSON_ENCODINGS = frozenset({"utf-8", "utf8"})
 # A body may hold a tool's arguments (kombu's JSON escapes non-ASCII: up to 3x their UTF-8 size) plus the
-# call's ids, its turn's context (at most `contract.MAX_CONTEXT_BYTES`, refused at submit past it) and Celery's
-# embed; past this, it is no call toolloop sent.
+# call's ids, its turn's context (at most `contract.MAX_CONTEXT_BYTES`, refused at submit past it) and
+# Celery's embed; past this, it is no call toolloop sent.
 ESCAPED_ARGS_FACTOR = 3
 BODY_ALLOWANCE_BYTES = 1024 * 1024
 # The preview of a refused message in the log.
