@@ -141,13 +141,23 @@ def worker_command(
     ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
-    """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES, on their queues only."""
+    """Run a Celery prefork worker serving the tools of TOOLLOOP_TOOL_MODULES, on their queues only.
+
+    Without TOOLLOOP_TOOL_MODULES it serves the example tools (workers.examples), and says so."""
     from workers.app import build_worker_queues, create_worker_app
     from workers.errors import McpConfigError, ToolModuleError
     from workers.mcp.serving import served_queues
     from workers.tools import registry
 
     settings = get_settings()
+    if "tool_modules" not in settings.model_fields_set:
+        # Said, not refused: the examples are the default, so that a first try serves tools with nothing
+        # set. A worker deployed without the variable would otherwise offer them to every turn, silently.
+        typer.echo(
+            "warning: TOOLLOOP_TOOL_MODULES is not set: serving the example tools "
+            f"({settings.tool_modules}); set it to your tool modules",
+            err=True,
+        )
     if os.environ.get("TOOLLOOP_DEFAULT_QUEUE"):
         # Retired setting: said once here rather than ignored silently (settings ignore unknown variables).
         typer.echo(

@@ -129,3 +129,23 @@ def test_the_demos_next_steps_say_what_applies_to_this_run() -> None:
     running = build_next_steps("turn_1", "redis://h:1/0", keep_running=True, flower_installed=False)
     assert "--keep-running" not in running and "until Ctrl-C" in running
     assert "Flower comes with the ops extra" in running
+
+
+@pytest.mark.parametrize("modules", [None, "workers.examples"])
+def test_a_worker_serving_the_examples_by_default_says_so(
+    modules: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.settings import get_settings
+
+    monkeypatch.delenv("TOOLLOOP_TOOL_MODULES", raising=False)
+    if modules is not None:
+        monkeypatch.setenv("TOOLLOOP_TOOL_MODULES", modules)
+    monkeypatch.setenv("TOOLLOOP_REDIS_URL", "redis://127.0.0.1:1/0")  # refused: the worker never starts
+    get_settings.cache_clear()
+    try:
+        result = runner.invoke(cli.app, ["worker"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 3, result.output
+    warned = "warning: TOOLLOOP_TOOL_MODULES is not set: serving the example tools (workers.examples)"
+    assert (warned in result.stderr) is (modules is None)
