@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers import ToolContext, tool
 from workers.tools import (
@@ -107,6 +107,23 @@ def test_single_pydantic_model_input(reg: ToolRegistry) -> None:
     assert search.spec.parameters["properties"]["text"]["type"] == "string"
     assert search.spec.parameters["required"] == ["text"]
     assert search.invoke({"text": "a", "limit": 2}) == ["a", "a"]
+    # The model decides unknown arguments, as docs/guides/tools.md says: pydantic's default ignores them.
+    assert search.invoke({"text": "a", "limit": 1, "bogus": 1}) == ["a"]
+
+
+class StrictQuery(Query):
+    model_config = ConfigDict(extra="forbid")
+
+
+def test_a_single_model_that_forbids_extras_refuses_unknown_arguments(reg: ToolRegistry) -> None:
+    @tool(registry=reg)
+    def strict_search(query: StrictQuery) -> str:
+        """Search."""
+        return query.text
+
+    assert strict_search.spec.parameters["additionalProperties"] is False
+    with pytest.raises(ValidationError, match="bogus"):
+        strict_search.invoke({"text": "a", "bogus": 1})
 
 
 def test_context_parameter_not_in_schema_and_received(reg: ToolRegistry) -> None:
