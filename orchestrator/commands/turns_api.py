@@ -1,7 +1,9 @@
-"""`toolloop submit`, `show`, `approve`, `pending`, `api`: turns from the command line, and the HTTP API.
+"""`toolloop submit`, `show`, `cancel`, `approve`, `pending`, `api`: turns from the command line, and the HTTP
+API.
 
 Exit codes: 0 ok (for `submit --wait`: the turn completed); 1 the turn ended without completing (stopped,
-failed or cancelled: its outcome is printed all the same), or `show` of an unknown turn; 2 usage error (bad
+failed or cancelled: its outcome is printed all the same), `show` or `cancel` of an unknown turn, or
+`cancel` of a turn that has already ended; 2 usage error (bad
 JSON, a turn with nothing to answer, tools no live worker serves, a model name that is neither
 `provider:model` nor a tier, a model setting the provider cannot honour, an output schema that is not a JSON
 Schema); 3 Redis is unreachable; 4 `--wait` timed out while the turn was still queued,
@@ -320,6 +322,24 @@ def show_command(turn_id: Annotated[str, typer.Argument(help="The turn id submit
         typer.echo(f"error: turn {turn_id} was lost: {view.outcome.error.message}", err=True)
 
 
+def cancel_command(turn_id: Annotated[str, typer.Argument(help="The turn to cancel.")]) -> None:
+    """Ask a turn to stop: print `cancelling` (it ends `cancelled`, its calls in flight revoked), or fail when
+    it is unknown or has already ended."""
+    from orchestrator.client.redis_client import Client, UnknownTurnError
+
+    settings = get_settings()
+    try:
+        with Client(settings=settings) as client:
+            asked = client.cancel(turn_id)
+    except UnknownTurnError:
+        fail(f"unknown turn {turn_id!r}", EXIT_NOT_FOUND)
+    except redis.RedisError as exc:
+        fail(build_redis_failure(settings.redis_url, exc), EXIT_REDIS)
+    if not asked:
+        fail(f"turn {turn_id} has already ended", EXIT_NOT_COMPLETED)
+    typer.echo("cancelling")
+
+
 # How long a stopping API lets requests in progress finish before it closes them (an SSE stream ends at
 # once; a request waiting on an unresponsive Redis would otherwise hold the stop for its socket timeout).
 API_STOP_S = 3
@@ -382,9 +402,10 @@ def api_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `submit`, `show`, `approve`, `result`, `pending` and `api` to `app`."""
+    """Add `submit`, `show`, `cancel`, `approve`, `result`, `pending` and `api` to `app`."""
     app.command("submit")(submit_command)
     app.command("show")(show_command)
+    app.command("cancel")(cancel_command)
     app.command("approve")(approve_command)
     app.command("result")(result_command)
     app.command("pending")(pending_command)

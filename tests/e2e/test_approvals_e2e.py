@@ -239,3 +239,22 @@ def test_submit_stream_says_how_to_approve_and_pending_lists_the_call(client: Cl
             streaming.kill()
         streaming.communicate()
     assert client.get(turn_id).approvals[0].decided_by == "carol"
+
+
+def test_toolloop_cancel_stops_a_waiting_turn_once(client: Client) -> None:
+    prompt, _ = transfer_prompt(f"dave-{uuid.uuid4().hex[:8]}")
+    turn_id = client.submit(prompt=prompt, model="scripted:plan")
+    wait_waiting(client, turn_id)
+    env = {**os.environ, "TOOLLOOP_REDIS_URL": client.redis_url}
+
+    def cancel(turn: str) -> subprocess.CompletedProcess[str]:
+        command = [str(TOOLLOOP_BIN), "cancel", turn]
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+    first = cancel(turn_id)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "cancelling\n", "")
+    assert wait_outcome(client, turn_id).status == "cancelled"
+    again = cancel(turn_id)
+    assert (again.returncode, again.stderr) == (1, f"error: turn {turn_id} has already ended\n")
+    unknown = cancel("turn_nobody")
+    assert (unknown.returncode, unknown.stderr) == (1, "error: unknown turn 'turn_nobody'\n")
