@@ -1,13 +1,14 @@
 -- The start of one execution of a call: redelivery dedupe, the fence, running guard, attempt count and the
--- "started" notification in one round trip. Returns {workers.scripts.StartResult, value}: {0 STARTED, attempt},
--- {-1 FINISHED, 0} when the call already has an outcome, {-2 HELD, pttl ms} when another execution holds it,
--- {-3 SUPERSEDED, current attempt} when a later dispatch of the call has started, {-4 TURN_GONE, 0} when the
--- call's turn no longer exists (Redis lost it, or it expired).
--- KEYS: outcome, running, attempts (read only: see below), turn lease, fence, turn request. A call without a turn has no lease and no
---       request: each is '' or, on a Redis Cluster (every key of a script in one slot; '' is in slot 0), the
---       outcome key again; either stands for none (`workers.scripts.build_absent_key`).
--- ARGV: running token, running TTL ms, attempts TTL s, inbox prefix, call id, turn id, worker, started at,
---       inbox maxlen, dispatch attempt.
+-- "started" notification in one round trip. Returns {workers.scripts.StartResult, value}:
+-- {0 STARTED, attempt}; {-1 FINISHED, 0} when the call already has an outcome; {-2 HELD, pttl ms} when
+-- another execution holds it; {-3 SUPERSEDED, current attempt} when a later dispatch of the call has started;
+-- {-4 TURN_GONE, 0} when the call's turn no longer exists (Redis lost it, or it expired).
+-- KEYS: outcome, running, attempts (read only: see below), turn lease, fence, turn request. A call without
+--       a turn has no lease and no request: each is '' or, on a Redis Cluster (every key of a script in one
+--       slot; '' is in slot 0), the outcome key again; either stands for none
+--       (`workers.scripts.build_absent_key`).
+-- ARGV: running token, running TTL ms, fence TTL s (the count's too), inbox prefix, call id, turn id, worker,
+--       started at, inbox maxlen, dispatch attempt.
 -- The token is unique per execution: finding it already holding the running guard means this execution's
 -- first try ran and only its reply was lost, so the attempt it counted is returned again. The fence holds the
 -- token of the latest execution to start and the call's count of executions, `<dispatch attempt>|…#<count>`
