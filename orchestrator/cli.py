@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +36,26 @@ app = typer.Typer(
 for module in (tools, normalize, turns, turns_api, fork, flower):
     module.register(app)
 schedule_commands.register(app)
+
+
+def build_help(doc: str) -> str:
+    """A command's docstring as its help: each paragraph's lines joined, so that the terminal wraps them.
+
+    Typer's rich help keeps every line break of a paragraph after the first, and a docstring's lines are
+    wrapped for the source: at 80 columns, sentences broke midway."""
+    return "\n\n".join(" ".join(line.strip() for line in para.splitlines()) for para in doc.split("\n\n"))
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    for command in group.registered_commands:
+        if command.help is None and command.callback is not None:
+            command.help = build_help(inspect.getdoc(command.callback) or "")
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
+_reflow_help(app)
 
 
 def read_version(project_file: Path = SOURCE_PROJECT) -> str:

@@ -149,3 +149,16 @@ def test_a_worker_serving_the_examples_by_default_says_so(
     assert result.exit_code == 3, result.output
     warned = "warning: TOOLLOOP_TOOL_MODULES is not set: serving the example tools (workers.examples)"
     assert (warned in result.stderr) is (modules is None)
+
+
+def test_help_paragraphs_wrap_to_the_terminal_not_to_the_source() -> None:
+    assert cli.build_help("One line\n    and its rest.\n\nAnother\nparagraph.") == (
+        "One line and its rest.\n\nAnother paragraph."
+    )
+    result = runner.invoke(cli.app, ["submit", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    # A sentence the docstring breaks between two source lines reads whole.
+    assert "tool calls, progress and outcomes to stderr, until the turn ends" in text
+    lines = [line.strip(" │") for line in result.stdout.splitlines()]
+    assert "written, tool calls, progress and" not in lines
