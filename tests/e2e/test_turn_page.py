@@ -182,6 +182,31 @@ def test_the_turn_page_shows_the_answer_growing_and_the_tool_call_finishing(
         client.redis.close()
 
 
+def test_a_failed_calls_card_says_why(
+    module_redis: RedisServer, slow_orchestrator: OrchestratorHandle, api_url: str, tmp_path: Path
+) -> None:
+    client = Client(module_redis.url)
+    try:
+        plan = [{"calls": [{"name": "e2e_add", "arguments": {"a": "three", "b": 1}}]}, {"text": "no sum"}]
+        turn_id = client.submit(prompt=json.dumps({"plan": plan}), model="scripted:plan", tools=["e2e_add"])
+        wait_until(lambda: client.outcome(turn_id) is not None, "the turn to end")
+        ended = [
+            *event_data(client.redis, turn_id, "tool_finished"),
+            *event_data(client.redis, turn_id, "tool_synthesized"),
+        ]
+        (finished,) = ended
+        assert not finished["ok"] and finished["error"]
+        with open_chromium(tmp_path / "profile") as browser:
+            page = browser.new_page()
+            sign_in(page, f"{api_url}/ui/turns/{turn_id}")
+            card = page.locator(f'.tool[data-call-id="{finished["call_id"]}"]')
+            card.locator(".error").wait_for(timeout=30_000)
+            assert card.get_attribute("data-outcome") == finished["failure_kind"]
+            assert card.locator(".error").inner_text() == finished["error"]
+    finally:
+        client.redis.close()
+
+
 def dispatched_task_id(client: Client, turn_id: str) -> str:
     """The Celery task id of the turn's one tool call, from its `tool_dispatched` event."""
     (dispatched,) = event_data(client.redis, turn_id, "tool_dispatched")

@@ -145,9 +145,12 @@ function toolCard(callId, tool, llmIndex) {
   argsBox.append(element("summary", null, "arguments"));
   const args = element("pre");
   argsBox.append(args);
-  root.append(head, progressBox, argsBox);
+  // Why a failed call failed: the first line of its error (the whole of it is the model's to read).
+  const errorLine = element("div", "error");
+  errorLine.hidden = true;
+  root.append(head, errorLine, progressBox, argsBox);
   llmCall(index).tools.append(root);
-  card = { root, fields, flower, progressBox, bar, progressText, argsBox, args, llmCall: index };
+  card = { root, fields, flower, progressBox, bar, progressText, argsBox, args, errorLine, llmCall: index };
   toolCalls.set(callId, card);
   return card;
 }
@@ -206,6 +209,8 @@ function onToolEnded(data, synthesized) {
   card.root.dataset.outcome = kind;
   card.fields.outcome.dataset.status = data.ok ? "ok" : "error";
   card.fields.outcome.textContent = kind;
+  card.errorLine.textContent = data.ok ? "" : data.error || "";
+  card.errorLine.hidden = !card.errorLine.textContent;
   if (data.attempts) card.fields.attempt.textContent = "attempts " + data.attempts;
   if (data.worker) card.fields.worker.textContent = "on " + data.worker;
   card.fields.duration.textContent = formatMs(data.duration_ms);
