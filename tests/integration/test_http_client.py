@@ -228,6 +228,8 @@ def test_refusals_map_into_the_error_tree(client: HttpClient, api: RestartableAp
     with pytest.raises(UnknownToolError) as unknown:
         client.submit(prompt="2+2?", tools=["add", "no_such_tool"], model="scripted:demo")
     assert unknown.value.unknown == ["no_such_tool"] and "add" in unknown.value.available
+    with pytest.raises(UnknownToolError, match=r"unknown tool 'ad' \(did you mean 'add'\?\)"):  # as Client's
+        client.submit(prompt="2+2?", tools=["ad"], model="scripted:demo")
     with pytest.raises(ModelConfigError):
         client.submit(prompt="2+2?", model="no-such-model")
     with pytest.raises(ValueError, match="output_schema"):  # checked by the API, not by the client
