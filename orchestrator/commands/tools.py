@@ -150,14 +150,6 @@ def worker_command(
     from workers.tools import registry
 
     settings = get_settings()
-    if "tool_modules" not in settings.model_fields_set:
-        # Said, not refused: the examples are the default, so that a first try serves tools with nothing
-        # set. A worker deployed without the variable would otherwise offer them to every turn, silently.
-        typer.echo(
-            "warning: TOOLLOOP_TOOL_MODULES is not set: serving the example tools "
-            f"({settings.tool_modules}); set it to your tool modules",
-            err=True,
-        )
     if os.environ.get("TOOLLOOP_DEFAULT_QUEUE"):
         # Retired setting: said once here rather than ignored silently (settings ignore unknown variables).
         typer.echo(
@@ -169,6 +161,15 @@ def worker_command(
         app = create_worker_app(settings)
     except (ToolModuleError, McpConfigError) as exc:
         fail(str(exc), EXIT_USAGE)
+    if "tool_modules" not in settings.model_fields_set:
+        # Said, not refused: the examples are the default, so that a first try serves tools with nothing set.
+        # A worker deployed without the variable would otherwise offer them to every turn, silently. Said
+        # once its tools loaded: a bad setting stops the worker in its one line.
+        typer.echo(
+            "warning: TOOLLOOP_TOOL_MODULES is not set: serving the example tools "
+            f"({settings.tool_modules}); set it to your tool modules",
+            err=True,
+        )
     requested = queues.split(",") if queues is not None else None
     try:
         chosen = build_worker_queues(registry.specs(), requested, served_queues())
