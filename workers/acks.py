@@ -11,6 +11,12 @@ then tries the ack (or a reject: a requeue is refused the same way) again, in th
 capped, jittered backoff (`workers.redis_errors`), while the refusal is transient, until it lands: a message
 left unacked would also keep its prefetch slot, and a worker whose every slot is taken consumes nothing more.
 
+The retries run on the worker's event loop as the worker recorded it at its start (`AckRetries`), not as
+kombu's `get_event_loop()` has it: kombu forgets its loop whenever the consumer reconnects (its `Hub.reset`
+clears the global while Celery goes on running the same hub), and a retry given to no loop never runs — after
+one Redis restart, an ack refused later kept its message's prefetch slot for good, and a worker whose every
+slot was held took no call again.
+
 A message whose channel was closed under it (Redis restarted and the consumer replaced its connection) is
 acked all the same, through the connection parameters the channel keeps (`workers.broker`), and tried again
 here while Redis is away. Should that channel fail otherwise, the message is left to the broker: it stays in
@@ -23,17 +29,43 @@ import logging
 from typing import Any
 
 import redis
+from celery import Celery, bootsteps
 from kombu.asynchronous import get_event_loop
 
 from workers.redis_errors import build_backoff_s, is_transient
 
 logger = logging.getLogger(__name__)
 
+# The worker's event loop, by `AckRetries`; none outside a worker, or for a pool without one.
+_worker_hubs: list[Any] = []
+
+
+def _event_loop() -> Any:
+    return _worker_hubs[-1] if _worker_hubs else get_event_loop()
+
+
+class AckRetries(bootsteps.StartStopStep):
+    """The worker bootstep that records the worker's event loop for the ack retries."""
+
+    label = "toolloop ack retries"
+    requires = ("celery.worker.components:Hub",)
+
+    def start(self, parent: Any) -> None:
+        """Record the worker's hub: the same object for its whole life, through every reconnect."""
+        hub = getattr(parent, "hub", None)
+        if hub is not None:
+            _worker_hubs[:] = [hub]
+
+
+def connect_ack_retries(app: Celery) -> None:
+    """Register `AckRetries` on `app`'s workers."""
+    app.steps["worker"].add(AckRetries)
+
 
 def ensure_acked(message: Any, requeue: bool | None = None) -> None:
     """After an ack (or with `requeue` given, a reject) was asked for — it runs soon, in the event loop —
     try it again later if Redis refused it."""
-    hub = get_event_loop()
+    hub = _event_loop()
     if hub is not None and message is not None:
         hub.call_soon(_check, message, requeue, 0)
 
@@ -59,6 +91,10 @@ def _check(message: Any, requeue: bool | None, failures: int) -> None:
         else:
             logger.warning("acked %r after %d failed tries", message.delivery_tag, failures)
             return
-    hub = get_event_loop()
-    if hub is not None:
-        hub.call_later(build_backoff_s(failures + 1), _check, message, requeue, failures + 1)
+    hub = _event_loop()
+    if hub is None:
+        logger.error(
+            "could not ack %r: no event loop to try it again on; left to the broker", message.delivery_tag
+        )
+        return
+    hub.call_later(build_backoff_s(failures + 1), _check, message, requeue, failures + 1)

@@ -209,6 +209,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     later in this process (a tool module imported at run time) get their task too; the worker consumes
     their queue only if it already did (a queue they share with a tool it was started with).
     """
+    from workers.acks import connect_ack_retries
     from workers.catalogue import connect_catalogue_publisher
     from workers.descendants import connect_descendant_reaper
     from workers.mcp.serving import start_mcp_serving
@@ -237,6 +238,7 @@ def create_worker_app(settings: WorkerSettings | None = None) -> ToolloopCelery:
     connect_unserved_answer(app)
     connect_descendant_reaper(app)
     connect_late_limit_guard(app)
+    connect_ack_retries(app)
     connect_stop_watchdog(settings)
     connect_metrics_server(app, settings.worker_metrics_port)
     return app

@@ -89,6 +89,16 @@ def test_an_outcome_refused_past_the_hard_limit_is_spooled_and_written_later(
         wait_until(lambda: not spool.holds(request.call_id), "the spool file to go")
         assert worker.process.poll() is None, f"the worker exited:\n{worker.log_text()[-3000:]}"
         assert "Unrecoverable error" not in worker.log_text()
+        # The ack Redis refused lands once it takes writes again: the message leaves the unacked records and
+        # its prefetch slot is free, so the worker goes on taking calls.
+        wait_until(lambda: client.hlen("unacked") == 0, "the refused ack to land")
+        gate.touch()
+        after = ToolCallRequest(
+            call_id=f"spool-{uuid.uuid4().hex}", tool="spool_work", arguments={"gate_file": str(gate)}
+        )
+        producer = get_producer_app(Settings(redis_url=module_redis.url))
+        dispatch_call(producer, read_catalogue(client)["spool_work"], after)
+        wait_until(lambda: client.exists(keys.outcome(after.call_id)) == 1, "the next call's outcome")
     finally:
         client.config_set("maxmemory", "0")
         client.close()

@@ -155,3 +155,51 @@ def test_a_worker_rides_out_redis_restarts_with_calls_running(
         assert "Unrecoverable error" not in worker.log_text()
     finally:
         client.close()
+
+
+@tool(soft_time_limit=5, time_limit=10)
+def reconnect_until(runs_file: str, flag: str) -> str:
+    """Records its start, then returns once the file `flag` exists."""
+    record_run(runs_file, "until")
+    wait_at_most(Path(flag).exists, 30.0)
+    return "until"
+
+
+@pytest.mark.timeout(150)
+def test_an_ack_refused_after_a_reconnect_is_tried_again_until_it_lands(
+    own_persistent_redis: RedisServer, worker: WorkerHandle, tmp_path: Path
+) -> None:
+    # kombu forgets its event loop when the consumer reconnects; the ack's retries must not be given to none
+    # (they were: the refused ack never landed, and its message held its prefetch slot for good).
+    runs_file, flag = tmp_path / "runs", tmp_path / "return-now"
+    settings = WorkerSettings(redis_url=own_persistent_redis.url)
+    client = redis.Redis.from_url(own_persistent_redis.url)
+    try:
+        _restart(own_persistent_redis, worker, client)
+        assert _consuming(client), f"the worker did not reconnect:\n{worker.log_text()[-3000:]}"
+        calls = [
+            publish_call(
+                settings,
+                client,
+                "reconnect_until",
+                {"runs_file": str(runs_file), "flag": str(flag)},
+                prefix="refused-ack",
+            )
+            for _ in range(CONCURRENCY)
+        ]
+        wait_until(lambda: len(read_runs(runs_file)) == CONCURRENCY, "both calls to start")
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # every write refused: the outcomes are spooled, the acks refused
+        flag.touch()
+        wait_until(lambda: worker.log_text().count("Couldn't ack") >= CONCURRENCY, "the acks to be refused")
+        client.config_set("maxmemory", "0")
+        wait_until(lambda: client.hlen(UNACKED_KEY) == 0, "the refused acks to land")
+        for call_id in calls:
+            assert wait_tool_outcome(client, call_id).content == "until"
+        quick = publish_call(
+            settings, client, "reconnect_quick", {"runs_file": str(runs_file)}, prefix="refused-ack"
+        )
+        assert wait_tool_outcome(client, quick).content == "quick", "the worker took no call again"
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
