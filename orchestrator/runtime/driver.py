@@ -465,6 +465,9 @@ class TurnDriver:
             handle.tasks = set()
         handle.tasks.add(task)
         task.add_done_callback(lambda done: forget_task(handle, done))
+        # A task cancelled before its first step (the turn dropped meanwhile) never started `work`: closed
+        # here, it goes without a "never awaited" warning; a finished one is closed already.
+        task.add_done_callback(lambda _done: work.close())
 
     async def _guarded(self, handle: TurnHandle, work: Coroutine[Any, Any, Sequence[Event] | None]) -> None:
         # One task of a turn: a step, or slow work whose events are stepped when it ends.

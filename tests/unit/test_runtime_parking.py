@@ -105,3 +105,34 @@ async def test_only_the_least_recently_stepped_turns_beyond_the_limit_are_parked
         assert [h.hydrated for h in handles] == [True, False, True]
         await runtime.performer.aclose()
     await store.aclose()
+
+
+def test_a_turn_task_cancelled_before_its_first_step_leaves_no_unawaited_work() -> None:
+    import gc
+    import warnings
+    from types import SimpleNamespace
+
+    from orchestrator.runtime.driver import TurnDriver
+
+    state = new_state()
+    handle = TurnHandle(state.turn_id, state)
+    started: list[str] = []
+
+    async def work() -> None:
+        started.append("work")
+
+    async def scenario() -> None:
+        # `_guarded` is never reached: the task is cancelled before its first step.
+        driver = SimpleNamespace(_guarded=lambda _handle, inner: TurnDriver._guarded(driver, _handle, inner))
+        TurnDriver._spawn(driver, handle, work())  # type: ignore[arg-type]
+        assert handle.tasks is not None
+        (task,) = handle.tasks
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert started == [] and handle.tasks is None
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
