@@ -24,6 +24,11 @@ _SOCKET_TIMEOUT_SHARE = 0.4
 _ASSUMED_SOCKET_TIMEOUT_S = 5.0
 # The password of a URL's user part (`redis://user:secret@host`), in each URL of a `;`-separated list
 # (Celery's Sentinel form), and a `password=` query option.
+# Connections a client of these may open at once. Each blocking read (a `wait`, `events` or `stream` of a
+# turn) holds one while it blocks: redis-py's default cap of 100 failed a web app's 101st concurrent wait,
+# and the submit beside it, as "Redis unavailable (Too many connections)" with Redis idle. Redis's own
+# default `maxclients` is 10,000.
+MAX_CONNECTIONS = 2000
 _URL_PASSWORD = re.compile(r"(?<=://)([^:/@;]*):[^/;]*@")
 _QUERY_PASSWORD = re.compile(r"(?<=[?&]password=)[^&;]*")
 
@@ -35,14 +40,16 @@ def connect_sync(
     `rediss://` the explicit certificate policy; redis-py's default socket timeout. For a
     `sentinel://` URL, a client of the current master of `master_name` (default:
     `TOOLLOOP_REDIS_MASTER_NAME`)."""
-    return connect_redis(redis_url, ssl_cert_reqs, master_name=master_name)
+    return connect_redis(redis_url, ssl_cert_reqs, master_name=master_name, max_connections=MAX_CONNECTIONS)
 
 
 def connect_async(
     redis_url: str, ssl_cert_reqs: str = "required", *, master_name: str | None = None
 ) -> aioredis.Redis:
     """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
-    return connect_redis_async(redis_url, ssl_cert_reqs, master_name=master_name)
+    return connect_redis_async(
+        redis_url, ssl_cert_reqs, master_name=master_name, max_connections=MAX_CONNECTIONS
+    )
 
 
 def build_shown_url(redis_url: str) -> str:
