@@ -60,7 +60,7 @@ from orchestrator.store import codec, flows, forks, history, turn_stream
 from orchestrator.store.agents import get_agents, put_agent
 from orchestrator.store.catalogue import RecentCatalogue
 from orchestrator.store.codec import TurnEvent
-from orchestrator.store.connection import build_shown_url
+from orchestrator.store.connection import MAX_CONNECTIONS, build_shown_url
 from orchestrator.store.effects import Flow
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience, SyncRunner
 from orchestrator.store.sync_turns import SyncTurnStore
@@ -353,8 +353,9 @@ class AsyncClient:
     ) -> None:
         self.settings = settings or get_settings()
         self.redis_url = redis_url or self.settings.redis_url
+        # As many connections as a web app's tasks may block on at once (`MAX_CONNECTIONS`).
         self.store = store or TurnStore.from_url(
-            self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs
+            self.redis_url, ssl_cert_reqs=self.settings.redis_ssl_cert_reqs, max_connections=MAX_CONNECTIONS
         )
         self.retry_s = retry_s
         # The store's operations and flows on the store's client, but patient (the runtime's store is not:

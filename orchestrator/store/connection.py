@@ -22,13 +22,13 @@ from workers.connect import connect_redis, connect_redis_async
 MAX_BLOCK_MS = 2000
 _SOCKET_TIMEOUT_SHARE = 0.4
 _ASSUMED_SOCKET_TIMEOUT_S = 5.0
+# Connections a client may open at once (`connect_sync`'s; the async `Client`'s too). Each blocking read (a
+# `wait`, `events` or `stream` of a turn) holds one while it blocks: redis-py's default cap of 100 failed a
+# web app's 101st concurrent wait, and the submit beside it, as "Redis unavailable (Too many connections)"
+# with Redis idle. Redis's own default `maxclients` is 10,000.
+MAX_CONNECTIONS = 2000
 # The password of a URL's user part (`redis://user:secret@host`), in each URL of a `;`-separated list
 # (Celery's Sentinel form), and a `password=` query option.
-# Connections a client of these may open at once. Each blocking read (a `wait`, `events` or `stream` of a
-# turn) holds one while it blocks: redis-py's default cap of 100 failed a web app's 101st concurrent wait,
-# and the submit beside it, as "Redis unavailable (Too many connections)" with Redis idle. Redis's own
-# default `maxclients` is 10,000.
-MAX_CONNECTIONS = 2000
 _URL_PASSWORD = re.compile(r"(?<=://)([^:/@;]*):[^/;]*@")
 _QUERY_PASSWORD = re.compile(r"(?<=[?&]password=)[^&;]*")
 
@@ -44,11 +44,18 @@ def connect_sync(
 
 
 def connect_async(
-    redis_url: str, ssl_cert_reqs: str = "required", *, master_name: str | None = None
+    redis_url: str,
+    ssl_cert_reqs: str = "required",
+    *,
+    master_name: str | None = None,
+    max_connections: int | None = None,
 ) -> aioredis.Redis:
-    """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls."""
+    """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls; at most
+    `max_connections` at once (default: redis-py's)."""
+    if max_connections is None:
+        return connect_redis_async(redis_url, ssl_cert_reqs, master_name=master_name)
     return connect_redis_async(
-        redis_url, ssl_cert_reqs, master_name=master_name, max_connections=MAX_CONNECTIONS
+        redis_url, ssl_cert_reqs, master_name=master_name, max_connections=max_connections
     )
 
 

@@ -99,9 +99,12 @@ class TurnStore:
         ssl_cert_reqs: str = "required",
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         retention: Retention = DEFAULT_RETENTION,
+        max_connections: int | None = None,
     ) -> TurnStore:
-        """A store on a new connection pool for `redis_url` (close it with `aclose`)."""
-        return cls(connect_async(redis_url, ssl_cert_reqs), lease_ttl_s=lease_ttl_s, retention=retention)
+        """A store on a new connection pool for `redis_url` (close it with `aclose`), of at most
+        `max_connections` (default: redis-py's)."""
+        client = connect_async(redis_url, ssl_cert_reqs, max_connections=max_connections)
+        return cls(client, lease_ttl_s=lease_ttl_s, retention=retention)
 
     async def aclose(self) -> None:
         """Close the underlying connection pool."""
