@@ -64,6 +64,7 @@ from workers.errors import (
     ToolModuleError,
     TransientToolError,
 )
+from workers.redis_errors import RedisErrorKind, classify
 
 __all__ = [
     "ApiAuthError",
@@ -202,6 +203,18 @@ class ModelConfigError(ToolloopError, ValueError):
     the closest known name to one refused (`build_did_you_mean`)."""
 
 
+# What a Redis that answers refuses a client's patience over: `RedisUnavailableError` says "refused", not
+# "cannot reach".
+_REFUSALS = frozenset(
+    {
+        RedisErrorKind.OUT_OF_MEMORY,
+        RedisErrorKind.FAILOVER,
+        RedisErrorKind.LOADING,
+        RedisErrorKind.CANNOT_PERSIST,
+    }
+)
+
+
 class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, TimeoutError):
     """Redis did not answer within a client's patience (a restart or a failover that outlasted it).
 
@@ -211,7 +224,13 @@ class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, Tim
 
     def __init__(self, where: str, waited_s: float, last: BaseException) -> None:
         reason = " ".join(str(last).split()) or type(last).__name__
-        super().__init__(f"cannot reach Redis at {where} (tried for {waited_s:.1f} s): {reason}")
+        meaning = classify(last)
+        # A Redis that answers but refuses (full, read-only, loading) is reached: said as a refusal.
+        if meaning is not None and meaning.kind in _REFUSALS:
+            said = f"Redis at {where} refused the request ({meaning.kind}; tried for {waited_s:.1f} s)"
+        else:
+            said = f"cannot reach Redis at {where} (tried for {waited_s:.1f} s)"
+        super().__init__(f"{said}: {reason}")
         self.where = where
         self.waited_s = waited_s
 

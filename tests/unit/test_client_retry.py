@@ -265,3 +265,14 @@ async def test_any_other_attribute_error_is_a_bug_raised_as_it_is() -> None:
 
     with pytest.raises(AttributeError):
         await AsyncRunner(Broken()).run(operations.get_status("t"))  # type: ignore[arg-type]
+
+
+def test_a_redis_that_answers_but_refuses_is_said_to_refuse_not_to_be_out_of_reach() -> None:
+    clock = SleepingClock()
+    full = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    fake = FlakyRedis({n: full for n in range(100)})
+    runner = SyncRunner(fake, where=SHOWN, sleep=clock.sleep)  # type: ignore[arg-type]
+    with pytest.raises(RedisUnavailableError) as raised:
+        runner.run(operations.get_status("t"), Patience.for_s(2.0, clock.now))
+    assert str(raised.value).startswith(f"Redis at {SHOWN} refused the request (out of memory; tried for ")
+    assert "cannot reach" not in str(raised.value)
