@@ -64,7 +64,7 @@ from workers.errors import (
     ToolModuleError,
     TransientToolError,
 )
-from workers.redis_errors import RedisErrorKind, classify
+from workers.redis_errors import classify
 
 __all__ = [
     "ApiAuthError",
@@ -203,18 +203,6 @@ class ModelConfigError(ToolloopError, ValueError):
     the closest known name to one refused (`build_did_you_mean`)."""
 
 
-# What a Redis that answers refuses a client's patience over: `RedisUnavailableError` says "refused", not
-# "cannot reach".
-_REFUSALS = frozenset(
-    {
-        RedisErrorKind.OUT_OF_MEMORY,
-        RedisErrorKind.FAILOVER,
-        RedisErrorKind.LOADING,
-        RedisErrorKind.CANNOT_PERSIST,
-    }
-)
-
-
 class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, TimeoutError):
     """Redis did not answer within a client's patience (a restart or a failover that outlasted it).
 
@@ -226,7 +214,7 @@ class RedisUnavailableError(ToolloopError, redis.exceptions.ConnectionError, Tim
         reason = " ".join(str(last).split()) or type(last).__name__
         meaning = classify(last)
         # A Redis that answers but refuses (full, read-only, loading) is reached: said as a refusal.
-        if meaning is not None and meaning.kind in _REFUSALS:
+        if meaning is not None and meaning.kind.refusal:
             said = f"Redis at {where} refused the request ({meaning.kind}; tried for {waited_s:.1f} s)"
         else:
             said = f"cannot reach Redis at {where} (tried for {waited_s:.1f} s)"

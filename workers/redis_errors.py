@@ -104,6 +104,12 @@ class RedisErrorKind(StrEnum):
         """True when the call itself is wrong (a script error, a wrong command): no retry ever mends it."""
         return self in (RedisErrorKind.SCRIPT_ERROR, RedisErrorKind.WRONG_COMMAND)
 
+    @property
+    def refusal(self) -> bool:
+        """True when Redis answered and refused the call for a while (full, read-only, loading, unable to
+        persist): reached, not out of reach."""
+        return self in _TRANSIENT and self not in (RedisErrorKind.UNREACHABLE, RedisErrorKind.CLUSTER_MOVING)
+
 
 _TRANSIENT = frozenset(
     {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ import redis
 from rich.console import Console
 
 from orchestrator.client.redis_client import Client
+from orchestrator.commands.flower import is_flower_installed
 from orchestrator.demo.view import EventPrinter, print_summary, print_transcript
 from orchestrator.errors import DemoError
 from orchestrator.model import TurnOutcome
@@ -245,10 +245,8 @@ def _run(
     finally:
         client.redis.close()
     print_transcript(out, outcome, events)
-    # Flower comes with the `ops` extra, which a wheel installed without extras lacks.
-    flower_installed = importlib.util.find_spec("flower") is not None
     print_summary(
-        out, outcome, turn_id, redis_url, keep_running=keep_running, flower_installed=flower_installed
+        out, outcome, turn_id, redis_url, keep_running=keep_running, flower_installed=is_flower_installed()
     )
     return outcome
 

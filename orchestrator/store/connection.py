@@ -52,8 +52,7 @@ def connect_async(
 ) -> aioredis.Redis:
     """`connect_sync` for asyncio: the client of `TurnStore.from_url` and async direct calls; at most
     `max_connections` at once (default: redis-py's)."""
-    if max_connections is None:
-        return connect_redis_async(redis_url, ssl_cert_reqs, master_name=master_name)
+    # None is redis-py's own default for its pools.
     return connect_redis_async(
         redis_url, ssl_cert_reqs, master_name=master_name, max_connections=max_connections
     )
