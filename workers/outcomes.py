@@ -64,17 +64,17 @@ def build_content(result: Any, result_json: str) -> str:
     return result if isinstance(result, str) else result_json
 
 
-def build_truncation(content: str, max_result_bytes: int, full_key: str) -> tuple[str, int] | None:
-    """The truncated content with its marker, and the original size in bytes; None when it fits."""
+def build_truncation(content: str, max_result_bytes: int) -> tuple[str, int] | None:
+    """The truncated content with its marker, and the original size in bytes; None when it fits.
+
+    The marker tells the model how much it is not shown; where the rest is kept (`full_result_key`) is for
+    the outcome's readers, not for the model, which cannot read Redis."""
     encoded = content.encode("utf-8")
     if len(encoded) <= max_result_bytes:
         return None
     # Cut on a character boundary: decoding with "ignore" drops a split multi-byte sequence at the end.
     shown = encoded[:max_result_bytes].decode("utf-8", errors="ignore")
-    marker = (
-        f"\n[truncated: result was {len(encoded)} bytes, showing the first {len(shown.encode('utf-8'))}; "
-        f"full result stored at key {full_key}]"
-    )
+    marker = f"\n[truncated: result was {len(encoded)} bytes, showing the first {len(shown.encode('utf-8'))}]"
     return shown + marker, len(encoded)
 
 
@@ -95,8 +95,8 @@ def build_success(
     shown = result.content if isinstance(result, ShownResult) else None
     value, result_json = build_result_json(result.result if isinstance(result, ShownResult) else result)
     content = shown if shown is not None else build_content(value, result_json)
-    full_key = keys.full_result(request.call_id, request.turn_id)
-    truncation = build_truncation(content, spec.max_result_bytes, full_key)
+    truncation = build_truncation(content, spec.max_result_bytes)
+    full_key = keys.full_result(request.call_id, request.turn_id) if truncation is not None else None
     if truncation is None and shown is not None and len(result_json.encode("utf-8")) > spec.max_result_bytes:
         truncation = (content, len(content.encode("utf-8")))
     outcome = ToolOutcome(
@@ -113,7 +113,7 @@ def build_success(
         idempotent_replay=replay,
         truncated=truncation is not None,
         result_bytes=len(content.encode("utf-8")),
-        full_result_key=full_key if truncation is not None else None,
+        full_result_key=full_key,
         finished_at=finished_at,
     )
     return SuccessRecord(outcome, value, result_json if truncation is not None else None)
