@@ -195,12 +195,10 @@ def _start(turn_id: str, submitted_at: float, status: TurnStatus, request_raw: A
     request = codec.parse_request(request_raw)
     if request is None:
         return RecentTurn(turn_id=turn_id, status=status, submitted_at=submitted_at)
+    # A fallback list is listed by the model tried first, until `turn_started` names the one resolved.
+    model = request.model[0] if isinstance(request.model, list) else request.model
     return RecentTurn(
-        turn_id=turn_id,
-        status=status,
-        submitted_at=submitted_at,
-        model=request.model,
-        tenant=request.tenant,
+        turn_id=turn_id, status=status, submitted_at=submitted_at, model=model, tenant=request.tenant
     )
 
 

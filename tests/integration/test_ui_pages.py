@@ -145,6 +145,11 @@ def test_the_listing_filters_by_status_tenant_and_model(
     assert listed(status="waiting") == []
     assert api.get("/v1/turns", params={"status": "sleeping"}).status_code == 422
     assert api.get("/v1/turns", params={"model": ""}).status_code == 422
+    # A fallback list is listed (it once failed the whole listing) by the model it tries first.
+    fallback = client.submit(prompt="hello", model=["openai:demo", "scripted:echo"])
+    assert listed(status="queued", limit="1") == [fallback]
+    assert api.get("/v1/turns", params={"limit": 1}).json()["turns"][0]["model"] == "openai:demo"
+    assert listed(model="openai:demo") == [fallback]
     page = api.get("/ui", params={"status": "completed"})
     assert page.status_code == 200 and 'id="filter-status"' in page.text and 'name="model"' in page.text
 

@@ -571,8 +571,10 @@ function refreshApprovals() {
 
 // --- the turn ---------------------------------------------------------------------------------------------
 
+// A fallback list (before turn_started names the model resolved) shows in the order it is tried.
 function showModel(model) {
-  if (model) byId("turn-model").textContent = "· " + model;
+  const shown = Array.isArray(model) ? model.join(" → ") : model;
+  if (shown) byId("turn-model").textContent = "· " + shown;
 }
 
 // The forks of a turn link both ways: the fork's request names the turn it was forked from (forked_from), and
