@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from orchestrator.client.redis_client import (
         AsyncClient,
         CallNotWaitingError,
+        CallWaitingEvent,
         Client,
         ModelSettings,
         ModelStreamResetEvent,
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncClient",
     "AsyncHttpClient",
     "CallNotWaitingError",
+    "CallWaitingEvent",
     "Client",
     "HttpClient",
     "ModelSettings",

@@ -121,12 +121,17 @@ class UnknownTurnError(ToolloopError, LookupError):
 
 
 class CallNotWaitingError(ToolloopError, LookupError):
-    """An approval or denial for a call of a running turn that waits for none: no such call, not one that
-    needs confirmation, or one decided already (the first answer stands)."""
+    """An approval, a denial or a client-side tool's result for a call of a running turn that waits for none:
+    no such call, not one that waits for that answer, or one answered already (`decided`: the first answer
+    stands)."""
 
-    def __init__(self, turn_id: str, call_id: str, *, decided: bool = False) -> None:
-        why = "it was decided already" if decided else "no call with this id waits for one"
-        super().__init__(f"call {call_id!r} of turn {turn_id!r} is not waiting for approval: {why}")
+    def __init__(
+        self, turn_id: str, call_id: str, *, decided: bool = False, answer: str = "approval"
+    ) -> None:
+        # `answer`: what the call would wait for, "approval" or "a result" (a client-side tool's).
+        settled = "decided" if answer == "approval" else "answered"
+        why = f"it was {settled} already" if decided else "no call with this id waits for one"
+        super().__init__(f"call {call_id!r} of turn {turn_id!r} is not waiting for {answer}: {why}")
         self.turn_id = turn_id
         self.call_id = call_id
         self.decided = decided

@@ -65,6 +65,7 @@ from orchestrator.store.effects import Flow
 from orchestrator.store.runner import DEFAULT_RETRY_S, AsyncRunner, Patience, SyncRunner
 from orchestrator.store.sync_turns import SyncTurnStore
 from orchestrator.store.turn_stream import (
+    CallWaitingEvent,
     ModelStreamResetEvent,
     OtherEvent,
     StreamEvent,
@@ -88,6 +89,7 @@ __all__ = [
     "DEFAULT_RETRY_S",
     "AsyncClient",
     "CallNotWaitingError",
+    "CallWaitingEvent",
     "Client",
     "ModelConfigError",
     "ModelSettings",

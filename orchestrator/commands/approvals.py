@@ -11,7 +11,8 @@ schema, arguments with --deny); 3 Redis is unreachable.
 turn's caller runs): its result, which the model reads as the tool's output, or an error. Same exit codes.
 
 `toolloop pending` prints one line per waiting call, the longest waiting first, with the command that
-answers it (`--json`: the calls as JSON); exit code 0, or 3 when Redis is unreachable.
+answers it (`approve`, or `result` for a client-side tool's call; `--json`: the calls as JSON); exit code 0,
+or 3 when Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from orchestrator.commands.exits import (
     build_redis_failure,
     fail,
 )
-from orchestrator.commands.stream_printer import build_duration
+from orchestrator.commands.stream_printer import build_answer_command, build_duration
 from orchestrator.settings import get_settings
 
 if TYPE_CHECKING:
@@ -102,12 +103,13 @@ def build_pending_line(turn_id: str, pending: PendingApproval, now: float) -> st
     arguments = json.dumps(pending.arguments, ensure_ascii=False, separators=(",", ":"))
     left = ""
     if pending.wait_deadline is not None:
-        then = "denied" if pending.on_timeout != "approve" else "approved"
+        if pending.waiting_for == "client_result":
+            then = "a timeout"  # what the model reads when the caller sends nothing
+        else:
+            then = "denied" if pending.on_timeout != "approve" else "approved"
         left = f" ({then} in {build_duration(max(pending.wait_deadline - now, 0.0))} without an answer)"
-    return (
-        f"{waited}  {pending.tool}({arguments}){left}\n"
-        f"    toolloop approve {turn_id} {pending.call_id} [--deny]"
-    )
+    command = build_answer_command(turn_id, pending.call_id, pending.waiting_for)
+    return f"{waited}  {pending.tool}({arguments}){left}\n    {command}"
 
 
 def result_command(

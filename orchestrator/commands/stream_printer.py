@@ -70,13 +70,13 @@ class StreamPrinter:
                 left = max(deadline - event.at, 0.0)
                 self._note(
                     f"⏸ {tool} waits for your result ({build_duration(left)} left): "
-                    f"toolloop result {turn_id} {call_id} (--result JSON | --error MSG)"
+                    + build_answer_command(turn_id, call_id, "client_result")
                 )
             case CallWaitingEvent(turn_id=turn_id, call_id=call_id, tool=tool, wait_deadline=deadline):
                 left = max(deadline - event.at, 0.0)
                 self._note(
                     f"⏸ {tool} waits for a person's approval ({build_duration(left)} left): "
-                    f"toolloop approve {turn_id} {call_id} [--deny]"
+                    + build_answer_command(turn_id, call_id, "approval")
                 )
             case ToolFinishedEvent(tool=tool, ok=ok, failure_kind=kind, error=error):
                 self._note(f"✓ {tool}" if ok else f"✗ {tool} ({kind}){f': {error}' if error else ''}")
@@ -105,6 +105,13 @@ class StreamPrinter:
             self.out.write("\n")
             self.out.flush()
         self._writing, self._wrote = None, False
+
+
+def build_answer_command(turn_id: str, call_id: str, waiting_for: str) -> str:
+    """The command that answers a waiting call: `toolloop result` for a client-side tool's, else `approve`."""
+    if waiting_for == "client_result":
+        return f"toolloop result {turn_id} {call_id} (--result JSON | --error MSG)"
+    return f"toolloop approve {turn_id} {call_id} [--deny]"
 
 
 def build_duration(seconds: float) -> str:

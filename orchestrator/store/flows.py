@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.errors import CallNotWaitingError, UnknownAgentError, UnknownToolError, UnknownTurnError
 from orchestrator.machine.validation import build_schema_messages
-from orchestrator.model import ChildReport, ParentLink, TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.model import ChildReport, ParentLink, ToolMessage, TurnOutcome, TurnRequest, TurnStatus
 from orchestrator.store import cluster, codec, history, operations
 from orchestrator.store.agents import get_agents
 from orchestrator.store.catalogue import RecentCatalogue, ToolCatalogue, get_catalogue, get_tool_catalogue
@@ -275,7 +275,7 @@ def send_control(
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
     if result is ControlResult.DECIDED:
-        raise CallNotWaitingError(turn_id, call_id or "", decided=True)
+        raise CallNotWaitingError(turn_id, call_id or "", decided=True, answer=_ANSWERS.get(kind, kind))
     return result is ControlResult.RECORDED
 
 
@@ -310,7 +310,7 @@ def send_approval(
             # A call a sub-agent's child turn waits on is approved through its parent too.
             child = yield from _find_waiting_child(view, call_id)
             if child is None:
-                raise CallNotWaitingError(turn_id, call_id)
+                raise CallNotWaitingError(turn_id, call_id, decided=_was_answered(view, call_id, "approval"))
             flow = send_approval(
                 child, call_id, approved, now, arguments=arguments, reason=reason, decided_by=decided_by
             )
@@ -358,6 +358,22 @@ def _find_waiting(view: TurnView, call_id: str, waiting_for: str) -> PendingAppr
     )
 
 
+# What a call waits for, by the control that answers it, as `CallNotWaitingError` says it.
+_ANSWERS = {"approval": "approval", "client_result": "a result"}
+
+
+def _was_answered(view: TurnView, call_id: str, waiting_for: str) -> bool:
+    # A call that waits no more because its answer was taken (a second answer is refused as `decided`):
+    # an approval is in the turn's decisions, a client-side tool's result in its history.
+    if waiting_for == "approval":
+        return any(decision.call_id == call_id for decision in view.approvals)
+    client_tools = {tool.name for tool in view.request.client_tools}
+    return any(
+        isinstance(message, ToolMessage) and message.tool_call_id == call_id and message.name in client_tools
+        for message in view.messages
+    )
+
+
 def send_client_result(
     turn_id: str, call_id: str, now: float, *, result: Any = None, error: str | None = None
 ) -> Flow[bool]:
@@ -379,7 +395,8 @@ def send_client_result(
     )
     view: TurnView = yield operations.require_view(turn_id)
     if not view.status.terminal and _find_waiting(view, call_id, "client_result") is None:
-        raise CallNotWaitingError(turn_id, call_id)
+        answered = _was_answered(view, call_id, "client_result")
+        raise CallNotWaitingError(turn_id, call_id, decided=answered, answer=_ANSWERS["client_result"])
     flow = send_control(turn_id, "client_result", call_id, None, now, reason=error, result_json=result_json)
     return (yield from flow)
 

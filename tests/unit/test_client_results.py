@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from orchestrator.client.http_client import build_tool_result_call
 from orchestrator.client.submission import build_submission
+from orchestrator.commands.approvals import build_pending_line
 from orchestrator.errors import CallNotWaitingError
 from orchestrator.machine.events import ClientResultGiven
 from orchestrator.model import TurnRequest, TurnStatus
@@ -93,3 +94,20 @@ def test_client_tools_are_submitted_by_every_client_and_named_once() -> None:
         build_submission("p", client_tools=[LOCATE, LOCATE])
     with pytest.raises(ValueError, match="catalogue tools: locate"):
         flows.check_client_tools(request, {"locate": ToolSpec(name="locate")})
+
+
+def test_pending_names_the_command_that_answers_each_kind_of_wait() -> None:
+    # `toolloop pending` once told a client-side tool's call to be approved, which the turn refuses.
+    result = PendingApproval(
+        call_id="c1", tool="locate", waiting_for="client_result", since=100.0, wait_deadline=400.0
+    )
+    assert build_pending_line("t", result, now=160.0) == (
+        "60 s ago  locate({}) (a timeout in 4 min without an answer)\n"
+        "    toolloop result t c1 (--result JSON | --error MSG)"
+    )
+    approval = PendingApproval(
+        call_id="c2", tool="refund", arguments={"a": 1}, since=100.0, wait_deadline=400.0, on_timeout="deny"
+    )
+    assert build_pending_line("t", approval, now=160.0) == (
+        '60 s ago  refund({"a":1}) (denied in 4 min without an answer)\n    toolloop approve t c2 [--deny]'
+    )

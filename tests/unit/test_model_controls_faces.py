@@ -20,7 +20,14 @@ from orchestrator.commands.controls import (
     parse_setting,
 )
 from orchestrator.errors import CallNotWaitingError
-from orchestrator.model import ModelSettings, TurnOutcome, TurnRequest, TurnStatus
+from orchestrator.model import (
+    ApprovalDecision,
+    ModelSettings,
+    ToolMessage,
+    TurnOutcome,
+    TurnRequest,
+    TurnStatus,
+)
 from orchestrator.providers.scripted.brain import build_reply
 from orchestrator.store import codec, flows
 from orchestrator.store.scripts import ControlResult
@@ -277,6 +284,36 @@ TRANSFER = ToolSpec(
         "required": ["amount", "to"],
     },
 )
+
+
+def test_an_answer_to_a_call_whose_first_answer_was_taken_is_refused_as_decided() -> None:
+    # The turn runs on: the first answer was taken, the call waits no more, and a second answer is told so
+    # (`call_decided` over HTTP), not that no such call waited.
+    locate = {"name": "locate_user", "parameters": {"type": "object", "properties": {}}}
+    running = TurnView(
+        id="t",
+        status=TurnStatus.RUNNING,
+        request=request(client_tools=[locate]),
+        messages=[
+            ToolMessage(tool_call_id="c1", name="locate_user", content="{}"),
+            ToolMessage(tool_call_id="c2", name="add", content="5"),
+        ],
+        approvals=[ApprovalDecision(call_id="c3", tool="transfer", approved=True, at=0.5)],
+    )
+    with pytest.raises(CallNotWaitingError, match="not waiting for a result: it was answered already") as got:
+        drive(flows.send_client_result("t", "c1", 1.0, result={}), [running])
+    assert got.value.decided
+    with pytest.raises(CallNotWaitingError, match="no call with this id waits") as got:
+        drive(
+            flows.send_client_result("t", "c2", 1.0, result={}), [running]
+        )  # a worker's call, not the caller's
+    assert not got.value.decided
+    with pytest.raises(CallNotWaitingError, match="not waiting for approval: it was decided already") as got:
+        drive(flows.send_approval("t", "c3", False, 1.0), [running])
+    assert got.value.decided
+    with pytest.raises(CallNotWaitingError, match="no call with this id waits") as got:
+        drive(flows.send_approval("t", "c1", True, 1.0), [running])
+    assert not got.value.decided
 
 
 def test_edited_arguments_are_checked_against_the_waiting_calls_tool_before_anything_is_recorded() -> None:
