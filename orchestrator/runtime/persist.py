@@ -170,6 +170,9 @@ async def persist_step(
         nonlocal ends
         # After a lost connection a try may have saved all but its reply; a refused one wrote nothing.
         if unsure and not whole:
+            # Proved or saved alone, the step leaves the outcome to the caller (whose first write wins): a
+            # finishing try that failed may have stored nothing, and a turn taken as finished is dropped.
+            ends = False
             return await store.resave_step(
                 handle.turn_id,
                 state_json,

@@ -152,3 +152,36 @@ async def test_outcomes_that_leave_the_round_waiting_are_held_for_its_last(
     assert outcome.tool_executions == CALLS
     # The three outcomes in one save with the round's last, then the model's final answer.
     assert store.saves - saves_before == 2
+
+
+class RefusingOnceStore(CountingStore):
+    """Refuses the first try of a turn's last step as a restarting Redis refuses a connection: nothing was
+    sent, though the error does not say so (redis-py raises the same ConnectionError for a lost reply)."""
+
+    refused = 0
+
+    async def finish_step(self, *args: Any, **kwargs: Any) -> SaveResult:
+        if not self.refused:
+            self.refused += 1
+            raise redis.ConnectionError("Error 111 connecting to localhost:6379. Connection refused.")
+        return await super().finish_step(*args, **kwargs)
+
+
+async def test_a_last_step_whose_first_try_failed_unsure_still_stores_the_outcome_at_once(
+    redis_url: str, store: CountingStore
+) -> None:
+    # The retry proves the step or saves it alone (it cannot tell whether the first try landed): the outcome
+    # must then be stored apart, at once. It was taken as stored: the turn was dropped with its final answer
+    # in and its lease held, and ended only when another orchestrator took it over, a lease (15 s) later.
+    refusing = RefusingOnceStore(store.redis)
+    async with waiting_turn(redis_url, refusing) as (runtime, handle):
+        entries = []
+        for number, call_id in enumerate(call_ids(handle)):
+            outcome = await answer(refusing, handle, call_id)
+            entry = {"kind": "outcome", "turn": handle.turn_id, "call": outcome.call_id}
+            entries.append((f"{number + 1}-0", {**entry, "outcome": outcome.model_dump_json()}))
+        await runtime._handle_inbox(entries)
+        ended = await async_wait_for(lambda: refusing.get_outcome(handle.turn_id), "the outcome", timeout_s=5)
+    assert refusing.refused == 1 and ended.status == "completed" and ended.tool_executions == CALLS
+    assert refusing.ends_apart == 1
+    assert await store.redis.get(keys.turn_lease(handle.turn_id)) is None
