@@ -608,7 +608,7 @@ def on_tool_finished(draft: Draft, event: ToolFinished) -> None:
         error=build_error_line(outcome),
     )
     if not outcome.ok:
-        _apply_failure_policies(draft, call.tool, outcome, event.at)
+        _apply_failure_policies(draft, call, outcome, event.at)
 
 
 # The first line of a failed call's error, for a watcher to see why (the whole of it is the call's answer in
@@ -625,14 +625,23 @@ def build_error_line(outcome: ToolOutcome) -> str | None:
     return lines[0] if len(lines[0]) <= ERROR_LINE_MAX else lines[0][: ERROR_LINE_MAX - 1] + "…"
 
 
-def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: float) -> None:
+def _failure_signature(tool: str, outcome: ToolOutcome) -> str:
+    return f"{tool}\0{(outcome.error or outcome.content).strip().lower()}"
+
+
+def _apply_failure_policies(draft: Draft, call: CallState, outcome: ToolOutcome, at: float) -> None:
     kind = outcome.failure_kind
     if kind in _NOT_TOOL_FAILURES:
         return
     if kind is FailureKind.CONFIRMATION_DENIED and outcome.synthetic:
         return  # a wait that timed out: no person denied the call, and the model was told
-    signature = f"{tool}\0{(outcome.error or outcome.content).strip().lower()}"
+    tool = call.tool
+    signature = _failure_signature(tool, outcome)
     seen = signature in draft.state.failure_signatures
+    if seen and outcome.synthetic and _answered_alike_this_round(draft.state, call, signature):
+        # toolloop's own answer (a lost worker) to calls of one round that one event took down together:
+        # the model has not tried again yet, so the failure has not repeated.
+        seen = False
     if not seen:
         draft.update(failure_signatures=[*draft.state.failure_signatures, signature])
     limits = draft.state.limits
@@ -647,6 +656,19 @@ def _apply_failure_policies(draft: Draft, tool: str, outcome: ToolOutcome, at: f
         reason = "tool_failure"
     if reason is not None:
         begin_stop(draft, reason, at, detail=f"'{tool}': {outcome.error or outcome.content}")
+
+
+def _answered_alike_this_round(state: TurnState, call: CallState, signature: str) -> bool:
+    # Another call of the current round has an outcome toolloop made up with the same signature.
+    siblings = state.current.calls if state.current is not None else []
+    return any(
+        other.call_id != call.call_id
+        and other.outcome is not None
+        and other.outcome.synthetic
+        and not other.outcome.ok
+        and _failure_signature(other.tool, other.outcome) == signature
+        for other in siblings
+    )
 
 
 def record_late(draft: Draft, outcome: ToolOutcome, at: float) -> None:

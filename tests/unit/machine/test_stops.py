@@ -312,6 +312,34 @@ def test_cancel_overrides_a_soft_stop_in_progress() -> None:
     assert driver.outcome.stop_reason == "cancelled"
 
 
+def lost(call_id: str, tool: str) -> ToolFinished:
+    # What toolloop answers a call whose worker died under it.
+    message = f"the worker running '{tool}' was lost (attempt 1 of 1)"
+    outcome = build_failure((call_id, tool, "turn1"), FailureKind.WORKER_LOST, message)
+    return ToolFinished(outcome=outcome.model_copy(update={"synthetic": True}), at=1001.0)
+
+
+def test_calls_of_one_round_lost_together_are_one_failure_until_the_next_round_loses_one_again() -> None:
+    # One worker crash took both: the model is told and asked again, not stopped for a repeated failure.
+    driver = Driver()
+    driver.respond(calls(("slow", {"n": 1}), ("slow", {"n": 2})))
+    driver.feed(lost("call_0", "slow"))
+    assert driver.state.outcome is None
+    assert of_type(driver.feed(lost("call_1", "slow")), CallModel)
+    driver.respond(calls(("slow", {"n": 3}), prefix="r2"))
+    driver.feed(lost("r2_0", "slow"))
+    assert driver.outcome.stop_reason == "repeated_failure"
+
+
+def test_calls_of_one_round_that_fail_alike_on_their_own_still_repeat() -> None:
+    # The tool's own failure twice, parallel or not, is the same failure twice.
+    driver = Driver()
+    driver.respond(calls(("slow", {"n": 1}), ("slow", {"n": 2})))
+    driver.feed(fail("call_0", "slow", "disk full"))
+    driver.feed(fail("call_1", "slow", "disk full"))
+    assert driver.outcome.stop_reason == "repeated_failure"
+
+
 def test_a_call_cancelled_from_flower_is_just_an_outcome() -> None:
     driver = Driver(limits=Limits(stop_on_repeated_failure=True))
     driver.respond(calls(("slow", {}), ("slow", {"x": 1})))
