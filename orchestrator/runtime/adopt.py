@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from orchestrator.errors import ModelConfigError
 from orchestrator.machine.events import Command, DispatchTools, ToolFinished, WriteOutcomes
 from orchestrator.machine.state import TurnState
-from orchestrator.model import AssistantMessage, Message, ProviderError, ToolMessage, TurnOutcome, TurnRequest
+from orchestrator.model import (
+    AssistantMessage,
+    Limits,
+    Message,
+    ProviderError,
+    ToolMessage,
+    TurnOutcome,
+    TurnRequest,
+)
 from orchestrator.providers.base import resolve_model
 from orchestrator.runtime.handle import TurnHandle
 from orchestrator.runtime.inbox import build_wire_call_id, to_local_outcome
@@ -82,28 +90,62 @@ class SetAside:
 @dataclass(frozen=True)
 class Unrunnable:
     """A turn this process cannot run: why, and when it is its stored state it cannot read, that state (and
-    the turn's conversation), from which an overdue turn is ended."""
+    the turn's conversation), from which an overdue turn is ended. `fallback_deadline_at`: the deadline
+    to end it by when no state says one (unreadable, or without one): its submit time plus its request's
+    `deadline_s` (`build_fallback_deadline`)."""
 
     problem: str
     stored: StoredState | None = None
     conversation_id: str | None = None
+    fallback_deadline_at: float | None = None
 
 
-def build_overdue_outcome(turn_id: str, unrunnable: Unrunnable, now: float) -> TurnOutcome | None:
-    """The end of a turn this process cannot run, once `OVERDUE_GRACE_S` past its deadline (None before, or
-    when its state says no deadline this release can read): `stopped` at its `deadline`, with the history
-    that is stored (a round in progress is not in it: its calls are left unanswered nowhere), and an error
-    saying that its usage and counts are not known."""
-    stored = unrunnable.stored
+def read_deadline_at(state_text: str | None) -> float | None:
+    """The `deadline_at` a stored state says, in any version that keeps it there; None when it says none
+    this release can read (pure)."""
     try:
-        data = json.loads(stored.text) if stored is not None else None
+        data = json.loads(state_text) if state_text is not None else None
     except ValueError:
         return None
     deadline_at = data.get("deadline_at") if isinstance(data, dict) else None
     if isinstance(deadline_at, bool) or not isinstance(deadline_at, int | float):
         return None
-    if now < deadline_at + OVERDUE_GRACE_S:
+    return float(deadline_at)
+
+
+def build_fallback_deadline(submitted_at: float | None, request_text: str | None) -> float | None:
+    """The deadline of a turn whose state says none (pure): its submit time plus its request's `deadline_s`,
+    or the default's when the request cannot be read either; None without a submit time. A turn whose
+    state is unreadable can never resume, so time it may have waited for people does not matter."""
+    if submitted_at is None:
         return None
+    deadline_s = Limits().deadline_s
+    try:
+        data = json.loads(request_text) if request_text is not None else None
+    except ValueError:
+        data = None
+    limits = data.get("limits") if isinstance(data, dict) else None
+    asked = limits.get("deadline_s") if isinstance(limits, dict) else None
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+        deadline_s = float(asked)
+    return submitted_at + deadline_s
+
+
+def build_overdue_outcome(turn_id: str, unrunnable: Unrunnable, now: float) -> TurnOutcome | None:
+    """The end of a turn this process cannot run, once `OVERDUE_GRACE_S` past its deadline (None before, or
+    when neither its state nor the fallback says a deadline): `stopped` at its `deadline`, with the history
+    that is stored (a round in progress is not in it: its calls are left unanswered nowhere), and an error
+    saying that its usage and counts are not known."""
+    stored = unrunnable.stored
+    deadline_at = read_deadline_at(stored.text if stored is not None else None)
+    if deadline_at is None:
+        deadline_at = unrunnable.fallback_deadline_at
+    if deadline_at is None or now < deadline_at + OVERDUE_GRACE_S:
+        return None
+    try:
+        data = json.loads(stored.text) if stored is not None else None
+    except ValueError:
+        data = None
     try:
         messages = parse_messages(stored.history) if stored is not None else []
     except ValueError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -50,8 +51,10 @@ from orchestrator.runtime.adopt import (
     Adopted,
     SetAside,
     Unrunnable,
+    build_fallback_deadline,
     build_overdue_outcome,
     drop_dispatches,
+    read_deadline_at,
     read_missed_outcomes,
     refuse_turn_controls,
     resolve_turn_models,
@@ -74,6 +77,7 @@ from orchestrator.store.codec import ClaimedTurn
 from orchestrator.store.history import Prior
 from orchestrator.store.scripts import ParkResult
 from orchestrator.store.turns import TurnStore
+from workers import keys
 from workers.agents import AgentSpec
 from workers.contract import ToolOutcome
 from workers.records import warn_once
@@ -163,6 +167,8 @@ class TurnDriver:
     async def _set_aside(self, turn_id: str, unrunnable: Unrunnable) -> None:
         # Told once per turn; ended here if overdue (the lease goes with the outcome), else released.
         self.set_aside.add(turn_id)
+        if read_deadline_at(unrunnable.stored.text if unrunnable.stored is not None else None) is None:
+            unrunnable = await self._find_deadline(turn_id, unrunnable)
         overdue = build_overdue_outcome(turn_id, unrunnable, time.time())
         if overdue is None:
             warn_once(
@@ -187,6 +193,21 @@ class TurnDriver:
             *REDIS_ERRORS
         ):  # only while stopping: the lease expires, and it is tried again
             await self._retry.call("finish", save)
+
+    async def _find_deadline(self, turn_id: str, unrunnable: Unrunnable) -> Unrunnable:
+        # No state this release read says a deadline: one the state says all the same (the request was the
+        # unreadable record), else its submit time (the first event's) plus its request's deadline_s. Read
+        # once per set-aside; a Redis error leaves it for the next.
+        try:
+            state_text = None if unrunnable.stored is not None else await self._store.load_state(turn_id)
+            deadline_at = read_deadline_at(state_text)
+            if deadline_at is None:
+                first = await self._store.read_events(turn_id, count=1)
+                request_text = await self._store.load_request_text(turn_id)
+                deadline_at = build_fallback_deadline(first[0].at if first else None, request_text)
+        except REDIS_ERRORS:
+            return unrunnable
+        return dataclasses.replace(unrunnable, fallback_deadline_at=deadline_at)
 
     def deliver(self, handle: TurnHandle, events: list[Event], *, read_control: bool = False) -> None:
         """Step `events` (and, with `read_control`, the new control requests) in a task of the turn."""
@@ -263,7 +284,8 @@ class TurnDriver:
             try:
                 loaded = load_state(stored.text, stored.history, stored.log)
             except ValueError as exc:  # a newer (or older) version, or values this release does not know
-                return Unrunnable(_one_line(exc), stored, conversation_id)
+                problem = f"its state ({keys.turn_state(turn_id)}) cannot be read: {_one_line(exc)}"
+                return Unrunnable(problem, stored, conversation_id)
             state, commands = machine.resume(loaded, at=time.time())
             return Adopted(state, commands, True, conversation_id, stored.history, stored.log)
         if request is None:

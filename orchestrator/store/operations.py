@@ -271,6 +271,11 @@ def get_request(turn_id: str) -> RedisCommand[TurnRequest | None]:
     return RedisCommand(("GET", keys.turn_request(turn_id)), codec.parse_request)
 
 
+def get_request_text(turn_id: str) -> RedisCommand[str | None]:
+    """The submitted request as stored, unparsed (for a turn whose records this release cannot read)."""
+    return RedisCommand(("GET", keys.turn_request(turn_id)), _text_or_none)
+
+
 def get_state(turn_id: str) -> RedisCommand[str | None]:
     """The serialised machine state last saved."""
     return RedisCommand(("GET", keys.turn_state(turn_id)), _text_or_none)

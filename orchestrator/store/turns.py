@@ -229,6 +229,10 @@ class TurnStore:
         """The state with its history, and the request, in one round trip (what adopting a turn reads)."""
         return await self._runner.run(history.get_state_and_request(turn_id))
 
+    async def load_request_text(self, turn_id: str) -> str | None:
+        """The request as stored, unparsed, or None."""
+        return await self._runner.run(operations.get_request_text(turn_id))
+
     async def load_state(self, turn_id: str) -> str | None:
         """The serialised machine state last saved (without its history), or None before the first save."""
         return await self._runner.run(operations.get_state(turn_id))

@@ -290,8 +290,8 @@ def test_a_turn_todays_code_cannot_run_is_left_to_another_told_once_and_ended_wh
     # Three running turns leased by nobody: two whose state a newer release wrote (a version this code does
     # not read), one of them long past its deadline; and one whose request does not parse (a value a newer
     # release added).
-    newer, overdue, unreadable = (
-        f"turn_{what}_{uuid.uuid4().hex}" for what in ("newer", "overdue", "unreadable")
+    newer, overdue, unreadable, corrupt = (
+        f"turn_{what}_{uuid.uuid4().hex}" for what in ("newer", "overdue", "unreadable", "corrupt")
     )
     said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     for turn_id, request, deadline_at in (
@@ -307,6 +307,14 @@ def test_a_turn_todays_code_cannot_run_is_left_to_another_told_once_and_ended_wh
             state = {"version": 99, "history_key": history, "history_len": 2, "deadline_at": deadline_at}
             redis.set(keys.turn_state(turn_id), json.dumps({**state, "turn_id": turn_id, "model": "x:y"}))
         redis.zadd(keys.TURNS_ACTIVE, {turn_id: time.time()})
+    # And one whose state is garbage (no release reads it): its deadline is its submit time (its first
+    # event's) plus its request's deadline_s, long past.
+    redis.set(keys.turn_request(corrupt), json.dumps({"prompt": "hi", "limits": {"deadline_s": 5}}))
+    redis.set(keys.turn_status(corrupt), "running")
+    redis.set(keys.turn_state(corrupt), b"\xff\xfegarbage")
+    queued_at = time.time() - 100
+    redis.xadd(keys.turn_events(corrupt), {"name": "turn_queued", "at": str(queued_at), "data": "{}"})
+    redis.zadd(keys.TURNS_ACTIVE, {corrupt: queued_at})
     worker = start_worker(own_redis.url, [E2E_TOOLS], concurrency=2)
     with RecordingModelServer() as model:
         orchestrator = start_orchestrator(own_redis.url, model_base_url=model.base_url)
@@ -322,6 +330,9 @@ def test_a_turn_todays_code_cannot_run_is_left_to_another_told_once_and_ended_wh
             assert (ended.status, ended.stop_reason, ended.limit_reached) == ("stopped", "deadline", True)
             assert [m.model_dump(include={"role", "content"}) for m in ended.messages] == said
             assert ended.error is not None and "version 99" in ended.error.message
+            broken = wait_outcome(client, corrupt, 30)
+            assert (broken.status, broken.stop_reason, broken.messages) == ("stopped", "deadline", [])
+            assert broken.error is not None and keys.turn_state(corrupt) in broken.error.message
             time.sleep(4.0)
             assert_running(orchestrator, worker)
             log = orchestrator.log_text()

@@ -33,8 +33,10 @@ from orchestrator.runtime.adopt import (
     OVERDUE_GRACE_S,
     SetAside,
     Unrunnable,
+    build_fallback_deadline,
     build_overdue_outcome,
     drop_unanswered,
+    read_deadline_at,
 )
 from orchestrator.runtime.inbox import build_control_event
 from orchestrator.store import codec, history, operations
@@ -304,6 +306,28 @@ def test_a_turn_nobody_can_run_is_ended_once_well_past_its_deadline() -> None:
     for text in ("{}", json.dumps({"deadline_at": "soon"}), "not json"):
         assert build_overdue_outcome("t1", Unrunnable("x", StoredState(text, [], [])), 1e12) is None
     assert build_overdue_outcome("t1", Unrunnable("no state"), 1e12) is None
+
+
+def test_a_turn_whose_state_says_no_deadline_is_ended_by_its_submit_time_and_requests_deadline() -> None:
+    # Garbage, or a state without one: the fallback (submit time + the request's deadline_s) decides.
+    assert build_fallback_deadline(1000.0, json.dumps({"limits": {"deadline_s": 5}})) == 1005.0
+    default = Limits().deadline_s
+    for request in (None, "{not json", json.dumps({"limits": {"deadline_s": "soon"}}), json.dumps([1])):
+        assert build_fallback_deadline(1000.0, request) == 1000.0 + default
+    assert build_fallback_deadline(None, json.dumps({"limits": {"deadline_s": 5}})) is None
+    garbage = Unrunnable("x", StoredState("\ufffdgarbage", [], []), None, fallback_deadline_at=1005.0)
+    assert build_overdue_outcome("t1", garbage, 1005.0 + OVERDUE_GRACE_S - 1) is None
+    ended = build_overdue_outcome("t1", garbage, 1005.0 + OVERDUE_GRACE_S)
+    assert ended is not None and (ended.status, ended.stop_reason, ended.messages) == (
+        "stopped",
+        "deadline",
+        [],
+    )
+    # A deadline the state says wins over the fallback.
+    said = Unrunnable("x", StoredState(json.dumps({"deadline_at": 2000.0}), [], []), fallback_deadline_at=1.0)
+    assert build_overdue_outcome("t1", said, 1900.0) is None
+    assert read_deadline_at(json.dumps({"deadline_at": 2000})) == 2000.0
+    assert read_deadline_at(json.dumps({"deadline_at": True})) is None
 
 
 def test_only_a_last_round_without_all_its_answers_is_dropped() -> None:
