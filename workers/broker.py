@@ -247,6 +247,9 @@ class RestartSafeChannel(SharedClientChannel):
         def admit_then_deliver(payload: Any) -> Any:
             self._delivering = True
             refused = self._admit(payload, queue)
+            # The list it was read from, for a refusal further on (`RestartSafeConsumer._refuse`): the
+            # envelope's routing key is only what its sender claims.
+            self.delivering_queue = queue
             return None if refused else deliver(payload)
 
         callbacks[queue] = admit_then_deliver
@@ -254,6 +257,8 @@ class RestartSafeChannel(SharedClientChannel):
         return consumer_tag
 
     _delivering = False
+    # The queue of the message being handed to the consumer (set for each, read while it is handled).
+    delivering_queue: str | None = None
 
     def _brpop_read(self, **options: Any) -> Any:
         """kombu's read of a BRPOP reply; a list item that is not JSON is refused instead of raised.
@@ -457,8 +462,11 @@ class RestartSafeConsumer(Consumer):
         from workers.acks import ensure_acked
         from workers.poison import build_preview
 
-        delivery = message.delivery_info if isinstance(message.delivery_info, dict) else {}
-        queue = delivery.get("routing_key")
+        # The list the message came from; the routing key its envelope claims only when that is unknown.
+        queue = getattr(message.channel, "delivering_queue", None)
+        if queue is None:
+            delivery = message.delivery_info if isinstance(message.delivery_info, dict) else {}
+            queue = delivery.get("routing_key")
         try:
             body: Any = message.decode() if refusal.reason.value != "not_json" else message.body
         except Exception:  # the preview shows what it can: the raw body

@@ -59,8 +59,10 @@ def build_envelope(
     content_type: str = "application/json",
     encoding: str = "utf-8",
     raw_body: str | None = None,
+    routing_key: str = QUEUE,
 ) -> str:
-    """kombu's Redis envelope of a message on `tool.add`: base64 body, properties, delivery tag."""
+    """kombu's Redis envelope of a message on `tool.add` (as its sender says: `routing_key`): base64 body,
+    properties, delivery tag."""
     return json.dumps(
         {
             "body": raw_body if raw_body is not None else base64.b64encode(body).decode(),
@@ -70,7 +72,7 @@ def build_envelope(
             "properties": {
                 "correlation_id": str(uuid.uuid4()),
                 "body_encoding": "base64",
-                "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                "delivery_info": {"exchange": "", "routing_key": routing_key},
                 "delivery_mode": 2,
                 "priority": 0,
                 "delivery_tag": str(uuid.uuid4()),
@@ -230,6 +232,21 @@ def test_the_operators_message_does_not_come_back_to_kill_the_next_worker(
     wait_until(lambda: _refused(metrics_port, "bad_body") >= before + 3 or None, "three refusals")
     wait_until(lambda: broker.llen(QUEUE) == 0 and broker.hlen("unacked") == 0, "acked, not handed back")
     assert poisoned_worker.process.poll() is None
+
+
+def test_a_refusal_names_the_queue_the_message_was_read_from_not_the_one_it_claims(
+    poisoned_worker: WorkerHandle, broker: redis.Redis, metrics_port: int
+) -> None:
+    # An operator finds what writes to a queue by the queue a refusal names: the list it was on.
+    before = _refused(metrics_port, "bad_body")
+    claimed_before = _refused(metrics_port, "bad_body", "tool.subtract")
+    broker.lpush(QUEUE, build_envelope(b'{"a": 1}', build_headers(), routing_key="tool.subtract"))
+    wait_until(lambda: _refused(metrics_port, "bad_body") > before or None, "refused on tool.add")
+    assert _refused(metrics_port, "bad_body", "tool.subtract") == claimed_before
+    last = [line for line in poisoned_worker.log_text().splitlines() if "refused a message on queue" in line][
+        -1
+    ]
+    assert "refused a message on queue tool.add (bad_body" in last
 
 
 def test_a_direct_call_named_by_a_bad_message_is_answered_invalid_request(
