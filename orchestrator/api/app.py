@@ -56,7 +56,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import metrics
@@ -101,6 +100,7 @@ from orchestrator.submit_checks import ModelNames, Refusal, find_refusals
 from orchestrator.tracing import continue_http_trace
 from workers.agents import AgentSpec
 from workers.contract import TENANT_PATTERN, FailureKind, ToolOutcome, ToolSpec, build_failure
+from workers.redis_errors import REDIS_ERRORS
 from workers.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("toolloop.api")
@@ -948,7 +948,7 @@ def build_ops_router() -> APIRouter:
         reader: BacklogReader = request.app.state.backlog
         try:
             backlog: Backlog | None = await reader.read(_client(request).store.redis)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("/metrics without the backlog gauges: Redis did not answer (%s)", exc)
             backlog = None
         body, content_type = metrics.render_latest(backlog)
@@ -1024,11 +1024,11 @@ def create_app(settings: Settings | None = None, *, max_body_bytes: int = DEFAUL
         _redis(request).failures.failed(exc, reason)
         return build_unavailable_reply({"detail": reason})
 
-    # OSError too: a socket error redis-py did not wrap is Redis unreachable all the same; and kombu's
-    # OperationalError, the broker (Redis) not taking a direct call's task.
-    app.add_exception_handler(RedisError, redis_unavailable)
-    app.add_exception_handler(OSError, redis_unavailable)
-    app.add_exception_handler(OperationalError, redis_unavailable)
+    # Every Redis failure (`REDIS_ERRORS`: OSError too, a socket error redis-py did not wrap, and a cluster
+    # client's own RedisClusterException, which is no RedisError); and kombu's OperationalError, the broker
+    # (Redis) not taking a direct call's task.
+    for failure in (*REDIS_ERRORS, OperationalError):
+        app.add_exception_handler(failure, redis_unavailable)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     return app

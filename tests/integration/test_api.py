@@ -237,3 +237,35 @@ def test_a_malformed_last_event_id_is_422(api: httpx.Client) -> None:
     turn_id = api.post("/v1/turns", json={"prompt": "x"}).json()["id"]
     reply = api.get(f"/v1/turns/{turn_id}/events", headers={"Last-Event-ID": "not-an-id"})
     assert reply.status_code == 422
+
+
+def test_a_redis_cluster_client_that_cannot_connect_is_a_503_and_metrics_stay_up(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py's cluster client raises its own RedisClusterException (no RedisError) when no node it knows
+    # answers: a 500 with a traceback before, where any other Redis failure is a 503.
+    from fastapi import FastAPI
+    from redis.exceptions import RedisClusterException
+
+    from orchestrator.api.app import create_app
+    from orchestrator.store.backlog import BacklogReader
+    from tests.support.api_server import serve_app
+
+    down = RedisClusterException("Redis Cluster cannot be connected: no node it knows answers")
+
+    async def unreachable(*_args: object) -> None:
+        raise down
+
+    monkeypatch.setattr(BacklogReader, "read", unreachable)
+    app: FastAPI = create_app(Settings(redis_url=db_url))
+
+    @app.get("/probe")
+    async def probe() -> None:
+        raise down
+
+    with serve_app(app) as base_url, httpx.Client(base_url=base_url, timeout=10) as http:
+        reply = http.get("/probe")
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1", reply.text
+        assert "Redis Cluster cannot be connected" in reply.json()["detail"]
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200 and "toolloop_turns_submitted_total" in metrics.text

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,9 @@ from orchestrator.settings import Settings
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-_DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
-_REQUIRED = re.compile(r"\$\{(\w+):\?[^}]*\}")
+# Not after a `$`: `$${…}` is compose's escape, a `${…}` left to the container's shell.
+_DEFAULTED = re.compile(r"(?<!\$)\$\{(\w+):-([^}]*)\}")
+_REQUIRED = re.compile(r"(?<!\$)\$\{(\w+):\?[^}]*\}")
 
 
 def interpolate(text: str) -> str:
@@ -215,13 +216,30 @@ def test_the_orchestrator_health_check_reads_its_metrics_port(compose: dict[str,
     assert f"http://127.0.0.1:{port}/metrics" in command
 
 
+def expand_shell(command: str, env: dict[str, str]) -> list[str]:
+    """The words a POSIX shell makes of `command` with `env` (its expansions and quotes, as a container's)."""
+    script = f'set -- {command}; printf "%s\\0" "$@"'
+    words = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    return words.split("\0")[:-1]
+
+
+def test_the_kubernetes_liveness_probe_is_composes_health_check(compose: dict[str, Any]) -> None:
+    manifest = (ROOT / "ops" / "kubernetes" / "worker.yaml").read_text()
+    probe = next(line.split("- ", 1)[1] for line in manifest.splitlines() if "inspect ping" in line)
+    shell = compose["services"]["worker"]["healthcheck"]["test"][1]
+    assert shell.replace("$$", "$").split(" -d ")[0] == probe.split(" -d ")[0]
+
+
 def test_the_worker_health_check_pings_this_worker_with_the_real_celery_cli(compose: dict[str, Any]) -> None:
     worker = compose["services"]["worker"]
     kind, shell = worker["healthcheck"]["test"]
     assert kind == "CMD-SHELL"
-    # Compose turns `$$` into `$`, which the container's shell expands: HOSTNAME is the container's.
+    # Compose turns `$$` into `$`, which the container's shell expands: HOSTNAME is the container's, and the
+    # broker's URL is TOOLLOOP_BROKER_URL's when set (RabbitMQ, a Redis apart), else the state Redis's.
     values = {"TOOLLOOP_REDIS_URL": worker["environment"]["TOOLLOOP_REDIS_URL"], "HOSTNAME": "c0ffee"}
-    argv = shlex.split(re.sub(r"\$\$(\w+)", lambda m: values[m.group(1)], shell))
+    argv = expand_shell(shell.replace("$$", "$"), values)
+    broker = "amqp://guest@rabbitmq:5672//"
+    assert expand_shell(shell.replace("$$", "$"), {**values, "TOOLLOOP_BROKER_URL": broker})[2] == broker
     assert argv[0] == "celery"
     # The celery command writes its options into os.environ (CELERY_BROKER_URL, …): put back after.
     environ = dict(os.environ)
