@@ -12,7 +12,8 @@ died, and a fresh turn completes on the new master.
 Turns are submitted only between failovers, once every sentinel names the new master: a failover loses
 at most the writes of its last moments, which toolloop catches up on, so no turn may end otherwise. A turn
 ends `failed` with `turn_lost` (toolloop's record of a turn Redis dropped) only when its submit itself is
-lost, which takes a failover nobody asked for: sentinels misled by a stalled node, promoting a replica not
+lost: a submit made while a failover switches masters (docs/operations/sentinel.md says so; not what this
+test submits), or a failover nobody asked for, sentinels misled by a stalled node promoting a replica not
 yet in sync. The test counts the failovers, and names such a one rather than blame the turns.
 """
 
