@@ -228,7 +228,7 @@ def _start(
     if attempt < 0:
         return _not_started(store, request, StartResult(attempt), value)
     run = Run(store, tool, request, attempt, worker, token, now, now(), write_retry, spool)
-    idem_key = build_idempotency_key(tool.spec, request.arguments)
+    idem_key = build_idempotency_key(tool.spec, request.arguments, request.tenant)
     if idem_key is None:
         # The start script made this execution the current one a moment ago, atomically: looking again
         # would cost a round trip per call and prove nothing more (the outcome's write is fenced anyway).
@@ -340,7 +340,7 @@ def _take_over(
         silence_s = build_worker_silence_s(store.read_worker_pttl_ms(_holder_worker(holder)))
         if not is_takeover_due(holder, request.attempt, worker, silence_s):
             return False
-        idem_key = build_idempotency_key(tool.spec, request.arguments)
+        idem_key = build_idempotency_key(tool.spec, request.arguments, request.tenant)
         # Exactly that token: a guard or lock another execution took meanwhile stays its own.
         store.release(request.call_id, request.turn_id, holder)
         if idem_key is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from workers import keys
-from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
+from workers.contract import DEFAULT_TENANT, ToolCallRequest, ToolOutcome, ToolSpec
 from workers.errors import InvalidResultError
 
 
@@ -125,14 +125,16 @@ def build_args_digest(arguments: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def build_idempotency_key(spec: ToolSpec, arguments: Mapping[str, Any]) -> str | None:
-    """The Redis key of a call's stored success, or None when the tool is not idempotent."""
+def build_idempotency_key(
+    spec: ToolSpec, arguments: Mapping[str, Any], tenant: str = DEFAULT_TENANT
+) -> str | None:
+    """The Redis key of a call's stored success, the call's tenant's; None when the tool is not idempotent."""
     if spec.idempotency is None:
         return None
     if spec.idempotency == "args":
-        return keys.idempotency(spec.name, build_args_digest(arguments))
+        return keys.idempotency(spec.name, build_args_digest(arguments), tenant)
     fixed = spec.idempotency.removeprefix("key:")
-    return keys.idempotency(spec.name, hashlib.sha256(fixed.encode("utf-8")).hexdigest())
+    return keys.idempotency(spec.name, hashlib.sha256(fixed.encode("utf-8")).hexdigest(), tenant)
 
 
 def build_idempotency_record(arguments: Mapping[str, Any], result: Any) -> str:

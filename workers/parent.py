@@ -181,7 +181,7 @@ def _answer_worker_lost(
     jitter: Callable[[], float],
 ) -> float | None:
     retry = _retry(now)
-    idem_key = build_idempotency_key(tool.spec, request.arguments)
+    idem_key = build_idempotency_key(tool.spec, request.arguments, request.tenant)
     holder = build_delivery_fence(request.attempt, worker, pid).holder
 
     def release(_failures: int) -> None:

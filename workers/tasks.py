@@ -91,7 +91,7 @@ def _spool_of(redis_url: str, spool_dir: str | None) -> Spool:
 def _idempotency_key(request: ToolCallRequest) -> str | None:
     """The idempotency key a killed child may hold the lock of (None for a tool that is not idempotent)."""
     tool = registry.get(request.tool)
-    return build_idempotency_key(tool.spec, request.arguments) if tool is not None else None
+    return build_idempotency_key(tool.spec, request.arguments, request.tenant) if tool is not None else None
 
 
 def _parse_request(kwargs: dict[str, Any]) -> ToolCallRequest | None:

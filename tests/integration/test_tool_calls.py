@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from orchestrator.client.direct import build_direct_request, call_tool
+from orchestrator.client.redis_client import Client
 from orchestrator.publishing.publisher import build_task_id, dispatch_call, get_producer_app, revoke_call
 from orchestrator.settings import Settings
 from tests.support.broker import broker_holds
@@ -155,6 +156,19 @@ def test_idempotent_tool_runs_once(call: Any, redis_client: redis.Redis) -> None
     assert second.ok and second.idempotent_replay and second.result == first.result
     assert _runs(redis_client, tag) == 1
     assert call("idem", {"tag": tag, "value": 8}).result == {"value": 8, "runs": 2}
+
+
+def test_a_stored_success_is_never_replayed_to_another_tenant(
+    redis_url: str, worker: WorkerHandle, redis_client: redis.Redis
+) -> None:
+    # One tenant's result replayed to another was a leak of its data through a shared idempotent tool.
+    tag = _tag()
+    with Client(redis_url) as client:
+        acme = [client.call_tool("idem", {"tag": tag, "value": 7}, tenant="acme") for _ in range(2)]
+        globex = client.call_tool("idem", {"tag": tag, "value": 7}, tenant="globex")
+    assert [o.idempotent_replay for o in acme] == [False, True]
+    assert globex.ok and not globex.idempotent_replay and globex.result == {"value": 7, "runs": 2}
+    assert _runs(redis_client, tag) == 2
 
 
 def test_fixed_key_with_other_arguments_conflicts(call: Any, redis_client: redis.Redis) -> None:

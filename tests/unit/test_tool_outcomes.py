@@ -13,6 +13,7 @@ from workers import keys
 from workers.contract import ToolCallRequest, ToolSpec
 from workers.errors import InvalidResultError
 from workers.outcomes import (
+    build_args_digest,
     build_idempotency_key,
     build_success,
     build_truncation,
@@ -64,6 +65,13 @@ def test_idempotency_keys() -> None:
     assert build_idempotency_key(args_spec, {"a": 1}) != build_idempotency_key(args_spec, {"a": 2})
     fixed = SPEC.model_copy(update={"idempotency": "key:daily"})
     assert build_idempotency_key(fixed, {"a": 1}) == build_idempotency_key(fixed, {"a": 2})
+    # One tenant's stored success is never another's replay; the default tenant's keys kept their layout.
+    for spec in (args_spec, fixed):
+        assert build_idempotency_key(spec, {"a": 1}, "acme") != build_idempotency_key(
+            spec, {"a": 1}, "globex"
+        )
+        assert build_idempotency_key(spec, {"a": 1}, "default") == build_idempotency_key(spec, {"a": 1})
+    assert build_idempotency_key(args_spec, {}) == keys.idempotency(SPEC.name, build_args_digest({}))
 
 
 def test_retry_schedule_exponential_with_jitter_capped_and_deadline() -> None:
