@@ -92,15 +92,33 @@ def validate_turn_id(turn_id: str) -> str:
     return turn_id
 
 
+# What a turn's prompt and messages may hold, in bytes of UTF-8: the HTTP API's default body limit. A turn
+# far past it (30 MB) held an orchestrator's loop for a minute, every other turn waiting.
+MAX_INPUT_BYTES = 1024 * 1024
+
+
 def check_turn_request(request: TurnRequest) -> None:
     """Rules a `TurnRequest` model cannot state alone; `ValueError` with a clear message."""
     if not (request.prompt and request.prompt.strip()) and not request.messages:
         raise ValueError("a turn needs a non-empty 'prompt' or at least one message in 'messages'")
+    if request.forked_from is None:  # a fork's messages are a turn's history, as large as that grew
+        _check_input_size(request)
     if request.conversation_id is not None and not request.conversation_id.strip():
         raise ValueError("'conversation_id' must not be blank")
     problem = find_unstorable_value(request.model_dump())
     if problem is not None:
         raise ValueError(problem)
+
+
+def _check_input_size(request: TurnRequest) -> None:
+    size = len((request.prompt or "").encode("utf-8"))
+    if request.messages:
+        size += sum(len(message.model_dump_json()) for message in request.messages)
+    if size > MAX_INPUT_BYTES:
+        raise ValueError(
+            f"the turn's prompt and messages are {size} bytes, over the {MAX_INPUT_BYTES} allowed: send a "
+            "large document to a tool (by reference, in 'context' or a store of your own), not in the prompt"
+        )
 
 
 def find_unstorable_value(value: Any) -> str | None:

@@ -81,6 +81,19 @@ def test_tools_no_live_worker_serves_are_refused_and_nothing_is_stored(client: C
     assert client.get(turn_id).request.tools == ["echo", "secret_tool"]
 
 
+def test_a_prompt_past_the_input_limit_is_refused_and_nothing_is_stored(client: Client) -> None:
+    # A 30 MB prompt from a Client (the API already capped bodies at 1 MiB) held an orchestrator's loop for a
+    # minute, every other turn waiting behind it.
+    before = (stored_turns(client), client.redis.llen(keys.TURN_QUEUE))
+    with pytest.raises(ValueError, match="prompt and messages are 1048577 bytes, over the 1048576 allowed"):
+        client.submit(prompt="z" * (1024 * 1024 + 1))
+    big = [{"role": "user", "content": "y" * (1024 * 1024)}]
+    with pytest.raises(ValueError, match="over the 1048576 allowed"):
+        client.submit(prompt="and this?", messages=big)
+    assert (stored_turns(client), client.redis.llen(keys.TURN_QUEUE)) == before
+    assert client.submit(prompt="z" * (1024 * 1024))  # at the limit: taken
+
+
 async def test_the_async_client_refuses_the_same(served_url: str) -> None:
     async with AsyncClient(served_url) as aclient:
         with pytest.raises(UnknownToolError, match="unknown tool 'nope'"):
