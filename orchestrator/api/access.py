@@ -106,8 +106,8 @@ class Caller:
         return f"{self.tenant}/{self.name}" if self.name else self.tenant
 
     def can(self, scope: Scope) -> bool:
-        """True when the caller has `scope`."""
-        return scope in self.scopes
+        """True when the caller has `scope`; `admin` has every scope (everything, for every tenant)."""
+        return scope in self.scopes or "admin" in self.scopes
 
     @property
     def every_tenant(self) -> bool:
@@ -143,6 +143,19 @@ def _describe(error: ValidationError) -> str:
     )
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object's members in order, as parsed (`object_pairs_hook`), a name given twice kept twice."""
+
+
+def _as_object(value: Any) -> Any:
+    # A value parsed into `_Pairs`, its objects made dicts again (an entry's own fields).
+    if isinstance(value, _Pairs):
+        return {name: _as_object(item) for name, item in value}
+    if isinstance(value, list):
+        return [_as_object(item) for item in value]
+    return value
+
+
 def parse_api_keys(text: str) -> list[tuple[bytes, str | None, KeyEntry]]:
     """The entries of `TOOLLOOP_API_KEYS`: (the key's SHA-256, the key when it was not given as its hash,
     its entry).
@@ -150,13 +163,16 @@ def parse_api_keys(text: str) -> list[tuple[bytes, str | None, KeyEntry]]:
     `ApiKeysError` naming the setting and the entry (by position and tenant, never by key) when the text is
     not a JSON object of entries, a key is blank or a malformed `sha256:` hash, or one key comes twice."""
     try:
-        table = json.loads(text)
+        # As pairs: JSON lets a name come twice, and a dict keeps the last, so a merged configuration that
+        # repeats a key would silently give it the later entry's tenant and scopes.
+        table = json.loads(text, object_pairs_hook=_Pairs)
     except ValueError as exc:
         raise ApiKeysError(f"{SETTING} is not valid JSON: {exc}") from None
-    if not isinstance(table, dict):
+    if not isinstance(table, _Pairs):
         raise ApiKeysError(f"{SETTING} must be a JSON object mapping each API key to its entry")
     parsed: list[tuple[bytes, str | None, KeyEntry]] = []
-    for position, (key, raw) in enumerate(table.items(), start=1):
+    for position, (key, raw_pairs) in enumerate(table, start=1):
+        raw = _as_object(raw_pairs)
         tenant = raw.get("tenant") if isinstance(raw, dict) else None
         where = f"{SETTING}, entry {position}" + (f" (tenant {tenant!r})" if isinstance(tenant, str) else "")
         try:

@@ -101,13 +101,13 @@ def check_turn_request(request: TurnRequest) -> None:
     """Rules a `TurnRequest` model cannot state alone; `ValueError` with a clear message."""
     if not (request.prompt and request.prompt.strip()) and not request.messages:
         raise ValueError("a turn needs a non-empty 'prompt' or at least one message in 'messages'")
-    if request.forked_from is None:  # a fork's messages are a turn's history, as large as that grew
-        _check_input_size(request)
     if request.conversation_id is not None and not request.conversation_id.strip():
         raise ValueError("'conversation_id' must not be blank")
     problem = find_unstorable_value(request.model_dump())
     if problem is not None:
         raise ValueError(problem)
+    if request.forked_from is None:  # a fork's messages are a turn's history, as large as that grew
+        _check_input_size(request)
 
 
 def _check_input_size(request: TurnRequest) -> None:

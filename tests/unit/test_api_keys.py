@@ -59,6 +59,22 @@ def test_the_same_key_twice_is_refused_and_no_error_shows_a_key() -> None:
     assert "secret-key-1" not in str(raised.value)
 
 
+def test_a_key_written_twice_is_refused_not_given_the_later_entry() -> None:
+    # JSON lets a name come twice and a dict keeps the last: a merged configuration raised a key's rights.
+    text = '{"k1": {"tenant": "acme", "scopes": ["read"]}, "k1": {"tenant": "globex", "scopes": ["admin"]}}'
+    with pytest.raises(ApiKeysError, match=r"entry 2 \(tenant 'globex'\): the same key"):
+        parse_api_keys(text)
+    for not_an_object in ("[]", '[["k1", {}]]', '"k1"'):
+        with pytest.raises(ApiKeysError, match="must be a JSON object"):
+            parse_api_keys(not_an_object)
+
+
+def test_the_admin_scope_is_every_scope() -> None:
+    admin_only = Caller("ops", frozenset({"admin"}))
+    assert all(admin_only.can(scope) for scope in ("submit", "read", "approve", "cancel", "admin"))
+    assert not Caller("ops", frozenset({"read"})).can("submit")
+
+
 def test_a_key_is_found_by_itself_or_its_hash_and_the_token_is_the_admin() -> None:
     digest = hashlib.sha256(b"globex-key").hexdigest()
     table = {
