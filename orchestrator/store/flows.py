@@ -483,7 +483,8 @@ def follow_events(turn_id: str, after: str, *, block_ms: int | None, cap_ms: int
 
 
 def list_pending(limit: int = 1000) -> Flow[list[tuple[str, PendingApproval]]]:
-    """Every call waiting for a person, with its turn's id, the longest waiting first (`toolloop pending`):
+    """Every call waiting for an answer (a person's approval, a client-side tool's result), with its turn's
+    id, the longest waiting first (`toolloop pending`):
     the active turns' statuses in one round trip, then the view of each waiting one (at most `limit`)."""
     statuses: list[tuple[str, TurnStatus | None]]
     if keys.is_cluster_layout():
@@ -496,7 +497,9 @@ def list_pending(limit: int = 1000) -> Flow[list[tuple[str, PendingApproval]]]:
             continue
         view: TurnView | None = yield operations.get_view(turn_id)
         if view is not None:
-            found += [(turn_id, pending) for pending in view.pending_approvals]
+            # A call waiting on its sub-agent's child turn is no one's to answer: the child's own waiting
+            # calls are listed under the child.
+            found += [(turn_id, p) for p in view.pending_approvals if p.waiting_for in _ANSWERS]
         if len(found) >= limit:
             break
     found.sort(key=lambda item: item[1].since if item[1].since is not None else 0.0)

@@ -111,3 +111,17 @@ def test_pending_names_the_command_that_answers_each_kind_of_wait() -> None:
     assert build_pending_line("t", approval, now=160.0) == (
         '60 s ago  refund({"a":1}) (denied in 4 min without an answer)\n    toolloop approve t c2 [--deny]'
     )
+
+
+def test_pending_leaves_out_calls_that_wait_on_a_sub_agent() -> None:
+    # Such a call waits for its child turn, which no approve or result answers: listed, it offered
+    # `toolloop approve` for a call that refuses it.
+    waits = [
+        PendingApproval(call_id="c1", tool="analyst", waiting_for="child_turn", since=1.0),
+        PendingApproval(call_id="c2", tool="refund", waiting_for="approval", since=2.0),
+    ]
+    parent = TurnView(
+        id="t", status=TurnStatus.WAITING, request=TurnRequest(prompt="p"), pending_approvals=waits
+    )
+    _steps, found = drive(flows.list_pending(), [[("t", TurnStatus.WAITING)], parent])
+    assert [(turn_id, p.call_id) for turn_id, p in found] == [("t", "c2")]
