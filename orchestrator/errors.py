@@ -126,10 +126,10 @@ class CallNotWaitingError(ToolloopError, LookupError):
     stands)."""
 
     def __init__(
-        self, turn_id: str, call_id: str, *, decided: bool = False, answer: str = "approval"
+        self, turn_id: str, call_id: str, *, decided: bool = False, waiting_for: str = "approval"
     ) -> None:
-        # `answer`: what the call would wait for, "approval" or "a result" (a client-side tool's).
-        settled = "decided" if answer == "approval" else "answered"
+        # `waiting_for`: the answer refused, "approval" or "client_result" (a client-side tool's result).
+        answer, settled = ("approval", "decided") if waiting_for == "approval" else ("a result", "answered")
         why = f"it was {settled} already" if decided else "no call with this id waits for one"
         super().__init__(f"call {call_id!r} of turn {turn_id!r} is not waiting for {answer}: {why}")
         self.turn_id = turn_id

@@ -143,7 +143,7 @@ def fence(call_id: str, turn_id: str | None = None) -> str:
     return f"{PREFIX}fence:{_call_tag(call_id, turn_id)}"
 
 
-def idempotency(tool: str, key_digest: str, tenant: str = DEFAULT_TENANT) -> str:
+def idempotency(tool: str, key_digest: str, tenant: str) -> str:
     """A stored success of `tool` under `key_digest`, one tenant's: a replay never crosses tenants. The
     default tenant's keep the layout they had before tenants, so their replays outlive an upgrade."""
     scope = f"{tool}:{key_digest}" if tenant == DEFAULT_TENANT else f"{tenant}:{tool}:{key_digest}"

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from workers import keys
-from workers.contract import DEFAULT_TENANT, ToolCallRequest, ToolOutcome, ToolSpec
+from workers.contract import ToolCallRequest, ToolOutcome, ToolSpec
 from workers.errors import InvalidResultError
 
 
@@ -125,9 +125,7 @@ def build_args_digest(arguments: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def build_idempotency_key(
-    spec: ToolSpec, arguments: Mapping[str, Any], tenant: str = DEFAULT_TENANT
-) -> str | None:
+def build_idempotency_key(spec: ToolSpec, arguments: Mapping[str, Any], tenant: str) -> str | None:
     """The Redis key of a call's stored success, the call's tenant's; None when the tool is not idempotent."""
     if spec.idempotency is None:
         return None

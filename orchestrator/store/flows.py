@@ -275,7 +275,7 @@ def send_control(
     if result is ControlResult.UNKNOWN:
         raise UnknownTurnError(turn_id)
     if result is ControlResult.DECIDED:
-        raise CallNotWaitingError(turn_id, call_id or "", decided=True, answer=_ANSWERS.get(kind, kind))
+        raise CallNotWaitingError(turn_id, call_id or "", decided=True, waiting_for=kind)
     return result is ControlResult.RECORDED
 
 
@@ -358,8 +358,9 @@ def _find_waiting(view: TurnView, call_id: str, waiting_for: str) -> PendingAppr
     )
 
 
-# What a call waits for, by the control that answers it, as `CallNotWaitingError` says it.
-_ANSWERS = {"approval": "approval", "client_result": "a result"}
+# What a waiting call may wait for that an answer reaches (`approve`, `submit_tool_result`); a call waiting on
+# its sub-agent's child turn ("child_turn") is answered by the child's end.
+_ANSWERABLE = frozenset({"approval", "client_result"})
 
 
 def _was_answered(view: TurnView, call_id: str, waiting_for: str) -> bool:
@@ -396,7 +397,7 @@ def send_client_result(
     view: TurnView = yield operations.require_view(turn_id)
     if not view.status.terminal and _find_waiting(view, call_id, "client_result") is None:
         answered = _was_answered(view, call_id, "client_result")
-        raise CallNotWaitingError(turn_id, call_id, decided=answered, answer=_ANSWERS["client_result"])
+        raise CallNotWaitingError(turn_id, call_id, decided=answered, waiting_for="client_result")
     flow = send_control(turn_id, "client_result", call_id, None, now, reason=error, result_json=result_json)
     return (yield from flow)
 
@@ -499,7 +500,7 @@ def list_pending(limit: int = 1000) -> Flow[list[tuple[str, PendingApproval]]]:
         if view is not None:
             # A call waiting on its sub-agent's child turn is no one's to answer: the child's own waiting
             # calls are listed under the child.
-            found += [(turn_id, p) for p in view.pending_approvals if p.waiting_for in _ANSWERS]
+            found += [(turn_id, p) for p in view.pending_approvals if p.waiting_for in _ANSWERABLE]
         if len(found) >= limit:
             break
     found.sort(key=lambda item: item[1].since if item[1].since is not None else 0.0)

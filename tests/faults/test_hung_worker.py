@@ -30,6 +30,7 @@ from tests.faults.hung_tools import DONE, STARTS
 from tests.support.processes import WorkerHandle
 from tests.support.waiting import wait_for, wait_until
 from workers import keys
+from workers.contract import DEFAULT_TENANT
 from workers.fence import parse_fence
 from workers.outcomes import build_idempotency_key
 
@@ -120,7 +121,7 @@ def _run_frozen_before_the_body(env: FaultEnv, seen: set[str]) -> None:
     tag = uuid.uuid4().hex[:12]
     arguments = {"tag": tag, "fail": True}
     spec = read_catalogue(env.redis)["hung_gate"]
-    lock = keys.idempotency_lock(build_idempotency_key(spec, arguments) or "")
+    lock = keys.idempotency_lock(build_idempotency_key(spec, arguments, DEFAULT_TENANT) or "")
     # An identical call "still running" elsewhere: the call starts, then waits for this lock — the moment
     # between its start and its body, held open for the test.
     env.redis.set(lock, "the-test", px=120_000)

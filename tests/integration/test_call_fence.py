@@ -96,7 +96,7 @@ def test_a_superseded_execution_stores_its_success_but_never_writes_its_outcome(
     DURING_BODY.clear()
     assert isinstance(decision, Skipped) and "superseded" in decision.reason
     assert client.exists(keys.outcome(request.call_id), keys.late_outcomes(request.call_id)) == 0
-    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments)
+    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments, request.tenant)
     assert idem_key is not None and client.exists(idem_key) == 1, "its success is stored, to replay"
     assert client.exists(keys.idempotency_lock(idem_key)) == 0, "and its lock is dropped"
     # Attempt 2 replays the stored success instead of running the body again.
@@ -108,7 +108,7 @@ def test_a_superseded_execution_stores_its_success_but_never_writes_its_outcome(
 def test_an_execution_superseded_before_its_body_does_not_run_it(store: CallStore) -> None:
     tag = uuid.uuid4().hex
     request = _request(tag)
-    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments)
+    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments, request.tenant)
     assert idem_key is not None
     lock = keys.idempotency_lock(idem_key)
     store.client.set(lock, "an identical call", px=30_000)
@@ -137,7 +137,7 @@ def test_a_call_whose_turn_is_gone_is_not_run(store: CallStore) -> None:
 
 def test_the_parent_answers_only_for_its_own_execution(store: CallStore) -> None:
     request = _request(uuid.uuid4().hex)
-    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments)
+    idem_key = build_idempotency_key(_tool("fence_work").spec, request.arguments, request.tenant)
     assert idem_key is not None
     store.start(request, token=build_process_holder(1, "w@host", 99) + "a1", running_ttl_s=10, worker="w")
     store.claim_idempotency(idem_key, holder=build_process_holder(1, "w@host", 99) + "a1", lock_ttl_s=10)

@@ -162,7 +162,7 @@ def test_the_workers_start_idempotency_and_release_scripts(call_store: CallStore
         scripts.StartResult.FINISHED,
         0,
     )
-    key = keys.idempotency("echo", "digest")
+    key = keys.idempotency("echo", "digest", "default")
     claim = call_store.claim_idempotency
     assert claim(key, holder="1|w:1:a", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)
     assert claim(key, holder="1|w:1:a", lock_ttl_s=5) == (scripts.IdempotencyClaim.CLAIMED, None)

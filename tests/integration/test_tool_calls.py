@@ -174,7 +174,7 @@ def test_a_stored_success_is_never_replayed_to_another_tenant(
 def test_fixed_key_with_other_arguments_conflicts(call: Any, redis_client: redis.Redis) -> None:
     tag = _tag()
     redis_client.delete(
-        keys.idempotency("fixed_key", __import__("hashlib").sha256(b"fixed-report").hexdigest())
+        keys.idempotency("fixed_key", __import__("hashlib").sha256(b"fixed-report").hexdigest(), "default")
     )
     assert call("fixed_key", {"tag": tag, "value": 1}).ok
     assert call("fixed_key", {"tag": tag, "value": 1}).idempotent_replay

@@ -142,7 +142,7 @@ def test_on_a_cluster_a_turn_calls_start_and_outcome_reach_its_owners_inbox(on_c
     assert on_cluster.is_current(request.call_id, turn_id, token)
     assert on_cluster.read_holder(request.call_id, turn_id) == token
     assert on_cluster.read_attempts(request.call_id, turn_id) == 1
-    idem_key = keys.idempotency("scrape", uuid.uuid4().hex)
+    idem_key = keys.idempotency("scrape", uuid.uuid4().hex, "default")
     assert on_cluster.claim_idempotency(idem_key, holder=token, lock_ttl_s=5) == (
         scripts.IdempotencyClaim.CLAIMED,
         None,

@@ -58,20 +58,24 @@ def test_non_json_results_are_invalid(bad: object) -> None:
 
 def test_idempotency_keys() -> None:
     args_spec = SPEC.model_copy(update={"idempotency": "args"})
-    assert build_idempotency_key(SPEC, {}) is None
-    assert build_idempotency_key(args_spec, {"a": 1, "b": 2}) == build_idempotency_key(
-        args_spec, {"b": 2, "a": 1}
-    )
-    assert build_idempotency_key(args_spec, {"a": 1}) != build_idempotency_key(args_spec, {"a": 2})
+
+    def key(spec: ToolSpec, arguments: dict[str, int], tenant: str = "default") -> str | None:
+        return build_idempotency_key(spec, arguments, tenant)
+
+    assert key(SPEC, {}) is None
+    assert key(args_spec, {"a": 1, "b": 2}) == key(args_spec, {"b": 2, "a": 1})
+    assert key(args_spec, {"a": 1}) != key(args_spec, {"a": 2})
     fixed = SPEC.model_copy(update={"idempotency": "key:daily"})
-    assert build_idempotency_key(fixed, {"a": 1}) == build_idempotency_key(fixed, {"a": 2})
+    assert key(fixed, {"a": 1}) == key(fixed, {"a": 2})
     # One tenant's stored success is never another's replay; the default tenant's keys kept their layout.
     for spec in (args_spec, fixed):
-        assert build_idempotency_key(spec, {"a": 1}, "acme") != build_idempotency_key(
-            spec, {"a": 1}, "globex"
-        )
-        assert build_idempotency_key(spec, {"a": 1}, "default") == build_idempotency_key(spec, {"a": 1})
-    assert build_idempotency_key(args_spec, {}) == keys.idempotency(SPEC.name, build_args_digest({}))
+        assert key(spec, {"a": 1}, "acme") != key(spec, {"a": 1}, "globex")
+    digest = build_args_digest({})
+    assert (
+        key(args_spec, {})
+        == keys.idempotency(SPEC.name, digest, "default")
+        == f"{keys.PREFIX}idem:t:{digest}"
+    )
 
 
 def test_retry_schedule_exponential_with_jitter_capped_and_deadline() -> None:

@@ -157,7 +157,7 @@ def _run_a_call(request: ToolCallRequest) -> Recorder:
         slots.tell_waiting(request, claim, scripts.SlotResult.TOOL_FULL, 2)
     slots.release(build_all_slot_keys("scrape", request.tenant), "1|w:1:", prefix=True)
     store.start(request, token=TOKEN, running_ttl_s=10, worker="w")
-    idem_key = keys.idempotency("scrape", "digest")
+    idem_key = keys.idempotency("scrape", "digest", "default")
     store.claim_idempotency(idem_key, holder=TOKEN, lock_ttl_s=5)
     if request.turn_id is not None:
         script_keys, args = build_progress_call(request.turn_id, request.call_id, TOKEN, _fields())
@@ -251,7 +251,7 @@ def test_on_one_redis_the_keys_are_named_as_before() -> None:
         keys.slot_waiting_told(WIRE_CALL, TURN),
         keys.tool_slots("scrape"),
         keys.tenant_slots("scrape", "acme"),
-        keys.idempotency("scrape", "digest"),
+        keys.idempotency("scrape", "digest", "default"),
     ] == [
         "toolloop:outcome:turn_k1/call_1",
         "toolloop:outcome:turn_k1/call_1:late",
